@@ -1,0 +1,15 @@
+"""The one error type for user mistakes: the CLI prints it on one line and exits 2."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A mistake the user can fix: a bad flag, file, shape or config."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def one_line(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message

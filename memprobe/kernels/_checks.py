@@ -1,0 +1,39 @@
+"""Input validation shared by every kernel.
+
+Checks run before any large allocation so a bad call fails fast and cheaply.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``logits`` is ``[B, S, V]`` floating point and
+    ``targets`` is an integer ``[B, S]`` tensor of ids in ``[0, V)``."""
+    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise ValueError("logits and targets must be torch tensors")
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be [B, S, V], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
+        raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+    if tuple(targets.shape) != tuple(logits.shape[:2]):
+        raise ValueError(
+            f"targets must be [B, S] = {tuple(logits.shape[:2])} to match logits "
+            f"{tuple(logits.shape)}, got {tuple(targets.shape)}"
+        )
+    vocab = logits.shape[-1]
+    if vocab == 0:
+        raise ValueError("logits have an empty vocabulary dimension (V = 0)")
+    # Meta tensors carry no values, so there is nothing to range-check there.
+    if targets.numel() and targets.device.type != "meta":
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"targets must be token ids in [0, {vocab}), found ids in [{lo}, {hi}]")
+
+
+def check_chunk_size(chunk_size: int | None) -> None:
+    if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) <= 0):
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")

@@ -1,0 +1,146 @@
+"""The plain records that flow between stages: Case → Run (with its Event trace).
+
+Each is a frozen dataclass that can be written to JSON and read back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp32": torch.float32,
+}
+DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+}
+STATUSES = ("ok", "oom", "skipped", "error")
+PHASES = ("setup", "forward", "backward")
+
+
+def dtype_bytes(dtype: str) -> int:
+    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+
+
+@dataclass(frozen=True)
+class Case:
+    """What to run: one kernel at one shape on one device."""
+
+    kernel: str
+    batch: int
+    tokens: int
+    vocab: int
+    dtype: str = "bf16"
+    chunk_size: int | None = 1024
+    tp: int = 1
+    cp: int = 1
+    device: str = "meta"
+
+    @property
+    def case_id(self) -> str:
+        """Stable, file-name-safe id: readable prefix plus a short hash of every field."""
+        digest = hashlib.sha1(repr(sorted(asdict(self).items())).encode()).hexdigest()[:8]
+        chunk = "none" if self.chunk_size is None else str(self.chunk_size)
+        return (
+            f"{self.kernel}-b{self.batch}-s{self.tokens}-v{self.vocab}-{self.dtype}"
+            f"-c{chunk}-tp{self.tp}-cp{self.cp}-{self.device}-{digest}"
+        )
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens one rank holds (context parallel splits the sequence)."""
+        return self.tokens // self.cp
+
+    @property
+    def local_vocab(self) -> int:
+        """Vocabulary ids one rank holds (tensor parallel splits the vocabulary)."""
+        return self.vocab // self.tp
+
+    @property
+    def logits_bytes(self) -> int:
+        return self.batch * self.local_tokens * self.local_vocab * dtype_bytes(self.dtype)
+
+    @property
+    def fp32_bsv_bytes(self) -> int:
+        """Bytes of one float32 [B, S, V] block on one rank: the block to avoid."""
+        return self.batch * self.local_tokens * self.local_vocab * 4
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    filename: str
+    line: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """One allocation or free of a tensor storage seen by the tracker."""
+
+    index: int
+    time_us: float
+    action: str  # "alloc" | "free"
+    storage: int  # id of the storage, stable for its lifetime (stands in for an address)
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    op: str
+    phase: str
+    frames: tuple[Frame, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = list(self.shape)
+        d["frames"] = [asdict(f) for f in self.frames]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Event:
+        return cls(
+            **{**d, "shape": tuple(d["shape"]), "frames": tuple(Frame(**f) for f in d["frames"])}
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    """The outcome of one Case. Missing measurements are None, never 0."""
+
+    case: Case
+    status: str
+    peak_bytes: int | None = None
+    forward_peak_bytes: int | None = None
+    backward_peak_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
+    floor_bytes: int | None = None
+    fwd_time_s: float | None = None
+    bwd_time_s: float | None = None
+    max_abs_err_fwd: float | None = None
+    max_abs_err_bwd: float | None = None
+    big_fp32_blocks: int | None = None
+    note: str = ""
+    snapshot: str | None = None
+    events: tuple[Event, ...] = field(default=(), repr=False, compare=False)
+
+    def row(self) -> dict[str, Any]:
+        """One flat results row (no trace)."""
+        row: dict[str, Any] = {"case_id": self.case.case_id, **asdict(self.case)}
+        for f in fields(self):
+            if f.name not in ("case", "events"):
+                value = getattr(self, f.name)
+                if isinstance(value, float) and not math.isfinite(value):
+                    value = None
+                row[f.name] = value
+        return row
+
+
+RESULT_COLUMNS: tuple[str, ...] = tuple(Run(Case("x", 1, 1, 1), "ok").row())

@@ -1,0 +1,53 @@
+"""Byte sizes: parse what users type, format what memprobe prints."""
+
+from __future__ import annotations
+
+import re
+
+from memprobe.errors import UserError
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(value: str | int | float, *, what: str = "size") -> int:
+    """``"10.3 GiB"``, ``"11000 MB"``, ``"123"`` or a number → bytes."""
+    if isinstance(value, bool):
+        raise UserError(f"{what} {value!r} is not a size", "write e.g. 10.3 GiB or 11000 MB")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise UserError(f"{what} {value!r} is negative", "give a size of zero or more")
+        return int(value)
+    match = _SIZE.match(str(value))
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise UserError(
+            f"{what} {value!r} is not a size", "write bytes or a number with B, KB, MB, GB, KiB, MiB, GiB"
+        )
+    return int(float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit])
+
+
+def format_bytes(n: float | int | None) -> str:
+    """Binary units with two decimals and thousands separators: ``34.18 GiB``."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def gib(n: float | int) -> float:
+    return float(n) / 2**30
