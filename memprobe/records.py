@@ -130,12 +130,14 @@ class Run:
     note: str = ""
     snapshot: str | None = None
     events: tuple[Event, ...] = field(default=(), repr=False, compare=False)
+    # A real CUDA allocator snapshot taken by the cuda backend (not a results column).
+    cuda_snapshot: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def row(self) -> dict[str, Any]:
         """One flat results row (no trace)."""
         row: dict[str, Any] = {"case_id": self.case.case_id, **asdict(self.case)}
         for f in fields(self):
-            if f.name not in ("case", "events"):
+            if f.name not in ("case", "events", "cuda_snapshot"):
                 value = getattr(self, f.name)
                 if isinstance(value, float) and not math.isfinite(value):
                     value = None

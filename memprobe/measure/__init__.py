@@ -1,0 +1,48 @@
+"""Measurement backends behind one interface: ``measure(case) -> Run``.
+
+* ``meta`` — exact simulation with meta tensors (any size, no real memory, no times);
+* ``cpu``  — real tensors, tracker peak and wall times, skipped when it would not fit;
+* ``cuda`` — real allocator statistics, CUDA-event times and allocator history.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memprobe.errors import UserError
+from memprobe.records import Case, Run
+
+DEVICES = ("auto", "meta", "cpu", "cuda")
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` means cuda when available, else meta. Unknown names are a user error."""
+    if device not in DEVICES:
+        raise UserError(f"unknown device {device!r}", f"use one of: {', '.join(DEVICES)}")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "meta"
+    if device == "cuda":
+        from memprobe.measure.cuda_backend import require_cuda
+
+        require_cuda()
+    return device
+
+
+def measure(case: Case) -> Run:
+    """Measure one case on ``case.device`` (meta, cpu or cuda)."""
+    if case.device == "meta":
+        from memprobe.measure.meta_backend import measure_meta
+
+        return measure_meta(case)
+    if case.device == "cpu":
+        from memprobe.measure.cpu_backend import measure_cpu
+
+        return measure_cpu(case)
+    if case.device == "cuda":
+        from memprobe.measure.cuda_backend import measure_cuda
+
+        return measure_cuda(case)
+    raise UserError(f"unknown device {case.device!r}", "use meta, cpu or cuda")
+
+
+__all__ = ["DEVICES", "measure", "resolve_device"]

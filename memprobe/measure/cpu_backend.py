@@ -1,0 +1,86 @@
+"""Real tensors on the CPU: tracker peak and median wall times.
+
+Every case is simulated on meta first; one that would not fit in a safe
+share of the available RAM is skipped with the reason, rather than taking
+the machine down.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import time
+
+import torch
+
+from memprobe.measure.meta_backend import simulate
+from memprobe.measure.step import StepInputs, kernel_call, make_inputs
+from memprobe.measure.traced import run_from_tracker, traced_step
+from memprobe.records import Case, Run
+from memprobe.units import format_bytes
+
+SAFE_RAM_SHARE = 0.5
+REPEATS = 3
+
+
+def available_ram_bytes() -> int:
+    """MemAvailable from /proc/meminfo, else physical RAM."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def cpu_bytes_needed(case: Case) -> int:
+    """Simulated step peak, plus the float32 staging copy used to make random logits."""
+    staging = case.fp32_bsv_bytes
+    return simulate(case, capture_frames=False).peak_bytes + staging
+
+
+def measure_cpu(case: Case, *, repeats: int = REPEATS, ram_bytes: int | None = None) -> Run:
+    need = cpu_bytes_needed(case)
+    budget = int(SAFE_RAM_SHARE * (available_ram_bytes() if ram_bytes is None else ram_bytes))
+    if need > budget:
+        return Run(
+            case=case,
+            status="skipped",
+            note=(
+                f"needs {format_bytes(need)} (simulated), over the safe share "
+                f"{format_bytes(budget)} of available RAM; simulate it with --device meta"
+            ),
+        )
+    inputs = make_inputs(case, "cpu")
+    tracker = traced_step(case, inputs)
+    fwd_times, bwd_times = timed_steps(case, inputs, repeats)
+    del inputs
+    gc.collect()
+    return run_from_tracker(
+        case,
+        tracker,
+        fwd_time_s=statistics.median(fwd_times),
+        bwd_time_s=statistics.median(bwd_times),
+    )
+
+
+def timed_steps(case: Case, inputs: StepInputs, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall times of forward and backward, untracked (the tracker would slow them)."""
+    call = kernel_call(case)
+    fwd: list[float] = []
+    bwd: list[float] = []
+    for _ in range(repeats):
+        # An in-place kernel leaves gradient values in the logits: finite
+        # numbers, as good as any for timing, and no second copy is needed.
+        t0 = time.perf_counter()
+        out = call(inputs.logits, inputs.targets)
+        t1 = time.perf_counter()
+        torch.autograd.grad(out, inputs.logits, inputs.grad_outputs)
+        t2 = time.perf_counter()
+        fwd.append(t1 - t0)
+        bwd.append(t2 - t1)
+        del out
+    return fwd, bwd

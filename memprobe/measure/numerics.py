@@ -1,0 +1,64 @@
+"""Worst-case deviation of a kernel from a float64 reference, at a small CPU shape."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from memprobe.measure.step import kernel_call
+from memprobe.records import DTYPES, Case
+
+# Small enough to run in milliseconds, odd sizes so chunks do not divide S,
+# and a chunk of 7 so every chunked kernel really loops.
+VERIFY_SHAPE = (2, 67, 263)
+VERIFY_CHUNK = 7
+
+
+def float64_reference(
+    logits: torch.Tensor, targets: torch.Tensor, grad_outputs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and their gradient computed in float64 from the same input values."""
+    x = logits.detach().double().requires_grad_()
+    out = torch.log_softmax(x, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (grad,) = torch.autograd.grad(out, x, grad_outputs.double())
+    return out.detach(), grad
+
+
+def filtered_reference(
+    case: Case, logits: torch.Tensor, targets: torch.Tensor, grad_outputs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The filtered kernel's float64 reference: the same keep-mask, float64 math."""
+    from memprobe.kernels.filtered import filtered_out_mask
+    from memprobe.measure.step import SWEEP_FILTERS
+
+    drop = filtered_out_mask(logits.float(), **SWEEP_FILTERS["filtered"])
+    x = logits.detach().double().requires_grad_()
+    masked = x if drop is None else x.masked_fill(drop, float("-inf"))
+    out = torch.log_softmax(masked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (grad,) = torch.autograd.grad(out, x, grad_outputs.double())
+    return out.detach(), grad
+
+
+@lru_cache(maxsize=None)
+def verify(kernel: str, dtype: str, seed: int = 0) -> tuple[float, float]:
+    """(max |forward error|, max |backward error|) against float64, on CPU."""
+    case = Case(kernel, *VERIFY_SHAPE, dtype=dtype, chunk_size=VERIFY_CHUNK, device="cpu")
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(VERIFY_SHAPE, generator=gen) * 3).to(DTYPES[dtype])
+    targets = torch.randint(0, VERIFY_SHAPE[2], VERIFY_SHAPE[:2], generator=gen)
+    if kernel == "filtered":
+        # Targets outside the kept set have log-prob -inf; take kept ones so
+        # the comparison measures arithmetic, not the filter.
+        targets = logits.float().argmax(-1)
+    grad_outputs = torch.randn(VERIFY_SHAPE[:2], generator=gen)
+    if kernel == "filtered":
+        ref_out, ref_grad = filtered_reference(case, logits, targets, grad_outputs)
+    else:
+        ref_out, ref_grad = float64_reference(logits, targets, grad_outputs)
+    x = logits.clone().requires_grad_()
+    out = kernel_call(case)(x, targets)
+    (grad,) = torch.autograd.grad(out, x, grad_outputs)
+    err_fwd = (out.double() - ref_out).abs().max().item()
+    err_bwd = (grad.double() - ref_grad).abs().max().item()
+    return err_fwd, err_bwd

@@ -1,0 +1,64 @@
+"""One logprob training step, shared by every backend.
+
+The backward pass is run the way a training step sees it,
+``torch.autograd.grad(logprobs, logits, grad_outputs)``: the logits come from
+an lm_head in real training, so there is no AccumulateGrad copy to count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memprobe.kernels import get_spec
+from memprobe.records import DTYPES, Case
+
+# The sweep measures the filtered kernel with a typical sampling setting;
+# with no filters it would only repeat `unchunked`.
+SWEEP_FILTERS: dict[str, dict[str, Any]] = {"filtered": {"top_k": 50, "top_p": 0.9}}
+
+
+@dataclass
+class StepInputs:
+    logits: torch.Tensor
+    targets: torch.Tensor
+    grad_outputs: torch.Tensor
+
+
+def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
+    """Logits (a leaf that requires grad), targets and the upstream gradient."""
+    shape = (case.batch, case.local_tokens, case.local_vocab)
+    dtype = DTYPES[case.dtype]
+    if device == "meta":
+        logits = torch.empty(shape, dtype=dtype, device="meta")
+        targets = torch.empty(shape[:2], dtype=torch.long, device="meta")
+        grad_outputs = torch.empty(shape[:2], dtype=torch.float32, device="meta")
+    else:
+        gen = torch.Generator(device=device).manual_seed(seed)
+        logits = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        targets = torch.randint(0, case.local_vocab, shape[:2], generator=gen, device=device)
+        grad_outputs = torch.randn(shape[:2], generator=gen, device=device)
+    return StepInputs(logits.requires_grad_(), targets, grad_outputs)
+
+
+def kernel_call(case: Case) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    spec = get_spec(case.kernel)
+    extra = SWEEP_FILTERS.get(case.kernel, {})
+
+    def call(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
+
+    return call
+
+
+def describe_filters(case: Case) -> str:
+    extra = SWEEP_FILTERS.get(case.kernel)
+    return ", ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""
+
+
+def floor_bytes(case: Case) -> int:
+    """What must be resident: the logits and their gradient (0 when written in place)."""
+    return case.logits_bytes * (1 if get_spec(case.kernel).consumes_logits else 2)

@@ -1,0 +1,46 @@
+"""Run one step under the allocation tracker and turn the trace into a Run."""
+
+from __future__ import annotations
+
+import torch
+
+from memprobe.measure.step import StepInputs, describe_filters, floor_bytes, kernel_call
+from memprobe.measure.tracker import AllocationTracker
+from memprobe.records import Case, Event, Run
+
+
+def traced_step(case: Case, inputs: StepInputs, *, capture_frames: bool = True) -> AllocationTracker:
+    """Forward and backward once, every storage recorded. Inputs are released
+    by the caller; the step's own tensors are dropped before returning."""
+    call = kernel_call(case)
+    tracker = AllocationTracker(capture_frames=capture_frames)
+    tracker.track(inputs.logits, op="input: logits")
+    with tracker:
+        tracker.set_phase("forward")
+        logprobs = call(inputs.logits, inputs.targets)
+        tracker.set_phase("backward")
+        (grad,) = torch.autograd.grad(logprobs, inputs.logits, inputs.grad_outputs)
+        del logprobs, grad
+    return tracker
+
+
+def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:
+    """Live float32 allocations the size of a whole [B, S, V] on this rank."""
+    size = case.fp32_bsv_bytes
+    return sum(1 for e in live if e.dtype == "torch.float32" and e.nbytes == size)
+
+
+def run_from_tracker(case: Case, tracker: AllocationTracker, **extra: object) -> Run:
+    live = tracker.live_at_peak()
+    return Run(
+        case=case,
+        status="ok",
+        peak_bytes=tracker.peak_bytes,
+        forward_peak_bytes=tracker.phase_peaks.get("forward"),
+        backward_peak_bytes=tracker.phase_peaks.get("backward"),
+        floor_bytes=floor_bytes(case),
+        big_fp32_blocks=count_big_fp32_blocks(case, live),
+        note=describe_filters(case),
+        events=tuple(tracker.events),
+        **extra,  # type: ignore[arg-type]
+    )

@@ -1,0 +1,71 @@
+"""The end-of-sweep table: peak, floor, peak/floor and saving against unchunked."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from memprobe.units import format_bytes
+
+SHAPE_KEYS = ["batch", "tokens", "vocab", "dtype", "tp", "cp", "device"]
+
+
+def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add ``peak_over_floor`` and ``saving_vs_unchunked`` (unchunked peak / this peak)."""
+    out = frame.copy()
+    peak = pd.to_numeric(out["peak_bytes"], errors="coerce")
+    floor = pd.to_numeric(out["floor_bytes"], errors="coerce")
+    out["peak_over_floor"] = peak / floor
+    base = out[(out["kernel"] == "unchunked") & (out["status"] == "ok")]
+    base = base.drop_duplicates(SHAPE_KEYS)[[*SHAPE_KEYS, "peak_bytes"]]
+    base = base.rename(columns={"peak_bytes": "_unchunked_peak"})
+    out = out.merge(base, on=SHAPE_KEYS, how="left")
+    out["saving_vs_unchunked"] = pd.to_numeric(out["_unchunked_peak"], errors="coerce") / peak
+    return out.drop(columns="_unchunked_peak")
+
+
+def _num(value: Any, fmt: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, fmt)
+
+
+def table_lines(frame: pd.DataFrame) -> list[str]:
+    """One aligned line per case, largest shape last within each kernel block."""
+    if frame.empty:
+        return ["(no cases)"]
+    rows = with_ratios(frame)
+    # Group by shape, smallest first, so the largest case ends the table.
+    rows = rows.sort_values(["batch", "dtype", "tp", "cp", "vocab", "tokens"], kind="stable")
+    header = ["kernel", "tokens", "vocab", "dtype", "chunk", "tp", "cp", "status", "peak", "floor",
+              "peak/floor", "vs unchunked", "fwd s", "bwd s"]
+    body = []
+    for r in rows.itertuples(index=False):
+        body.append([
+            r.kernel, f"{r.tokens:,}", f"{r.vocab:,}", r.dtype,
+            "-" if r.chunk_size is None or r.chunk_size != r.chunk_size else f"{int(r.chunk_size)}",
+            str(r.tp), str(r.cp), r.status,
+            format_bytes(None if r.peak_bytes != r.peak_bytes else r.peak_bytes),
+            format_bytes(None if r.floor_bytes != r.floor_bytes else r.floor_bytes),
+            _num(r.peak_over_floor, ".2f") + ("x" if r.peak_over_floor == r.peak_over_floor else ""),
+            _num(r.saving_vs_unchunked, ".2f") + ("x" if r.saving_vs_unchunked == r.saving_vs_unchunked else ""),
+            _num(r.fwd_time_s, ".4f"), _num(r.bwd_time_s, ".4f"),
+        ])
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
+    right = {1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13}
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    lines = [fmt(header), fmt(["-" * w for w in widths])]
+    lines += [fmt(b) for b in body]
+    notes = [f"{r.kernel} s={r.tokens} v={r.vocab}: {r.note}" for r in rows.itertuples() if r.status != "ok" and r.note]
+    return lines + notes
+
+
+def json_summary(frame: pd.DataFrame, run_dir: str) -> dict[str, Any]:
+    rows = with_ratios(frame)
+    records = rows.astype(object).where(rows.notna(), None).to_dict(orient="records")
+    return {"run_dir": run_dir, "cases": len(records), "results": records}

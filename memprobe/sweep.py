@@ -1,0 +1,315 @@
+"""Case grid → Results: plan the cases, measure each, write rows as they finish.
+
+A run directory holds ``run.json`` (versions, device, command, the planned
+cases), ``results.csv`` and ``results.json`` (one row per finished case).
+Rows are rewritten by atomic replace after every case, so an interrupt or a
+crash loses nothing finished and ``--resume`` runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from memprobe import __version__
+from memprobe.errors import UserError
+from memprobe.kernels import get_spec, kernel_names
+from memprobe.measure import measure, resolve_device
+from memprobe.records import DTYPE_ALIASES, DTYPES, RESULT_COLUMNS, Case, Run
+
+LADDER_START = {"tokens": 1024, "vocab": 16384}
+
+
+# -- planning -------------------------------------------------------------
+def ladder(top: int, start: int) -> list[int]:
+    """×2 steps from ``start`` that end at ``top``: 20000 → 1024 … 16384, 20000."""
+    steps: list[int] = []
+    value = start
+    while value < top:
+        steps.append(value)
+        value *= 2
+    return [*steps, top]
+
+
+def normalize_dtype(name: str) -> str:
+    key = DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
+    if key not in DTYPES:
+        raise UserError(f"unknown dtype {name!r}", f"use one of: {', '.join(DTYPES)}")
+    return key
+
+
+def _positive(values: Sequence[int], what: str) -> list[int]:
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise UserError(f"{what} must be positive integers, got {v!r}", f"e.g. --{what} 20000")
+        out.append(v)
+    return out
+
+
+def plan_cases(
+    *,
+    tokens: Sequence[int],
+    vocab: Sequence[int],
+    batch: Sequence[int] = (1,),
+    dtype: Sequence[str] = ("bf16",),
+    kernel: Sequence[str] | None = None,
+    chunk_size: Sequence[int | None] = (1024,),
+    tp: Sequence[int] = (1,),
+    cp: Sequence[int] = (1,),
+    device: str = "auto",
+    grid: bool = False,
+    ladder: bool = True,
+) -> list[Case]:
+    """Every case a sweep runs, largest shape always included.
+
+    With ``ladder`` a single tokens or vocab value N becomes a ×2 ladder ending
+    at N. Shapes are a cross (the tokens ladder at the largest vocab plus the
+    vocab ladder at the largest token count) unless ``grid`` asks for the product.
+    """
+    tokens = _positive(list(tokens), "tokens")
+    vocab = _positive(list(vocab), "vocab")
+    batch = _positive(list(batch), "batch")
+    tp = _positive(list(tp), "tp")
+    cp = _positive(list(cp), "cp")
+    if not tokens or not vocab:
+        raise UserError("no tokens or vocab given", "e.g. --tokens 20000 --vocab 131072")
+    for c in chunk_size:
+        if c is not None and (isinstance(c, bool) or c <= 0):
+            raise UserError(f"chunk size must be a positive integer, got {c!r}", "e.g. --chunk-size 1024")
+    if ladder and len(tokens) == 1:
+        tokens = _ladder(tokens[0], LADDER_START["tokens"])
+    if ladder and len(vocab) == 1:
+        vocab = _ladder(vocab[0], LADDER_START["vocab"])
+    tokens, vocab = sorted(set(tokens)), sorted(set(vocab))
+    if grid:
+        shapes = [(s, v) for s in tokens for v in vocab]
+    else:
+        shapes = [(s, vocab[-1]) for s in tokens] + [(tokens[-1], v) for v in vocab[:-1]]
+    kernels = list(kernel) if kernel else kernel_names(distributed=False)
+    for name in kernels:
+        try:
+            get_spec(name)
+        except ValueError as exc:
+            raise UserError(str(exc), "see `memprobe kernels`") from None
+    dtypes = [normalize_dtype(d) for d in dtype]
+    dev = resolve_device(device)
+    cases = []
+    for b in batch:
+        for s, v in shapes:
+            for d in dtypes:
+                for t in tp:
+                    for c in cp:
+                        _check_parallel(s, v, t, c)
+                        for name in kernels:
+                            if t > 1 and not get_spec(name).distributed:
+                                raise UserError(
+                                    f"--tp {t} shards the vocabulary, which kernel {name!r} cannot do",
+                                    f"use --tp with: {', '.join(kernel_names(distributed=True)) or 'none'}",
+                                )
+                            for cs in chunk_size:
+                                cases.append(Case(name, b, s, v, d, cs, t, c, dev))
+    return list(dict.fromkeys(cases))
+
+
+def _ladder(top: int, start: int) -> list[int]:
+    return ladder(top, start)
+
+
+def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:
+    if vocab % tp:
+        raise UserError(f"--tp {tp} does not divide the vocabulary {vocab}", "pick a tp that divides it")
+    if tokens % cp:
+        raise UserError(f"--cp {cp} does not divide the tokens {tokens}", "pick a cp that divides it")
+
+
+# -- files ----------------------------------------------------------------
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a whole file or nothing: temp file in the same folder, then replace."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def write_results(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    frame = results_frame(rows)
+    atomic_write_text(run_dir / "results.csv", frame.to_csv(index=False))
+    payload = {"memprobe_version": __version__, "columns": list(RESULT_COLUMNS), "rows": rows}
+    atomic_write_text(run_dir / "results.json", json.dumps(payload, indent=1, default=_json_default))
+
+
+def results_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=list(RESULT_COLUMNS))
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """A run directory or its results.json → the results table."""
+    p = Path(path)
+    file = p / "results.json" if p.is_dir() else p
+    if not file.exists():
+        raise UserError(f"no results at {file}", "give a run directory or its results.json")
+    try:
+        payload = json.loads(file.read_text(encoding="utf-8"))
+        rows = payload["rows"]
+        if not isinstance(rows, list):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"{file} is not a memprobe results.json", "point at a run directory") from None
+    return results_frame(rows)
+
+
+def read_run_meta(run_dir: Path) -> dict[str, Any]:
+    file = run_dir / "run.json"
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or "cases" not in meta:
+            raise ValueError
+        return meta
+    except (OSError, ValueError):
+        raise UserError(f"{run_dir} is not a memprobe run (no readable run.json)", "give a run directory") from None
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    if device == "cpu":
+        return platform.processor() or platform.machine()
+    return "meta (simulated)"
+
+
+def default_run_dir(root: Path = Path("reports")) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    candidate = root / stamp
+    n = 1
+    while candidate.exists():
+        n += 1
+        candidate = root / f"{stamp}-{n}"
+    return candidate
+
+
+def prepare_run_dir(out: Path | None, cases: list[Case], command: str) -> Path:
+    """Create a new run directory and its run.json; never reuse an existing run."""
+    run_dir = out if out is not None else default_run_dir()
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise UserError(
+            f"{run_dir} already exists and is not empty",
+            f"choose another --out, or continue it with --resume {run_dir}",
+        )
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {run_dir}: {exc.strerror}", "choose another --out") from None
+    device = cases[0].device if cases else "meta"
+    meta = {
+        "memprobe_version": __version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "device": device,
+        "device_name": device_name(device),
+        "command": command,
+        "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cases": [asdict(c) for c in cases],
+    }
+    atomic_write_text(run_dir / "run.json", json.dumps(meta, indent=1))
+    return run_dir
+
+
+def resume_plan(run_dir: Path) -> tuple[list[Case], list[dict[str, Any]]]:
+    """The cases recorded for a run and the rows already finished."""
+    if not run_dir.is_dir():
+        raise UserError(f"cannot resume {run_dir}: no such directory", "give a run directory")
+    meta = read_run_meta(run_dir)
+    try:
+        cases = [Case(**c) for c in meta["cases"]]
+    except TypeError:
+        raise UserError(f"{run_dir}/run.json has a case memprobe cannot read", "start a new run") from None
+    done: list[dict[str, Any]] = []
+    if (run_dir / "results.json").exists():
+        frame = read_results(run_dir)
+        done = [_clean(r) for r in frame.to_dict(orient="records")]
+    return cases, done
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
+
+
+# -- running --------------------------------------------------------------
+Progress = Callable[[int, int, Case, Run], None]
+
+
+def run_sweep(
+    cases: list[Case],
+    out_dir: Path,
+    *,
+    verify: bool = True,
+    progress: Progress | None = None,
+    command: str = "",
+    resume: bool = False,
+    snapshots: bool = True,
+) -> pd.DataFrame:
+    """Measure every case not already in ``out_dir`` and return all rows.
+
+    With ``resume`` the directory must hold a run; otherwise it is created
+    (and must not already hold one).
+    """
+    done: list[dict[str, Any]] = []
+    if resume:
+        planned, done = resume_plan(out_dir)
+        cases = planned
+    else:
+        out_dir = prepare_run_dir(out_dir, cases, command)
+    finished = {r["case_id"] for r in done}
+    rows = list(done)
+    todo = [c for c in cases if c.case_id not in finished]
+    for i, case in enumerate(todo, start=1):
+        run = _measure_one(case, verify=verify)
+        if snapshots:
+            run = _with_snapshot(run, out_dir)
+        rows.append(run.row())
+        write_results(out_dir, rows)
+        if progress is not None:
+            progress(i, len(todo), case, run)
+    return results_frame(rows)
+
+
+def _measure_one(case: Case, *, verify: bool) -> Run:
+    try:
+        run = measure(case)
+    except UserError:
+        raise
+    except Exception as exc:  # one broken case must not end the sweep
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        return Run(case=case, status="error", note=text)
+    if verify and run.status == "ok":
+        from memprobe.measure.numerics import verify as verify_numerics
+
+        err_fwd, err_bwd = verify_numerics(case.kernel, case.dtype)
+        run = replace(run, max_abs_err_fwd=err_fwd, max_abs_err_bwd=err_bwd)
+    return run
+
+
+def _with_snapshot(run: Run, out_dir: Path) -> Run:
+    """Hook for per-case allocator snapshots (see memprobe.snapshot)."""
+    return run
