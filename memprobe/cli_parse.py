@@ -16,7 +16,9 @@ def int_list(text: str, flag: str, *, allow_none: bool = False) -> list[int | No
         try:
             value = int(item)
         except ValueError:
-            raise UserError(f"{flag} {text!r}: {item!r} is not a whole number", f"e.g. {flag} 1024,2048") from None
+            raise UserError(
+                f"{flag} {text!r}: {item!r} is not a whole number", f"e.g. {flag} 1024,2048"
+            ) from None
         if value <= 0:
             raise UserError(f"{flag} {text!r}: {value} must be positive", f"e.g. {flag} 1024,2048")
         values.append(value)

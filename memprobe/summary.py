@@ -39,29 +39,62 @@ def table_lines(frame: pd.DataFrame) -> list[str]:
     rows = with_ratios(frame)
     # Group by shape, smallest first, so the largest case ends the table.
     rows = rows.sort_values(["batch", "dtype", "tp", "cp", "vocab", "tokens"], kind="stable")
-    header = ["kernel", "tokens", "vocab", "dtype", "chunk", "tp", "cp", "status", "peak", "floor",
-              "peak/floor", "vs unchunked", "fwd s", "bwd s"]
+    header = [
+        "kernel",
+        "tokens",
+        "vocab",
+        "dtype",
+        "chunk",
+        "tp",
+        "cp",
+        "status",
+        "peak",
+        "floor",
+        "peak/floor",
+        "vs unchunked",
+        "fwd s",
+        "bwd s",
+    ]
     body = []
     for r in rows.itertuples(index=False):
-        body.append([
-            r.kernel, f"{r.tokens:,}", f"{r.vocab:,}", r.dtype,
-            "-" if r.chunk_size is None or r.chunk_size != r.chunk_size else f"{int(r.chunk_size)}",
-            str(r.tp), str(r.cp), r.status,
-            format_bytes(None if r.peak_bytes != r.peak_bytes else r.peak_bytes),
-            format_bytes(None if r.floor_bytes != r.floor_bytes else r.floor_bytes),
-            _num(r.peak_over_floor, ".2f") + ("x" if r.peak_over_floor == r.peak_over_floor else ""),
-            _num(r.saving_vs_unchunked, ".2f") + ("x" if r.saving_vs_unchunked == r.saving_vs_unchunked else ""),
-            _num(r.fwd_time_s, ".4f"), _num(r.bwd_time_s, ".4f"),
-        ])
+        body.append(
+            [
+                r.kernel,
+                f"{r.tokens:,}",
+                f"{r.vocab:,}",
+                r.dtype,
+                "-"
+                if r.chunk_size is None or r.chunk_size != r.chunk_size
+                else f"{int(r.chunk_size)}",
+                str(r.tp),
+                str(r.cp),
+                r.status,
+                format_bytes(None if r.peak_bytes != r.peak_bytes else r.peak_bytes),
+                format_bytes(None if r.floor_bytes != r.floor_bytes else r.floor_bytes),
+                _num(r.peak_over_floor, ".2f")
+                + ("x" if r.peak_over_floor == r.peak_over_floor else ""),
+                _num(r.saving_vs_unchunked, ".2f")
+                + ("x" if r.saving_vs_unchunked == r.saving_vs_unchunked else ""),
+                _num(r.fwd_time_s, ".4f"),
+                _num(r.bwd_time_s, ".4f"),
+            ]
+        )
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     right = {1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13}
 
     def fmt(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        padded = zip(cells, widths, strict=True)
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(padded)
+        )
 
     lines = [fmt(header), fmt(["-" * w for w in widths])]
     lines += [fmt(b) for b in body]
-    notes = [f"{r.kernel} s={r.tokens} v={r.vocab}: {r.note}" for r in rows.itertuples() if r.status != "ok" and r.note]
+    notes = [
+        f"{r.kernel} s={r.tokens} v={r.vocab}: {r.note}"
+        for r in rows.itertuples()
+        if r.status != "ok" and r.note
+    ]
     return lines + notes
 
 

@@ -9,6 +9,7 @@ crash loses nothing finished and ``--resume`` runs only what is missing.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import json
 import os
 import platform
@@ -31,7 +32,7 @@ LADDER_START = {"tokens": 1024, "vocab": 16384}
 
 
 # -- planning -------------------------------------------------------------
-def ladder(top: int, start: int) -> list[int]:
+def x2_ladder(top: int, start: int) -> list[int]:
     """×2 steps from ``start`` that end at ``top``: 20000 → 1024 … 16384, 20000."""
     steps: list[int] = []
     value = start
@@ -86,11 +87,13 @@ def plan_cases(
         raise UserError("no tokens or vocab given", "e.g. --tokens 20000 --vocab 131072")
     for c in chunk_size:
         if c is not None and (isinstance(c, bool) or c <= 0):
-            raise UserError(f"chunk size must be a positive integer, got {c!r}", "e.g. --chunk-size 1024")
+            raise UserError(
+                f"chunk size must be a positive integer, got {c!r}", "e.g. --chunk-size 1024"
+            )
     if ladder and len(tokens) == 1:
-        tokens = _ladder(tokens[0], LADDER_START["tokens"])
+        tokens = x2_ladder(tokens[0], LADDER_START["tokens"])
     if ladder and len(vocab) == 1:
-        vocab = _ladder(vocab[0], LADDER_START["vocab"])
+        vocab = x2_ladder(vocab[0], LADDER_START["vocab"])
     tokens, vocab = sorted(set(tokens)), sorted(set(vocab))
     if grid:
         shapes = [(s, v) for s in tokens for v in vocab]
@@ -104,33 +107,29 @@ def plan_cases(
             raise UserError(str(exc), "see `memprobe kernels`") from None
     dtypes = [normalize_dtype(d) for d in dtype]
     dev = resolve_device(device)
+    single = [k for k in kernels if not get_spec(k).distributed]
+    if max(tp) > 1 and single:
+        sharded = ", ".join(kernel_names(distributed=True)) or "none"
+        raise UserError(
+            f"--tp {max(tp)} shards the vocabulary, which {', '.join(single)} cannot do",
+            f"use --tp with: {sharded}",
+        )
     cases = []
-    for b in batch:
-        for s, v in shapes:
-            for d in dtypes:
-                for t in tp:
-                    for c in cp:
-                        _check_parallel(s, v, t, c)
-                        for name in kernels:
-                            if t > 1 and not get_spec(name).distributed:
-                                raise UserError(
-                                    f"--tp {t} shards the vocabulary, which kernel {name!r} cannot do",
-                                    f"use --tp with: {', '.join(kernel_names(distributed=True)) or 'none'}",
-                                )
-                            for cs in chunk_size:
-                                cases.append(Case(name, b, s, v, d, cs, t, c, dev))
+    for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
+        _check_parallel(s, v, t, c)
+        cases += [Case(k, b, s, v, d, cs, t, c, dev) for k in kernels for cs in chunk_size]
     return list(dict.fromkeys(cases))
-
-
-def _ladder(top: int, start: int) -> list[int]:
-    return ladder(top, start)
 
 
 def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:
     if vocab % tp:
-        raise UserError(f"--tp {tp} does not divide the vocabulary {vocab}", "pick a tp that divides it")
+        raise UserError(
+            f"--tp {tp} does not divide the vocabulary {vocab}", "pick a tp that divides it"
+        )
     if tokens % cp:
-        raise UserError(f"--cp {cp} does not divide the tokens {tokens}", "pick a cp that divides it")
+        raise UserError(
+            f"--cp {cp} does not divide the tokens {tokens}", "pick a cp that divides it"
+        )
 
 
 # -- files ----------------------------------------------------------------
@@ -156,7 +155,9 @@ def write_results(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     frame = results_frame(rows)
     atomic_write_text(run_dir / "results.csv", frame.to_csv(index=False))
     payload = {"memprobe_version": __version__, "columns": list(RESULT_COLUMNS), "rows": rows}
-    atomic_write_text(run_dir / "results.json", json.dumps(payload, indent=1, default=_json_default))
+    atomic_write_text(
+        run_dir / "results.json", json.dumps(payload, indent=1, default=_json_default)
+    )
 
 
 def results_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -175,7 +176,9 @@ def read_results(path: str | Path) -> pd.DataFrame:
         if not isinstance(rows, list):
             raise TypeError
     except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(f"{file} is not a memprobe results.json", "point at a run directory") from None
+        raise UserError(
+            f"{file} is not a memprobe results.json", "point at a run directory"
+        ) from None
     return results_frame(rows)
 
 
@@ -187,7 +190,9 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
             raise ValueError
         return meta
     except (OSError, ValueError):
-        raise UserError(f"{run_dir} is not a memprobe run (no readable run.json)", "give a run directory") from None
+        raise UserError(
+            f"{run_dir} is not a memprobe run (no readable run.json)", "give a run directory"
+        ) from None
 
 
 def device_name(device: str) -> str:
@@ -211,6 +216,8 @@ def default_run_dir(root: Path = Path("reports")) -> Path:
 def prepare_run_dir(out: Path | None, cases: list[Case], command: str) -> Path:
     """Create a new run directory and its run.json; never reuse an existing run."""
     run_dir = out if out is not None else default_run_dir()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} is a file, not a run directory", "choose another --out")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(
             f"{run_dir} already exists and is not empty",
@@ -219,7 +226,9 @@ def prepare_run_dir(out: Path | None, cases: list[Case], command: str) -> Path:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"cannot create {run_dir}: {exc.strerror}", "choose another --out") from None
+        raise UserError(
+            f"cannot create {run_dir}: {exc.strerror}", "choose another --out"
+        ) from None
     device = cases[0].device if cases else "meta"
     meta = {
         "memprobe_version": __version__,
@@ -243,7 +252,9 @@ def resume_plan(run_dir: Path) -> tuple[list[Case], list[dict[str, Any]]]:
     try:
         cases = [Case(**c) for c in meta["cases"]]
     except TypeError:
-        raise UserError(f"{run_dir}/run.json has a case memprobe cannot read", "start a new run") from None
+        raise UserError(
+            f"{run_dir}/run.json has a case memprobe cannot read", "start a new run"
+        ) from None
     done: list[dict[str, Any]] = []
     if (run_dir / "results.json").exists():
         frame = read_results(run_dir)

@@ -33,7 +33,8 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
         raise UserError(
-            f"{what} {value!r} is not a size", "write bytes or a number with B, KB, MB, GB, KiB, MiB, GiB"
+            f"{what} {value!r} is not a size",
+            "write bytes or a number with B, KB, MB, GB, KiB, MiB, GiB",
         )
     return int(float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit])
 

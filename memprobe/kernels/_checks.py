@@ -31,7 +31,9 @@ def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
     if targets.numel() and targets.device.type != "meta":
         lo, hi = int(targets.min()), int(targets.max())
         if lo < 0 or hi >= vocab:
-            raise ValueError(f"targets must be token ids in [0, {vocab}), found ids in [{lo}, {hi}]")
+            raise ValueError(
+                f"targets must be token ids in [0, {vocab}), found ids in [{lo}, {hi}]"
+            )
 
 
 def check_chunk_size(chunk_size: int | None) -> None:

@@ -80,7 +80,13 @@ def measure_cuda(case: Case, *, repeats: int = REPEATS, history: bool = True) ->
         if history:
             snapshot = _snapshot()
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "CUDA out of memory"
-        return Run(case=case, status="oom", floor_bytes=floor_bytes(case), note=first_line, cuda_snapshot=snapshot)
+        return Run(
+            case=case,
+            status="oom",
+            floor_bytes=floor_bytes(case),
+            note=first_line,
+            cuda_snapshot=snapshot,
+        )
     finally:
         if history:
             torch.cuda.memory._record_memory_history(enabled=None)

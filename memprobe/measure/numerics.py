@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -40,7 +40,7 @@ def filtered_reference(
     return out.detach(), grad
 
 
-@lru_cache(maxsize=None)
+@cache
 def verify(kernel: str, dtype: str, seed: int = 0) -> tuple[float, float]:
     """(max |forward error|, max |backward error|) against float64, on CPU."""
     case = Case(kernel, *VERIFY_SHAPE, dtype=dtype, chunk_size=VERIFY_CHUNK, device="cpu")

@@ -9,7 +9,9 @@ from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Case, Event, Run
 
 
-def traced_step(case: Case, inputs: StepInputs, *, capture_frames: bool = True) -> AllocationTracker:
+def traced_step(
+    case: Case, inputs: StepInputs, *, capture_frames: bool = True
+) -> AllocationTracker:
     """Forward and backward once, every storage recorded. Inputs are released
     by the caller; the step's own tensors are dropped before returning."""
     call = kernel_call(case)

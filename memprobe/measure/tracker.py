@@ -36,7 +36,10 @@ def _python_frames(skip: FrameType | None) -> tuple[Frame, ...]:
     frame = skip
     while frame is not None and len(frames) < _MAX_FRAMES:
         code = frame.f_code
-        if code.co_filename != _THIS_FILE and "torch/utils/_python_dispatch" not in code.co_filename:
+        if (
+            code.co_filename != _THIS_FILE
+            and "torch/utils/_python_dispatch" not in code.co_filename
+        ):
             frames.append(Frame(code.co_name, code.co_filename, frame.f_lineno))
         frame = frame.f_back
     return tuple(frames)

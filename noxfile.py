@@ -1,0 +1,32 @@
+"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s bench`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+# The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
+TORCH = "torch==2.13.0"
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    session.install(TORCH, "-e", ".[test]")
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", "memprobe", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "memprobe", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Speed and memory targets: per-case simulation time and the headline end to end."""
+    session.install(TORCH, "-e", ".")
+    for script in sorted(Path("benchmarks").glob("bench_*.py")):
+        session.run("python", str(script))
