@@ -41,17 +41,23 @@ def filtered_reference(
 
 
 @cache
-def verify(kernel: str, dtype: str, seed: int = 0) -> tuple[float, float]:
+def verify(
+    kernel: str,
+    dtype: str,
+    seed: int = 0,
+    chunk_size: int | None = VERIFY_CHUNK,
+    shape: tuple[int, int, int] = VERIFY_SHAPE,
+) -> tuple[float, float]:
     """(max |forward error|, max |backward error|) against float64, on CPU."""
-    case = Case(kernel, *VERIFY_SHAPE, dtype=dtype, chunk_size=VERIFY_CHUNK, device="cpu")
+    case = Case(kernel, *shape, dtype=dtype, chunk_size=chunk_size, device="cpu")
     gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(VERIFY_SHAPE, generator=gen) * 3).to(DTYPES[dtype])
-    targets = torch.randint(0, VERIFY_SHAPE[2], VERIFY_SHAPE[:2], generator=gen)
+    logits = (torch.randn(shape, generator=gen) * 3).to(DTYPES[dtype])
+    targets = torch.randint(0, shape[2], shape[:2], generator=gen)
     if kernel == "filtered":
         # Targets outside the kept set have log-prob -inf; take kept ones so
         # the comparison measures arithmetic, not the filter.
         targets = logits.float().argmax(-1)
-    grad_outputs = torch.randn(VERIFY_SHAPE[:2], generator=gen)
+    grad_outputs = torch.randn(shape[:2], generator=gen)
     if kernel == "filtered":
         ref_out, ref_grad = filtered_reference(case, logits, targets, grad_outputs)
     else:
