@@ -9,6 +9,14 @@ from memprobe.kernels.autograd_reference import (
     unchunked_logprobs,
 )
 from memprobe.kernels.dispatch import next_token_logprobs, select_kernel
+from memprobe.kernels.distributed import (
+    ChunkedDistributedLogprob,
+    DistributedLogprob,
+    chunked_distributed_collectives,
+    chunked_distributed_logprobs,
+    distributed_collectives,
+    distributed_logprobs,
+)
 from memprobe.kernels.filtered import filter_logits, filtered_logprobs
 from memprobe.kernels.local_chunked import (
     DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE,
@@ -22,9 +30,15 @@ from memprobe.kernels.registry import KERNELS, KernelSpec, get_kernel, get_spec,
 __all__ = [
     "DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE",
     "KERNELS",
+    "ChunkedDistributedLogprob",
+    "DistributedLogprob",
     "KernelSpec",
     "LocalChunkedInplaceLogprob",
     "LocalChunkedLogprob",
+    "chunked_distributed_collectives",
+    "chunked_distributed_logprobs",
+    "distributed_collectives",
+    "distributed_logprobs",
     "filter_logits",
     "filtered_logprobs",
     "get_kernel",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -11,6 +12,12 @@ from memprobe.kernels.autograd_reference import (
     naive_chunked_logprobs,
     precast_chunked_logprobs,
     unchunked_logprobs,
+)
+from memprobe.kernels.distributed import (
+    chunked_distributed_collectives,
+    chunked_distributed_logprobs,
+    distributed_collectives,
+    distributed_logprobs,
 )
 from memprobe.kernels.filtered import filtered_logprobs
 from memprobe.kernels.local_chunked import (
@@ -23,6 +30,11 @@ class LogprobKernel(Protocol):
     def __call__(
         self, logits: torch.Tensor, targets: torch.Tensor, *, chunk_size: int | None = None
     ) -> torch.Tensor: ...
+
+
+def no_collectives(num_tokens: int, chunk_size: int | None = None) -> tuple[int, int]:
+    """Single-device kernels communicate nothing."""
+    return (0, 0)
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,8 @@ class KernelSpec:
     consumes_logits: bool = False
     # True when the kernel needs a torch.distributed process group (vocab shards).
     distributed: bool = False
+    # (forward, backward) collectives of one pass, from (B*S tokens, chunk_size).
+    collectives: Callable[[int, int | None], tuple[int, int]] = no_collectives
 
 
 KERNELS: dict[str, KernelSpec] = {
@@ -80,6 +94,22 @@ KERNELS: dict[str, KernelSpec] = {
             filtered_logprobs,
             "top-k / top-p filtering, then log_softmax + gather under plain autograd",
             casts_per_chunk=False,
+        ),
+        KernelSpec(
+            "distributed",
+            distributed_logprobs,
+            "DistributedLogprob: vocab-parallel, whole shard in float32, softmax saved",
+            casts_per_chunk=False,
+            distributed=True,
+            collectives=distributed_collectives,
+        ),
+        KernelSpec(
+            "chunked_distributed",
+            chunked_distributed_logprobs,
+            "ChunkedDistributedLogprob: vocab-parallel, recomputes per chunk, 2 all_reduces",
+            casts_per_chunk=True,
+            distributed=True,
+            collectives=chunked_distributed_collectives,
         ),
     )
 }

@@ -1,0 +1,461 @@
+"""Vocabulary-parallel (tensor-parallel) target log-probabilities on torch.distributed.
+
+Each rank of a process group holds the logits ``[B, S, V_local]`` for the
+vocabulary ids ``[vocab_start, vocab_end)``; the targets ``[B, S]`` are
+global ids and the same on every rank. Every rank returns the same float32
+``[B, S]`` target log-probs and, in backward, the gradient of its own shard.
+
+Two kernels:
+
+* :class:`DistributedLogprob` — the memory-hungry reference: the whole shard
+  is cast to float32, the log-softmax is distributed with three all_reduces
+  (MAX of the row max, SUM of the sum of exps, SUM of the target logit), and
+  the float32 softmax ``[B, S, V_local]`` is saved for backward.
+* :class:`ChunkedDistributedLogprob` — the same math chunk by chunk over S,
+  saving only its inputs and one float32 logsumexp per token, recomputing in
+  backward. It batches its communication: each chunk first reduces its own
+  rows locally, and after the loop two all_reduces over ``[B, S]``-sized
+  statistics finish the job (MAX of the local row max, then one SUM of the
+  rescaled sum of exps stacked with the target logit and an ownership flag).
+  The collective count is therefore independent of the chunk size, and the
+  messages are per-token (tiny) instead of one latency-bound round per chunk.
+
+Backward of both needs no collective: ``d logprob / d logits = onehot - softmax``
+is local to each shard once the global logsumexp is known.
+
+The kernels never create or tear down process groups; the caller passes one
+(or initialises the default group). They run unchanged on ``meta`` tensors
+under torch's fake process group, which is how memprobe simulates per-rank
+memory on one machine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from memprobe.kernels._checks import check_chunk_size
+from memprobe.kernels.local_chunked import DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE
+
+__all__ = [
+    "ChunkedDistributedLogprob",
+    "DistributedLogprob",
+    "chunked_distributed_collectives",
+    "chunked_distributed_logprobs",
+    "distributed_collectives",
+    "distributed_logprobs",
+]
+
+
+# --------------------------------------------------------------------------
+# Collective counts (the sweep reports them as a column)
+# --------------------------------------------------------------------------
+
+
+def distributed_collectives(num_tokens: int, chunk_size: int | None = None) -> tuple[int, int]:
+    """``(forward, backward)`` all_reduces of one :class:`DistributedLogprob` pass.
+
+    Three in forward (row max, sum of exps, target logit), none in backward.
+    ``num_tokens`` is ``B * S``; with no tokens nothing is communicated.
+    ``chunk_size`` is accepted for a uniform signature and ignored.
+    """
+    return (3, 0) if num_tokens > 0 else (0, 0)
+
+
+def chunked_distributed_collectives(
+    num_tokens: int, chunk_size: int | None = None
+) -> tuple[int, int]:
+    """``(forward, backward)`` all_reduces of one :class:`ChunkedDistributedLogprob` pass.
+
+    Two in forward whatever the number of chunks ``ceil(S / chunk_size)``:
+    the per-chunk statistics are reduced locally first and communicated once
+    (MAX, then one stacked SUM). None in backward. ``num_tokens`` is ``B * S``.
+    """
+    check_chunk_size(chunk_size)
+    return (2, 0) if num_tokens > 0 else (0, 0)
+
+
+# --------------------------------------------------------------------------
+# Shared helpers
+# --------------------------------------------------------------------------
+
+
+def _check_shard_inputs(
+    logits: torch.Tensor, targets: torch.Tensor, vocab_start: int, vocab_end: int
+) -> None:
+    """Shape and range checks that need no communication.
+
+    The local range check can only reject negative ids; an id past the global
+    vocabulary is caught after the forward all_reduce (no rank owns it).
+    """
+    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise ValueError("logits and targets must be torch tensors")
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be [B, S, V_local], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
+        raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+    if tuple(targets.shape) != tuple(logits.shape[:2]):
+        raise ValueError(
+            f"targets must be [B, S] = {tuple(logits.shape[:2])} to match logits "
+            f"{tuple(logits.shape)}, got {tuple(targets.shape)}"
+        )
+    local_vocab = logits.shape[-1]
+    if local_vocab == 0:
+        raise ValueError("this rank's vocabulary shard is empty (V_local = 0)")
+    if vocab_start < 0 or vocab_end - vocab_start != local_vocab:
+        raise ValueError(
+            f"vocabulary range [{vocab_start}, {vocab_end}) does not match the shard's "
+            f"{local_vocab} columns"
+        )
+    if targets.numel() and targets.device.type != "meta" and int(targets.min()) < 0:
+        raise ValueError(f"targets must be non-negative token ids, found {int(targets.min())}")
+
+
+def _local_index(
+    targets: torch.Tensor, vocab_start: int, vocab_end: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token ``(index into this shard, owned)``; unowned tokens point at column 0.
+
+    Both are ``[B, n]`` (per token, never per vocabulary entry).
+    """
+    owned = (targets >= vocab_start) & (targets < vocab_end)
+    index = (targets.long() - vocab_start).masked_fill_(~owned, 0)
+    return index, owned
+
+
+def _communicates_values(group: Any, tensor: torch.Tensor) -> bool:
+    """False when reduced values are meaningless: meta tensors or the fake backend."""
+    if tensor.device.type == "meta":
+        return False
+    return dist.get_backend(group) != "fake"
+
+
+def _check_owned_once(owner_count: torch.Tensor) -> None:
+    """After the SUM all_reduce every token must be owned by exactly one rank.
+
+    Every rank sees the same reduced counts, so every rank raises together
+    instead of one rank raising while the others wait in a collective.
+    """
+    if owner_count.numel() and not bool((owner_count == 1).all()):
+        raise ValueError(
+            "some target ids are owned by no rank (id past the global vocabulary) "
+            "or by several (overlapping vocabulary ranges)"
+        )
+
+
+def _resolve_chunk(chunk_size: int | None) -> int:
+    check_chunk_size(chunk_size)
+    return DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE if chunk_size is None else int(chunk_size)
+
+
+# --------------------------------------------------------------------------
+# The reference: whole shard in float32, softmax saved
+# --------------------------------------------------------------------------
+
+
+class DistributedLogprob(torch.autograd.Function):
+    """Vocabulary-parallel target log-probs, unchunked: the memory-hungry reference.
+
+    ``DistributedLogprob.apply(vocab_parallel_logits, targets, vocab_start,
+    vocab_end, group, inference_only=False)`` → float32 ``[B, S]``.
+
+    Forward casts the whole shard to float32 and, unless ``inference_only``
+    or no gradient is needed, saves the float32 softmax ``[B, S, V_local]``
+    plus a per-token shard index and ownership mask. Collectives: 3 all_reduces
+    in forward, none in backward. The gradient has the logits' dtype.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        vocab_parallel_logits: torch.Tensor,
+        targets: torch.Tensor,
+        vocab_start: int,
+        vocab_end: int,
+        group: Any,
+        inference_only: bool = False,
+    ) -> torch.Tensor:
+        logits = vocab_parallel_logits
+        _check_shard_inputs(logits, targets, vocab_start, vocab_end)
+        ctx.logits_dtype = logits.dtype
+        ctx.saved_nothing = inference_only or not ctx.needs_input_grad[0]
+        batch, seq, _ = logits.shape
+        index, owned = _local_index(targets, vocab_start, vocab_end)
+        if batch * seq == 0:
+            # Every rank has the same [B, S], so every rank skips the collectives.
+            if not ctx.saved_nothing:
+                ctx.save_for_backward(torch.empty_like(logits, dtype=torch.float32), index, owned)
+            return logits.new_zeros((batch, seq), dtype=torch.float32)
+
+        # ``.float()`` may return the input itself (float32 logits): nothing
+        # below writes into ``x``.
+        x = logits.float()
+        row_max = x.amax(dim=-1, keepdim=True)
+        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = x - row_max
+        del x
+        # Target logit (shifted) and ownership, reduced together: one SUM.
+        picked = torch.stack(
+            [
+                shifted.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(~owned, 0.0),
+                owned.to(torch.float32),
+            ]
+        )
+        softmax = shifted.exp_()
+        sum_exp = softmax.sum(dim=-1, keepdim=True)
+        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
+        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+        if _communicates_values(group, logits):
+            _check_owned_once(picked[1])
+        out = picked[0] - sum_exp.squeeze(-1).log()
+        if not ctx.saved_nothing:
+            softmax.div_(sum_exp)
+            ctx.save_for_backward(softmax, index, owned)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        if ctx.saved_nothing:
+            raise RuntimeError(
+                "DistributedLogprob ran with inference_only=True (or without grad) "
+                "and saved nothing: run it again with gradients enabled"
+            )
+        softmax, index, owned = ctx.saved_tensors
+        g = grad_output.float()
+        # Out of place so the saved softmax survives a retain_graph backward.
+        grad = softmax.mul(g.neg().unsqueeze(-1))
+        grad.scatter_add_(-1, index.unsqueeze(-1), (g * owned).unsqueeze(-1))
+        return grad.to(ctx.logits_dtype), None, None, None, None, None
+
+
+# --------------------------------------------------------------------------
+# The chunked kernel: inputs saved, recomputed per chunk
+# --------------------------------------------------------------------------
+
+
+def _chunk_float32(logits: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    # copy=True: ``.float()`` on float32 logits would alias the input, and the
+    # chunk is updated in place below.
+    return logits[:, start:end].to(dtype=torch.float32, copy=True)
+
+
+def _finite_or_zero(row_max: torch.Tensor) -> torch.Tensor:
+    # A row whose shard is all -inf has max -inf; shifting by it would give
+    # -inf - (-inf) = nan. Shift such rows by 0 instead: their exps are 0.
+    return torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+
+
+def _chunked_distributed_forward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    vocab_start: int,
+    vocab_end: int,
+    chunk: int,
+    group: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (target log-probs, global logsumexp), both float32 ``[B, S]``."""
+    batch, seq, _ = logits.shape
+    local_max = logits.new_empty((batch, seq), dtype=torch.float32)
+    # Rows: sum of exp(x - local shift), target logit (0 if not owned), owned.
+    stats = logits.new_empty((3, batch, seq), dtype=torch.float32)
+    for start in range(0, seq, chunk):
+        end = min(start + chunk, seq)
+        index, owned = _local_index(targets[:, start:end], vocab_start, vocab_end)
+        work = _chunk_float32(logits, start, end)
+        picked = work.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+        stats[1, :, start:end] = picked.masked_fill_(~owned, 0.0)
+        stats[2, :, start:end] = owned
+        row_max = work.amax(dim=-1)
+        local_max[:, start:end] = row_max
+        # Local sum of exps, in place: torch.logsumexp would allocate two more
+        # float32 chunks (x - max and its exp).
+        work.sub_(_finite_or_zero(row_max).unsqueeze(-1)).exp_()
+        stats[0, :, start:end] = work.sum(dim=-1)
+        del work
+
+    global_max = local_max.clone()
+    dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
+    global_shift = _finite_or_zero(global_max)
+    # Move each rank's sum of exps from its own shift to the global one
+    # (a factor <= 1, so nothing overflows), then sum them with the targets.
+    stats[0].mul_((_finite_or_zero(local_max) - global_shift).exp_())
+    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+    if _communicates_values(group, logits):
+        _check_owned_once(stats[2])
+    lse = stats[0].log_().add_(global_shift)
+    out = stats[1] - lse
+    return out, lse
+
+
+def _chunked_distributed_backward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    grad_output: torch.Tensor,
+    vocab_start: int,
+    vocab_end: int,
+    chunk: int,
+) -> torch.Tensor:
+    """``(onehot_local - softmax) * grad_output`` in the logits' dtype, chunk by chunk."""
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    seq = logits.shape[1]
+    grad_output = grad_output.float()
+    for start in range(0, seq, chunk):
+        end = min(start + chunk, seq)
+        index, owned = _local_index(targets[:, start:end], vocab_start, vocab_end)
+        g = grad_output[:, start:end]
+        work = _chunk_float32(logits, start, end)
+        # softmax = exp(x - lse) with the global lse: no communication needed.
+        work.sub_(lse[:, start:end].unsqueeze(-1)).exp_().mul_(g.neg().unsqueeze(-1))
+        work.scatter_add_(-1, index.unsqueeze(-1), (g * owned).unsqueeze(-1))
+        grad[:, start:end].copy_(work)
+        del work
+    return grad
+
+
+class ChunkedDistributedLogprob(torch.autograd.Function):
+    """Vocabulary-parallel target log-probs, chunked over S and recomputed in backward.
+
+    ``ChunkedDistributedLogprob.apply(vocab_parallel_logits, targets, vocab_start,
+    vocab_end, chunk_size, group, inference_only=False)`` → float32 ``[B, S]``;
+    ``chunk_size=None`` means 1024.
+
+    Saved for backward: the logits shard (its own dtype, no copy), the targets,
+    and the float32 global logsumexp ``[B, S]`` (4·B·S bytes). Nothing is
+    saved when ``inference_only`` is true or no gradient is needed.
+
+    Working set, forward and backward, per chunk ``c``: ONE float32
+    ``[B, c, V_local]`` buffer updated in place, plus per-token tensors
+    (``[B, c]`` shard index int64, ownership bool, row statistics float32).
+    No int64 or bool tensor is ever ``[B, c, V_local]``-sized. Forward also
+    holds five float32 ``[B, S]`` statistics (local and global row max, sum of
+    exps, target logit, ownership), 20·B·S bytes. The backward peak is
+    therefore logits + gradient (logits' dtype) + one float32 chunk.
+
+    Collectives: 2 all_reduces in forward (independent of the number of
+    chunks), none in backward; see :func:`chunked_distributed_collectives`.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        vocab_parallel_logits: torch.Tensor,
+        targets: torch.Tensor,
+        vocab_start: int,
+        vocab_end: int,
+        chunk_size: int | None,
+        group: Any,
+        inference_only: bool = False,
+    ) -> torch.Tensor:
+        logits = vocab_parallel_logits
+        _check_shard_inputs(logits, targets, vocab_start, vocab_end)
+        chunk = _resolve_chunk(chunk_size)
+        ctx.chunk = chunk
+        ctx.vocab_range = (vocab_start, vocab_end)
+        ctx.saved_nothing = inference_only or not ctx.needs_input_grad[0]
+        batch, seq, _ = logits.shape
+        if batch * seq == 0:
+            # Same [B, S] on every rank, so every rank skips the collectives.
+            out = logits.new_zeros((batch, seq), dtype=torch.float32)
+            lse = out
+        else:
+            out, lse = _chunked_distributed_forward(
+                logits, targets, vocab_start, vocab_end, chunk, group
+            )
+        if not ctx.saved_nothing:
+            ctx.save_for_backward(logits, targets, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        if ctx.saved_nothing:
+            raise RuntimeError(
+                "ChunkedDistributedLogprob ran with inference_only=True (or without grad) "
+                "and saved nothing: run it again with gradients enabled"
+            )
+        logits, targets, lse = ctx.saved_tensors
+        vocab_start, vocab_end = ctx.vocab_range
+        grad = _chunked_distributed_backward(
+            logits, targets, lse, grad_output, vocab_start, vocab_end, ctx.chunk
+        )
+        return grad, None, None, None, None, None, None
+
+
+# --------------------------------------------------------------------------
+# Plain functions with the registry's kernel signature
+# --------------------------------------------------------------------------
+
+
+def _resolve_group(
+    logits: torch.Tensor, group: Any, vocab_start: int | None, vocab_end: int | None
+) -> tuple[Any, int, int]:
+    """The process group and this rank's vocabulary range.
+
+    With no explicit range the vocabulary is split evenly in rank order:
+    ``vocab_start = rank * V_local``.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "distributed kernels need an initialised torch.distributed process group "
+            "(run under torchrun, pass group=, or simulate with "
+            "memprobe.parallel.fake_process_group)"
+        )
+    if group is None:
+        group = dist.group.WORLD
+    local_vocab = logits.shape[-1] if isinstance(logits, torch.Tensor) and logits.dim() else 0
+    if vocab_start is None and vocab_end is None:
+        vocab_start = dist.get_rank(group) * local_vocab
+    if vocab_start is None:
+        assert vocab_end is not None
+        vocab_start = vocab_end - local_vocab
+    if vocab_end is None:
+        vocab_end = vocab_start + local_vocab
+    return group, int(vocab_start), int(vocab_end)
+
+
+def _wants_grad(logits: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and isinstance(logits, torch.Tensor) and logits.requires_grad
+
+
+def distributed_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_size: int | None = None,
+    group: Any = None,
+    vocab_start: int | None = None,
+    vocab_end: int | None = None,
+) -> torch.Tensor:
+    """:class:`DistributedLogprob` on this rank's shard; ``chunk_size`` is ignored.
+
+    ``group=None`` means the default process group; with no vocabulary range
+    this rank holds ids ``[rank * V_local, (rank + 1) * V_local)``.
+    """
+    check_chunk_size(chunk_size)
+    group, start, end = _resolve_group(logits, group, vocab_start, vocab_end)
+    return DistributedLogprob.apply(logits, targets, start, end, group, not _wants_grad(logits))
+
+
+def chunked_distributed_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_size: int | None = None,
+    group: Any = None,
+    vocab_start: int | None = None,
+    vocab_end: int | None = None,
+) -> torch.Tensor:
+    """:class:`ChunkedDistributedLogprob` on this rank's shard; ``chunk_size=None`` means 1024.
+
+    ``group=None`` means the default process group; with no vocabulary range
+    this rank holds ids ``[rank * V_local, (rank + 1) * V_local)``.
+    """
+    check_chunk_size(chunk_size)
+    group, start, end = _resolve_group(logits, group, vocab_start, vocab_end)
+    return ChunkedDistributedLogprob.apply(
+        logits, targets, start, end, chunk_size, group, not _wants_grad(logits)
+    )
