@@ -127,6 +127,8 @@ class Run:
     max_abs_err_fwd: float | None = None
     max_abs_err_bwd: float | None = None
     big_fp32_blocks: int | None = None
+    fwd_collectives: int | None = None
+    bwd_collectives: int | None = None
     note: str = ""
     snapshot: str | None = None
     events: tuple[Event, ...] = field(default=(), repr=False, compare=False)

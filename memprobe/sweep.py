@@ -99,7 +99,8 @@ def plan_cases(
         shapes = [(s, v) for s in tokens for v in vocab]
     else:
         shapes = [(s, vocab[-1]) for s in tokens] + [(tokens[-1], v) for v in vocab[:-1]]
-    kernels = list(kernel) if kernel else kernel_names(distributed=False)
+    # --tp shards the vocabulary, which only the distributed kernels can take.
+    kernels = list(kernel) if kernel else kernel_names(distributed=max(tp) > 1)
     for name in kernels:
         try:
             get_spec(name)
@@ -114,11 +115,22 @@ def plan_cases(
             f"--tp {max(tp)} shards the vocabulary, which {', '.join(single)} cannot do",
             f"use --tp with: {sharded}",
         )
+    if dev != "meta" and max(tp) * max(cp) > 1 and not under_torchrun():
+        raise UserError(
+            f"a real --device {dev} run with --tp/--cp needs one process per rank (torchrun)",
+            f"launch it with torchrun --nproc-per-node {max(tp) * max(cp)} -m memprobe sweep ..., "
+            "or simulate one rank with --device meta",
+        )
     cases = []
     for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
         _check_parallel(s, v, t, c)
         cases += [Case(k, b, s, v, d, cs, t, c, dev) for k in kernels for cs in chunk_size]
     return list(dict.fromkeys(cases))
+
+
+def under_torchrun() -> bool:
+    """torchrun (and torch.distributed.launch) set WORLD_SIZE for every rank."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
 def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:

@@ -15,8 +15,8 @@ import time
 import torch
 
 from memprobe.measure.meta_backend import simulate
-from memprobe.measure.step import StepInputs, kernel_call, make_inputs
-from memprobe.measure.traced import run_from_tracker, traced_step
+from memprobe.measure.step import StepInputs, kernel_call, make_inputs, process_group_for
+from memprobe.measure.traced import run_from_trace, traced_step
 from memprobe.records import Case, Run
 from memprobe.units import format_bytes
 
@@ -54,14 +54,15 @@ def measure_cpu(case: Case, *, repeats: int = REPEATS, ram_bytes: int | None = N
                 f"{format_bytes(budget)} of available RAM; simulate it with --device meta"
             ),
         )
-    inputs = make_inputs(case, "cpu")
-    tracker = traced_step(case, inputs)
-    fwd_times, bwd_times = timed_steps(case, inputs, repeats)
-    del inputs
+    with process_group_for(case):
+        inputs = make_inputs(case, "cpu")
+        trace = traced_step(case, inputs)
+        fwd_times, bwd_times = timed_steps(case, inputs, repeats)
+        del inputs
     gc.collect()
-    return run_from_tracker(
+    return run_from_trace(
         case,
-        tracker,
+        trace,
         fwd_time_s=statistics.median(fwd_times),
         bwd_time_s=statistics.median(bwd_times),
     )

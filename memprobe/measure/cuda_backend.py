@@ -14,7 +14,13 @@ from typing import Any
 import torch
 
 from memprobe.errors import UserError
-from memprobe.measure.step import describe_filters, floor_bytes, kernel_call, make_inputs
+from memprobe.measure.step import (
+    describe_filters,
+    floor_bytes,
+    kernel_call,
+    make_inputs,
+    process_group_for,
+)
 from memprobe.records import Case, Run
 
 HISTORY_ENTRIES = 100_000
@@ -36,6 +42,11 @@ def _snapshot() -> dict[str, Any]:
 
 def measure_cuda(case: Case, *, repeats: int = REPEATS, history: bool = True) -> Run:
     require_cuda()
+    with process_group_for(case):
+        return _measure(case, repeats=repeats, history=history)
+
+
+def _measure(case: Case, *, repeats: int, history: bool) -> Run:
     gc.collect()
     torch.cuda.empty_cache()
     call = kernel_call(case)

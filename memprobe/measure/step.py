@@ -7,13 +7,16 @@ an lm_head in real training, so there is no AccumulateGrad copy to count.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from memprobe.kernels import get_spec
+from memprobe.parallel import fake_process_group
 from memprobe.records import DTYPES, Case
 
 # The sweep measures the filtered kernel with a typical sampling setting;
@@ -52,6 +55,16 @@ def kernel_call(case: Case) -> Callable[[torch.Tensor, torch.Tensor], torch.Tens
         return spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
 
     return call
+
+
+def process_group_for(case: Case) -> contextlib.AbstractContextManager[object]:
+    """A vocabulary-parallel kernel needs a process group. Under torchrun the
+    real one is already there; elsewhere a fake group of ``case.tp`` ranks
+    stands in, whose collectives do nothing: exact for memory, and exact for
+    values too when tp is 1."""
+    if not get_spec(case.kernel).distributed or dist.is_initialized():
+        return contextlib.nullcontext()
+    return fake_process_group(case.tp)
 
 
 def describe_filters(case: Case) -> str:

@@ -2,28 +2,43 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from memprobe.measure.step import StepInputs, describe_filters, floor_bytes, kernel_call
 from memprobe.measure.tracker import AllocationTracker
+from memprobe.parallel import count_collectives
 from memprobe.records import Case, Event, Run
 
 
-def traced_step(
-    case: Case, inputs: StepInputs, *, capture_frames: bool = True
-) -> AllocationTracker:
-    """Forward and backward once, every storage recorded. Inputs are released
-    by the caller; the step's own tensors are dropped before returning."""
+@dataclass
+class StepTrace:
+    """The tracker of one step and the collectives it issued in each pass."""
+
+    tracker: AllocationTracker
+    fwd_collectives: int
+    bwd_collectives: int
+
+
+def traced_step(case: Case, inputs: StepInputs, *, capture_frames: bool = True) -> StepTrace:
+    """Forward and backward once, every storage and collective recorded.
+
+    Inputs are released by the caller; the step's own tensors are dropped
+    before returning.
+    """
     call = kernel_call(case)
     tracker = AllocationTracker(capture_frames=capture_frames)
     tracker.track(inputs.logits, op="input: logits")
     with tracker:
         tracker.set_phase("forward")
-        logprobs = call(inputs.logits, inputs.targets)
+        with count_collectives() as fwd:
+            logprobs = call(inputs.logits, inputs.targets)
         tracker.set_phase("backward")
-        (grad,) = torch.autograd.grad(logprobs, inputs.logits, inputs.grad_outputs)
+        with count_collectives() as bwd:
+            (grad,) = torch.autograd.grad(logprobs, inputs.logits, inputs.grad_outputs)
         del logprobs, grad
-    return tracker
+    return StepTrace(tracker, fwd.total, bwd.total)
 
 
 def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:
@@ -32,7 +47,8 @@ def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:
     return sum(1 for e in live if e.dtype == "torch.float32" and e.nbytes == size)
 
 
-def run_from_tracker(case: Case, tracker: AllocationTracker, **extra: object) -> Run:
+def run_from_trace(case: Case, trace: StepTrace, **extra: object) -> Run:
+    tracker = trace.tracker
     live = tracker.live_at_peak()
     return Run(
         case=case,
@@ -42,6 +58,8 @@ def run_from_tracker(case: Case, tracker: AllocationTracker, **extra: object) ->
         backward_peak_bytes=tracker.phase_peaks.get("backward"),
         floor_bytes=floor_bytes(case),
         big_fp32_blocks=count_big_fp32_blocks(case, live),
+        fwd_collectives=trace.fwd_collectives,
+        bwd_collectives=trace.bwd_collectives,
         note=describe_filters(case),
         events=tuple(tracker.events),
         **extra,  # type: ignore[arg-type]
