@@ -26,6 +26,7 @@ from memprobe import __version__
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.measure import measure, resolve_device
+from memprobe.ranks import agree, current_layout, gather_row, share_cases, under_torchrun
 from memprobe.records import DTYPE_ALIASES, DTYPES, RESULT_COLUMNS, Case, Run
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
@@ -126,11 +127,6 @@ def plan_cases(
         _check_parallel(s, v, t, c)
         cases += [Case(k, b, s, v, d, cs, t, c, dev) for k in kernels for cs in chunk_size]
     return list(dict.fromkeys(cases))
-
-
-def under_torchrun() -> bool:
-    """torchrun (and torch.distributed.launch) set WORLD_SIZE for every rank."""
-    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
 
 
 def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:
@@ -297,24 +293,52 @@ def run_sweep(
     With ``resume`` the directory must hold a run; otherwise it is created
     (and must not already hold one).
     """
-    done: list[dict[str, Any]] = []
-    if resume:
-        planned, done = resume_plan(out_dir)
-        cases = planned
-    else:
-        out_dir = prepare_run_dir(out_dir, cases, command)
-    finished = {r["case_id"] for r in done}
-    rows = list(done)
-    todo = [c for c in cases if c.case_id not in finished]
+    layout = current_layout()
+    lead = layout is None or layout.rank == 0
+    rows: list[dict[str, Any]] = []
+    todo: list[Case] = []
+    error: UserError | None = None
+    if lead:
+        try:
+            rows, todo = _open_run(cases, out_dir, command, resume)
+        except UserError as exc:
+            error = exc
+    if layout is not None:
+        # Rank 0 alone touches the run directory; every rank learns its
+        # verdict and the cases to run, so none waits on a rank that quit.
+        verdict = agree(error.one_line() if error else None)
+        if verdict is not None:
+            raise error or UserError(verdict)
+        todo = share_cases(todo)
+    elif error is not None:
+        raise error
     for i, case in enumerate(todo, start=1):
         run = _measure_one(case, verify=verify)
-        if snapshots:
+        if snapshots and lead:
             run = _with_snapshot(run, out_dir)
-        rows.append(run.row())
+        row: dict[str, Any] | None = run.row()
+        if layout is not None:
+            row = gather_row(run.row())
+            if row is None:
+                continue
+        rows.append(row)
         write_results(out_dir, rows)
         if progress is not None:
             progress(i, len(todo), case, run)
     return results_frame(rows)
+
+
+def _open_run(
+    cases: list[Case], out_dir: Path, command: str, resume: bool
+) -> tuple[list[dict[str, Any]], list[Case]]:
+    """(rows already finished, cases still to run) for a new or resumed run."""
+    if resume:
+        cases, done = resume_plan(out_dir)
+    else:
+        prepare_run_dir(out_dir, cases, command)
+        done = []
+    finished = {r["case_id"] for r in done}
+    return list(done), [c for c in cases if c.case_id not in finished]
 
 
 def _measure_one(case: Case, *, verify: bool) -> Run:

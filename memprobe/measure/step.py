@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from memprobe.kernels import get_spec
 from memprobe.parallel import fake_process_group
+from memprobe.ranks import current_layout
 from memprobe.records import DTYPES, Case
 
 # The sweep measures the filtered kernel with a typical sampling setting;
@@ -32,24 +33,36 @@ class StepInputs:
 
 
 def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
-    """Logits (a leaf that requires grad), targets and the upstream gradient."""
+    """Logits (a leaf that requires grad), targets and the upstream gradient.
+
+    In a torchrun sweep each rank draws its own logits shard, while the
+    targets (global token ids) and upstream gradient are the same on every
+    rank of one token shard, as in a real tensor-parallel job.
+    """
     shape = (case.batch, case.local_tokens, case.local_vocab)
     dtype = DTYPES[case.dtype]
     if device == "meta":
         logits = torch.empty(shape, dtype=dtype, device="meta")
         targets = torch.empty(shape[:2], dtype=torch.long, device="meta")
         grad_outputs = torch.empty(shape[:2], dtype=torch.float32, device="meta")
-    else:
-        gen = torch.Generator(device=device).manual_seed(seed)
-        logits = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-        targets = torch.randint(0, case.local_vocab, shape[:2], generator=gen, device=device)
-        grad_outputs = torch.randn(shape[:2], generator=gen, device=device)
+        return StepInputs(logits.requires_grad_(), targets, grad_outputs)
+    layout = current_layout()
+    rank, token_shard = (layout.rank, layout.cp_rank) if layout else (0, 0)
+    gen = torch.Generator(device=device).manual_seed(seed + 1000 * token_shard)
+    targets = torch.randint(0, case.vocab, shape[:2], generator=gen, device=device)
+    grad_outputs = torch.randn(shape[:2], generator=gen, device=device)
+    gen.manual_seed(seed + 1_000_003 * (rank + 1))
+    logits = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
     return StepInputs(logits.requires_grad_(), targets, grad_outputs)
 
 
 def kernel_call(case: Case) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     spec = get_spec(case.kernel)
-    extra = SWEEP_FILTERS.get(case.kernel, {})
+    extra: dict[str, Any] = dict(SWEEP_FILTERS.get(case.kernel, {}))
+    layout = current_layout()
+    if spec.distributed and layout is not None:
+        start = layout.tp_rank * case.local_vocab
+        extra.update(group=layout.tp_group, vocab_start=start, vocab_end=start + case.local_vocab)
 
     def call(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)

@@ -1,0 +1,74 @@
+"""Real multi-rank sweeps: torchrun, gloo on CPU, rank 0 writes the run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from memprobe.measure import measure
+from memprobe.records import Case
+from memprobe.sweep import read_results
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+
+
+def torchrun(*args: str, cwd) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*TORCHRUN, "-m", "memprobe", "sweep", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=cwd,
+        env=env,
+    )
+
+
+def test_two_ranks_measure_and_rank_zero_writes(tmp_path):
+    out = tmp_path / "run"
+    done = torchrun(
+        "--device",
+        "cpu",
+        "--tp",
+        "2",
+        "--kernel",
+        "chunked_distributed",
+        "--tokens",
+        "256",
+        "--vocab",
+        "2048",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("run directory:") == 1  # only rank 0 reports
+    frame = read_results(out)
+    assert list(frame["status"]) == ["ok"] and list(frame["tp"]) == [2]
+    simulated = measure(Case("chunked_distributed", 1, 256, 2048, "bf16", 1024, tp=2))
+    assert frame["peak_bytes"].iloc[0] == simulated.peak_bytes  # per rank, exact
+    assert frame["fwd_collectives"].iloc[0] == 2
+
+
+def test_world_size_that_disagrees_with_tp_exits_2_on_every_rank(tmp_path):
+    done = torchrun(
+        "--device",
+        "cpu",
+        "--tp",
+        "4",
+        "--kernel",
+        "chunked_distributed",
+        "--tokens",
+        "256",
+        "--vocab",
+        "2048",
+        "--out",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
+    assert done.returncode != 0
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
+    assert len(lines) == 2 and "torchrun started 2 ranks" in lines[0]
+    assert "exitcode  : 2" in done.stderr
+    assert not (tmp_path / "run").exists()
