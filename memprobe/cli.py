@@ -12,7 +12,6 @@ import typer
 
 from memprobe import __version__
 from memprobe.errors import UserError
-from memprobe.units import format_bytes
 
 app = typer.Typer(
     name="memprobe",
@@ -96,56 +95,169 @@ def sweep(
     into the run directory.
     """
     from memprobe.cli_parse import int_list, name_list, positive_ints
+    from memprobe.progress import CaseProgress
     from memprobe.summary import json_summary, table_lines
-    from memprobe.sweep import plan_cases, run_sweep
-
-    command = "memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    if resume is not None:
-        if tokens is not None or vocab is not None or kernel is not None or out is not None:
-            fail("--resume takes its cases from the run directory; drop --tokens/--vocab/--kernel/--out")
-        cases, run_dir = [], resume
-    else:
-        cases = plan_cases(
-            tokens=positive_ints(tokens or "20000", "--tokens"),
-            vocab=positive_ints(vocab or "131072", "--vocab"),
-            batch=positive_ints(batch, "--batch"),
-            dtype=name_list(dtype),
-            kernel=name_list(kernel) if kernel else None,
-            chunk_size=int_list(chunk_size, "--chunk-size", allow_none=True),
-            tp=positive_ints(tp, "--tp"),
-            cp=positive_ints(cp, "--cp"),
-            device=device,
-            grid=grid,
-        )
-        run_dir = out
-    show = not quiet and not as_json
-
-    def progress(i: int, n: int, case: object, run: object) -> None:
-        if show:
-            c, r = case, run
-            peak = format_bytes(r.peak_bytes) if r.peak_bytes is not None else r.status  # type: ignore[attr-defined]
-            typer.echo(
-                f"[{i}/{n}] {c.kernel} tokens={c.tokens} vocab={c.vocab} {c.dtype}: {peak}",  # type: ignore[attr-defined]
-                err=True,
-            )
+    from memprobe.sweep_job import SweepRequest, check_resume_flags, run_sweep_job
 
     from memprobe.sweep import default_run_dir
 
-    run_dir = run_dir if run_dir is not None else default_run_dir()
+    if resume is not None:
+        check_resume_flags({"--tokens": tokens, "--vocab": vocab, "--kernel": kernel, "--out": out})
+    elif out is None:
+        out = default_run_dir()
+    request = SweepRequest(
+        tokens=positive_ints(tokens or "20000", "--tokens"),
+        vocab=positive_ints(vocab or "131072", "--vocab"),
+        batch=positive_ints(batch, "--batch"),
+        dtype=name_list(dtype),
+        kernel=name_list(kernel) if kernel else None,
+        chunk_size=int_list(chunk_size, "--chunk-size", allow_none=True),
+        tp=positive_ints(tp, "--tp"),
+        cp=positive_ints(cp, "--cp"),
+        device=device,
+        grid=grid,
+        out=out,
+        resume=resume,
+        verify=verify,
+        command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    )
     try:
-        frame = run_sweep(
-            cases, run_dir, verify=verify, progress=progress, command=command, resume=resume is not None
-        )
+        outcome = run_sweep_job(request, CaseProgress(enabled=not quiet and not as_json))
     except KeyboardInterrupt:
-        typer.echo(f"interrupted: finished cases are in {run_dir}; continue with --resume {run_dir}", err=True)
+        where = resume or out
+        typer.echo(f"interrupted: finished cases are in {where}; continue with --resume {where}", err=True)
         raise typer.Exit(130) from None
+    if not outcome.lead:
+        return
     if as_json:
-        typer.echo(json.dumps(json_summary(frame, str(run_dir)), indent=1))
+        typer.echo(json.dumps(json_summary(outcome.frame, str(outcome.run_dir)), indent=1))
         return
     if not quiet:
-        for line in table_lines(frame):
+        for line in table_lines(outcome.frame):
             typer.echo(line)
-    typer.echo(f"run directory: {run_dir}")
+    typer.echo(f"run directory: {outcome.run_dir}")
+
+
+@app.command()
+def gate(
+    results: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Argument(help="Run directory or results.json (default: run tool.memprobe.sweep)."),
+    ] = None,
+    config: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="TOML file with tool.memprobe (default: nearest pyproject.toml)."),
+    ] = None,
+    baseline: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="results.json of an earlier run: fail on growth, loss, oom/error."),
+    ] = None,
+    max_regression: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(metavar="PCT", help="Peak growth allowed over the baseline, % (default: 0)."),
+    ] = None,
+    junit_xml: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Write a JUnit XML file: one testcase per rule x case."),
+    ] = None,
+    update_baseline: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Write these results as the new baseline (the checks still run)."),
+    ] = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Run directory for the gate's own sweep (default: reports/gate/TIME)."),
+    ] = None,
+) -> None:
+    """Fail CI when a peak crosses a rule or regresses against a baseline.
+
+    Rules live in tool.memprobe.gate of pyproject.toml: a kernel glob, optional
+    filters (tokens, vocab, batch, dtype, chunk_size, tp, cp, device) and limits
+    (max_peak, max_peak_over_floor, max_big_fp32_blocks). Exit 0 when every
+    check passes, 1 on any violation, 2 on a config or usage error (a rule that
+    matches no case is one).
+    """
+    from memprobe.gate import GateRequest, run_gate
+    from memprobe.progress import CaseProgress
+
+    request = GateRequest(
+        results=results,
+        config=config,
+        baseline=baseline,
+        max_regression=max_regression,
+        junit_xml=junit_xml,
+        update_baseline=update_baseline,
+        out=out,
+        progress=CaseProgress(),
+    )
+    try:
+        outcome = run_gate(request)
+    except UserError as exc:  # also under CliRunner, which bypasses main()
+        fail(exc.one_line())
+        return
+    for warning in outcome.warnings:
+        typer.echo(f"memprobe: warning: {warning}", err=True)
+    typer.echo(outcome.text)
+    raise typer.Exit(outcome.exit_code)
+
+
+@app.command()
+def attribute(
+    snapshot: Annotated[
+        Path, typer.Argument(help="CUDA allocator snapshot (.pickle from torch or memprobe).")
+    ],
+    vocab: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(min=1, help="Vocabulary size V: narrows the [B,S,V] explanations."),
+    ] = None,
+    tokens: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(min=1, help="Sequence length S (tokens per sequence)."),
+    ] = None,
+    batch: Annotated[Optional[int], typer.Option(min=1, help="Batch size B.")] = None,  # noqa: UP045
+    top: Annotated[int, typer.Option(min=1, help="Blocks listed at the peak and at each OOM.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    html: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Also write a self-contained HTML page of the findings."),
+    ] = None,
+) -> None:
+    """Name the big blocks of a snapshot: peak, [B,S,V] fits, op, frame, phase, OOMs."""
+    from memprobe.attribute_text import attribute_command
+
+    try:
+        text = attribute_command(
+            snapshot, vocab=vocab, tokens=tokens, batch=batch, top=top, as_json=as_json, html_path=html
+        )
+    except UserError as exc:  # also under CliRunner, which bypasses main()
+        fail(exc.one_line())
+        return
+    typer.echo(text)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="Run directory made by `memprobe sweep`.")],
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Page to write (default: RUN_DIR/report.html); the PNG plots go beside it."),
+    ] = None,
+    budget: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Memory budget to mark, e.g. 80GiB (default: the GPU's capacity on a cuda run)."),
+    ] = None,
+) -> None:
+    """Re-render a run's self-contained report.html and PNG plots from its results."""
+    from memprobe.report import write_report
+    from memprobe.units import parse_size
+
+    try:
+        budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+        page = write_report(run_dir, out, budget_bytes=budget_bytes)
+    except UserError as exc:  # also under CliRunner, which bypasses main()
+        fail(exc.one_line())
+        return
+    typer.echo(f"report: {page}")
 
 
 def fail(message: str) -> None:

@@ -1,0 +1,375 @@
+"""``[tool.memprobe]`` in ``pyproject.toml`` (or any TOML file): the sweep and gate config.
+
+Reading is strict on purpose: the gate guards CI, so a misspelt key or a limit
+that is not a size must stop the run (exit 2) rather than quietly check less
+than the user meant. Every error names the key and where it sits, e.g.
+``tool.memprobe.gate.rules[1]: unknown key 'max_peek'``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memprobe.errors import UserError
+from memprobe.records import DTYPE_ALIASES, DTYPES
+from memprobe.units import parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+ROOT = "tool.memprobe"
+# Sections of [tool.memprobe] that memprobe reads. Anything else is a typo:
+# `[tool.memprobe.gat]` must not silently turn the gate off.
+SECTIONS = ("sweep", "gate")
+DEVICES = ("auto", "meta", "cpu", "cuda")
+FILTER_KEYS = ("tokens", "vocab", "batch", "dtype", "chunk_size", "tp", "cp", "device")
+LIMIT_KEYS = ("max_peak", "max_peak_over_floor", "max_big_fp32_blocks")
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """``[tool.memprobe.sweep]``: the cases the gate runs when given no results.
+
+    Lists are taken literally (no ×2 ladder): a gate must run the same cases
+    every time, and the config says exactly which.
+    """
+
+    tokens: tuple[int, ...]
+    vocab: tuple[int, ...]
+    batch: tuple[int, ...] = (1,)
+    dtype: tuple[str, ...] = ("bf16",)
+    kernel: tuple[str, ...] | None = None  # None: every single-device kernel
+    chunk_size: tuple[int, ...] = (1024,)
+    tp: tuple[int, ...] = (1,)
+    cp: tuple[int, ...] = (1,)
+    device: str = "auto"
+    grid: bool = False
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``memprobe.sweep.plan_cases``."""
+        return {
+            "tokens": self.tokens,
+            "vocab": self.vocab,
+            "batch": self.batch,
+            "dtype": self.dtype,
+            "kernel": self.kernel,
+            "chunk_size": self.chunk_size,
+            "tp": self.tp,
+            "cp": self.cp,
+            "device": self.device,
+            "grid": self.grid,
+            "ladder": False,
+        }
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One gate rule: which cases it covers (filters) and the limits they must meet.
+
+    A filter left as None matches every value; a tuple matches any of its values.
+    """
+
+    where: str  # e.g. "tool.memprobe.gate.rules[0]", for messages
+    kernel: str  # fnmatch glob: "local_chunked*"
+    tokens: tuple[int, ...] | None = None
+    vocab: tuple[int, ...] | None = None
+    batch: tuple[int, ...] | None = None
+    dtype: tuple[str, ...] | None = None
+    chunk_size: tuple[int, ...] | None = None
+    tp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    device: tuple[str, ...] | None = None
+    max_peak: int | None = None  # bytes
+    max_peak_over_floor: float | None = None  # peak_bytes / floor_bytes
+    max_big_fp32_blocks: int | None = None  # float32 [B,S,V] blocks live at the peak
+
+    @property
+    def name(self) -> str:
+        """Short id for output: ``rules[0]``."""
+        return self.where.rsplit(".", 1)[-1]
+
+    def filters(self) -> dict[str, tuple[Any, ...]]:
+        """The filters this rule sets (kernel excluded: it is a glob)."""
+        values = {key: getattr(self, key) for key in FILTER_KEYS}
+        return {key: value for key, value in values.items() if value is not None}
+
+    def limits(self) -> dict[str, int | float]:
+        values = {key: getattr(self, key) for key in LIMIT_KEYS}
+        return {key: value for key, value in values.items() if value is not None}
+
+    def describe(self) -> str:
+        """``local_chunked* tokens=20000 vocab=131072``: what the rule selects."""
+        parts = [self.kernel]
+        for key, values in self.filters().items():
+            parts.append(f"{key}={','.join(str(v) for v in values)}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """``[tool.memprobe.gate]``: rules, and defaults for the baseline flags."""
+
+    rules: tuple[Rule, ...] = ()
+    baseline: Path | None = None  # resolved against the config file's folder
+    max_regression: float | None = None  # percent
+
+
+@dataclass(frozen=True)
+class MemprobeConfig:
+    source: Path | None  # the TOML file read; None when no pyproject.toml was found
+    sweep: SweepConfig | None = None
+    gate: GateConfig = field(default_factory=GateConfig)
+
+
+# -- finding and reading ----------------------------------------------------
+
+
+def find_pyproject(start: Path) -> Path | None:
+    """The nearest ``pyproject.toml`` at ``start`` or above, as ruff and black find it."""
+    start = start.resolve()
+    for folder in (start, *start.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise UserError(
+            f"config file {path} does not exist", "give --config an existing TOML file"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{path} is not valid TOML: {exc}", "fix the syntax at that line") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(
+            f"cannot read config {path}: {exc}", "check the path and permissions"
+        ) from None
+
+
+def load_config(path: Path | None = None, *, start: Path | None = None) -> MemprobeConfig:
+    """Read ``[tool.memprobe]`` from ``path``, or from the nearest pyproject.toml above ``start``.
+
+    A file given explicitly must hold a ``[tool.memprobe]`` table; a pyproject.toml
+    found by search may lack one (the result is then an empty config).
+    """
+    explicit = path is not None
+    if path is None:
+        path = find_pyproject(start or Path.cwd())
+        if path is None:
+            return MemprobeConfig(source=None)
+    data = read_toml(path)
+    tool = data.get("tool", {})
+    section = tool.get("memprobe") if isinstance(tool, dict) else None
+    if section is None:
+        if explicit:
+            raise UserError(
+                f"{path} has no [{ROOT}] table",
+                f"add [{ROOT}.gate] rules (see memprobe gate --help)",
+            )
+        return MemprobeConfig(source=path)
+    try:
+        return parse_config(section, source=path)
+    except UserError as exc:
+        raise UserError(f"{path}: {exc.message}", exc.hint) from None
+
+
+def parse_config(section: Any, *, source: Path | None = None) -> MemprobeConfig:
+    """Validate the ``[tool.memprobe]`` table (already parsed TOML)."""
+    table = _table(section, ROOT)
+    _no_unknown(table, SECTIONS, ROOT, what="section")
+    sweep = _parse_sweep(table["sweep"], f"{ROOT}.sweep") if "sweep" in table else None
+    base = source.parent if source is not None else Path.cwd()
+    gate = _parse_gate(table["gate"], f"{ROOT}.gate", base) if "gate" in table else GateConfig()
+    return MemprobeConfig(source=source, sweep=sweep, gate=gate)
+
+
+# -- sections ---------------------------------------------------------------
+
+_SWEEP_KEYS = (
+    "tokens",
+    "vocab",
+    "batch",
+    "dtype",
+    "kernel",
+    "chunk_size",
+    "tp",
+    "cp",
+    "device",
+    "grid",
+)
+
+
+def _parse_sweep(value: Any, where: str) -> SweepConfig:
+    table = _table(value, where)
+    _no_unknown(table, _SWEEP_KEYS, where)
+    for required in ("tokens", "vocab"):
+        if required not in table:
+            raise UserError(
+                f"{where}: missing key '{required}'", f"e.g. {required} = [4096, 20000]"
+            )
+    kwargs: dict[str, Any] = {
+        "tokens": _ints(table["tokens"], where, "tokens"),
+        "vocab": _ints(table["vocab"], where, "vocab"),
+    }
+    for key in ("batch", "chunk_size", "tp", "cp"):
+        if key in table:
+            kwargs[key] = _ints(table[key], where, key)
+    if "dtype" in table:
+        kwargs["dtype"] = _dtypes(table["dtype"], where)
+    if "kernel" in table:
+        kwargs["kernel"] = _kernel_names(table["kernel"], where)
+    if "device" in table:
+        kwargs["device"] = _device(table["device"], where)
+    if "grid" in table:
+        if not isinstance(table["grid"], bool):
+            raise UserError(f"{where}: 'grid' must be true or false, not {table['grid']!r}")
+        kwargs["grid"] = table["grid"]
+    return SweepConfig(**kwargs)
+
+
+def _parse_gate(value: Any, where: str, base: Path) -> GateConfig:
+    table = _table(value, where)
+    _no_unknown(table, ("rules", "baseline", "max_regression"), where)
+    raw_rules = table.get("rules", [])
+    # Both `rules = [{...}]` and `[[tool.memprobe.gate.rules]]` parse to a list of tables.
+    if not isinstance(raw_rules, list):
+        raise UserError(
+            f"{where}: 'rules' must be a list of tables",
+            "write rules = [{ kernel = ..., max_peak = ... }] or [[tool.memprobe.gate.rules]]",
+        )
+    rules = tuple(_parse_rule(raw, f"{where}.rules[{i}]") for i, raw in enumerate(raw_rules))
+    baseline = None
+    if "baseline" in table:
+        if not isinstance(table["baseline"], str) or not table["baseline"]:
+            raise UserError(f"{where}: 'baseline' must be a path string")
+        baseline = base / table["baseline"]
+    max_regression = None
+    if "max_regression" in table:
+        max_regression = _percent(table["max_regression"], f"{where}.max_regression")
+    return GateConfig(rules=rules, baseline=baseline, max_regression=max_regression)
+
+
+def _parse_rule(value: Any, where: str) -> Rule:
+    table = _table(value, where)
+    _no_unknown(table, ("kernel", *FILTER_KEYS, *LIMIT_KEYS), where)
+    kernel = table.get("kernel")
+    if not isinstance(kernel, str) or not kernel:
+        raise UserError(
+            f"{where}: missing key 'kernel'"
+            if kernel is None
+            else f"{where}: 'kernel' must be a string",
+            'name a kernel or a glob, e.g. kernel = "local_chunked*" (or "*" for all)',
+        )
+    kwargs: dict[str, Any] = {"where": where, "kernel": kernel}
+    for key in ("tokens", "vocab", "batch", "chunk_size", "tp", "cp"):
+        if key in table:
+            kwargs[key] = _ints(table[key], where, key)
+    if "dtype" in table:
+        kwargs["dtype"] = _dtypes(table["dtype"], where)
+    if "device" in table:
+        devices = table["device"] if isinstance(table["device"], list) else [table["device"]]
+        kwargs["device"] = tuple(_device(d, where, allow_auto=False) for d in devices)
+    if "max_peak" in table:
+        kwargs["max_peak"] = parse_size(table["max_peak"], what=f"{where}: max_peak")
+    if "max_peak_over_floor" in table:
+        ratio = table["max_peak_over_floor"]
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+            raise UserError(
+                f"{where}: max_peak_over_floor {ratio!r} is not a positive number",
+                "write a ratio such as 1.06 (peak may be 6% above the floor)",
+            )
+        kwargs["max_peak_over_floor"] = float(ratio)
+    if "max_big_fp32_blocks" in table:
+        count = table["max_big_fp32_blocks"]
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise UserError(
+                f"{where}: max_big_fp32_blocks {count!r} is not a count",
+                "write a whole number of zero or more",
+            )
+        kwargs["max_big_fp32_blocks"] = count
+    rule = Rule(**kwargs)
+    if not rule.limits():
+        raise UserError(
+            f"{where}: rule sets no limit", f"add at least one of {', '.join(LIMIT_KEYS)}"
+        )
+    return rule
+
+
+# -- values -----------------------------------------------------------------
+
+
+def _table(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise UserError(f"{where} must be a table, not {type(value).__name__}")
+    return value
+
+
+def _no_unknown(
+    table: Mapping[str, Any], known: tuple[str, ...], where: str, what: str = "key"
+) -> None:
+    for key in table:
+        if key not in known:
+            raise UserError(
+                f"{where}: unknown {what} '{key}'", f"known {what}s: {', '.join(known)}"
+            )
+
+
+def _ints(value: Any, where: str, key: str) -> tuple[int, ...]:
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise UserError(f"{where}: '{key}' is an empty list", "give at least one value")
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
+            raise UserError(
+                f"{where}: '{key}' value {item!r} is not a positive whole number",
+                f"e.g. {key} = [4096, 20000]",
+            )
+    return tuple(items)
+
+
+def _dtypes(value: Any, where: str) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else [value]
+    out: list[str] = []
+    for item in items:
+        name = DTYPE_ALIASES.get(item, item) if isinstance(item, str) else item
+        if name not in DTYPES:
+            raise UserError(f"{where}: unknown dtype {item!r}", f"use {', '.join(DTYPES)}")
+        out.append(name)
+    if not out:
+        raise UserError(f"{where}: 'dtype' is an empty list", "give at least one value")
+    return tuple(out)
+
+
+def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
+    from memprobe.kernels import KERNELS
+
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise UserError(f"{where}: 'kernel' is an empty list", "omit it to run every kernel")
+    for item in items:
+        if item not in KERNELS:
+            raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
+    return tuple(items)
+
+
+def _device(value: Any, where: str, *, allow_auto: bool = True) -> str:
+    allowed = DEVICES if allow_auto else tuple(d for d in DEVICES if d != "auto")
+    if value not in allowed:
+        raise UserError(f"{where}: unknown device {value!r}", f"use {', '.join(allowed)}")
+    return str(value)
+
+
+def _percent(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise UserError(f"{where} {value!r} is not a percentage of zero or more", "e.g. 5 for 5%")
+    return float(value)

@@ -1,0 +1,502 @@
+"""Results + rules (+ a baseline) → Verdict: the guard that fails CI on a memory regression.
+
+Decisions that keep a broken setup from passing:
+
+* A rule that matches no case is a usage error (exit 2): a misspelt kernel
+  name or filter must never turn into a green check.
+* A case a rule covers that did not finish (status ``oom``, ``error`` or
+  ``skipped``) fails that rule: its limits were not verified. Narrow the
+  rule's filters to leave such a case out on purpose.
+* A limit whose measurement is missing (e.g. ``big_fp32_blocks`` from the
+  cuda backend, which has no tracker) fails as "not measured".
+* Against a baseline, a case fails when its peak grows by more than
+  ``max_regression`` percent, when it is gone, or when it no longer finishes.
+  Cases new since the baseline are listed but not compared.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from memprobe.config import MemprobeConfig, Rule, load_config
+from memprobe.errors import UserError
+from memprobe.records import RESULT_COLUMNS, Case, Run
+
+# What identifies a case across runs. Not case_id: its hash changes whenever
+# Case grows a field, which would make every case "disappear" from a baseline.
+KEY_COLUMNS = ("kernel", "batch", "tokens", "vocab", "dtype", "chunk_size", "tp", "cp", "device")
+_INT_COLUMNS = frozenset(
+    {
+        "batch",
+        "tokens",
+        "vocab",
+        "chunk_size",
+        "tp",
+        "cp",
+        "peak_bytes",
+        "forward_peak_bytes",
+        "backward_peak_bytes",
+        "reserved_peak_bytes",
+        "floor_bytes",
+        "big_fp32_blocks",
+    }
+)
+# Each limit: the rule attribute, how to read the measured value off a row, its unit.
+LIMIT_UNITS = {"max_peak": "bytes", "max_peak_over_floor": "ratio", "max_big_fp32_blocks": "count"}
+
+Row = Mapping[str, Any]
+CaseKey = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One rule limit (or the baseline) applied to one case."""
+
+    source: str  # "rules[0]" or "baseline"
+    # a LIMIT_UNITS key; "status" (did not finish); baseline: "regression", "disappeared"
+    kind: str
+    case: str  # human label of the case
+    case_id: str
+    passed: bool
+    measured: float | None = None
+    limit: float | None = None
+    unit: str = "bytes"  # "bytes" | "ratio" | "count"
+    reference: float | None = None  # baseline peak for a baseline check
+    reason: str = ""  # why, when the numbers alone do not say (status, missing, gone)
+    rule: str = ""  # what the rule selects: "local_chunked* tokens=20000"
+
+    @property
+    def excess(self) -> float | None:
+        """How far over the limit (positive on a violation), None without numbers."""
+        if self.measured is None or self.limit is None:
+            return None
+        return self.measured - self.limit
+
+    @property
+    def excess_pct(self) -> float | None:
+        excess = self.excess
+        if excess is None or not self.limit:
+            return None
+        return 100.0 * excess / self.limit
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The gate's answer: every check, plus where the inputs came from."""
+
+    checks: tuple[Check, ...]
+    results: str  # where the results came from
+    cases: int
+    config: str | None = None
+    baseline: str | None = None
+    max_regression: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        return tuple(c for c in self.checks if not c.passed)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.passed else 1
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    verdict: Verdict
+    text: str  # the report to print on stdout
+    written: tuple[Path, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code
+
+
+# -- rows ---------------------------------------------------------------------
+
+
+def clean_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A results row with plain Python values: NaN → None, integral columns as int."""
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+            value = value.item()  # numpy scalar → Python
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None
+        elif value is pd.NA or value is pd.NaT:
+            value = None
+        elif key in _INT_COLUMNS and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        out[str(key)] = value
+    return out
+
+
+def rows_from_frame(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    return [clean_row(r) for r in frame.to_dict(orient="records")]
+
+
+def case_key(row: Row) -> CaseKey:
+    return tuple(row.get(k) for k in KEY_COLUMNS)
+
+
+def case_label(row: Row) -> str:
+    """``local_chunked b1 s20000 v131072 bf16 c1024 meta``: the case id without its hash."""
+    chunk = "none" if row.get("chunk_size") is None else row.get("chunk_size")
+    label = (
+        f"{row.get('kernel')} b{row.get('batch')} s{row.get('tokens')} v{row.get('vocab')} "
+        f"{row.get('dtype')} c{chunk}"
+    )
+    for key in ("tp", "cp"):
+        if row.get(key) not in (None, 1):
+            label += f" {key}{row.get(key)}"
+    return f"{label} {row.get('device')}"
+
+
+def _case_id(row: Row) -> str:
+    return str(row.get("case_id") or case_label(row).replace(" ", "-"))
+
+
+# -- rules --------------------------------------------------------------------
+
+
+def rule_matches(rule: Rule, row: Row) -> bool:
+    if not fnmatch.fnmatchcase(str(row.get("kernel")), rule.kernel):
+        return False
+    return all(row.get(key) in allowed for key, allowed in rule.filters().items())
+
+
+def _measured(kind: str, row: Row) -> float | None:
+    if kind == "max_peak":
+        return row.get("peak_bytes")
+    if kind == "max_big_fp32_blocks":
+        return row.get("big_fp32_blocks")
+    peak, floor = row.get("peak_bytes"), row.get("floor_bytes")
+    if peak is None or not floor:
+        return None
+    return peak / floor
+
+
+_MEASURED_FROM = {
+    "max_peak": "peak_bytes",
+    "max_peak_over_floor": "peak_bytes / floor_bytes",
+    "max_big_fp32_blocks": "big_fp32_blocks",
+}
+
+
+def check_rule(rule: Rule, row: Row) -> list[Check]:
+    """The checks of one rule on one case it matches."""
+    common = {
+        "source": rule.name,
+        "case": case_label(row),
+        "case_id": _case_id(row),
+        "rule": rule.describe(),
+    }
+    status = row.get("status")
+    if status != "ok":
+        note = f": {row['note']}" if row.get("note") else ""
+        reason = f"case did not finish (status {status}{note}); its limits are unverified"
+        return [Check(kind="status", passed=False, reason=reason, **common)]
+    checks = []
+    for kind, limit in rule.limits().items():
+        measured = _measured(kind, row)
+        unit = LIMIT_UNITS[kind]
+        if measured is None:
+            reason = f"not measured ({_MEASURED_FROM[kind]} is empty for this case)"
+            checks.append(
+                Check(kind=kind, passed=False, limit=limit, unit=unit, reason=reason, **common)
+            )
+        else:
+            passed = measured <= limit
+            checks.append(
+                Check(kind=kind, passed=passed, measured=measured, limit=limit, unit=unit, **common)
+            )
+    return checks
+
+
+def check_rules(rows: Sequence[Row], rules: Iterable[Rule], *, source: str) -> list[Check]:
+    """Every rule on every case it matches; a rule matching nothing is a UserError."""
+    checks: list[Check] = []
+    for rule in rules:
+        matched = [row for row in rows if rule_matches(rule, row)]
+        if not matched:
+            raise _no_match_error(rule, rows, source)
+        for row in matched:
+            checks.extend(check_rule(rule, row))
+    return checks
+
+
+def _no_match_error(rule: Rule, rows: Sequence[Row], source: str) -> UserError:
+    def present(key: str) -> str:
+        values = sorted({str(r.get(key)) for r in rows})
+        return f"{key} {','.join(values) or 'none'}"
+
+    message = f"{rule.where} ({rule.describe()}) matches no case in {source}"
+    if rule.device and "cuda" in rule.device and not any(r.get("device") == "cuda" for r in rows):
+        import torch
+
+        if not torch.cuda.is_available():
+            return UserError(
+                f"{message}: it needs cuda results and CUDA is not available here",
+                "run the gate on a GPU machine, or give RESULTS measured on one",
+            )
+    hint = "a rule that matches nothing would pass silently; present: " + "; ".join(
+        present(k) for k in ("kernel", "tokens", "vocab", "dtype", "device")
+    )
+    return UserError(message, hint)
+
+
+# -- baseline -----------------------------------------------------------------
+
+
+def check_baseline(
+    rows: Sequence[Row], baseline: Sequence[Row], *, max_regression: float
+) -> tuple[list[Check], list[str]]:
+    """Each baseline case against this run. Returns the checks and notes."""
+    current = {case_key(r): r for r in rows}
+    base_devices = {r.get("device") for r in baseline}
+    devices = {r.get("device") for r in rows}
+    if baseline and rows and not base_devices & devices:
+        raise UserError(
+            f"the baseline was measured on {', '.join(sorted(map(str, base_devices)))} and these "
+            f"results on {', '.join(sorted(map(str, devices)))}: nothing to compare",
+            "compare like with like (set device in [tool.memprobe.sweep] or make a new baseline)",
+        )
+    allowed = 1.0 + max_regression / 100.0
+    checks: list[Check] = []
+    for base in baseline:
+        row = current.get(case_key(base))
+        common = {"source": "baseline", "case": case_label(base), "case_id": _case_id(base)}
+        base_status, base_peak = base.get("status"), base.get("peak_bytes")
+        if row is None:
+            checks.append(
+                Check(
+                    kind="disappeared",
+                    passed=False,
+                    reason="disappeared: in the baseline, not in these results",
+                    **common,
+                )
+            )
+            continue
+        status = row.get("status")
+        if base_status != "ok":
+            # Nothing to regress from; say so rather than drop the case.
+            reason = f"baseline status {base_status}, now {status}"
+            checks.append(Check(kind="status", passed=True, reason=reason, **common))
+        elif status != "ok":
+            note = f": {row['note']}" if row.get("note") else ""
+            reason = f"turned {status}{note} (was ok)"
+            checks.append(Check(kind="status", passed=False, reason=reason, **common))
+        elif base_peak is None or row.get("peak_bytes") is None:
+            reason = "no peak_bytes to compare"
+            checks.append(Check(kind="regression", passed=False, reason=reason, **common))
+        else:
+            peak = row["peak_bytes"]
+            limit = base_peak * allowed
+            checks.append(
+                Check(
+                    kind="regression",
+                    passed=peak <= limit,
+                    measured=peak,
+                    limit=limit,
+                    reference=base_peak,
+                    **common,
+                )
+            )
+    base_keys = {case_key(b) for b in baseline}
+    new = [r for r in rows if case_key(r) not in base_keys]
+    notes = [f"{len(new)} case(s) not in the baseline, not compared"] if new else []
+    return checks, notes
+
+
+# -- the whole gate -----------------------------------------------------------
+
+
+def evaluate(
+    rows: Sequence[Row],
+    rules: Sequence[Rule],
+    *,
+    results: str,
+    baseline: Sequence[Row] | None = None,
+    baseline_source: str | None = None,
+    max_regression: float = 0.0,
+    config: str | None = None,
+) -> Verdict:
+    """Rules and (optionally) a baseline applied to a run's rows. Pure: no I/O."""
+    if max_regression < 0 or not math.isfinite(max_regression):
+        raise UserError(
+            f"--max-regression {max_regression} is not a percentage of zero or more", "e.g. 5"
+        )
+    checks = check_rules(rows, rules, source=results)
+    notes: list[str] = []
+    if baseline is not None:
+        base_checks, notes = check_baseline(rows, baseline, max_regression=max_regression)
+        checks.extend(base_checks)
+    return Verdict(
+        checks=tuple(checks),
+        results=results,
+        cases=len(rows),
+        config=config,
+        baseline=baseline_source,
+        max_regression=max_regression,
+        notes=tuple(notes),
+    )
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    """A run directory or results.json → clean rows (UserError when missing or bad)."""
+    from memprobe.sweep import read_results
+
+    return rows_from_frame(read_results(path))
+
+
+def write_baseline(path: Path, rows: Sequence[Row]) -> None:
+    """This run's rows as a results.json-shaped baseline, written atomically."""
+    from memprobe import __version__
+    from memprobe.sweep import atomic_write_text
+
+    payload = {
+        "memprobe_version": __version__,
+        "columns": list(RESULT_COLUMNS),
+        "rows": [{c: row.get(c) for c in RESULT_COLUMNS} for row in rows],
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
+    except OSError as exc:
+        raise UserError(
+            f"cannot write baseline {path}: {exc.strerror or exc}", "check the path"
+        ) from None
+
+
+Progress = Callable[[int, int, Case, Run], None]
+
+
+@dataclass(frozen=True)
+class GateRequest:
+    """What the CLI asks for: every flag of ``memprobe gate``."""
+
+    results: Path | None = None
+    config: Path | None = None
+    baseline: Path | None = None
+    max_regression: float | None = None
+    junit_xml: Path | None = None
+    update_baseline: Path | None = None
+    out: Path | None = None
+    cwd: Path = field(default_factory=Path.cwd)
+    progress: Progress | None = None
+
+
+def run_gate(req: GateRequest) -> GateOutcome:
+    """Load the config, get results (reading them or running the sweep), check, write reports.
+
+    Usage and config errors raise UserError before anything is measured or written.
+    """
+    from memprobe import gate_report
+
+    cfg = load_config(req.config, start=req.cwd)
+    config_name = str(cfg.source) if cfg.source else None
+    max_regression = req.max_regression
+    if max_regression is None:
+        max_regression = cfg.gate.max_regression or 0.0
+    baseline_path = req.baseline or cfg.gate.baseline
+    baseline_rows: list[dict[str, Any]] | None = None
+    notes: list[str] = []
+    if baseline_path is not None:
+        if (
+            req.update_baseline
+            and _same_file(baseline_path, req.update_baseline)
+            and not baseline_path.exists()
+        ):
+            # First run of `gate --update-baseline` with the baseline named in the config.
+            notes.append(f"baseline {baseline_path} does not exist yet; not compared")
+            baseline_path = None
+        else:
+            baseline_rows = load_rows(baseline_path)
+    rules = cfg.gate.rules
+    if not rules and baseline_path is None and req.update_baseline is None:
+        where = config_name or f"no pyproject.toml at or above {req.cwd}"
+        raise UserError(
+            f"nothing to check: no [tool.memprobe.gate] rules ({where}) and no --baseline",
+            "add rules to [tool.memprobe.gate] or pass --baseline results.json",
+        )
+    if req.results is not None:
+        rows = load_rows(req.results)
+        source = str(req.results)
+    else:
+        rows, source = _run_configured_sweep(cfg, req)
+    verdict = evaluate(
+        rows,
+        rules,
+        results=source,
+        baseline=baseline_rows,
+        baseline_source=str(baseline_path) if baseline_path else None,
+        max_regression=max_regression,
+        config=config_name,
+    )
+    if notes:
+        verdict = replace(verdict, notes=(*notes, *verdict.notes))
+    written: list[Path] = []
+    warnings: list[str] = []
+    if req.junit_xml is not None:
+        gate_report.write_junit(req.junit_xml, verdict)
+        written.append(req.junit_xml)
+    warning = gate_report.append_step_summary(verdict)
+    if warning:
+        warnings.append(warning)
+    if req.update_baseline is not None:
+        write_baseline(req.update_baseline, rows)
+        written.append(req.update_baseline)
+    text = gate_report.format_verdict(verdict, written=written)
+    return GateOutcome(verdict=verdict, text=text, written=tuple(written), warnings=tuple(warnings))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
+def _run_configured_sweep(
+    cfg: MemprobeConfig, req: GateRequest
+) -> tuple[list[dict[str, Any]], str]:
+    """Run ``[tool.memprobe.sweep]`` into ``req.out``.
+
+    The default is ``reports/gate/<time>/`` next to the config file, so CI can
+    keep it as an artifact.
+    """
+    from memprobe.measure import resolve_device
+    from memprobe.sweep import default_run_dir, plan_cases, run_sweep
+
+    if cfg.sweep is None:
+        where = str(cfg.source) if cfg.source else f"no pyproject.toml at or above {req.cwd}"
+        raise UserError(
+            f"no RESULTS given and no [tool.memprobe.sweep] to run ({where})",
+            "give a run directory or results.json, or add [tool.memprobe.sweep] tokens and vocab",
+        )
+    device = resolve_device(cfg.sweep.device)  # raises on cuda without CUDA
+    for rule in cfg.gate.rules:
+        if rule.device and device not in rule.device:
+            why = " and CUDA is not available here" if "cuda" in rule.device else ""
+            raise UserError(
+                f"{rule.where} gates device {','.join(rule.device)} "
+                f"but the sweep runs on {device}{why}",
+                "drop the rule's device filter, or set device in [tool.memprobe.sweep]",
+            )
+    cases = plan_cases(**cfg.sweep.plan_kwargs())
+    root = cfg.source.parent if cfg.source else req.cwd
+    out = req.out or default_run_dir(root / "reports" / "gate")
+    frame = run_sweep(
+        cases, out, verify=False, progress=req.progress, command="memprobe gate", snapshots=False
+    )
+    return rows_from_frame(frame), str(out)

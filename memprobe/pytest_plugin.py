@@ -1,0 +1,181 @@
+"""pytest marker ``limit_peak_memory``: fail a test whose torch tensors peak above a limit.
+
+    @pytest.mark.limit_peak_memory("10.5 GiB", device="meta")
+    def test_logprob_step_fits(): ...
+
+What pytest-memray's ``limit_memory`` does for host memory, for tensor memory:
+
+* ``device="meta"`` (default) or ``"cpu"``: memprobe's storage-level
+  ``AllocationTracker`` watches the test body; the failure lists the largest
+  blocks live at the peak (size, dtype, shape, op, where it was made).
+* ``device="cuda"``: the CUDA allocator's peak (``max_memory_allocated``)
+  over the test body, minus what was allocated before it. Without CUDA the
+  test errors: the CPU build of torch answers 0, which would always pass.
+
+Registered through the ``pytest11`` entry point, so it is active wherever
+memprobe is installed. This module imports torch only when a marked test runs:
+every pytest start-up in such an environment imports this file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from memprobe.errors import UserError
+from memprobe.units import format_bytes, parse_size
+
+if TYPE_CHECKING:
+    from memprobe.records import Event
+
+MARKER = "limit_peak_memory"
+DEVICES = ("meta", "cpu", "cuda")
+BLOCKS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class PeakLimit:
+    limit: int  # bytes
+    device: str
+
+
+_LIMIT = pytest.StashKey["PeakLimit | None"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(limit, device='meta'): fail when the torch tensor memory the test body "
+        "allocates peaks above limit (bytes, '10.5 GiB', '11000 MB'); device meta or cpu "
+        "tracks tensor storages (and lists the blocks live at the peak), cuda reads the "
+        "CUDA allocator.",
+    )
+
+
+def parse_marker(args: tuple[Any, ...], kwargs: dict[str, Any]) -> PeakLimit:
+    """The marker's arguments → PeakLimit, or UserError saying what is wrong."""
+    kwargs = dict(kwargs)
+    positional = list(args)
+    if len(positional) > 2:
+        raise UserError(f"takes at most 2 arguments (limit, device), got {len(positional)}")
+    if positional:
+        if "limit" in kwargs:
+            raise UserError("limit given twice")
+        kwargs["limit"] = positional.pop(0)
+    if positional:
+        if "device" in kwargs:
+            raise UserError("device given twice")
+        kwargs["device"] = positional.pop(0)
+    unknown = sorted(set(kwargs) - {"limit", "device"})
+    if unknown:
+        raise UserError(f"unknown argument {unknown[0]!r}", "use limit and device")
+    if "limit" not in kwargs:
+        raise UserError("no limit given", f'write @pytest.mark.{MARKER}("10.5 GiB")')
+    device = kwargs.get("device", "meta")
+    if device not in DEVICES:
+        raise UserError(f"unknown device {device!r}", f"use {', '.join(DEVICES)}")
+    return PeakLimit(parse_size(kwargs["limit"], what="limit"), device)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker(MARKER)
+    item.stash[_LIMIT] = None
+    if marker is None:
+        return
+    try:
+        limit = parse_marker(marker.args, marker.kwargs)
+    except UserError as exc:
+        pytest.fail(f"{MARKER}: {exc.one_line()}", pytrace=False)
+    if limit.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.fail(
+                f"{MARKER}: device='cuda' but CUDA is not available here "
+                "(use device='meta' to simulate, or skip the test without a GPU)",
+                pytrace=False,
+            )
+    item.stash[_LIMIT] = limit
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    limit = item.stash.get(_LIMIT, None)
+    if limit is None:
+        return (yield)
+    if limit.device == "cuda":
+        result, peak, blocks = yield from _measure_cuda()
+    else:
+        result, peak, blocks = yield from _measure_tracked()
+    item.user_properties.append(("peak_tensor_bytes", peak))
+    if peak > limit.limit:
+        pytest.fail(failure_message(peak, limit, blocks, item.path), pytrace=False)
+    return result
+
+
+def _measure_tracked() -> Generator[None, object, tuple[object, int, list[Event] | None]]:
+    from memprobe.measure.tracker import AllocationTracker
+
+    tracker = AllocationTracker()
+    with tracker:
+        result = yield
+    return result, tracker.peak_bytes, tracker.live_at_peak()
+
+
+def _measure_cuda() -> Generator[None, object, tuple[object, int, list[Event] | None]]:
+    import torch
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = yield
+    torch.cuda.synchronize()
+    # Tensors alive before the body (fixtures) are not the body's doing.
+    return result, torch.cuda.max_memory_allocated() - before, None
+
+
+def failure_message(
+    peak: int, limit: PeakLimit, blocks: list[Event] | None, test_file: Path
+) -> str:
+    over = peak - limit.limit
+    lines = [
+        f"{MARKER}: torch tensors peaked at {format_bytes(peak)} on {limit.device}, over the "
+        f"limit {format_bytes(limit.limit)} by {format_bytes(over)} "
+        f"(+{100.0 * over / limit.limit:.1f}%)"
+        if limit.limit
+        else f"{MARKER}: torch tensors peaked at {format_bytes(peak)} on {limit.device}, "
+        "over the limit 0 B"
+    ]
+    if blocks is None:
+        lines.append(
+            "(the CUDA allocator's statistics do not list blocks; run the test body with "
+            "device='meta' to see them)"
+        )
+        return "\n".join(lines)
+    shown = blocks[:BLOCKS_SHOWN]
+    lines.append(
+        f"largest blocks live at the peak ({len(shown)} of {len(blocks)}, "
+        f"{format_bytes(sum(b.nbytes for b in shown))} of {format_bytes(peak)}):"
+    )
+    for block in shown:
+        lines.append(
+            f"  {format_bytes(block.nbytes):>12}  {block.dtype.removeprefix('torch.')} "
+            f"{list(block.shape)}  {block.op}  {_where(block, test_file)}"
+        )
+    return "\n".join(lines)
+
+
+def _where(block: Event, test_file: Path) -> str:
+    """The frame that says most: in the test file if any, else the first outside torch."""
+    frames = block.frames
+    pick = next((f for f in frames if Path(f.filename) == test_file), None)
+    if pick is None:
+        pick = next((f for f in frames if "/torch/" not in f.filename.replace("\\", "/")), None)
+    if pick is None:
+        return ""
+    return f"at {Path(pick.filename).name}:{pick.line} in {pick.name}"

@@ -1,0 +1,137 @@
+"""The ``limit_peak_memory`` pytest marker, run inside pytester sessions."""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+from memprobe.errors import UserError
+from memprobe.measure.tracker import AllocationTracker
+from memprobe.pytest_plugin import PeakLimit, parse_marker
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_torch() -> None:
+    """Import what a tracked test body imports lazily, before any pytester run.
+
+    An in-process pytester run drops the modules first imported during it when
+    it ends; torch's submodules imported again afterwards crash the process.
+    """
+    with AllocationTracker():
+        logits = torch.empty(2, 3, dtype=torch.bfloat16, device="meta")
+        torch.empty_like(logits).float()
+
+
+# Installed memprobe registers the plugin through its pytest11 entry point;
+# an environment installed before that entry point existed needs -p.
+_INSTALLED = any(ep.value == "memprobe.pytest_plugin" for ep in entry_points(group="pytest11"))
+PLUGIN_ARGS = () if _INSTALLED else ("-p", "memprobe.pytest_plugin")
+
+TESTS = """
+import pytest
+import torch
+
+GiB = 2**30
+
+
+@pytest.mark.limit_peak_memory("10.5 GiB", device="meta")
+def test_fits():
+    logits = torch.empty(1, 20000, 131072, dtype=torch.bfloat16, device="meta")  # 4.88 GiB
+    grad = torch.empty_like(logits)  # 4.88 GiB
+    del logits, grad
+
+
+@pytest.mark.limit_peak_memory("10.5 GiB")
+def test_float32_copy():
+    logits = torch.empty(1, 20000, 131072, dtype=torch.bfloat16, device="meta")
+    upcast = logits.float()  # the 9.77 GiB block this project exists to remove
+    del upcast
+
+
+def test_unmarked_is_not_tracked():
+    torch.empty(1, 20000, 131072, dtype=torch.float32, device="meta")
+"""
+
+
+def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_marked=source)
+    return pytester.runpytest("--strict-markers", *PLUGIN_ARGS, *args)
+
+
+def test_marker_passes_and_fails_with_peak_limit_and_blocks(pytester: pytest.Pytester) -> None:
+    result = run(pytester, TESTS)
+    result.assert_outcomes(passed=2, failed=1)
+    out = result.stdout.str()
+    # 4.88 GiB logits + 9.77 GiB float32 copy = 14.65 GiB; 4.15 GiB over 10.5 GiB
+    result.stdout.fnmatch_lines(
+        [
+            "*limit_peak_memory: torch tensors peaked at 14.65 GiB on meta, over the limit "
+            "10.50 GiB by 4.15 GiB (+39.5%)",
+            "*largest blocks live at the peak (2 of 2, 14.65 GiB of 14.65 GiB):",
+            "*9.77 GiB  float32 [[]1, 20000, 131072[]]  aten._to_copy.default  "
+            "at test_marked.py:17 in test_float32_copy",
+            "*4.88 GiB  bfloat16 [[]1, 20000, 131072[]]  aten.empty.memory_format  "
+            "at test_marked.py:16 in test_float32_copy",
+        ]
+    )
+    assert "test_fits" not in out.split("short test summary")[-1]
+
+
+def test_marker_is_registered(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--markers", *PLUGIN_ARGS)
+    result.stdout.fnmatch_lines(["@pytest.mark.limit_peak_memory(limit, device='meta'): *"])
+
+
+@pytest.mark.parametrize(
+    ("marker", "expected"),
+    [
+        ('"ten GiB"', "limit_peak_memory: limit 'ten GiB' is not a size"),
+        ('"1 GiB", device="tpu"', "limit_peak_memory: unknown device 'tpu'"),
+        ('device="meta"', "limit_peak_memory: no limit given"),
+    ],
+)
+def test_bad_marker_arguments_error_the_test(
+    pytester: pytest.Pytester, marker: str, expected: str
+) -> None:
+    source = f"import pytest\n\n@pytest.mark.limit_peak_memory({marker})\ndef test_x():\n    pass\n"
+    result = run(pytester, source)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([f"*{expected}*"])
+
+
+def test_cuda_without_cuda_errors_loudly(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU build
+    source = (
+        "import pytest\n\n"
+        '@pytest.mark.limit_peak_memory("1 GiB", device="cuda")\n'
+        "def test_x():\n    pass\n"
+    )
+    result = run(pytester, source)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*device='cuda' but CUDA is not available here*"])
+
+
+def test_an_exception_in_the_body_is_reported_as_is(pytester: pytest.Pytester) -> None:
+    source = (
+        "import pytest\n\n"
+        '@pytest.mark.limit_peak_memory("1 GiB")\n'
+        "def test_x():\n    raise ValueError('boom')\n"
+    )
+    result = run(pytester, source)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ValueError: boom*"])
+
+
+def test_parse_marker() -> None:
+    assert parse_marker(("10.5 GiB",), {}) == PeakLimit(int(10.5 * 2**30), "meta")
+    assert parse_marker((), {"limit": 100, "device": "cpu"}) == PeakLimit(100, "cpu")
+    assert parse_marker(("1 KiB", "cuda"), {}) == PeakLimit(1024, "cuda")
+    for args, kwargs in [((1, "cpu", 3), {}), ((1,), {"limit": 2}), ((1,), {"lim": 2})]:
+        with pytest.raises(UserError):
+            parse_marker(args, kwargs)
