@@ -1,0 +1,60 @@
+"""memprobe's label on a trace entry: ``user_metadata`` text that survives into torch's format.
+
+torch carries one free-form string per trace entry (set on CUDA with
+``torch.cuda.memory._set_memory_metadata``). memprobe writes ``key=value`` words there
+so that the case, phase, op, dtype and shape of each allocation survive a round trip
+through a snapshot file, e.g.::
+
+    memprobe case=unchunked-b1-... phase=backward op=aten.gather.default
+        dtype=torch.float32 shape=1x20000x131072
+
+(one line in the file; wrapped here).
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "memprobe"
+_WORD = re.compile(r"(\w+)=(\S*)")
+
+
+def _clean(value: object) -> str:
+    # A value must stay one word, or parsing would split it.
+    return re.sub(r"\s+", "_", str(value))
+
+
+def format_label(
+    *,
+    case: str | None = None,
+    phase: str | None = None,
+    op: str | None = None,
+    dtype: str | None = None,
+    shape: tuple[int, ...] | None = None,
+) -> str:
+    words = [PREFIX]
+    for key, value in (("case", case), ("phase", phase), ("op", op), ("dtype", dtype)):
+        if value:
+            words.append(f"{key}={_clean(value)}")
+    if shape is not None:
+        words.append("shape=" + ("x".join(str(int(d)) for d in shape) or "scalar"))
+    return " ".join(words)
+
+
+def parse_label(text: object) -> dict[str, str]:
+    """``key=value`` words of any ``user_metadata`` string (empty dict when none)."""
+    if not isinstance(text, str) or "=" not in text:
+        return {}
+    return {key: value for key, value in _WORD.findall(text) if value}
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """``"1x20000x131072"`` → ``(1, 20000, 131072)``; ``""`` (a 0-d tensor) → ``()``."""
+    if text is None:
+        return None
+    if text in ("", "scalar"):
+        return ()
+    parts = text.split("x")
+    if not all(p.isdigit() for p in parts):
+        return None
+    return tuple(int(p) for p in parts)

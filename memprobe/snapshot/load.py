@@ -1,0 +1,303 @@
+"""Load a CUDA allocator snapshot safely and normalise the variants real files have.
+
+A pickle can run code while it loads. A real snapshot holds only plain data (dict,
+list, tuple, str, int, float, bool, None), so the unpickler here refuses every
+global: a file that names one is rejected before anything it names is touched.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+from memprobe.errors import UserError
+from memprobe.snapshot.model import (
+    ACTIONS,
+    ACTIVE_ALLOCATED,
+    LIVE_STATES,
+    STATE_ALIASES,
+)
+from memprobe.units import format_bytes
+
+DEFAULT_MAX_BYTES = 2 * 2**30
+_HINT = "expected the pickle written by torch.cuda.memory._dump_snapshot() or memprobe"
+# Actions whose entry must name a block or segment address and a size. ``free`` is
+# the single free action of early history files (torch's viewer still reads it).
+_NEEDS_ADDR = frozenset([*(a for a in ACTIONS if a not in ("oom", "snapshot")), "free"])
+_NEEDS_SIZE = _NEEDS_ADDR | {"oom"}
+
+
+class _Refused(Exception):
+    """The pickle asked for something a plain-data snapshot never needs."""
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        # Every class, function and reduce target arrives through here; refusing
+        # them all means nothing named in the file can run.
+        raise _Refused(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _Refused("a persistent object reference")
+
+
+def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
+    """Read ``path`` and return the snapshot dict, normalised (see :func:`normalize_snapshot`).
+
+    Raises :class:`UserError` with one clear line for a missing, empty, oversized,
+    truncated, corrupt, unsafe, or not-a-snapshot file.
+    """
+    p = Path(path)
+    data = _read_bytes(p, max_bytes)
+    raw = _unpickle(data, p)
+    return normalize_snapshot(raw, source=str(p))
+
+
+def _read_bytes(p: Path, max_bytes: int) -> bytes:
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        raise UserError(f"snapshot {p} does not exist", "check the path") from None
+    except OSError as exc:
+        raise UserError(f"cannot read snapshot {p}: {exc.strerror or exc}") from None
+    if p.is_dir():
+        raise UserError(f"snapshot {p} is a directory", "pass the .pickle file inside it")
+    if size == 0:
+        raise UserError(f"snapshot {p} is empty (0 bytes)", _HINT)
+    if size > max_bytes:
+        raise UserError(
+            f"snapshot {p} is {format_bytes(size)}, over the {format_bytes(max_bytes)} limit",
+            "record fewer entries (max_entries=...) or raise max_bytes in load_snapshot()",
+        )
+    try:
+        with p.open("rb") as fh:
+            return fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise UserError(f"cannot read snapshot {p}: {exc.strerror or exc}") from None
+
+
+def _sniff(data: bytes) -> str | None:
+    """Name what a non-pickle file looks like, so the error says what to do instead."""
+    head = data[:64].lstrip()
+    if data[:2] == b"\x1f\x8b":
+        return "gzip-compressed; decompress it first (gunzip)"
+    if data[:4] == b"PK\x03\x04":
+        return "a zip archive (a torch.save file?), not a snapshot pickle"
+    if head[:1] == b"<":
+        return "an HTML/XML page (a memory_viz export?), not the snapshot pickle"
+    if head[:1] in (b"{", b"["):
+        return "JSON or text, not a pickle"
+    return None
+
+
+def _unpickle(data: bytes, p: Path) -> Any:
+    is_pickle = data[:1] == b"\x80"  # PROTO opcode: every protocol ≥ 2 pickle starts with it
+    if not is_pickle:
+        looks = _sniff(data)
+        if looks:
+            raise UserError(f"snapshot {p} is {looks}", _HINT)
+    try:
+        return _PlainDataUnpickler(io.BytesIO(data)).load()
+    except _Refused as exc:
+        raise UserError(
+            f"refused to load snapshot {p}: it references the Python object {exc}, "
+            "which a real snapshot never does (loading it could run code)",
+            "only load snapshots you trust; memprobe reads plain data only",
+        ) from None
+    except EOFError:
+        raise UserError(f"snapshot {p} is truncated (the pickle ends early)", _HINT) from None
+    except pickle.UnpicklingError as exc:
+        if "truncated" in str(exc):
+            raise UserError(f"snapshot {p} is truncated (the pickle ends early)", _HINT) from None
+        what = "corrupt" if is_pickle else "not a pickle"
+        raise UserError(f"snapshot {p} is {what} ({exc})", _HINT) from None
+    except (MemoryError, RecursionError):
+        raise UserError(f"snapshot {p} is too large or too deeply nested to load", _HINT) from None
+    except Exception as exc:  # any other unpickling failure means a bad file
+        what = "corrupt" if is_pickle else "not a pickle"
+        raise UserError(f"snapshot {p} is {what} ({type(exc).__name__}: {exc})", _HINT) from None
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, dict):
+        keys = ", ".join(repr(k) for k in list(value)[:5])
+        return f"a dict with keys {keys}" if value else "an empty dict"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return f"a {type(value).__name__}"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _Bad:
+    """Builds the one-line error for a malformed part of the snapshot."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def __call__(self, where: str, problem: str) -> UserError:
+        return UserError(
+            f"snapshot {self.source} is not a valid CUDA memory snapshot: {where} {problem}", _HINT
+        )
+
+
+def normalize_snapshot(raw: Any, *, source: str = "<snapshot>") -> dict:
+    """Return a torch-shaped snapshot dict with the variants of real files made uniform.
+
+    - A bare list of segments (the oldest format) becomes ``{"segments": [...]}``.
+    - Missing ``device_traces``, ``segments``, ``allocator_settings`` and
+      ``external_annotations`` become empty.
+    - Block state ``active_awaiting_free`` becomes ``active_pending_free``; blocks get
+      ``address``, ``requested_size`` and ``frames`` (from legacy ``history`` when that
+      is all they have); segments get their size totals when absent.
+    - Trace entries keep torch's keys; ``time_us`` stays absent when the file has none
+      (no time is invented), ``oom`` keeps ``device_free`` and has no ``addr``.
+
+    Frames are passed through as they are: they are cleaned lazily by the code that
+    reads them (:mod:`memprobe.snapshot.frames`), which keeps large traces fast.
+    """
+    bad = _Bad(source)
+    if isinstance(raw, list) and raw and all(isinstance(s, dict) and "blocks" in s for s in raw):
+        raw = {"segments": raw}
+    if not isinstance(raw, dict) or not ({"segments", "device_traces"} & set(raw)):
+        raise UserError(
+            f"snapshot {source} is a pickle but not a CUDA memory snapshot: "
+            f"it holds {_describe(raw)}",
+            "expected the dict from torch.cuda.memory._snapshot() "
+            "with 'segments' and 'device_traces'",
+        )
+    segments = raw.get("segments") or []
+    traces = raw.get("device_traces") or []
+    if not isinstance(segments, list):
+        raise bad("'segments'", f"is {_describe(segments)}, not a list")
+    if not isinstance(traces, list):
+        raise bad("'device_traces'", f"is {_describe(traces)}, not a list")
+    out: dict[str, Any] = {k: v for k, v in raw.items()}
+    out["segments"] = [_segment(s, i, bad) for i, s in enumerate(segments)]
+    out["device_traces"] = [_trace(t, d, bad) for d, t in enumerate(traces)]
+    settings = raw.get("allocator_settings")
+    out["allocator_settings"] = settings if isinstance(settings, dict) else {}
+    annotations = raw.get("external_annotations")
+    out["external_annotations"] = annotations if isinstance(annotations, list) else []
+    return out
+
+
+def _trace(trace: Any, device: int, bad: _Bad) -> list[dict]:
+    if trace is None:
+        return []
+    if not isinstance(trace, list):
+        raise bad(f"device_traces[{device}]", f"is {_describe(trace)}, not a list")
+    return [_entry(e, f"device_traces[{device}][{i}]", bad) for i, e in enumerate(trace)]
+
+
+def _entry(e: Any, where: str, bad: _Bad) -> dict:
+    if not isinstance(e, dict):
+        raise bad(where, f"is {_describe(e)}, not a dict")
+    action = e.get("action")
+    if not isinstance(action, str):
+        raise bad(where, "has no 'action'")
+    # Actions memprobe does not know are kept (and ignored later), size or not.
+    size = e.get("size", None if action in _NEEDS_SIZE else 0)
+    if not _is_int(size) or size < 0:
+        raise bad(where, f"({action}) has no valid 'size'")
+    out: dict[str, Any] = {"action": action}
+    if action in _NEEDS_ADDR:
+        addr = e.get("addr")
+        if not _is_int(addr):
+            raise bad(where, f"({action}) has no valid 'addr'")
+        out["addr"] = addr
+    elif _is_int(e.get("addr")):
+        out["addr"] = e["addr"]
+    if action == "oom":
+        free = e.get("device_free")
+        out["device_free"] = free if _is_int(free) else None
+    out["size"] = size
+    stream = e.get("stream", 0)
+    out["stream"] = stream if _is_int(stream) else 0
+    t = e.get("time_us")
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        out["time_us"] = int(t)
+    frames = e.get("frames")
+    out["frames"] = frames if isinstance(frames, list) else []
+    meta = e.get("user_metadata")
+    if isinstance(meta, str) and meta:
+        out["user_metadata"] = meta
+    if "compile_context" in e:
+        out["compile_context"] = e["compile_context"]
+    return out
+
+
+def _segment(seg: Any, i: int, bad: _Bad) -> dict:
+    where = f"segments[{i}]"
+    if not isinstance(seg, dict):
+        raise bad(where, f"is {_describe(seg)}, not a dict")
+    address = seg.get("address")
+    total = seg.get("total_size")
+    if not _is_int(address):
+        raise bad(where, "has no valid 'address'")
+    raw_blocks = seg.get("blocks") or []
+    if not isinstance(raw_blocks, list):
+        raise bad(where, "'blocks' is not a list")
+    blocks = []
+    offset = address
+    for j, b in enumerate(raw_blocks):
+        block = _block(b, offset, f"{where}.blocks[{j}]", bad)
+        blocks.append(block)
+        offset = block["address"] + block["size"]
+    if not _is_int(total):
+        # Some tools write segments without totals; the blocks tile the segment.
+        total = sum(b["size"] for b in blocks)
+    out = {k: v for k, v in seg.items()}
+    live = [b for b in blocks if b["state"] in LIVE_STATES]
+    out.update(
+        address=address,
+        total_size=total,
+        blocks=blocks,
+        device=seg["device"] if _is_int(seg.get("device")) else 0,
+        stream=seg["stream"] if _is_int(seg.get("stream")) else 0,
+        frames=seg["frames"] if isinstance(seg.get("frames"), list) else [],
+        is_expandable=bool(seg.get("is_expandable", False)),
+    )
+    if not isinstance(seg.get("segment_type"), str):
+        out["segment_type"] = "small" if total <= 2 << 20 else "large"
+    for key, value in (
+        ("allocated_size", sum(b["size"] for b in blocks if b["state"] == ACTIVE_ALLOCATED)),
+        ("active_size", sum(b["size"] for b in live)),
+        ("requested_size", sum(b["requested_size"] for b in live)),
+    ):
+        if not _is_int(seg.get(key)):
+            out[key] = value
+    return out
+
+
+def _block(b: Any, default_address: int, where: str, bad: _Bad) -> dict:
+    if not isinstance(b, dict):
+        raise bad(where, f"is {_describe(b)}, not a dict")
+    size = b.get("size")
+    if not _is_int(size) or size < 0:
+        raise bad(where, "has no valid 'size'")
+    state = b.get("state")
+    if not isinstance(state, str):
+        raise bad(where, "has no 'state'")
+    state = STATE_ALIASES.get(state, state)
+    out = {k: v for k, v in b.items()}
+    history = b.get("history")
+    first = (
+        history[0] if isinstance(history, list) and history and isinstance(history[0], dict) else {}
+    )
+    requested = b.get("requested_size", first.get("real_size", size))
+    frames = b.get("frames", first.get("frames"))
+    address = b.get("address")
+    out.update(
+        address=address if _is_int(address) else default_address,
+        size=size,
+        state=state,
+        requested_size=requested if _is_int(requested) else size,
+        frames=frames if isinstance(frames, list) else [],
+    )
+    return out
