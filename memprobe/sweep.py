@@ -366,5 +366,18 @@ def _measure_one(case: Case, *, verify: bool) -> Run:
 
 
 def _with_snapshot(run: Run, out_dir: Path) -> Run:
-    """Hook for per-case allocator snapshots (see memprobe.snapshot)."""
-    return run
+    """Write the case's allocator snapshot (torch's format, protocol 4) and
+    point the row at it: the real one on cuda, one synthesized from the
+    tracker's trace on meta and cpu."""
+    from memprobe.snapshot import synthesize_snapshot, write_snapshot
+
+    if run.cuda_snapshot is not None:
+        snapshot = run.cuda_snapshot
+    elif run.events:
+        snapshot = synthesize_snapshot(run.events, case=run.case)
+    else:
+        return run  # skipped or failed before anything ran
+    relative = Path("snapshots") / f"{run.case.case_id}.pickle"
+    (out_dir / "snapshots").mkdir(exist_ok=True)
+    write_snapshot(snapshot, out_dir / relative)
+    return replace(run, snapshot=relative.as_posix())

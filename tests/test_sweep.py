@@ -118,3 +118,18 @@ def test_a_failing_case_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch)
     bad = frame[frame["status"] == "error"]
     assert len(bad) == 1 and bad["note"].iloc[0] == "RuntimeError: boom"
     assert (frame["status"] == "ok").sum() == 5
+
+
+def test_every_case_writes_a_loadable_snapshot(tmp_path):
+    from memprobe.attribute import attribute
+    from memprobe.snapshot import load_snapshot
+
+    out = tmp_path / "run"
+    frame = run_sweep(small_cases(), out)
+    assert frame["snapshot"].notna().all()
+    row = frame[(frame["kernel"] == "unchunked") & (frame["tokens"] == 2048)].iloc[0]
+    snapshot = load_snapshot(out / row["snapshot"])
+    findings = attribute(snapshot)
+    fp32 = [f for f in findings.findings if f.live_at_peak and f.size == 2048 * 32768 * 4]
+    assert len(fp32) == row["big_fp32_blocks"] == 3
+    assert findings.peak_allocated_bytes == row["peak_bytes"]

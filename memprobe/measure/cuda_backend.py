@@ -36,6 +36,15 @@ def require_cuda() -> None:
         )
 
 
+def _label(case: Case, phase: str) -> None:
+    """Tag the allocations that follow, so attribution knows case and phase."""
+    from memprobe.snapshot import format_label
+
+    set_metadata = getattr(torch.cuda.memory, "_set_memory_metadata", None)
+    if set_metadata is not None:  # older torch has no per-entry metadata
+        set_metadata(format_label(case=case.case_id, phase=phase))
+
+
 def _snapshot() -> dict[str, Any]:
     return torch.cuda.memory._snapshot()
 
@@ -66,6 +75,7 @@ def _measure(case: Case, *, repeats: int, history: bool) -> Run:
         for i in range(repeats):
             start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             torch.cuda.reset_peak_memory_stats()
+            _label(case, "forward")
             with torch.autograd.profiler.record_function(f"memprobe:{case.case_id}:forward"):
                 start.record()
                 out = call(inputs.logits, inputs.targets)
@@ -74,6 +84,7 @@ def _measure(case: Case, *, repeats: int, history: bool) -> Run:
             fwd = torch.cuda.max_memory_allocated()
             reserved_peak = max(reserved_peak, torch.cuda.max_memory_reserved())
             torch.cuda.reset_peak_memory_stats()
+            _label(case, "backward")
             with torch.autograd.profiler.record_function(f"memprobe:{case.case_id}:backward"):
                 torch.autograd.grad(out, inputs.logits, inputs.grad_outputs)
                 end.record()
