@@ -118,3 +118,16 @@ def test_cuda_without_cuda_is_an_error_not_a_zero(monkeypatch):
     assert resolve_device("auto") == "meta"
     with pytest.raises(UserError, match="unknown device"):
         resolve_device("tpu")
+
+
+def test_cuda_counts_big_blocks_from_its_allocator_history():
+    # A synthesized snapshot stands in for torch.cuda.memory._snapshot() here.
+    from memprobe.measure.cuda_backend import _big_fp32_blocks
+    from memprobe.measure.meta_backend import simulate
+    from memprobe.snapshot import synthesize_snapshot
+
+    for kernel, expected in (("unchunked", 3), ("local_chunked", 0)):
+        case = Case(kernel, 1, 2048, 32768, "bf16", 1024, device="meta")
+        snapshot = synthesize_snapshot(simulate(case).events, case=case)
+        assert _big_fp32_blocks(case, snapshot) == expected
+    assert _big_fp32_blocks(case, None) is None

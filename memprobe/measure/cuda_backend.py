@@ -125,6 +125,21 @@ def _measure(case: Case, *, repeats: int, history: bool) -> Run:
         floor_bytes=floor_bytes(case),
         fwd_time_s=statistics.median(fwd_times),
         bwd_time_s=statistics.median(bwd_times),
+        big_fp32_blocks=_big_fp32_blocks(case, snapshot),
         note=describe_filters(case),
         cuda_snapshot=snapshot,
     )
+
+
+def _big_fp32_blocks(case: Case, snapshot: dict[str, Any] | None) -> int | None:
+    """Blocks of exactly float32 [B, S, V] size live at the recorded peak.
+
+    The allocator does not record dtypes: a block of that size is counted
+    whatever made it, which is what a budget cares about.
+    """
+    if snapshot is None:
+        return None
+    from memprobe.snapshot import normalize_snapshot, replay
+
+    history = replay(normalize_snapshot(snapshot))
+    return sum(1 for b in history.live_at(history.peak_pos) if b.size == case.fp32_bsv_bytes)
