@@ -8,13 +8,15 @@ from __future__ import annotations
 import torch
 
 
-def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
+def check_logprob_shapes(
+    logits: torch.Tensor, targets: torch.Tensor, *, vocab_name: str = "V"
+) -> None:
     """Raise ``ValueError`` unless ``logits`` is ``[B, S, V]`` floating point and
-    ``targets`` is an integer ``[B, S]`` tensor of ids in ``[0, V)``."""
+    ``targets`` an integer ``[B, S]`` tensor. Reads no values: no device sync."""
     if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise ValueError("logits and targets must be torch tensors")
     if logits.dim() != 3:
-        raise ValueError(f"logits must be [B, S, V], got shape {tuple(logits.shape)}")
+        raise ValueError(f"logits must be [B, S, {vocab_name}], got shape {tuple(logits.shape)}")
     if not logits.is_floating_point():
         raise ValueError(f"logits must be floating point, got {logits.dtype}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
@@ -24,9 +26,14 @@ def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
             f"targets must be [B, S] = {tuple(logits.shape[:2])} to match logits "
             f"{tuple(logits.shape)}, got {tuple(targets.shape)}"
         )
+    if logits.shape[-1] == 0:
+        raise ValueError(f"logits have an empty vocabulary dimension ({vocab_name} = 0)")
+
+
+def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
+    """:func:`check_logprob_shapes`, and every target id in ``[0, V)``."""
+    check_logprob_shapes(logits, targets)
     vocab = logits.shape[-1]
-    if vocab == 0:
-        raise ValueError("logits have an empty vocabulary dimension (V = 0)")
     # Meta tensors carry no values, so there is nothing to range-check there.
     if targets.numel() and targets.device.type != "meta":
         lo, hi = int(targets.min()), int(targets.max())

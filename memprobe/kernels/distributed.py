@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from memprobe.kernels._checks import check_chunk_size
+from memprobe.kernels._checks import check_chunk_size, check_logprob_shapes
 from memprobe.kernels.local_chunked import DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE
 
 __all__ = [
@@ -90,22 +90,8 @@ def _check_shard_inputs(
     The local range check can only reject negative ids; an id past the global
     vocabulary is caught after the forward all_reduce (no rank owns it).
     """
-    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise ValueError("logits and targets must be torch tensors")
-    if logits.dim() != 3:
-        raise ValueError(f"logits must be [B, S, V_local], got shape {tuple(logits.shape)}")
-    if not logits.is_floating_point():
-        raise ValueError(f"logits must be floating point, got {logits.dtype}")
-    if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
-        raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
-    if tuple(targets.shape) != tuple(logits.shape[:2]):
-        raise ValueError(
-            f"targets must be [B, S] = {tuple(logits.shape[:2])} to match logits "
-            f"{tuple(logits.shape)}, got {tuple(targets.shape)}"
-        )
+    check_logprob_shapes(logits, targets, vocab_name="V_local")
     local_vocab = logits.shape[-1]
-    if local_vocab == 0:
-        raise ValueError("this rank's vocabulary shard is empty (V_local = 0)")
     if vocab_start < 0 or vocab_end - vocab_start != local_vocab:
         raise ValueError(
             f"vocabulary range [{vocab_start}, {vocab_end}) does not match the shard's "
