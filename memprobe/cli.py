@@ -37,7 +37,9 @@ def _version(value: bool) -> None:
 def _root(
     version: Annotated[
         Optional[bool],  # noqa: UP045 - typer needs Optional on py3.10
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
     ] = None,
 ) -> None:
     pass
@@ -57,25 +59,44 @@ def kernels() -> None:
 def sweep(
     tokens: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="Sequence lengths, comma list. One value N means a x2 ladder ending at N. [default: 20000]"),
+        typer.Option(
+            help="Sequence lengths, comma list; one value N is a x2 ladder to N. [default: 20000]"
+        ),
     ] = None,
     vocab: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="Vocabulary sizes, comma list. One value N means a x2 ladder ending at N. [default: 131072]"),
+        typer.Option(
+            help="Vocabulary sizes, comma list; one value N is a x2 ladder to N. [default: 131072]"
+        ),
     ] = None,
     batch: Annotated[str, typer.Option(help="Batch sizes, comma list.")] = "1",
-    dtype: Annotated[str, typer.Option(help="Logits dtypes, comma list of bf16, fp16, fp32.")] = "bf16",
+    dtype: Annotated[
+        str, typer.Option(help="Logits dtypes, comma list of bf16, fp16, fp32.")
+    ] = "bf16",
     kernel: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="Kernels, comma list (see `memprobe kernels`). [default: every single-device kernel]"),
+        typer.Option(
+            help="Kernels, comma list (`memprobe kernels`). [default: all single-device kernels]"
+        ),
     ] = None,
-    chunk_size: Annotated[str, typer.Option(help="Chunk sizes for chunked kernels, comma list.")] = "1024",
-    tp: Annotated[str, typer.Option(help="Tensor-parallel sizes (vocabulary shards), comma list.")] = "1",
-    cp: Annotated[str, typer.Option(help="Context-parallel sizes (token shards), comma list.")] = "1",
+    chunk_size: Annotated[
+        str, typer.Option(help="Chunk sizes for chunked kernels, comma list.")
+    ] = "1024",
+    tp: Annotated[
+        str, typer.Option(help="Tensor-parallel sizes (vocabulary shards), comma list.")
+    ] = "1",
+    cp: Annotated[
+        str, typer.Option(help="Context-parallel sizes (token shards), comma list.")
+    ] = "1",
     device: Annotated[
-        str, typer.Option(help="auto (cuda when available, else meta), meta (exact simulation), cpu, cuda.")
+        str,
+        typer.Option(
+            help="auto (cuda when available, else meta), meta (exact simulation), cpu, cuda."
+        ),
     ] = "auto",
-    grid: Annotated[bool, typer.Option("--grid", help="Run the full tokens x vocab product, not the cross.")] = False,
+    grid: Annotated[
+        bool, typer.Option("--grid", help="Run the full tokens x vocab product, not the cross.")
+    ] = False,
     out: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(help="Run directory to create. [default: reports/<run-id>/]"),
@@ -84,9 +105,19 @@ def sweep(
         Optional[Path],  # noqa: UP045
         typer.Option(help="Finish an interrupted run: runs only its missing cases."),
     ] = None,
-    verify: Annotated[bool, typer.Option(help="Check each kernel x dtype against float64 at a small CPU shape.")] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress, no table: just the run directory.")] = False,
+    verify: Annotated[
+        bool, typer.Option(help="Check each kernel x dtype against float64 at a small CPU shape.")
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress, no table: just the run directory.")
+    ] = False,
+    budget: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Budget the report marks, e.g. 80GiB (default: the GPU's capacity)."),
+    ] = None,
 ) -> None:
     """Peak memory of each kernel across sequence lengths and vocabularies.
 
@@ -97,10 +128,12 @@ def sweep(
     from memprobe.cli_parse import int_list, name_list, positive_ints
     from memprobe.progress import CaseProgress
     from memprobe.summary import json_summary, table_lines
-    from memprobe.sweep_job import SweepRequest, check_resume_flags, run_sweep_job
-
     from memprobe.sweep import default_run_dir
+    from memprobe.sweep_job import SweepRequest, check_resume_flags, run_sweep_job
+    from memprobe.units import parse_size
 
+    # Parsed before the sweep runs: a typo must not cost a whole sweep.
+    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
     if resume is not None:
         check_resume_flags({"--tokens": tokens, "--vocab": vocab, "--kernel": kernel, "--out": out})
     elif out is None:
@@ -119,13 +152,16 @@ def sweep(
         out=out,
         resume=resume,
         verify=verify,
+        budget_bytes=budget_bytes,
         command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )
     try:
         outcome = run_sweep_job(request, CaseProgress(enabled=not quiet and not as_json))
     except KeyboardInterrupt:
         where = resume or out
-        typer.echo(f"interrupted: finished cases are in {where}; continue with --resume {where}", err=True)
+        typer.echo(
+            f"interrupted: finished cases are in {where}; continue with --resume {where}", err=True
+        )
         raise typer.Exit(130) from None
     if not outcome.lead:
         return
@@ -135,6 +171,7 @@ def sweep(
     if not quiet:
         for line in table_lines(outcome.frame):
             typer.echo(line)
+        typer.echo(f"report: {outcome.report}")
     typer.echo(f"run directory: {outcome.run_dir}")
 
 
@@ -214,8 +251,11 @@ def attribute(
         Optional[int],  # noqa: UP045
         typer.Option(min=1, help="Sequence length S (tokens per sequence)."),
     ] = None,
-    batch: Annotated[Optional[int], typer.Option(min=1, help="Batch size B.")] = None,  # noqa: UP045
-    top: Annotated[int, typer.Option(min=1, help="Blocks listed at the peak and at each OOM.")] = 10,
+    batch: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(min=1, help="Batch size B."),
+    ] = None,
+    top: Annotated[int, typer.Option(min=1, help="Blocks listed at the peak and each OOM.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     html: Annotated[
         Optional[Path],  # noqa: UP045
@@ -227,8 +267,9 @@ def attribute(
 
     try:
         text = attribute_command(
-            snapshot, vocab=vocab, tokens=tokens, batch=batch, top=top, as_json=as_json, html_path=html
-        )
+            snapshot, vocab=vocab, tokens=tokens, batch=batch, top=top, as_json=as_json,
+            html_path=html,
+        )  # fmt: skip
     except UserError as exc:  # also under CliRunner, which bypasses main()
         fail(exc.one_line())
         return
@@ -240,11 +281,13 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory made by `memprobe sweep`.")],
     out: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(help="Page to write (default: RUN_DIR/report.html); the PNG plots go beside it."),
+        typer.Option(help="Page to write (default: RUN_DIR/report.html); PNGs go beside it."),
     ] = None,
     budget: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="Memory budget to mark, e.g. 80GiB (default: the GPU's capacity on a cuda run)."),
+        typer.Option(
+            help="Memory budget to mark, e.g. 80GiB (default: a cuda run's GPU capacity)."
+        ),
     ] = None,
 ) -> None:
     """Re-render a run's self-contained report.html and PNG plots from its results."""

@@ -252,6 +252,10 @@ def prepare_run_dir(out: Path | None, cases: list[Case], command: str) -> Path:
         "python_version": platform.python_version(),
         "device": device,
         "device_name": device_name(device),
+        # The report draws it as the budget line of a measured GPU run.
+        "device_memory_bytes": (
+            torch.cuda.get_device_properties(0).total_memory if device == "cuda" else None
+        ),
         "command": command,
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cases": [asdict(c) for c in cases],

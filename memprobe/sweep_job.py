@@ -10,6 +10,7 @@ import pandas as pd
 from memprobe.errors import UserError
 from memprobe.measure import resolve_device
 from memprobe.ranks import current_layout, start_ranks, stop_ranks, under_torchrun
+from memprobe.report import write_report
 from memprobe.sweep import Progress, default_run_dir, plan_cases, run_sweep
 
 
@@ -28,6 +29,7 @@ class SweepRequest:
     out: Path | None = None
     resume: Path | None = None
     verify: bool = True
+    budget_bytes: int | None = None  # marked on the report's plots
     command: str = ""
 
 
@@ -37,6 +39,7 @@ class SweepOutcome:
     run_dir: Path
     # False on every torchrun rank but 0: they measure, rank 0 reports.
     lead: bool
+    report: Path | None
 
 
 def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> SweepOutcome:
@@ -69,7 +72,8 @@ def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> Sw
             command=request.command,
             resume=request.resume is not None,
         )
-        return SweepOutcome(frame, run_dir, lead)
+        report = write_report(run_dir, budget_bytes=request.budget_bytes) if lead else None
+        return SweepOutcome(frame, run_dir, lead, report)
     finally:
         if under_torchrun():
             stop_ranks()

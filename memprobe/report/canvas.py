@@ -1,0 +1,65 @@
+"""The canvas every report figure is drawn on: Agg, report styling, PNG bytes out."""
+
+from __future__ import annotations
+
+import functools
+import io
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import matplotlib
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from memprobe.report.style import DPI
+
+
+def unit_for(nbytes: float) -> tuple[float, str]:
+    """The binary unit a figure's axis reads best in: GiB from 1 GiB, else MiB or KiB."""
+    for name, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return float(scale), name
+    return 1024.0, "KiB"
+
+
+# Applied only while a report figure is drawn, so a caller's own matplotlib
+# settings are left as they were.
+_RC: dict[str, Any] = {
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "hatch.linewidth": 0.6,
+    # Kernel names, ops and dtypes come from data: a "$" in one must print, not start
+    # mathtext (which raises on a bad formula). Every tick label here is plain text.
+    "text.parse_math": False,
+}
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def styled(fn: F) -> F:
+    """Run a figure function under the report's matplotlib settings."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with matplotlib.rc_context(_RC):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A figure drawn by the Agg canvas directly: no pyplot, no GUI backend, no global
+    figure registry to leak into (so nothing needs ``matplotlib.use`` or closing)."""
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def to_png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.15)
+    return buf.getvalue()

@@ -1,0 +1,319 @@
+"""The answer a report leads with: at the largest case, which kernel, how much, and why.
+
+Everything here is computed from the results table; the page and the plots only
+format it. The "largest case" is the largest B·S·V in the run, at the dtype,
+tensor- and context-parallel sizes of the first case planned at that shape (the
+run's order puts the first ``--dtype`` first); where several chunk sizes ran, each
+kernel is shown at its lowest peak.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from memprobe.kernels import get_spec
+from memprobe.summary import with_ratios
+from memprobe.units import format_bytes
+
+REFERENCE = "unchunked"
+# Columns that define one "configuration" besides tokens and vocab.
+SLICE_KEYS = ("batch", "dtype", "tp", "cp")
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """One kernel at the largest case, with the ratios the page quotes."""
+
+    kernel: str
+    status: str
+    peak_bytes: int | None
+    floor_bytes: int | None
+    peak_over_floor: float | None
+    saving_vs_unchunked: float | None
+    big_fp32_blocks: int | None
+    chunk_size: int | None
+    note: str
+    case_id: str
+    summary: str  # the registry's one-line description ("" for an unknown kernel)
+    consumes_logits: bool
+    fits: bool | None  # against the budget; None when there is no budget
+    chunk_matters: bool = False  # several chunk sizes ran and gave different peaks
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.peak_bytes is not None
+
+    @property
+    def name(self) -> str:
+        """The kernel, with the chunk size shown where the run compared several."""
+        if self.chunk_matters and self.chunk_size is not None:
+            return f"{self.kernel} (chunk {self.chunk_size:,})"
+        return self.kernel
+
+
+@dataclass(frozen=True)
+class Headline:
+    batch: int
+    tokens: int
+    vocab: int
+    dtype: str
+    tp: int
+    cp: int
+    device: str
+    budget_bytes: int | None
+    budget_source: str  # "--budget", "GPU capacity" or ""
+    kernels: tuple[KernelResult, ...]
+    fp32_bsv_bytes: int  # one float32 [B, S, V] block on one rank
+
+    @property
+    def reference(self) -> KernelResult | None:
+        return next((k for k in self.kernels if k.kernel == REFERENCE and k.ok), None)
+
+    @property
+    def lowest(self) -> KernelResult | None:
+        ok = [k for k in self.kernels if k.ok]
+        return min(ok, key=lambda k: k.peak_bytes or 0) if ok else None
+
+    @property
+    def lowest_keeping_logits(self) -> KernelResult | None:
+        ok = [k for k in self.kernels if k.ok and not k.consumes_logits]
+        return min(ok, key=lambda k: k.peak_bytes or 0) if ok else None
+
+
+def _num(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _int(value: Any) -> int | None:
+    f = _num(value)
+    return None if f is None else int(f)
+
+
+def headline_slice(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows at the largest case (all kernels and chunk sizes), with ratios."""
+    rows = with_ratios(frame)
+    size = rows["batch"].astype(float) * rows["tokens"].astype(float) * rows["vocab"].astype(float)
+    largest = rows[size == size.max()]
+    first = largest.iloc[0]
+    keep = largest
+    for key in ("tokens", "vocab", *SLICE_KEYS):
+        keep = keep[keep[key] == first[key]]
+    return keep
+
+
+def config_slice(frame: pd.DataFrame, ref: pd.Series) -> pd.DataFrame:
+    """Every row in the same configuration (batch, dtype, tp, cp) as ``ref``."""
+    keep = frame
+    for key in SLICE_KEYS:
+        keep = keep[keep[key] == ref[key]]
+    return keep
+
+
+def _spec_facts(kernel: str) -> tuple[str, bool]:
+    try:
+        spec = get_spec(kernel)
+    except ValueError:
+        return "", False
+    return spec.summary, spec.consumes_logits
+
+
+def _best_row(rows: pd.DataFrame) -> pd.Series:
+    """A kernel's row at its lowest peak across chunk sizes (a finished row first)."""
+    ok = rows[(rows["status"] == "ok") & rows["peak_bytes"].notna()]
+    if not ok.empty:
+        return ok.loc[pd.to_numeric(ok["peak_bytes"]).idxmin()]
+    return rows.iloc[0]
+
+
+def make_headline(
+    frame: pd.DataFrame, meta: dict[str, Any], *, budget_bytes: int | None = None
+) -> Headline:
+    """The largest case's facts; the budget is ``budget_bytes`` or the GPU's recorded capacity."""
+    rows = headline_slice(frame)
+    first = rows.iloc[0]
+    source = "--budget" if budget_bytes is not None else ""
+    if budget_bytes is None:
+        budget_bytes, source = gpu_capacity(meta), "GPU capacity"
+        source = source if budget_bytes is not None else ""
+    results = []
+    for kernel in dict.fromkeys(rows["kernel"]):
+        mine = rows[rows["kernel"] == kernel]
+        row = _best_row(mine)
+        summary, consumes = _spec_facts(str(kernel))
+        peak = _int(row["peak_bytes"])
+        ok = row["status"] == "ok" and peak is not None
+        if row["status"] == "oom":
+            fits: bool | None = False  # it ran out of memory on the device that measured it
+        elif budget_bytes is not None and ok:
+            fits = peak <= budget_bytes  # type: ignore[operator]
+        else:
+            fits = None
+        results.append(
+            KernelResult(
+                kernel=str(kernel),
+                status=str(row["status"]),
+                peak_bytes=peak,
+                floor_bytes=_int(row["floor_bytes"]),
+                peak_over_floor=_num(row["peak_over_floor"]),
+                saving_vs_unchunked=_num(row["saving_vs_unchunked"]),
+                big_fp32_blocks=_int(row["big_fp32_blocks"]),
+                chunk_size=_int(row["chunk_size"]),
+                note=str(row["note"] or "") if row["note"] == row["note"] else "",
+                case_id=str(row["case_id"]),
+                summary=summary,
+                consumes_logits=consumes,
+                fits=fits,
+                chunk_matters=mine["peak_bytes"].nunique() > 1,
+            )
+        )
+    batch, tokens, vocab = int(first["batch"]), int(first["tokens"]), int(first["vocab"])
+    tp, cp = int(first["tp"]), int(first["cp"])
+    return Headline(
+        batch=batch,
+        tokens=tokens,
+        vocab=vocab,
+        dtype=str(first["dtype"]),
+        tp=tp,
+        cp=cp,
+        device=str(first["device"]),
+        budget_bytes=budget_bytes,
+        budget_source=source,
+        kernels=tuple(results),
+        fp32_bsv_bytes=batch * (tokens // cp) * (vocab // tp) * 4,
+    )
+
+
+def gpu_capacity(meta: dict[str, Any]) -> int | None:
+    """The GPU's memory as run.json recorded it (cuda runs), else None."""
+    if meta.get("device") != "cuda":
+        return None
+    return _int(meta.get("device_memory_bytes")) or None
+
+
+# -- sentences ------------------------------------------------------------
+def times(x: float) -> str:
+    """A ratio as the page writes it: 3 significant digits, then ×."""
+    return f"{x:,.3g}×" if x < 1000 else f"{x:,.0f}×"
+
+
+def vs_reference(k: KernelResult) -> str:
+    s = k.saving_vs_unchunked
+    if k.kernel == REFERENCE:
+        return "the reference"
+    if s is None:
+        return "no unchunked run to compare with"
+    if round(s, 2) == 1.0:
+        return "the same as unchunked"
+    return f"{times(s)} below unchunked" if s > 1 else f"{times(1 / s)} above unchunked"
+
+
+def shape_text(h: Headline) -> str:
+    parts = [f"{h.tokens:,} tokens × {h.vocab:,} vocabulary", f"batch {h.batch:,}", h.dtype]
+    if h.tp > 1 or h.cp > 1:
+        parts.append(f"tp {h.tp}, cp {h.cp} (per-rank peaks)")
+    return ", ".join(parts)
+
+
+def kernel_line_parts(k: KernelResult, h: Headline) -> tuple[str, str]:
+    """('local_chunked: 10.27 GiB', '3.33× below unchunked, 1.05× its floor (…); …')."""
+    if not k.ok:
+        what = {"oom": "ran out of memory", "skipped": "skipped", "error": "failed"}.get(
+            k.status, k.status
+        )
+        return f"{k.name}: {what}", k.note
+    parts = [vs_reference(k)]
+    if k.peak_over_floor is not None:
+        parts.append(f"{times(k.peak_over_floor)} its floor ({format_bytes(k.floor_bytes)})")
+    rest = ", ".join(parts)
+    if k.big_fp32_blocks:
+        plural = "s" if k.big_fp32_blocks != 1 else ""
+        rest += (
+            f"; {k.big_fp32_blocks} float32 [B,S,V] block{plural} "
+            f"({format_bytes(h.fp32_bsv_bytes)} each) live at the peak"
+        )
+    elif k.big_fp32_blocks == 0:
+        rest += "; no float32 [B,S,V] block at the peak"
+    if k.fits is not None and h.budget_bytes is not None:
+        rest += "; fits the budget" if k.fits else "; does not fit the budget"
+    return f"{k.name}: {format_bytes(k.peak_bytes)}", rest
+
+
+def kernel_line(k: KernelResult, h: Headline) -> str:
+    """'local_chunked: 10.27 GiB, 3.33× below unchunked, 1.05× its floor (9.77 GiB); …'."""
+    head, rest = kernel_line_parts(k, h)
+    if not rest:
+        return head
+    return f"{head}, {rest}" if k.ok else f"{head} ({rest})"
+
+
+def recommendation(h: Headline) -> list[str]:
+    """The first sentences of the page: what to use at this size, and the caveat."""
+    lowest, keeping = h.lowest, h.lowest_keeping_logits
+    if lowest is None:
+        return ["No kernel finished at this size; see the table for each one's status."]
+    out = [
+        f"Lowest peak: {lowest.name}, {format_bytes(lowest.peak_bytes)} ({vs_reference(lowest)})."
+    ]
+    if lowest.consumes_logits:
+        out[0] = out[0][:-1] + (
+            " — its backward writes the gradient into the logits, so use it when the logits "
+            "are not needed after backward."
+        )
+        if keeping is not None:
+            floor = (
+                f", {times(keeping.peak_over_floor)} its floor" if keeping.peak_over_floor else ""
+            )
+            out.append(
+                f"Keeping the logits intact: {keeping.name}, {format_bytes(keeping.peak_bytes)} "
+                f"({vs_reference(keeping)}{floor})."
+            )
+    return out
+
+
+def budget_sentence(h: Headline) -> str:
+    if h.budget_bytes is None:
+        oom = [k.kernel for k in h.kernels if k.status == "oom"]
+        if oom:
+            return f"Ran out of memory on the device: {', '.join(oom)}."
+        return (
+            "No memory budget given: re-render with "
+            "`memprobe report RUN_DIR --budget 80GiB` to mark what fits."
+        )
+    fit = [k.kernel for k in h.kernels if k.fits]
+    over = [
+        f"{k.kernel} ({format_bytes(k.peak_bytes) if k.ok else k.status})"
+        for k in h.kernels
+        if k.fits is False
+    ]
+    what = f"the {format_bytes(h.budget_bytes)} budget" + (
+        " (the GPU's capacity)" if h.budget_source == "GPU capacity" else ""
+    )
+    parts = [f"Fit {what}: {', '.join(fit) if fit else 'none'}."]
+    if over:
+        parts.append(f"Over it: {', '.join(over)}.")
+    return " ".join(parts)
+
+
+def why_sentence(h: Headline) -> str | None:
+    """Name the float32 [B,S,V] blocks: the difference between the kernels."""
+    with_blocks = [k for k in h.kernels if k.ok and k.big_fp32_blocks]
+    without = [k.kernel for k in h.kernels if k.ok and k.big_fp32_blocks == 0]
+    if not with_blocks:
+        return None
+    shape = f"[{h.batch:,}, {h.tokens // h.cp:,}, {h.vocab // h.tp:,}]"
+    held = ", ".join(f"{k.big_fp32_blocks} in {k.kernel}" for k in with_blocks)
+    each = format_bytes(h.fp32_bsv_bytes)
+    text = f"Why: float32 {shape} blocks, {each} each, live at the peak: {held}."
+    if without:
+        text += f" None in {', '.join(without)} (the breakdown below shows what makes their peaks)."
+    return text

@@ -1,0 +1,84 @@
+"""Colours, markers, line styles and byte-axis ticks shared by every plot.
+
+Each kernel keeps one look across all figures (by its order in the run), and
+every look differs in marker and line style as well as colour, so the plots
+still read when printed in greyscale. Colours are the Okabe-Ito palette.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from memprobe.report.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER, OTHER_BSV
+
+_COLOURS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#7F7F7F")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# Dashed is kept for the floor and dash-dot for the budget; kernels use the rest.
+_LINES = (
+    "-",
+    (0, (1, 1.2)),
+    "-",
+    (0, (6, 1.5, 1, 1.5, 1, 1.5)),
+    "-",
+    (0, (1, 1.2)),
+    "-",
+    (0, (4, 1)),
+)
+
+FLOOR_STYLE = {"color": "#555555", "linestyle": (0, (5, 3)), "linewidth": 1.3}
+BUDGET_STYLE = {"color": "#B2182B", "linestyle": (0, (8, 3, 2, 3)), "linewidth": 1.6}
+
+# Category look in the breakdown and timeline: luminance and hatching differ too.
+CATEGORY_STYLE: dict[str, dict[str, str]] = {
+    INPUT: {"color": "#4D4D4D", "hatch": ""},
+    GRADIENT: {"color": "#A6A6A6", "hatch": "//"},
+    FP32_BSV: {"color": "#D55E00", "hatch": "xx"},
+    OTHER_BSV: {"color": "#F0C27B", "hatch": "\\\\"},
+    CHUNK: {"color": "#0072B2", "hatch": ".."},
+    OTHER: {"color": "#E8E8E8", "hatch": ""},
+}
+assert set(CATEGORY_STYLE) == set(CATEGORIES)
+
+PHASE_SHADE = {"forward": "#E3EEF8", "backward": "#FBEBDD"}
+DPI = 100
+
+
+@dataclass(frozen=True)
+class Look:
+    color: str
+    marker: str
+    linestyle: object
+
+
+def kernel_looks(kernels: list[str]) -> dict[str, Look]:
+    return {
+        k: Look(_COLOURS[i % len(_COLOURS)], _MARKERS[i % len(_MARKERS)], _LINES[i % len(_LINES)])
+        for i, k in enumerate(kernels)
+    }
+
+
+def short_bytes(n: float) -> str:
+    """A tick label: '512 MiB', '1 GiB', '1.5 GiB' (binary units, no trailing zeros)."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.3g} {unit}"
+    return f"{n:,.0f} B"
+
+
+def power_of_two_ticks(low: float, high: float, max_ticks: int = 9) -> list[float]:
+    """Powers of two spanning [low, high], thinned to at most ``max_ticks``."""
+    lo = math.floor(math.log2(max(low, 1.0)))
+    hi = math.ceil(math.log2(max(high, 2.0)))
+    step = 1
+    while (hi - lo) // step + 1 > max_ticks:
+        step += 1
+    return [2.0**e for e in range(lo, hi + 1, step)]
+
+
+def short_op(op: str) -> str:
+    """'aten._log_softmax.default' → '_log_softmax'."""
+    name = op.removeprefix("aten.")
+    for suffix in (".default", ".Tensor", ".Scalar", ".dim_IntList", ".int"):
+        name = name.removesuffix(suffix)
+    return name
