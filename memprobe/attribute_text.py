@@ -5,14 +5,11 @@ Every number printed comes from the Findings; nothing here computes memory facts
 
 from __future__ import annotations
 
-import html
 import json
 import os
-from collections.abc import Iterable
-from pathlib import Path
 
 from memprobe.attribute import DEFAULT_TOP, BlockFinding, Findings, OomFinding, attribute_file
-from memprobe.errors import UserError
+from memprobe.records import Frame
 from memprobe.snapshot.frames import describe_frame
 from memprobe.units import format_bytes
 
@@ -59,6 +56,13 @@ def _life(f: BlockFinding) -> str:
     return f"{lived}entries {start} -> {end}"
 
 
+def _made_at(frame: Frame | None, phase: str | None) -> str:
+    if frame is not None:
+        return f"made at {describe_frame(frame)}"
+    # Backward ops run from autograd's C++ engine: no Python line made them.
+    return "made by autograd (no Python frame)" if phase == "backward" else "no user-code frame"
+
+
 def _block_lines(n: int, f: BlockFinding) -> list[str]:
     size = format_bytes(f.size)
     phase = f.phase or "phase unknown"
@@ -68,7 +72,7 @@ def _block_lines(n: int, f: BlockFinding) -> list[str]:
         where.append("live at the peak")
     if f.oom_numbers:
         where.append("live at OOM " + ", ".join(f"#{k + 1}" for k in f.oom_numbers))
-    made = f"made at {describe_frame(f.frame)}" if f.frame else "no user-code frame"
+    made = _made_at(f.frame, f.phase)
     lines.append(f"     {made}; {_life(f)}" + (f"; {'; '.join(where)}" if where else ""))
     if f.explanations:
         best = f.explanations[0]
@@ -90,7 +94,7 @@ def _oom_lines(o: OomFinding, findings: Findings) -> list[str]:
         f"{format_bytes(o.requested_bytes)} with {free} free on the device; "
         f"{format_bytes(o.allocated_bytes)} allocated in {_plural(o.live_count, 'live block')}",
         f"  failing request: {o.phase or 'phase unknown'}, op {o.op or '?'}, "
-        + (f"at {describe_frame(o.frame)}" if o.frame else "no user-code frame"),
+        + _made_at(o.frame, o.phase),
     ]
     by_addr = {f.address: f for f in findings.findings}
     for k, addr in enumerate(o.live_addresses, 1):
@@ -98,8 +102,7 @@ def _oom_lines(o: OomFinding, findings: Findings) -> list[str]:
         if f is not None:
             lines.append(
                 f"  {k}. {format_bytes(f.size):>10}  {_what(f)}  {f.phase or 'phase unknown'}  "
-                f"op {f.op or '?'}  "
-                + (f"made at {describe_frame(f.frame)}" if f.frame else "no user-code frame")
+                f"op {f.op or '?'}  " + _made_at(f.frame, f.phase)
             )
     return lines
 
@@ -161,96 +164,6 @@ def render_findings(findings: Findings, *, top: int | None = None) -> list[str]:
     return out
 
 
-def _cells(values: Iterable[object], tag: str = "td") -> str:
-    return "".join(f"<{tag}>{html.escape(str(v))}</{tag}>" for v in values)
-
-
-def render_html(findings: Findings) -> str:
-    """A minimal, self-contained, fully escaped page of the findings (no scripts, no network)."""
-    e = html.escape
-    title = f"memprobe attribute: {findings.path or 'snapshot'}"
-    rows = []
-    for n, f in enumerate(findings.findings, 1):
-        best = f.explanations[0] if f.explanations else None
-        rows.append(
-            "<tr>"
-            + _cells(
-                [
-                    n,
-                    format_bytes(f.size),
-                    _what(f),
-                    f.op or "?",
-                    f.phase or "?",
-                    describe_frame(f.frame),
-                    "yes" if f.live_at_peak else "no",
-                    ", ".join(f"#{k + 1}" for k in f.oom_numbers) or "-",
-                    _duration(f.lifetime_us),
-                    "; ".join(best.reasons) if best else "",
-                    "; ".join(x.describe() for x in f.explanations[1:]),
-                ]
-            )
-            + "</tr>"
-        )
-    ooms = [
-        "<tr>"
-        + _cells(
-            [
-                f"#{o.number + 1}",
-                o.index,
-                format_bytes(o.requested_bytes),
-                "-" if o.device_free_bytes is None else format_bytes(o.device_free_bytes),
-                format_bytes(o.allocated_bytes),
-                o.live_count,
-                o.op or "?",
-                o.phase or "?",
-            ]
-        )
-        + "</tr>"
-        for o in findings.ooms
-    ]
-    summary = _header_lines(findings)
-    notes = "".join(f"<li>{e(n)}</li>" for n in findings.notes)
-    block_head = _cells(
-        ["#", "size", "most likely", "op", "phase", "made at", "live at peak", "live at OOM",
-         "lifetime", "why", "also fits"],
-        "th",
-    )  # fmt: skip
-    oom_head = _cells(
-        ["OOM", "entry", "requested", "device free", "allocated", "live blocks", "op", "phase"],
-        "th",
-    )
-    return (
-        "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{e(title)}</title>"
-        "<style>body{font:14px system-ui,sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}"
-        "th{background:#f3f3f3}</style></head><body>"
-        f"<h1>{e(title)}</h1><pre>{e(chr(10).join(summary))}</pre>"
-        f"<h2>Blocks</h2><table><tr>{block_head}</tr>{''.join(rows)}</table>"
-        + (
-            f"<h2>Out of memory</h2><table><tr>{oom_head}</tr>{''.join(ooms)}</table>"
-            if ooms
-            else ""
-        )
-        + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
-        + "</body></html>\n"
-    )
-
-
-def write_html(findings: Findings, path: str | os.PathLike[str]) -> Path:
-    """Write :func:`render_html` to ``path`` atomically (temp file + ``os.replace``)."""
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(render_html(findings), encoding="utf-8")
-        os.replace(tmp, target)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"cannot write {target}: {exc.strerror or exc}") from None
-    return target
-
-
 def attribute_command(
     snapshot: str | os.PathLike[str],
     *,
@@ -267,7 +180,11 @@ def attribute_command(
     """
     findings = attribute_file(snapshot, vocab=vocab, tokens=tokens, batch=batch, top=top)
     if html_path is not None:
-        write_html(findings, html_path)
+        from memprobe.report import write_findings_page
+
+        write_findings_page(
+            findings, html_path, title=f"memprobe attribute: {findings.path or snapshot}"
+        )
     if as_json:
         return json.dumps(findings.to_json(), indent=1)
     return "\n".join(render_findings(findings, top=top))

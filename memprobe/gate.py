@@ -365,20 +365,14 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
 def write_baseline(path: Path, rows: Sequence[Row]) -> None:
     """This run's rows as a results.json-shaped baseline, written atomically."""
     from memprobe import __version__
-    from memprobe.sweep import atomic_write_text
+    from memprobe.atomic_files import write_atomic
 
     payload = {
         "memprobe_version": __version__,
         "columns": list(RESULT_COLUMNS),
         "rows": [{c: row.get(c) for c in RESULT_COLUMNS} for row in rows],
     }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(payload, indent=1) + "\n")
-    except OSError as exc:
-        raise UserError(
-            f"cannot write baseline {path}: {exc.strerror or exc}", "check the path"
-        ) from None
+    write_atomic(path, json.dumps(payload, indent=1) + "\n", what="baseline")
 
 
 Progress = Callable[[int, int, Case, Run], None]

@@ -10,7 +10,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from memprobe.errors import UserError
 from memprobe.gate import Check, Verdict
 from memprobe.units import format_bytes
 
@@ -147,16 +146,10 @@ def junit_tree(verdict: Verdict) -> ET.ElementTree:
 
 
 def write_junit(path: Path, verdict: Verdict) -> None:
-    from memprobe.sweep import atomic_write_text
+    from memprobe.atomic_files import write_atomic
 
     text = ET.tostring(junit_tree(verdict).getroot(), encoding="unicode")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, '<?xml version="1.0" encoding="utf-8"?>\n' + text + "\n")
-    except OSError as exc:
-        raise UserError(
-            f"cannot write {path}: {exc.strerror or exc}", "check --junit-xml"
-        ) from None
+    write_atomic(path, '<?xml version="1.0" encoding="utf-8"?>\n' + text + "\n", what="JUnit file")
 
 
 # -- Markdown ------------------------------------------------------------------

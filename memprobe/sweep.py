@@ -11,9 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import json
-import os
 import platform
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -23,6 +21,7 @@ import pandas as pd
 import torch
 
 from memprobe import __version__
+from memprobe.atomic_files import write_atomic
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.measure import measure, resolve_device
@@ -141,26 +140,6 @@ def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:
 
 
 # -- files ----------------------------------------------------------------
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a whole file or nothing: temp file in the same folder, then replace."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        # mkstemp makes the file private (0600); give it the usual permissions.
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def _json_default(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
@@ -169,11 +148,9 @@ def _json_default(value: Any) -> Any:
 
 def write_results(run_dir: Path, rows: list[dict[str, Any]]) -> None:
     frame = results_frame(rows)
-    atomic_write_text(run_dir / "results.csv", frame.to_csv(index=False))
+    write_atomic(run_dir / "results.csv", frame.to_csv(index=False))
     payload = {"memprobe_version": __version__, "columns": list(RESULT_COLUMNS), "rows": rows}
-    atomic_write_text(
-        run_dir / "results.json", json.dumps(payload, indent=1, default=_json_default)
-    )
+    write_atomic(run_dir / "results.json", json.dumps(payload, indent=1, default=_json_default))
 
 
 def results_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -260,7 +237,7 @@ def prepare_run_dir(out: Path | None, cases: list[Case], command: str) -> Path:
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cases": [asdict(c) for c in cases],
     }
-    atomic_write_text(run_dir / "run.json", json.dumps(meta, indent=1))
+    write_atomic(run_dir / "run.json", json.dumps(meta, indent=1))
     return run_dir
 
 

@@ -8,9 +8,10 @@ import pytest
 import snapshot_fixtures as fx
 
 from memprobe.attribute import Findings, attribute
-from memprobe.attribute_text import render_findings, render_html
+from memprobe.attribute_text import attribute_command, render_findings
 from memprobe.errors import UserError
 from memprobe.records import Frame
+from memprobe.snapshot import write_snapshot
 from memprobe.snapshot.explain import Hints, explain_block
 from memprobe.snapshot.frames import (
     first_user_frame,
@@ -289,14 +290,18 @@ def test_text_report_mentions_computed_numbers() -> None:
     assert "autograd_reference.py:24 in unchunked_logprobs" in text
 
 
-def test_html_is_escaped_and_self_contained() -> None:
+def test_html_is_escaped_and_self_contained(tmp_path) -> None:
     snap = fx.real_style_snapshot()
     snap["device_traces"][0][1]["frames"] = [
         {"name": "<script>alert(1)</script>", "filename": "/home/<me>/x.py", "line": 3}
     ]
-    page = render_html(attribute(snap))
-    assert "<script>" not in page and "&lt;script&gt;" in page
-    assert "http" not in page and page.startswith("<!DOCTYPE html>")
+    source, out = tmp_path / "snap.pickle", tmp_path / "page.html"
+    write_snapshot(snap, source)
+    attribute_command(source, html_path=out)
+    page = out.read_text()
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)" in page
+    assert "http://" not in page and "https://" not in page
+    assert page.lower().startswith("<!doctype html>")
 
 
 def test_legacy_free_and_unknown_actions_are_tolerated() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memprobe.errors import UserError
+from memprobe.atomic_files import write_atomic
 from memprobe.units import format_bytes
 
 _CSS = """
@@ -183,24 +183,8 @@ def relative_href(target: Path, page_dir: Path) -> str:
 
 def write_text(path: Path, text: str) -> Path:
     """Write a page whole or not at all (a reader never sees half a report)."""
-    from memprobe.sweep import atomic_write_text
-
-    try:
-        atomic_write_text(path, text)
-        # The temporary file it replaced was private (0600); a report is for sharing.
-        os.chmod(path, 0o644)
-    except OSError as exc:
-        raise UserError(
-            f"cannot write {path}: {exc.strerror or exc}", "choose another --out"
-        ) from None
-    return path
+    return write_atomic(path, text)
 
 
 def write_bytes(path: Path, data: bytes) -> Path:
-    try:
-        path.write_bytes(data)
-    except OSError as exc:
-        raise UserError(
-            f"cannot write {path}: {exc.strerror or exc}", "choose another --out"
-        ) from None
-    return path
+    return write_atomic(path, data)

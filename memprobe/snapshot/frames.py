@@ -34,7 +34,7 @@ _STDLIB = re.compile(
 # kernels (and anything else in the package) are the "user code" being measured.
 _MEMPROBE_HARNESS = re.compile(
     r"/memprobe/(measure/|snapshot/|report/|"
-    r"(sweep|cli|__main__|gate|config|attribute|parallel|pytest_plugin)\.py)"
+    r"(sweep|sweep_job|ranks|cli|__main__|gate|config|attribute|parallel|pytest_plugin)\.py)"
 )
 # Dispatch-mode and tensor-subclass hooks wrap an op wherever they are defined.
 _HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 from pathlib import Path
 
-from memprobe.errors import UserError
+from memprobe.atomic_files import write_atomic
 
 # pytorch.org/memory_viz reads protocols 2-4 only; torch's default may be newer.
 PROTOCOL = 4
@@ -22,21 +21,4 @@ def write_snapshot(snapshot: dict, path: str | os.PathLike[str]) -> Path:
     """
     if not isinstance(snapshot, dict) or not ({"segments", "device_traces"} & set(snapshot)):
         raise TypeError("write_snapshot needs a snapshot dict with 'segments' and 'device_traces'")
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        raise UserError(f"cannot write snapshot {target}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pickle.dump(snapshot, fh, protocol=PROTOCOL)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise UserError(f"cannot write snapshot {target}: {exc.strerror or exc}") from None
-        raise
-    return target
+    return write_atomic(path, pickle.dumps(snapshot, protocol=PROTOCOL), what="snapshot")
