@@ -60,13 +60,13 @@ def sweep(
     tokens: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
-            help="Sequence lengths, comma list; one value N is a x2 ladder to N. [default: 20000]"
+            help="Sequence lengths, comma list; one value N is a x2 ladder to N. (default: 20000)"
         ),
     ] = None,
     vocab: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
-            help="Vocabulary sizes, comma list; one value N is a x2 ladder to N. [default: 131072]"
+            help="Vocabulary sizes, comma list; one value N is a x2 ladder to N. (default: 131072)"
         ),
     ] = None,
     batch: Annotated[str, typer.Option(help="Batch sizes, comma list.")] = "1",
@@ -76,7 +76,7 @@ def sweep(
     kernel: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
-            help="Kernels, comma list (`memprobe kernels`). [default: all single-device kernels]"
+            help="Kernels, comma list (`memprobe kernels`). (default: all single-device kernels)"
         ),
     ] = None,
     chunk_size: Annotated[
@@ -99,7 +99,7 @@ def sweep(
     ] = False,
     out: Annotated[
         Optional[Path],  # noqa: UP045
-        typer.Option(help="Run directory to create. [default: reports/<run-id>/]"),
+        typer.Option(help="Run directory to create. (default: reports/<run-id>/)"),
     ] = None,
     resume: Annotated[
         Optional[Path],  # noqa: UP045
