@@ -24,8 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from memprobe.config import MemprobeConfig, Rule, load_config
 from memprobe.errors import UserError
 from memprobe.records import RESULT_COLUMNS, Case, Run
@@ -33,22 +31,6 @@ from memprobe.records import RESULT_COLUMNS, Case, Run
 # What identifies a case across runs. Not case_id: its hash changes whenever
 # Case grows a field, which would make every case "disappear" from a baseline.
 KEY_COLUMNS = ("kernel", "batch", "tokens", "vocab", "dtype", "chunk_size", "tp", "cp", "device")
-_INT_COLUMNS = frozenset(
-    {
-        "batch",
-        "tokens",
-        "vocab",
-        "chunk_size",
-        "tp",
-        "cp",
-        "peak_bytes",
-        "forward_peak_bytes",
-        "backward_peak_bytes",
-        "reserved_peak_bytes",
-        "floor_bytes",
-        "big_fp32_blocks",
-    }
-)
 # Each limit: the rule attribute, how to read the measured value off a row, its unit.
 LIMIT_UNITS = {"max_peak": "bytes", "max_peak_over_floor": "ratio", "max_big_fp32_blocks": "count"}
 
@@ -126,26 +108,6 @@ class GateOutcome:
 
 
 # -- rows ---------------------------------------------------------------------
-
-
-def clean_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A results row with plain Python values: NaN → None, integral columns as int."""
-    out: dict[str, Any] = {}
-    for key, value in row.items():
-        if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-            value = value.item()  # numpy scalar → Python
-        if isinstance(value, float) and not math.isfinite(value):
-            value = None
-        elif value is pd.NA or value is pd.NaT:
-            value = None
-        elif key in _INT_COLUMNS and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        out[str(key)] = value
-    return out
-
-
-def rows_from_frame(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    return [clean_row(r) for r in frame.to_dict(orient="records")]
 
 
 def case_key(row: Row) -> CaseKey:
@@ -357,9 +319,9 @@ def evaluate(
 
 def load_rows(path: Path) -> list[dict[str, Any]]:
     """A run directory or results.json → clean rows (UserError when missing or bad)."""
-    from memprobe.sweep import read_results
+    from memprobe.sweep import read_results, result_rows
 
-    return rows_from_frame(read_results(path))
+    return result_rows(read_results(path))
 
 
 def write_baseline(path: Path, rows: Sequence[Row]) -> None:
@@ -470,7 +432,7 @@ def _run_configured_sweep(
     keep it as an artifact.
     """
     from memprobe.measure import resolve_device
-    from memprobe.sweep import default_run_dir, plan_cases, run_sweep
+    from memprobe.sweep import default_run_dir, plan_cases, result_rows, run_sweep
 
     if cfg.sweep is None:
         where = str(cfg.source) if cfg.source else f"no pyproject.toml at or above {req.cwd}"
@@ -493,4 +455,4 @@ def _run_configured_sweep(
     frame = run_sweep(
         cases, out, verify=False, progress=req.progress, command="memprobe gate", snapshots=False
     )
-    return rows_from_frame(frame), str(out)
+    return result_rows(frame), str(out)

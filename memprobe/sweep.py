@@ -11,9 +11,10 @@ from __future__ import annotations
 import datetime as _dt
 import itertools
 import json
+import math
 import platform
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,31 @@ def results_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(list(rows), columns=list(RESULT_COLUMNS))
 
 
+# Whole-number columns: pandas turns them into floats when a value is missing.
+_INT_COLUMNS = frozenset(
+    f.name for f in (*fields(Case), *fields(Run)) if f.type in ("int", "int | None")
+)
+
+
+def result_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The table's rows as plain Python values: NaN → None, whole-number columns as int."""
+    rows = []
+    for record in frame.to_dict(orient="records"):
+        row: dict[str, Any] = {}
+        for key, value in record.items():
+            if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+                value = value.item()  # numpy scalar → Python
+            if value is pd.NA or value is pd.NaT:
+                value = None
+            elif isinstance(value, float) and not math.isfinite(value):
+                value = None
+            elif key in _INT_COLUMNS and isinstance(value, float) and value.is_integer():
+                value = int(value)
+            row[str(key)] = value
+        rows.append(row)
+    return rows
+
+
 def read_results(path: str | Path) -> pd.DataFrame:
     """A run directory or its results.json → the results table."""
     p = Path(path)
@@ -254,13 +280,8 @@ def resume_plan(run_dir: Path) -> tuple[list[Case], list[dict[str, Any]]]:
         ) from None
     done: list[dict[str, Any]] = []
     if (run_dir / "results.json").exists():
-        frame = read_results(run_dir)
-        done = [_clean(r) for r in frame.to_dict(orient="records")]
+        done = result_rows(read_results(run_dir))
     return cases, done
-
-
-def _clean(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: (None if isinstance(v, float) and v != v else v) for k, v in row.items()}
 
 
 # -- running --------------------------------------------------------------

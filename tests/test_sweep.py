@@ -133,3 +133,20 @@ def test_every_case_writes_a_loadable_snapshot(tmp_path):
     fp32 = [f for f in findings.findings if f.live_at_peak and f.size == 2048 * 32768 * 4]
     assert len(fp32) == row["big_fp32_blocks"] == 3
     assert findings.peak_allocated_bytes == row["peak_bytes"]
+
+
+def test_resumed_rows_keep_whole_numbers_whole(tmp_path):
+    out = tmp_path / "run"
+    cases = plan_cases(
+        tokens=[1024], vocab=[16384], kernel=["local_chunked"], chunk_size=[None, 64], device="meta"
+    )
+
+    def stop_after_one(i, n, case, run):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cases, out, progress=stop_after_one, verify=False)
+    run_sweep([], out, resume=True, verify=False)
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["chunk_size"] for r in rows] == [None, 64]
+    assert all(type(r["peak_bytes"]) is int and type(r["tokens"]) is int for r in rows)
