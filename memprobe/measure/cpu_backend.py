@@ -15,7 +15,13 @@ import time
 import torch
 
 from memprobe.measure.meta_backend import simulate
-from memprobe.measure.step import StepInputs, kernel_call, make_inputs, process_group_for
+from memprobe.measure.step import (
+    StepInputs,
+    floor_bytes,
+    kernel_call,
+    make_inputs,
+    process_group_for,
+)
 from memprobe.measure.traced import run_from_trace, traced_step
 from memprobe.records import Case, Run
 from memprobe.units import format_bytes
@@ -49,6 +55,7 @@ def measure_cpu(case: Case, *, repeats: int = REPEATS, ram_bytes: int | None = N
         return Run(
             case=case,
             status="skipped",
+            floor_bytes=floor_bytes(case),
             note=(
                 f"needs {format_bytes(need)} (simulated), over the safe share "
                 f"{format_bytes(budget)} of available RAM; simulate it with --device meta"
