@@ -35,6 +35,7 @@ _STDLIB = re.compile(
 _MEMPROBE_HARNESS = re.compile(
     r"/memprobe/(measure/|snapshot/|report/|"
     r"(sweep|sweep_job|ranks|cli|__main__|gate|config|attribute|parallel|pytest_plugin)\.py)"
+    r"|/bin/memprobe$"  # the console script
 )
 # Dispatch-mode and tensor-subclass hooks wrap an op wherever they are defined.
 _HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})
