@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, ParamSpec
 
 import typer
 
 from memprobe import __version__
 from memprobe.errors import UserError
+
+P = ParamSpec("P")
 
 app = typer.Typer(
     name="memprobe",
@@ -25,6 +29,24 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def user_errors(command: Callable[P, None]) -> Callable[P, None]:
+    """Every user mistake ends the same way: one line on stderr, exit 2.
+
+    Done in each command rather than around ``app()`` so that it holds however
+    the command is invoked (the console script, ``python -m``, typer's CliRunner).
+    """
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            command(*args, **kwargs)
+        except UserError as exc:
+            typer.echo(f"memprobe: error: {exc.one_line()}", err=True)
+            raise typer.Exit(2) from None
+
+    return run
 
 
 def _version(value: bool) -> None:
@@ -56,6 +78,7 @@ def kernels() -> None:
 
 
 @app.command()
+@user_errors
 def sweep(
     tokens: Annotated[
         Optional[str],  # noqa: UP045
@@ -176,6 +199,7 @@ def sweep(
 
 
 @app.command()
+@user_errors
 def gate(
     results: Annotated[
         Optional[Path],  # noqa: UP045
@@ -227,11 +251,7 @@ def gate(
         out=out,
         progress=CaseProgress(),
     )
-    try:
-        outcome = run_gate(request)
-    except UserError as exc:  # also under CliRunner, which bypasses main()
-        fail(exc.one_line())
-        return
+    outcome = run_gate(request)
     for warning in outcome.warnings:
         typer.echo(f"memprobe: warning: {warning}", err=True)
     typer.echo(outcome.text)
@@ -239,6 +259,7 @@ def gate(
 
 
 @app.command()
+@user_errors
 def attribute(
     snapshot: Annotated[
         Path, typer.Argument(help="CUDA allocator snapshot (.pickle from torch or memprobe).")
@@ -265,18 +286,14 @@ def attribute(
     """Name the big blocks of a snapshot: peak, [B,S,V] fits, op, frame, phase, OOMs."""
     from memprobe.attribute_text import attribute_command
 
-    try:
-        text = attribute_command(
-            snapshot, vocab=vocab, tokens=tokens, batch=batch, top=top, as_json=as_json,
-            html_path=html,
-        )  # fmt: skip
-    except UserError as exc:  # also under CliRunner, which bypasses main()
-        fail(exc.one_line())
-        return
+    text = attribute_command(
+        snapshot, vocab=vocab, tokens=tokens, batch=batch, top=top, as_json=as_json, html_path=html
+    )
     typer.echo(text)
 
 
 @app.command()
+@user_errors
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory made by `memprobe sweep`.")],
     out: Annotated[
@@ -294,24 +311,10 @@ def report(
     from memprobe.report import write_report
     from memprobe.units import parse_size
 
-    try:
-        budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
-        page = write_report(run_dir, out, budget_bytes=budget_bytes)
-    except UserError as exc:  # also under CliRunner, which bypasses main()
-        fail(exc.one_line())
-        return
+    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    page = write_report(run_dir, out, budget_bytes=budget_bytes)
     typer.echo(f"report: {page}")
 
 
-def fail(message: str) -> None:
-    """Print one line to stderr and exit 2: how every user mistake ends."""
-    typer.echo(f"memprobe: error: {message}", err=True)
-    raise typer.Exit(2)
-
-
 def main() -> None:
-    try:
-        app()
-    except UserError as exc:
-        typer.echo(f"memprobe: error: {exc.one_line()}", err=True)
-        sys.exit(2)
+    app()
