@@ -10,12 +10,13 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-import torch
-
-DTYPES: dict[str, torch.dtype] = {
-    "bf16": torch.bfloat16,
-    "fp16": torch.float16,
-    "fp32": torch.float32,
+# Logits dtypes by memprobe's short name: (torch's name, bytes per element). Names,
+# not torch.dtype objects, so reading results or snapshots never imports torch;
+# ``torch_dtype`` converts where tensors are made.
+DTYPES: dict[str, tuple[str, int]] = {
+    "bf16": ("bfloat16", 2),
+    "fp16": ("float16", 2),
+    "fp32": ("float32", 4),
 }
 DTYPE_ALIASES = {
     "bfloat16": "bf16",
@@ -29,7 +30,19 @@ PHASES = ("setup", "forward", "backward")
 
 
 def dtype_bytes(dtype: str) -> int:
-    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+    return DTYPES[dtype][1]
+
+
+def torch_dtype_name(dtype: str) -> str:
+    """``"bf16"`` → ``"bfloat16"``: torch's spelling, as snapshots and labels use it."""
+    return DTYPES[dtype][0]
+
+
+def normalize_dtype(name: str) -> str | None:
+    """A user's spelling (``bf16``, ``bfloat16``, ``BF16``) → memprobe's name, None if unknown."""
+    key = name.strip().lower()
+    key = DTYPE_ALIASES.get(key, key)
+    return key if key in DTYPES else None
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.measure import measure, resolve_device
 from memprobe.ranks import agree, current_layout, gather_row, share_cases, under_torchrun
-from memprobe.records import DTYPE_ALIASES, DTYPES, RESULT_COLUMNS, Case, Run
+from memprobe.records import DTYPES, RESULT_COLUMNS, Case, Run
+from memprobe.records import normalize_dtype as normalize_known_dtype
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -44,8 +45,8 @@ def x2_ladder(top: int, start: int) -> list[int]:
 
 
 def normalize_dtype(name: str) -> str:
-    key = DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in DTYPES:
+    key = normalize_known_dtype(name)
+    if key is None:
         raise UserError(f"unknown dtype {name!r}", f"use one of: {', '.join(DTYPES)}")
     return key
 

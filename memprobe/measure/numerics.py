@@ -6,8 +6,8 @@ from functools import cache
 
 import torch
 
-from memprobe.measure.step import kernel_call, process_group_for
-from memprobe.records import DTYPES, Case
+from memprobe.measure.step import kernel_call, process_group_for, torch_dtype
+from memprobe.records import Case
 
 # Small enough to run in milliseconds, odd sizes so chunks do not divide S,
 # and a chunk of 7 so every chunked kernel really loops.
@@ -51,7 +51,7 @@ def verify(
     """(max |forward error|, max |backward error|) against float64, on CPU."""
     case = Case(kernel, *shape, dtype=dtype, chunk_size=chunk_size, device="cpu")
     gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(shape, generator=gen) * 3).to(DTYPES[dtype])
+    logits = (torch.randn(shape, generator=gen) * 3).to(torch_dtype(dtype))
     targets = torch.randint(0, shape[2], shape[:2], generator=gen)
     if kernel == "filtered":
         # Targets outside the kept set have log-prob -inf; take kept ones so

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from memprobe.kernels import get_spec
 from memprobe.parallel import fake_process_group
 from memprobe.ranks import current_layout
-from memprobe.records import DTYPES, Case
+from memprobe.records import Case, torch_dtype_name
 
 # The sweep measures the filtered kernel with a typical sampling setting;
 # with no filters it would only repeat `unchunked`.
@@ -32,6 +32,11 @@ class StepInputs:
     grad_outputs: torch.Tensor
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    """memprobe's dtype name (``"bf16"``) → the torch dtype, where tensors are made."""
+    return getattr(torch, torch_dtype_name(name))
+
+
 def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
     """Logits (a leaf that requires grad), targets and the upstream gradient.
 
@@ -40,7 +45,7 @@ def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
     rank of one token shard, as in a real tensor-parallel job.
     """
     shape = (case.batch, case.local_tokens, case.local_vocab)
-    dtype = DTYPES[case.dtype]
+    dtype = torch_dtype(case.dtype)
     if device == "meta":
         logits = torch.empty(shape, dtype=dtype, device="meta")
         targets = torch.empty(shape[:2], dtype=torch.long, device="meta")

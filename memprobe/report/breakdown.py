@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memprobe.records import DTYPES, Case
+from memprobe.records import DTYPES, Case, torch_dtype_name
 from memprobe.report.trace import BEFORE_STEP, Block, Trace
 from memprobe.snapshot.allocator import could_hold
 
@@ -51,7 +51,7 @@ class CaseShape:
             batch=case.batch,
             tokens=case.local_tokens,
             vocab=case.local_vocab,
-            logits_dtype=str(DTYPES[case.dtype]) if case.dtype in DTYPES else case.dtype,
+            logits_dtype=f"torch.{torch_dtype_name(case.dtype)}" if case.dtype in DTYPES else case.dtype,
             logits_bytes=case.logits_bytes,
             fp32_bsv_bytes=case.fp32_bsv_bytes,
         )
