@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
-from memprobe.records import DTYPE_ALIASES, DTYPES
+from memprobe.records import DTYPE_ALIASES, DTYPES, Grid
 from memprobe.units import parse_size
 
 if sys.version_info >= (3, 11):
@@ -30,42 +30,6 @@ SECTIONS = ("sweep", "gate")
 DEVICES = ("auto", "meta", "cpu", "cuda")
 FILTER_KEYS = ("tokens", "vocab", "batch", "dtype", "chunk_size", "tp", "cp", "device")
 LIMIT_KEYS = ("max_peak", "max_peak_over_floor", "max_big_fp32_blocks")
-
-
-@dataclass(frozen=True)
-class SweepConfig:
-    """``[tool.memprobe.sweep]``: the cases the gate runs when given no results.
-
-    Lists are taken literally (no ×2 ladder): a gate must run the same cases
-    every time, and the config says exactly which.
-    """
-
-    tokens: tuple[int, ...]
-    vocab: tuple[int, ...]
-    batch: tuple[int, ...] = (1,)
-    dtype: tuple[str, ...] = ("bf16",)
-    kernel: tuple[str, ...] | None = None  # None: every single-device kernel
-    chunk_size: tuple[int, ...] = (1024,)
-    tp: tuple[int, ...] = (1,)
-    cp: tuple[int, ...] = (1,)
-    device: str = "auto"
-    grid: bool = False
-
-    def plan_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``memprobe.sweep.plan_cases``."""
-        return {
-            "tokens": self.tokens,
-            "vocab": self.vocab,
-            "batch": self.batch,
-            "dtype": self.dtype,
-            "kernel": self.kernel,
-            "chunk_size": self.chunk_size,
-            "tp": self.tp,
-            "cp": self.cp,
-            "device": self.device,
-            "grid": self.grid,
-            "ladder": False,
-        }
 
 
 @dataclass(frozen=True)
@@ -123,7 +87,7 @@ class GateConfig:
 @dataclass(frozen=True)
 class MemprobeConfig:
     source: Path | None  # the TOML file read; None when no pyproject.toml was found
-    sweep: SweepConfig | None = None
+    sweep: Grid | None = None
     gate: GateConfig = field(default_factory=GateConfig)
 
 
@@ -195,21 +159,12 @@ def parse_config(section: Any, *, source: Path | None = None) -> MemprobeConfig:
 
 # -- sections ---------------------------------------------------------------
 
-_SWEEP_KEYS = (
-    "tokens",
-    "vocab",
-    "batch",
-    "dtype",
-    "kernel",
-    "chunk_size",
-    "tp",
-    "cp",
-    "device",
-    "grid",
-)
+# [tool.memprobe.sweep] takes the grid's fields; lists are literal (no ×2 ladder):
+# a gate must run the same cases every time, and the config says exactly which.
+_SWEEP_KEYS = tuple(f.name for f in fields(Grid) if f.name != "ladder")
 
 
-def _parse_sweep(value: Any, where: str) -> SweepConfig:
+def _parse_sweep(value: Any, where: str) -> Grid:
     table = _table(value, where)
     _no_unknown(table, _SWEEP_KEYS, where)
     for required in ("tokens", "vocab"):
@@ -218,6 +173,7 @@ def _parse_sweep(value: Any, where: str) -> SweepConfig:
                 f"{where}: missing key '{required}'", f"e.g. {required} = [4096, 20000]"
             )
     kwargs: dict[str, Any] = {
+        "ladder": False,
         "tokens": _ints(table["tokens"], where, "tokens"),
         "vocab": _ints(table["vocab"], where, "vocab"),
     }
@@ -234,7 +190,7 @@ def _parse_sweep(value: Any, where: str) -> SweepConfig:
         if not isinstance(table["grid"], bool):
             raise UserError(f"{where}: 'grid' must be true or false, not {table['grid']!r}")
         kwargs["grid"] = table["grid"]
-    return SweepConfig(**kwargs)
+    return Grid(**kwargs)
 
 
 def _parse_gate(value: Any, where: str, base: Path) -> GateConfig:

@@ -17,7 +17,6 @@ Decisions that keep a broken setup from passing:
 from __future__ import annotations
 
 import fnmatch
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,16 +25,13 @@ from typing import Any
 
 from memprobe.config import MemprobeConfig, Rule, load_config
 from memprobe.errors import UserError
-from memprobe.records import RESULT_COLUMNS, Case, Run
+from memprobe.records import Case, Run
+from memprobe.results import case_key, read_rows, results_payload
 
-# What identifies a case across runs. Not case_id: its hash changes whenever
-# Case grows a field, which would make every case "disappear" from a baseline.
-KEY_COLUMNS = ("kernel", "batch", "tokens", "vocab", "dtype", "chunk_size", "tp", "cp", "device")
 # Each limit: the rule attribute, how to read the measured value off a row, its unit.
 LIMIT_UNITS = {"max_peak": "bytes", "max_peak_over_floor": "ratio", "max_big_fp32_blocks": "count"}
 
 Row = Mapping[str, Any]
-CaseKey = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -108,10 +104,6 @@ class GateOutcome:
 
 
 # -- rows ---------------------------------------------------------------------
-
-
-def case_key(row: Row) -> CaseKey:
-    return tuple(row.get(k) for k in KEY_COLUMNS)
 
 
 def case_label(row: Row) -> str:
@@ -317,24 +309,11 @@ def evaluate(
     )
 
 
-def load_rows(path: Path) -> list[dict[str, Any]]:
-    """A run directory or results.json → clean rows (UserError when missing or bad)."""
-    from memprobe.sweep import read_results, result_rows
-
-    return result_rows(read_results(path))
-
-
 def write_baseline(path: Path, rows: Sequence[Row]) -> None:
     """This run's rows as a results.json-shaped baseline, written atomically."""
-    from memprobe import __version__
     from memprobe.atomic_files import write_atomic
 
-    payload = {
-        "memprobe_version": __version__,
-        "columns": list(RESULT_COLUMNS),
-        "rows": [{c: row.get(c) for c in RESULT_COLUMNS} for row in rows],
-    }
-    write_atomic(path, json.dumps(payload, indent=1) + "\n", what="baseline")
+    write_atomic(path, results_payload(rows) + "\n", what="baseline")
 
 
 Progress = Callable[[int, int, Case, Run], None]
@@ -380,7 +359,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
             notes.append(f"baseline {baseline_path} does not exist yet; not compared")
             baseline_path = None
         else:
-            baseline_rows = load_rows(baseline_path)
+            baseline_rows = read_rows(baseline_path)
     rules = cfg.gate.rules
     if not rules and baseline_path is None and req.update_baseline is None:
         where = config_name or f"no pyproject.toml at or above {req.cwd}"
@@ -389,7 +368,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
             "add rules to [tool.memprobe.gate] or pass --baseline results.json",
         )
     if req.results is not None:
-        rows = load_rows(req.results)
+        rows = read_rows(req.results)
         source = str(req.results)
     else:
         rows, source = _run_configured_sweep(cfg, req)
@@ -432,7 +411,8 @@ def _run_configured_sweep(
     keep it as an artifact.
     """
     from memprobe.measure import resolve_device
-    from memprobe.sweep import default_run_dir, plan_cases, result_rows, run_sweep
+    from memprobe.results import default_run_dir, rows_of
+    from memprobe.sweep import plan_cases, run_sweep
 
     if cfg.sweep is None:
         where = str(cfg.source) if cfg.source else f"no pyproject.toml at or above {req.cwd}"
@@ -449,10 +429,10 @@ def _run_configured_sweep(
                 f"but the sweep runs on {device}{why}",
                 "drop the rule's device filter, or set device in [tool.memprobe.sweep]",
             )
-    cases = plan_cases(**cfg.sweep.plan_kwargs())
+    cases = plan_cases(cfg.sweep)
     root = cfg.source.parent if cfg.source else req.cwd
     out = req.out or default_run_dir(root / "reports" / "gate")
     frame = run_sweep(
         cases, out, verify=False, progress=req.progress, command="memprobe gate", snapshots=False
     )
-    return result_rows(frame), str(out)
+    return rows_of(frame), str(out)

@@ -90,6 +90,29 @@ class Case:
 
 
 @dataclass(frozen=True)
+class Grid:
+    """What a sweep runs, before it becomes Cases: the one definition of the grid's
+    fields, shared by the ``sweep`` flags, ``[tool.memprobe.sweep]`` and the planner.
+
+    ``kernel`` None means every kernel that fits the parallel layout. With
+    ``ladder`` a single tokens or vocab value N becomes a ×2 ladder ending at N;
+    ``cross`` False runs the full tokens × vocab product instead of the cross.
+    """
+
+    tokens: tuple[int, ...] = (20000,)
+    vocab: tuple[int, ...] = (131072,)
+    batch: tuple[int, ...] = (1,)
+    dtype: tuple[str, ...] = ("bf16",)
+    kernel: tuple[str, ...] | None = None
+    chunk_size: tuple[int | None, ...] = (1024,)
+    tp: tuple[int, ...] = (1,)
+    cp: tuple[int, ...] = (1,)
+    device: str = "auto"
+    grid: bool = False
+    ladder: bool = True
+
+
+@dataclass(frozen=True)
 class Frame:
     name: str
     filename: str

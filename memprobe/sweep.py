@@ -1,34 +1,27 @@
-"""Case grid → Results: plan the cases, measure each, write rows as they finish.
+"""Grid → Cases → rows: plan the cases, measure each, hand rows to the run directory.
 
-A run directory holds ``run.json`` (versions, device, command, the planned
-cases), ``results.csv`` and ``results.json`` (one row per finished case).
-Rows are rewritten by atomic replace after every case, so an interrupt or a
-crash loses nothing finished and ``--resume`` runs only what is missing.
+The run directory itself (run.json, results files, snapshots) belongs to
+:mod:`memprobe.results`; this module decides what runs and runs it.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import itertools
-import json
-import math
 import platform
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, fields, replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
-from memprobe import __version__
-from memprobe.atomic_files import write_atomic
+from memprobe import results
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.measure import measure, resolve_device
 from memprobe.ranks import agree, current_layout, gather_row, share_cases, under_torchrun
-from memprobe.records import DTYPES, RESULT_COLUMNS, Case, Run
-from memprobe.records import normalize_dtype as normalize_known_dtype
+from memprobe.records import DTYPES, Case, Grid, Run, normalize_dtype
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -44,14 +37,7 @@ def x2_ladder(top: int, start: int) -> list[int]:
     return [*steps, top]
 
 
-def normalize_dtype(name: str) -> str:
-    key = normalize_known_dtype(name)
-    if key is None:
-        raise UserError(f"unknown dtype {name!r}", f"use one of: {', '.join(DTYPES)}")
-    return key
-
-
-def _positive(values: Sequence[int], what: str) -> list[int]:
+def _positive(values: Any, what: str) -> list[int]:
     out = []
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -60,56 +46,53 @@ def _positive(values: Sequence[int], what: str) -> list[int]:
     return out
 
 
-def plan_cases(
-    *,
-    tokens: Sequence[int],
-    vocab: Sequence[int],
-    batch: Sequence[int] = (1,),
-    dtype: Sequence[str] = ("bf16",),
-    kernel: Sequence[str] | None = None,
-    chunk_size: Sequence[int | None] = (1024,),
-    tp: Sequence[int] = (1,),
-    cp: Sequence[int] = (1,),
-    device: str = "auto",
-    grid: bool = False,
-    ladder: bool = True,
-) -> list[Case]:
+def _dtype(name: str) -> str:
+    key = normalize_dtype(name)
+    if key is None:
+        raise UserError(f"unknown dtype {name!r}", f"use one of: {', '.join(DTYPES)}")
+    return key
+
+
+def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     """Every case a sweep runs, largest shape always included.
 
-    With ``ladder`` a single tokens or vocab value N becomes a ×2 ladder ending
-    at N. Shapes are a cross (the tokens ladder at the largest vocab plus the
-    vocab ladder at the largest token count) unless ``grid`` asks for the product.
+    Takes a :class:`Grid`, or its fields as keywords. Shapes are a cross (the
+    tokens ladder at the largest vocab plus the vocab ladder at the largest
+    token count) unless ``grid`` asks for the product. A kernel that ignores
+    the chunk size runs once, at the first one given.
     """
-    tokens = _positive(list(tokens), "tokens")
-    vocab = _positive(list(vocab), "vocab")
-    batch = _positive(list(batch), "batch")
-    tp = _positive(list(tp), "tp")
-    cp = _positive(list(cp), "cp")
+    if grid is None:
+        grid = Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    tokens = _positive(grid.tokens, "tokens")
+    vocab = _positive(grid.vocab, "vocab")
+    batch = _positive(grid.batch, "batch")
+    tp = _positive(grid.tp, "tp")
+    cp = _positive(grid.cp, "cp")
     if not tokens or not vocab:
         raise UserError("no tokens or vocab given", "e.g. --tokens 20000 --vocab 131072")
-    for c in chunk_size:
-        if c is not None and (isinstance(c, bool) or c <= 0):
+    for c in grid.chunk_size:
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c <= 0):
             raise UserError(
                 f"chunk size must be a positive integer, got {c!r}", "e.g. --chunk-size 1024"
             )
-    if ladder and len(tokens) == 1:
+    if grid.ladder and len(tokens) == 1:
         tokens = x2_ladder(tokens[0], LADDER_START["tokens"])
-    if ladder and len(vocab) == 1:
+    if grid.ladder and len(vocab) == 1:
         vocab = x2_ladder(vocab[0], LADDER_START["vocab"])
     tokens, vocab = sorted(set(tokens)), sorted(set(vocab))
-    if grid:
+    if grid.grid:
         shapes = [(s, v) for s in tokens for v in vocab]
     else:
         shapes = [(s, vocab[-1]) for s in tokens] + [(tokens[-1], v) for v in vocab[:-1]]
     # --tp shards the vocabulary, which only the distributed kernels can take.
-    kernels = list(kernel) if kernel else kernel_names(distributed=max(tp) > 1)
+    kernels = list(grid.kernel) if grid.kernel else kernel_names(distributed=max(tp) > 1)
     for name in kernels:
         try:
             get_spec(name)
         except ValueError as exc:
             raise UserError(str(exc), "see `memprobe kernels`") from None
-    dtypes = [normalize_dtype(d) for d in dtype]
-    dev = resolve_device(device)
+    dtypes = [_dtype(d) for d in grid.dtype]
+    dev = resolve_device(grid.device)
     single = [k for k in kernels if not get_spec(k).distributed]
     if max(tp) > 1 and single:
         sharded = ", ".join(kernel_names(distributed=True)) or "none"
@@ -123,10 +106,13 @@ def plan_cases(
             f"launch it with torchrun --nproc-per-node {max(tp) * max(cp)} -m memprobe sweep ..., "
             "or simulate one rank with --device meta",
         )
+    chunks = {
+        k: grid.chunk_size if get_spec(k).uses_chunk_size else grid.chunk_size[:1] for k in kernels
+    }
     cases = []
     for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
         _check_parallel(s, v, t, c)
-        cases += [Case(k, b, s, v, d, cs, t, c, dev) for k in kernels for cs in chunk_size]
+        cases += [Case(k, b, s, v, d, cs, t, c, dev) for k in kernels for cs in chunks[k]]
     return list(dict.fromkeys(cases))
 
 
@@ -141,148 +127,24 @@ def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:
         )
 
 
-# -- files ----------------------------------------------------------------
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def write_results(run_dir: Path, rows: list[dict[str, Any]]) -> None:
-    frame = results_frame(rows)
-    write_atomic(run_dir / "results.csv", frame.to_csv(index=False))
-    payload = {"memprobe_version": __version__, "columns": list(RESULT_COLUMNS), "rows": rows}
-    write_atomic(run_dir / "results.json", json.dumps(payload, indent=1, default=_json_default))
-
-
-def results_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(list(rows), columns=list(RESULT_COLUMNS))
-
-
-# Whole-number columns: pandas turns them into floats when a value is missing.
-_INT_COLUMNS = frozenset(
-    f.name for f in (*fields(Case), *fields(Run)) if f.type in ("int", "int | None")
-)
-
-
-def result_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """The table's rows as plain Python values: NaN → None, whole-number columns as int."""
-    rows = []
-    for record in frame.to_dict(orient="records"):
-        row: dict[str, Any] = {}
-        for key, value in record.items():
-            if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-                value = value.item()  # numpy scalar → Python
-            if value is pd.NA or value is pd.NaT:
-                value = None
-            elif isinstance(value, float) and not math.isfinite(value):
-                value = None
-            elif key in _INT_COLUMNS and isinstance(value, float) and value.is_integer():
-                value = int(value)
-            row[str(key)] = value
-        rows.append(row)
-    return rows
-
-
-def read_results(path: str | Path) -> pd.DataFrame:
-    """A run directory or its results.json → the results table."""
-    p = Path(path)
-    file = p / "results.json" if p.is_dir() else p
-    if not file.exists():
-        raise UserError(f"no results at {file}", "give a run directory or its results.json")
-    try:
-        payload = json.loads(file.read_text(encoding="utf-8"))
-        rows = payload["rows"]
-        if not isinstance(rows, list):
-            raise TypeError
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UserError(
-            f"{file} is not a memprobe results.json", "point at a run directory"
-        ) from None
-    return results_frame(rows)
-
-
-def read_run_meta(run_dir: Path) -> dict[str, Any]:
-    file = run_dir / "run.json"
-    try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
-        if not isinstance(meta, dict) or "cases" not in meta:
-            raise ValueError
-        return meta
-    except (OSError, ValueError):
-        raise UserError(
-            f"{run_dir} is not a memprobe run (no readable run.json)", "give a run directory"
-        ) from None
-
-
-def device_name(device: str) -> str:
+def environment(device: str) -> dict[str, Any]:
+    """What run.json records about the machine a run measured on."""
     if device == "cuda":
-        return torch.cuda.get_device_name()
-    if device == "cpu":
-        return platform.processor() or platform.machine()
-    return "meta (simulated)"
-
-
-def default_run_dir(root: Path = Path("reports")) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    candidate = root / stamp
-    n = 1
-    while candidate.exists():
-        n += 1
-        candidate = root / f"{stamp}-{n}"
-    return candidate
-
-
-def prepare_run_dir(out: Path | None, cases: list[Case], command: str) -> Path:
-    """Create a new run directory and its run.json; never reuse an existing run."""
-    run_dir = out if out is not None else default_run_dir()
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"{run_dir} is a file, not a run directory", "choose another --out")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(
-            f"{run_dir} already exists and is not empty",
-            f"choose another --out, or continue it with --resume {run_dir}",
-        )
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(
-            f"cannot create {run_dir}: {exc.strerror}", "choose another --out"
-        ) from None
-    device = cases[0].device if cases else "meta"
-    meta = {
-        "memprobe_version": __version__,
+        name = torch.cuda.get_device_name()
+    elif device == "cpu":
+        name = platform.processor() or platform.machine()
+    else:
+        name = "meta (simulated)"
+    return {
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "device": device,
-        "device_name": device_name(device),
+        "device_name": name,
         # The report draws it as the budget line of a measured GPU run.
         "device_memory_bytes": (
             torch.cuda.get_device_properties(0).total_memory if device == "cuda" else None
         ),
-        "command": command,
-        "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "cases": [asdict(c) for c in cases],
     }
-    write_atomic(run_dir / "run.json", json.dumps(meta, indent=1))
-    return run_dir
-
-
-def resume_plan(run_dir: Path) -> tuple[list[Case], list[dict[str, Any]]]:
-    """The cases recorded for a run and the rows already finished."""
-    if not run_dir.is_dir():
-        raise UserError(f"cannot resume {run_dir}: no such directory", "give a run directory")
-    meta = read_run_meta(run_dir)
-    try:
-        cases = [Case(**c) for c in meta["cases"]]
-    except TypeError:
-        raise UserError(
-            f"{run_dir}/run.json has a case memprobe cannot read", "start a new run"
-        ) from None
-    done: list[dict[str, Any]] = []
-    if (run_dir / "results.json").exists():
-        done = result_rows(read_results(run_dir))
-    return cases, done
 
 
 # -- running --------------------------------------------------------------
@@ -333,10 +195,10 @@ def run_sweep(
             if row is None:
                 continue
         rows.append(row)
-        write_results(out_dir, rows)
+        results.write_results(out_dir, rows)
         if progress is not None:
             progress(i, len(todo), case, run)
-    return results_frame(rows)
+    return results.frame_of(rows)
 
 
 def _open_run(
@@ -344,12 +206,16 @@ def _open_run(
 ) -> tuple[list[dict[str, Any]], list[Case]]:
     """(rows already finished, cases still to run) for a new or resumed run."""
     if resume:
-        cases, done = resume_plan(out_dir)
+        if not out_dir.is_dir():
+            raise UserError(f"cannot resume {out_dir}: no such directory", "give a run directory")
+        cases = results.planned_cases(out_dir)
+        done = results.read_rows(out_dir) if results.results_file(out_dir).exists() else []
     else:
-        prepare_run_dir(out_dir, cases, command)
+        device = cases[0].device if cases else "meta"
+        results.create_run_dir(out_dir, cases, {**environment(device), "command": command})
         done = []
-    finished = {r["case_id"] for r in done}
-    return list(done), [c for c in cases if c.case_id not in finished]
+    finished = {results.case_key(r) for r in done}
+    return list(done), [c for c in cases if results.case_key(asdict(c)) not in finished]
 
 
 def _measure_one(case: Case, *, verify: bool) -> Run:
@@ -380,7 +246,6 @@ def _with_snapshot(run: Run, out_dir: Path) -> Run:
         snapshot = synthesize_snapshot(run.events, case=run.case)
     else:
         return run  # skipped or failed before anything ran
-    relative = Path("snapshots") / f"{run.case.case_id}.pickle"
-    (out_dir / "snapshots").mkdir(exist_ok=True)
+    relative = results.snapshot_relpath(run.case)
     write_snapshot(snapshot, out_dir / relative)
-    return replace(run, snapshot=relative.as_posix())
+    return replace(run, snapshot=relative)

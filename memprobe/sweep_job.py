@@ -11,7 +11,8 @@ from memprobe.errors import UserError
 from memprobe.measure import resolve_device
 from memprobe.ranks import current_layout, start_ranks, stop_ranks, under_torchrun
 from memprobe.report import write_report
-from memprobe.sweep import Progress, default_run_dir, plan_cases, run_sweep
+from memprobe.results import default_run_dir
+from memprobe.sweep import Progress, plan_cases, run_sweep
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,7 @@ def test_sweep_section_is_typed_and_literal(tmp_path: Path) -> None:
     assert sweep is not None
     assert sweep.tokens == (4096, 20000) and sweep.vocab == (131072,)
     assert sweep.dtype == ("bf16", "fp32")  # aliases normalised
-    kwargs = sweep.plan_kwargs()
-    assert kwargs["ladder"] is False and kwargs["device"] == "auto" and kwargs["batch"] == (1,)
+    assert sweep.ladder is False and sweep.device == "auto" and sweep.batch == (1,)
 
 
 def test_pyproject_is_found_from_a_subfolder(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from memprobe.errors import UserError
 from memprobe.gate import case_label, check_baseline, evaluate
 from memprobe.gate_report import markdown_summary
 from memprobe.records import Case, Run
-from memprobe.sweep import read_results
+from memprobe.results import read_results
 
 GiB = 2**30
 S, V = 20000, 131072

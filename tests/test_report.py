@@ -18,7 +18,8 @@ from memprobe.report.breakdown import CATEGORIES, FP32_BSV, CaseShape, breakdown
 from memprobe.report.build import PLOT_NAMES
 from memprobe.report.headline import make_headline, times, vs_reference
 from memprobe.report.trace import from_events, from_snapshot
-from memprobe.sweep import plan_cases, read_results, read_run_meta, run_sweep
+from memprobe.results import read_results, read_run_meta
+from memprobe.sweep import plan_cases, run_sweep
 from memprobe.units import format_bytes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

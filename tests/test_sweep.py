@@ -6,7 +6,8 @@ import pytest
 
 from memprobe.errors import UserError
 from memprobe.records import RESULT_COLUMNS
-from memprobe.sweep import plan_cases, read_results, run_sweep, x2_ladder
+from memprobe.results import read_results
+from memprobe.sweep import plan_cases, run_sweep, x2_ladder
 
 
 def test_ladders_end_at_the_value_given():

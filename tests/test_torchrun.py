@@ -8,7 +8,7 @@ import sys
 
 from memprobe.measure import measure
 from memprobe.records import Case
-from memprobe.sweep import read_results
+from memprobe.results import read_results
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
 

@@ -53,6 +53,8 @@ class KernelSpec:
     distributed: bool = False
     # (forward, backward) collectives of one pass, from (B*S tokens, chunk_size).
     collectives: Callable[[int, int | None], tuple[int, int]] = no_collectives
+    # False when chunk_size changes nothing: a sweep then runs one chunk size, not each.
+    uses_chunk_size: bool = True
 
 
 KERNELS: dict[str, KernelSpec] = {
@@ -63,6 +65,7 @@ KERNELS: dict[str, KernelSpec] = {
             unchunked_logprobs,
             "log_softmax(logits.float()) + gather under autograd: the reference",
             casts_per_chunk=False,
+            uses_chunk_size=False,
         ),
         KernelSpec(
             "naive_chunked",
@@ -94,12 +97,14 @@ KERNELS: dict[str, KernelSpec] = {
             filtered_logprobs,
             "top-k / top-p filtering, then log_softmax + gather under plain autograd",
             casts_per_chunk=False,
+            uses_chunk_size=False,
         ),
         KernelSpec(
             "distributed",
             distributed_logprobs,
             "DistributedLogprob: vocab-parallel, whole shard in float32, softmax saved",
             casts_per_chunk=False,
+            uses_chunk_size=False,
             distributed=True,
             collectives=distributed_collectives,
         ),

@@ -51,7 +51,9 @@ class CaseShape:
             batch=case.batch,
             tokens=case.local_tokens,
             vocab=case.local_vocab,
-            logits_dtype=f"torch.{torch_dtype_name(case.dtype)}" if case.dtype in DTYPES else case.dtype,
+            logits_dtype=f"torch.{torch_dtype_name(case.dtype)}"
+            if case.dtype in DTYPES
+            else case.dtype,
             logits_bytes=case.logits_bytes,
             fp32_bsv_bytes=case.fp32_bsv_bytes,
         )

@@ -37,7 +37,7 @@ class Plots:
 
 
 def _read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    from memprobe.sweep import read_results, read_run_meta
+    from memprobe.results import read_results, read_run_meta
 
     if not run_dir.is_dir():
         raise UserError(

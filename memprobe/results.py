@@ -1,0 +1,273 @@
+"""The one owner of a run directory: ``run.json``, ``results.csv``/``results.json``, snapshots.
+
+A run directory holds ``run.json`` (versions, device, command, the planned
+cases), ``results.csv`` and ``results.json`` (one row per finished case) and
+``snapshots/<case_id>.pickle``. Rows are rewritten by atomic replace after every
+case, so an interrupt or a crash loses nothing finished.
+
+Everything that reads results goes through :func:`read_rows`, which validates
+each row: a tampered or foreign file is one :class:`UserError`, never a
+traceback further down. No torch import here: reading results must stay cheap.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from memprobe import __version__
+from memprobe.atomic_files import write_atomic
+from memprobe.errors import UserError
+from memprobe.records import DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
+
+RUN_META = "run.json"
+RESULTS_JSON = "results.json"
+RESULTS_CSV = "results.csv"
+SNAPSHOTS = "snapshots"
+
+# What identifies a case across runs (resume, gate baselines, the report). Not
+# case_id: its hash changes whenever Case grows a field, which would make every
+# case of an older baseline "disappear".
+KEY_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Case))
+CaseKey = tuple[Any, ...]
+Row = Mapping[str, Any]
+
+# Whole-number columns: pandas turns them into floats when a value is missing.
+INT_COLUMNS = frozenset(
+    f.name for f in (*fields(Case), *fields(Run)) if f.type in ("int", "int | None")
+)
+_FLOAT_COLUMNS = frozenset(f.name for f in fields(Run) if f.type == "float | None")
+_POSITIVE = ("batch", "tokens", "vocab", "tp", "cp")
+
+
+def case_key(row: Row) -> CaseKey:
+    """The stable identity of a row's case (see :data:`KEY_COLUMNS`)."""
+    return tuple(row.get(k) for k in KEY_COLUMNS)
+
+
+def missing(value: Any) -> bool:
+    """The one test for "no value": None, NaN, pandas NA."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return True
+    return isinstance(value, float) and math.isnan(value)
+
+
+def clean_value(key: str, value: Any) -> Any:
+    """A table cell as a plain Python value: NaN/inf → None, whole-number columns as int."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()  # numpy scalar → Python
+    if missing(value) or (isinstance(value, float) and not math.isfinite(value)):
+        return None
+    if key in INT_COLUMNS and isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def frame_of(rows: Iterable[Row]) -> pd.DataFrame:
+    """Rows → the results table, columns in :data:`RESULT_COLUMNS` order."""
+    return pd.DataFrame(list(rows), columns=list(RESULT_COLUMNS))
+
+
+def rows_of(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """The table's rows as plain Python values (see :func:`clean_value`)."""
+    return [
+        {str(k): clean_value(str(k), v) for k, v in record.items()}
+        for record in frame.to_dict(orient="records")
+    ]
+
+
+# -- validation ----------------------------------------------------------------
+
+
+def _bad(file: Path, index: int, what: str) -> UserError:
+    return UserError(
+        f"{file}: row {index} {what}", "the file is damaged or not memprobe's; re-run the sweep"
+    )
+
+
+def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
+    """One row of a results file, checked: types, ranges, a known status."""
+    if not isinstance(row, dict):
+        raise _bad(file, index, f"is a {type(row).__name__}, not an object")
+    absent = [c for c in ("kernel", *_POSITIVE, "dtype", "status") if c not in row]
+    if absent:
+        raise _bad(file, index, f"has no {', '.join(absent)}")
+    clean: dict[str, Any] = {}
+    for key in RESULT_COLUMNS:
+        value = clean_value(key, row.get(key))
+        if value is None:
+            clean[key] = None
+            continue
+        if key in INT_COLUMNS:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _bad(file, index, f"{key} {value!r} is not a whole number")
+            if value < 0 or value >= 2**63:
+                raise _bad(file, index, f"{key} {value} is out of range")
+        elif key in _FLOAT_COLUMNS:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise _bad(file, index, f"{key} {value!r} is not a number")
+            value = float(value)
+        elif not isinstance(value, str):
+            raise _bad(file, index, f"{key} {value!r} is not text")
+        clean[key] = value
+    for key in _POSITIVE:
+        if clean[key] is None or clean[key] <= 0:
+            raise _bad(file, index, f"{key} {clean[key]!r} is not a positive whole number")
+    if not clean["kernel"]:
+        raise _bad(file, index, "has an empty kernel name")
+    if clean["status"] not in STATUSES:
+        raise _bad(file, index, f"status {clean['status']!r} is not one of {', '.join(STATUSES)}")
+    if clean["dtype"] not in DTYPES:
+        raise _bad(file, index, f"dtype {clean['dtype']!r} is not one of {', '.join(DTYPES)}")
+    chunk = clean["chunk_size"]
+    if chunk is not None and chunk <= 0:
+        raise _bad(file, index, f"chunk_size {chunk} is not positive")
+    if not clean.get("case_id"):
+        clean["case_id"] = _case_from_row(clean).case_id
+    return clean
+
+
+def _case_from_row(row: Row) -> Case:
+    return Case(**{k: row[k] for k in KEY_COLUMNS})
+
+
+def case_of(row: Row) -> Case:
+    """The Case a validated row describes."""
+    return _case_from_row(row)
+
+
+# -- reading -------------------------------------------------------------------
+
+
+def results_file(path: str | Path) -> Path:
+    p = Path(path)
+    return p / RESULTS_JSON if p.is_dir() else p
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """A run directory or a results.json → validated rows (UserError when missing or bad)."""
+    file = results_file(path)
+    if not file.exists():
+        raise UserError(f"no results at {file}", "give a run directory or its results.json")
+    try:
+        payload = json.loads(file.read_text(encoding="utf-8"))
+        rows = payload["rows"]
+        if not isinstance(rows, list):
+            raise TypeError
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        raise UserError(
+            f"{file} is not a memprobe results.json", "point at a run directory"
+        ) from None
+    return [validate_row(row, i, file) for i, row in enumerate(rows)]
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    """A run directory or its results.json → the results table."""
+    return frame_of(read_rows(path))
+
+
+def read_run_meta(run_dir: Path) -> dict[str, Any]:
+    file = run_dir / RUN_META
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or not isinstance(meta.get("cases"), list):
+            raise ValueError
+        return meta
+    except (OSError, ValueError, RecursionError):
+        raise UserError(
+            f"{run_dir} is not a memprobe run (no readable {RUN_META})", "give a run directory"
+        ) from None
+
+
+def planned_cases(run_dir: Path) -> list[Case]:
+    """The cases ``run.json`` recorded for a run."""
+    meta = read_run_meta(run_dir)
+    try:
+        return [Case(**c) for c in meta["cases"]]
+    except TypeError:
+        raise UserError(
+            f"{run_dir}/{RUN_META} has a case memprobe cannot read", "start a new run"
+        ) from None
+
+
+# -- writing -------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def results_payload(rows: Sequence[Row]) -> str:
+    """The text of a results.json (also a gate baseline) holding ``rows``."""
+    payload = {
+        "memprobe_version": __version__,
+        "columns": list(RESULT_COLUMNS),
+        "rows": [{c: r.get(c) for c in RESULT_COLUMNS} for r in rows],
+    }
+    return json.dumps(payload, indent=1, default=_json_default)
+
+
+def write_results(run_dir: Path, rows: Sequence[Row]) -> None:
+    """Both results files, each replaced whole."""
+    write_atomic(run_dir / RESULTS_CSV, frame_of(rows).to_csv(index=False))
+    write_atomic(run_dir / RESULTS_JSON, results_payload(rows))
+
+
+def default_run_dir(root: Path = Path("reports")) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    candidate = root / stamp
+    n = 1
+    while candidate.exists():
+        n += 1
+        candidate = root / f"{stamp}-{n}"
+    return candidate
+
+
+def create_run_dir(run_dir: Path, cases: Sequence[Case], environment: Mapping[str, Any]) -> Path:
+    """Claim a new run directory and write its run.json; never reuse an existing run.
+
+    The claim is an exclusive create of ``run.json``: of two sweeps started
+    together into the same directory exactly one gets it, the other stops
+    before measuring anything.
+    """
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} is a file, not a run directory", "choose another --out")
+    taken = UserError(
+        f"{run_dir} already exists and is not empty",
+        f"choose another --out, or continue it with --resume {run_dir}",
+    )
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise taken
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(run_dir / RUN_META, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        raise taken from None
+    except OSError as exc:
+        raise UserError(
+            f"cannot create {run_dir}: {exc.strerror}", "choose another --out"
+        ) from None
+    os.close(fd)
+    meta = {
+        "memprobe_version": __version__,
+        **environment,
+        "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "cases": [asdict(c) for c in cases],
+    }
+    write_atomic(run_dir / RUN_META, json.dumps(meta, indent=1))
+    return run_dir
+
+
+def snapshot_relpath(case: Case) -> str:
+    """Where a case's allocator snapshot lives, relative to the run directory."""
+    return f"{SNAPSHOTS}/{case.case_id}.pickle"
