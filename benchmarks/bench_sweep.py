@@ -17,7 +17,7 @@ from pathlib import Path
 
 from memprobe.measure import measure
 from memprobe.sweep import plan_cases
-from memprobe.units import format_bytes
+from memprobe.io.sizes import format_bytes
 
 
 def main() -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
+from memprobe.io.sizes import parse_size
 from memprobe.records import DTYPE_ALIASES, DTYPES, Grid
-from memprobe.units import parse_size
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from memprobe.config import MemprobeConfig, Rule, load_config
+from memprobe.config import Rule
 from memprobe.errors import UserError
-from memprobe.records import Case, Run
-from memprobe.results import case_key, read_rows, results_payload
+from memprobe.results import case_key
 
 # Each limit: the rule attribute, how to read the measured value off a row, its unit.
 LIMIT_UNITS = {"max_peak": "bytes", "max_peak_over_floor": "ratio", "max_big_fp32_blocks": "count"}
@@ -89,18 +87,6 @@ class Verdict:
     @property
     def exit_code(self) -> int:
         return 0 if self.passed else 1
-
-
-@dataclass(frozen=True)
-class GateOutcome:
-    verdict: Verdict
-    text: str  # the report to print on stdout
-    written: tuple[Path, ...] = ()
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def exit_code(self) -> int:
-        return self.verdict.exit_code
 
 
 # -- rows ---------------------------------------------------------------------
@@ -307,132 +293,3 @@ def evaluate(
         max_regression=max_regression,
         notes=tuple(notes),
     )
-
-
-def write_baseline(path: Path, rows: Sequence[Row]) -> None:
-    """This run's rows as a results.json-shaped baseline, written atomically."""
-    from memprobe.atomic_files import write_atomic
-
-    write_atomic(path, results_payload(rows) + "\n", what="baseline")
-
-
-Progress = Callable[[int, int, Case, Run], None]
-
-
-@dataclass(frozen=True)
-class GateRequest:
-    """What the CLI asks for: every flag of ``memprobe gate``."""
-
-    results: Path | None = None
-    config: Path | None = None
-    baseline: Path | None = None
-    max_regression: float | None = None
-    junit_xml: Path | None = None
-    update_baseline: Path | None = None
-    out: Path | None = None
-    cwd: Path = field(default_factory=Path.cwd)
-    progress: Progress | None = None
-
-
-def run_gate(req: GateRequest) -> GateOutcome:
-    """Load the config, get results (reading them or running the sweep), check, write reports.
-
-    Usage and config errors raise UserError before anything is measured or written.
-    """
-    from memprobe import gate_report
-
-    cfg = load_config(req.config, start=req.cwd)
-    config_name = str(cfg.source) if cfg.source else None
-    max_regression = req.max_regression
-    if max_regression is None:
-        max_regression = cfg.gate.max_regression or 0.0
-    baseline_path = req.baseline or cfg.gate.baseline
-    baseline_rows: list[dict[str, Any]] | None = None
-    notes: list[str] = []
-    if baseline_path is not None:
-        if (
-            req.update_baseline
-            and _same_file(baseline_path, req.update_baseline)
-            and not baseline_path.exists()
-        ):
-            # First run of `gate --update-baseline` with the baseline named in the config.
-            notes.append(f"baseline {baseline_path} does not exist yet; not compared")
-            baseline_path = None
-        else:
-            baseline_rows = read_rows(baseline_path)
-    rules = cfg.gate.rules
-    if not rules and baseline_path is None and req.update_baseline is None:
-        where = config_name or f"no pyproject.toml at or above {req.cwd}"
-        raise UserError(
-            f"nothing to check: no [tool.memprobe.gate] rules ({where}) and no --baseline",
-            "add rules to [tool.memprobe.gate] or pass --baseline results.json",
-        )
-    if req.results is not None:
-        rows = read_rows(req.results)
-        source = str(req.results)
-    else:
-        rows, source = _run_configured_sweep(cfg, req)
-    verdict = evaluate(
-        rows,
-        rules,
-        results=source,
-        baseline=baseline_rows,
-        baseline_source=str(baseline_path) if baseline_path else None,
-        max_regression=max_regression,
-        config=config_name,
-    )
-    if notes:
-        verdict = replace(verdict, notes=(*notes, *verdict.notes))
-    written: list[Path] = []
-    warnings: list[str] = []
-    if req.junit_xml is not None:
-        gate_report.write_junit(req.junit_xml, verdict)
-        written.append(req.junit_xml)
-    warning = gate_report.append_step_summary(verdict)
-    if warning:
-        warnings.append(warning)
-    if req.update_baseline is not None:
-        write_baseline(req.update_baseline, rows)
-        written.append(req.update_baseline)
-    text = gate_report.format_verdict(verdict, written=written)
-    return GateOutcome(verdict=verdict, text=text, written=tuple(written), warnings=tuple(warnings))
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    return a.resolve() == b.resolve()
-
-
-def _run_configured_sweep(
-    cfg: MemprobeConfig, req: GateRequest
-) -> tuple[list[dict[str, Any]], str]:
-    """Run ``[tool.memprobe.sweep]`` into ``req.out``.
-
-    The default is ``reports/gate/<time>/`` next to the config file, so CI can
-    keep it as an artifact.
-    """
-    from memprobe.measure import resolve_device
-    from memprobe.results import default_run_dir, rows_of
-    from memprobe.sweep import plan_cases, run_sweep
-
-    if cfg.sweep is None:
-        where = str(cfg.source) if cfg.source else f"no pyproject.toml at or above {req.cwd}"
-        raise UserError(
-            f"no RESULTS given and no [tool.memprobe.sweep] to run ({where})",
-            "give a run directory or results.json, or add [tool.memprobe.sweep] tokens and vocab",
-        )
-    device = resolve_device(cfg.sweep.device)  # raises on cuda without CUDA
-    for rule in cfg.gate.rules:
-        if rule.device and device not in rule.device:
-            why = " and CUDA is not available here" if "cuda" in rule.device else ""
-            raise UserError(
-                f"{rule.where} gates device {','.join(rule.device)} "
-                f"but the sweep runs on {device}{why}",
-                "drop the rule's device filter, or set device in [tool.memprobe.sweep]",
-            )
-    cases = plan_cases(cfg.sweep)
-    root = cfg.source.parent if cfg.source else req.cwd
-    out = req.out or default_run_dir(root / "reports" / "gate")
-    frame = run_sweep(
-        cases, out, verify=False, progress=req.progress, command="memprobe gate", snapshots=False
-    )
-    return rows_of(frame), str(out)

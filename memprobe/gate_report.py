@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memprobe.gate import Check, Verdict
-from memprobe.units import format_bytes
+from memprobe.io.sizes import format_bytes
 
 _LIMIT_NAMES = {
     "max_peak": "peak",
@@ -146,7 +146,7 @@ def junit_tree(verdict: Verdict) -> ET.ElementTree:
 
 
 def write_junit(path: Path, verdict: Verdict) -> None:
-    from memprobe.atomic_files import write_atomic
+    from memprobe.io.files import write_atomic
 
     text = ET.tostring(junit_tree(verdict).getroot(), encoding="unicode")
     write_atomic(path, '<?xml version="1.0" encoding="utf-8"?>\n' + text + "\n", what="JUnit file")

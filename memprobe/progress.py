@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from memprobe.io.sizes import format_bytes
 from memprobe.records import Case, Run
-from memprobe.units import format_bytes
 
 BAR_WIDTH = 24
 

@@ -24,8 +24,8 @@ from typing import Any
 import pandas as pd
 
 from memprobe import __version__
-from memprobe.atomic_files import write_atomic
 from memprobe.errors import UserError
+from memprobe.io.files import write_atomic
 from memprobe.records import DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 
 RUN_META = "run.json"
@@ -221,6 +221,11 @@ def write_results(run_dir: Path, rows: Sequence[Row]) -> None:
     """Both results files, each replaced whole."""
     write_atomic(run_dir / RESULTS_CSV, frame_of(rows).to_csv(index=False))
     write_atomic(run_dir / RESULTS_JSON, results_payload(rows))
+
+
+def write_baseline(path: Path, rows: Sequence[Row]) -> None:
+    """Rows as a results.json-shaped gate baseline, written atomically."""
+    write_atomic(path, results_payload(rows) + "\n", what="baseline")
 
 
 def default_run_dir(root: Path = Path("reports")) -> Path:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from memprobe.units import format_bytes
+from memprobe.io.sizes import format_bytes
 
 SHAPE_KEYS = ["batch", "tokens", "vocab", "dtype", "tp", "cp", "device"]
 

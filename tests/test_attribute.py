@@ -8,17 +8,18 @@ import pytest
 import snapshot_fixtures as fx
 
 from memprobe.attribute import Findings, attribute
-from memprobe.attribute_text import attribute_command, render_findings
-from memprobe.errors import UserError
-from memprobe.records import Frame
-from memprobe.snapshot import write_snapshot
-from memprobe.snapshot.explain import Hints, explain_block
-from memprobe.snapshot.frames import (
+from memprobe.attribute.explain import Hints, explain_block
+from memprobe.attribute.frames import (
     first_user_frame,
     is_internal,
     op_from_frames,
     phase_from_frames,
 )
+from memprobe.commands.attribute import attribute_command
+from memprobe.errors import UserError
+from memprobe.records import Frame
+from memprobe.render.findings_text import render_findings
+from memprobe.snapshot import write_snapshot
 
 FP32_OPS_FORWARD = {"aten._to_copy.default", "aten._log_softmax.default"}
 FP32_OPS_BACKWARD = {

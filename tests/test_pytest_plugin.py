@@ -7,9 +7,9 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
+from memprobe.commands.pytest_plugin import PeakLimit, parse_marker
 from memprobe.errors import UserError
 from memprobe.measure.tracker import AllocationTracker
-from memprobe.pytest_plugin import PeakLimit, parse_marker
 
 pytest_plugins = ["pytester"]
 
@@ -28,8 +28,10 @@ def _warm_torch() -> None:
 
 # Installed memprobe registers the plugin through its pytest11 entry point;
 # an environment installed before that entry point existed needs -p.
-_INSTALLED = any(ep.value == "memprobe.pytest_plugin" for ep in entry_points(group="pytest11"))
-PLUGIN_ARGS = () if _INSTALLED else ("-p", "memprobe.pytest_plugin")
+_INSTALLED = any(
+    ep.value == "memprobe.commands.pytest_plugin" for ep in entry_points(group="pytest11")
+)
+PLUGIN_ARGS = () if _INSTALLED else ("-p", "memprobe.commands.pytest_plugin")
 
 TESTS = """
 import pytest

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes
 from memprobe.measure.meta_backend import simulate
 from memprobe.records import Case
 from memprobe.report import write_findings_page, write_report
@@ -20,7 +21,6 @@ from memprobe.report.headline import make_headline, times, vs_reference
 from memprobe.report.trace import from_events, from_snapshot
 from memprobe.results import read_results, read_run_meta
 from memprobe.sweep import plan_cases, run_sweep
-from memprobe.units import format_bytes
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 HOSTILE = "<script>alert(1)</script>"

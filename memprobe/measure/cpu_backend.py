@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from memprobe.io.sizes import format_bytes
 from memprobe.measure.meta_backend import simulate
 from memprobe.measure.step import (
     StepInputs,
@@ -24,7 +25,6 @@ from memprobe.measure.step import (
 )
 from memprobe.measure.traced import run_from_trace, traced_step
 from memprobe.records import Case, Run
-from memprobe.units import format_bytes
 
 SAFE_RAM_SHARE = 0.5
 REPEATS = 3

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memprobe.io.sizes import format_bytes
 from memprobe.report.html import Cell, bytes_cell, definitions, esc, page, table, ul, write_text
-from memprobe.units import format_bytes
 
 
 def as_json(findings: Any) -> dict[str, Any]:

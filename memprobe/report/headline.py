@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
+from memprobe.io.sizes import format_bytes
 from memprobe.kernels import get_spec
 from memprobe.summary import with_ratios
-from memprobe.units import format_bytes
 
 REFERENCE = "unchunked"
 # Columns that define one "configuration" besides tokens and vocab.

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memprobe.atomic_files import write_atomic
-from memprobe.units import format_bytes
+from memprobe.io.files import write_atomic
+from memprobe.io.sizes import format_bytes
 
 _CSS = """
 body { font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;

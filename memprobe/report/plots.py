@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
+from memprobe.io.sizes import format_bytes
 from memprobe.records import DTYPES, dtype_bytes
 from memprobe.report.breakdown import CATEGORIES, Breakdown
 from memprobe.report.canvas import new_figure, styled, to_png, unit_for
@@ -28,7 +29,6 @@ from memprobe.report.style import (
     power_of_two_ticks,
     short_bytes,
 )
-from memprobe.units import format_bytes
 
 
 def _bytes_axis_log(ax: Axes, low: float, high: float) -> None:

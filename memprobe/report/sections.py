@@ -6,6 +6,7 @@ from typing import Any
 
 import pandas as pd
 
+from memprobe.io.sizes import format_bytes
 from memprobe.report.evidence import Evidence
 from memprobe.report.findings_view import findings_section
 from memprobe.report.headline import (
@@ -28,7 +29,6 @@ from memprobe.report.html import (
     ul,
 )
 from memprobe.summary import with_ratios
-from memprobe.units import format_bytes
 
 
 def answer(h: Headline, device_name: str) -> str:

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes
 from memprobe.snapshot.model import (
     ACTIONS,
     ACTIVE_ALLOCATED,
     LIVE_STATES,
     STATE_ALIASES,
 )
-from memprobe.units import format_bytes
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 _HINT = "expected the pickle written by torch.cuda.memory._dump_snapshot() or memprobe"
@@ -159,7 +159,7 @@ def normalize_snapshot(raw: Any, *, source: str = "<snapshot>") -> dict:
       (no time is invented), ``oom`` keeps ``device_free`` and has no ``addr``.
 
     Frames are passed through as they are: they are cleaned lazily by the code that
-    reads them (:mod:`memprobe.snapshot.frames`), which keeps large traces fast.
+    reads them (:mod:`memprobe.attribute.frames`), which keeps large traces fast.
     """
     bad = _Bad(source)
     if isinstance(raw, list) and raw and all(isinstance(s, dict) and "blocks" in s for s in raw):

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from memprobe.records import Case, Event
+from memprobe.records import Case, Event, Frame
 from memprobe.snapshot.allocator import (
     ROUND_LARGE,
     block_size_in_segment,
@@ -26,7 +26,6 @@ from memprobe.snapshot.allocator import (
     round_up,
     segment_size,
 )
-from memprobe.snapshot.frames import frames_to_dicts
 from memprobe.snapshot.labels import format_label
 
 # A plausible CUDA virtual address, 2 MiB aligned like real segments.
@@ -113,6 +112,10 @@ class _Synth:
     def segments(self, device: int) -> list[dict[str, Any]]:
         live = sorted([*self.live.values(), *self.orphans], key=lambda b: b.addr)
         return [_segment(b, device) for b in live]
+
+
+def frames_to_dicts(frames: Iterable[Frame]) -> list[dict[str, Any]]:
+    return [{"name": f.name, "filename": f.filename, "line": int(f.line)} for f in frames]
 
 
 def _segment(b: _Block, device: int) -> dict[str, Any]:

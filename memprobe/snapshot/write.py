@@ -6,7 +6,7 @@ import os
 import pickle
 from pathlib import Path
 
-from memprobe.atomic_files import write_atomic
+from memprobe.io.files import write_atomic
 
 # pytorch.org/memory_viz reads protocols 2-4 only; torch's default may be newer.
 PROTOCOL = 4

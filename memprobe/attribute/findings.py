@@ -13,15 +13,15 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from memprobe.errors import UserError
-from memprobe.records import Frame
-from memprobe.snapshot.explain import Explanation, Hints, explain_block
-from memprobe.snapshot.frames import (
+from memprobe.attribute.explain import Explanation, Hints, explain_block
+from memprobe.attribute.frames import (
     clean_frames,
     first_user_frame,
     op_from_frames,
     phase_from_frames,
 )
+from memprobe.errors import UserError
+from memprobe.records import Frame
 from memprobe.snapshot.labels import parse_label, parse_shape
 from memprobe.snapshot.load import DEFAULT_MAX_BYTES, load_snapshot, normalize_snapshot
 from memprobe.snapshot.replay import BEFORE_TRACE, Replay, ReplayBlock, replay

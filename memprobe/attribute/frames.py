@@ -8,35 +8,24 @@ Python frames only, and may carry Windows paths. Everything here tolerates junk.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from memprobe.records import Frame
 
 _CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".cu", ".cuh", ".c", ".h", ".hpp", ".so")
-# Library code that is never "the user's line": torch and its compilers, the
-# standard library, and the harnesses that run a program (pytest, typer/click).
-_INTERNAL_PARTS = (
-    "/torch/",
-    "/functorch/",
-    "/torchgen/",
-    "/triton/",
-    "site-packages/_pytest/",
-    "site-packages/pluggy/",
-    "site-packages/typer/",
-    "site-packages/click/",
-    "dist-packages/_pytest/",
-)
+# "The user's line" is decided by folder, whatever the OS's path style: installed
+# packages (site-packages, dist-packages), the standard library, torch and its
+# compilers wherever they live, and memprobe's own harness are never it.
+_LIBRARY_PARTS = ("/site-packages/", "/dist-packages/")
+_TORCH_PARTS = ("/torch/", "/functorch/", "/torchgen/", "/triton/")
 _STDLIB = re.compile(
     r"/lib/python\d[\d.]*/(?!site-packages/|dist-packages/)|/python\d*/lib/(?!site-packages/)"
 )
 # memprobe measures kernels from its own harness: the harness is internal, the
-# kernels (and anything else in the package) are the "user code" being measured.
-_MEMPROBE_HARNESS = re.compile(
-    r"/memprobe/(measure/|snapshot/|report/|"
-    r"(sweep|sweep_job|ranks|cli|__main__|gate|config|attribute|parallel|pytest_plugin)\.py)"
-    r"|/bin/memprobe$"  # the console script
-)
+# kernels it ships are the code under measurement, so they count as the user's.
+_MEMPROBE_KERNELS = "/memprobe/kernels/"
+_MEMPROBE = re.compile(r"/memprobe/|/bin/memprobe$")
 # Dispatch-mode and tensor-subclass hooks wrap an op wherever they are defined.
 _HOOKS = frozenset({"__torch_dispatch__", "__torch_function__"})
 _AUTOGRAD_BACKWARD_NAMES = frozenset({"backward", "_engine_run_backward", "grad", "run_backward"})
@@ -62,10 +51,6 @@ def clean_frames(raw: Any) -> tuple[Frame, ...]:
             )
         )
     return tuple(out)
-
-
-def frames_to_dicts(frames: Iterable[Frame]) -> list[dict[str, Any]]:
-    return [{"name": f.name, "filename": f.filename, "line": int(f.line)} for f in frames]
 
 
 def _path(filename: str) -> str:
@@ -96,11 +81,13 @@ def is_internal(frame: Frame) -> bool:
     if path.startswith("<"):
         # <stdin>, <ipython-input-…>, <string> are the user typing; the rest are runtime.
         return path.startswith(("<frozen", "<built-in", "<eval_with_key", "<torch"))
-    if path.startswith("torch/") or any(part in path for part in _INTERNAL_PARTS):
+    if _MEMPROBE_KERNELS in path:
+        return False
+    if _MEMPROBE.search(path) or any(part in path for part in _LIBRARY_PARTS):
         return True
-    if _STDLIB.search(path):
+    if path.startswith("torch/") or any(part in path for part in _TORCH_PARTS):
         return True
-    return bool(_MEMPROBE_HARNESS.search(path))
+    return bool(_STDLIB.search(path))
 
 
 def first_user_frame(frames: Sequence[Frame]) -> Frame | None:

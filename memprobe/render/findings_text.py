@@ -5,13 +5,14 @@ Every number printed comes from the Findings; nothing here computes memory facts
 
 from __future__ import annotations
 
-import json
-import os
-
-from memprobe.attribute import DEFAULT_TOP, BlockFinding, Findings, OomFinding, attribute_file
+from memprobe.attribute.findings import (
+    BlockFinding,
+    Findings,
+    OomFinding,
+)
+from memprobe.attribute.frames import describe_frame
+from memprobe.io.sizes import format_bytes
 from memprobe.records import Frame
-from memprobe.snapshot.frames import describe_frame
-from memprobe.units import format_bytes
 
 OTHER_FITS_SHOWN = 3
 
@@ -162,29 +163,3 @@ def render_findings(findings: Findings, *, top: int | None = None) -> list[str]:
         out.append("")
         out.extend(f"note: {note}" for note in findings.notes)
     return out
-
-
-def attribute_command(
-    snapshot: str | os.PathLike[str],
-    *,
-    vocab: int | None = None,
-    tokens: int | None = None,
-    batch: int | None = None,
-    top: int = DEFAULT_TOP,
-    as_json: bool = False,
-    html_path: str | os.PathLike[str] | None = None,
-) -> str:
-    """What ``memprobe attribute`` prints: the text report, or one JSON object.
-
-    Writes the HTML page first when ``html_path`` is given.
-    """
-    findings = attribute_file(snapshot, vocab=vocab, tokens=tokens, batch=batch, top=top)
-    if html_path is not None:
-        from memprobe.report import write_findings_page
-
-        write_findings_page(
-            findings, html_path, title=f"memprobe attribute: {findings.path or snapshot}"
-        )
-    if as_json:
-        return json.dumps(findings.to_json(), indent=1)
-    return "\n".join(render_findings(findings, top=top))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from memprobe.errors import UserError
-from memprobe.units import format_bytes, parse_size
+from memprobe.io.sizes import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from memprobe.records import Event

@@ -1,8 +1,35 @@
-"""Parsing of comma-list flags into typed values, with one-line errors."""
+"""What every command shares: comma-list flags parsed into typed values, and user
+mistakes turned into one line and exit 2."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import ParamSpec
+
+import typer
+
 from memprobe.errors import UserError
+
+P = ParamSpec("P")
+
+
+def user_errors(command: Callable[P, None]) -> Callable[P, None]:
+    """Every user mistake ends the same way: one line on stderr, exit 2.
+
+    Done in each command rather than around ``app()`` so that it holds however
+    the command is invoked (the console script, ``python -m``, typer's CliRunner).
+    """
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            command(*args, **kwargs)
+        except UserError as exc:
+            typer.echo(f"memprobe: error: {exc.one_line()}", err=True)
+            raise typer.Exit(2) from None
+
+    return run
 
 
 def int_list(text: str, flag: str, *, allow_none: bool = False) -> list[int | None]:

@@ -1,0 +1,200 @@
+"""``memprobe sweep``: plan (or resume), join ranks, run, report, print."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+import pandas as pd
+import typer
+
+from memprobe.commands.flags import int_list, name_list, positive_ints, user_errors
+from memprobe.errors import UserError
+from memprobe.io.sizes import parse_size
+from memprobe.measure import resolve_device
+from memprobe.ranks import current_layout, start_ranks, stop_ranks, under_torchrun
+from memprobe.records import Grid
+from memprobe.report import write_report
+from memprobe.results import default_run_dir
+from memprobe.sweep import Progress, plan_cases, run_sweep
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    grid: Grid
+    out: Path | None = None
+    resume: Path | None = None
+    verify: bool = True
+    budget_bytes: int | None = None  # marked on the report's plots
+    command: str = ""
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    frame: pd.DataFrame
+    run_dir: Path
+    # False on every torchrun rank but 0: they measure, rank 0 reports.
+    lead: bool
+    report: Path | None
+
+
+def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> SweepOutcome:
+    if under_torchrun():
+        start_ranks(
+            resolve_device(request.grid.device), list(request.grid.tp), list(request.grid.cp)
+        )
+    try:
+        if request.resume is not None:
+            cases, run_dir = [], request.resume
+        else:
+            cases = plan_cases(request.grid)
+            run_dir = request.out if request.out is not None else default_run_dir()
+        layout = current_layout()
+        lead = layout is None or layout.rank == 0
+        frame = run_sweep(
+            cases,
+            run_dir,
+            verify=request.verify,
+            progress=progress if lead else None,
+            command=request.command,
+            resume=request.resume is not None,
+        )
+        report = write_report(run_dir, budget_bytes=request.budget_bytes) if lead else None
+        return SweepOutcome(frame, run_dir, lead, report)
+    finally:
+        if under_torchrun():
+            stop_ranks()
+
+
+def check_resume_flags(request_flags: dict[str, object]) -> None:
+    """--resume takes its cases from the run directory: shape flags would be ignored."""
+    given = [flag for flag, value in request_flags.items() if value is not None]
+    if given:
+        raise UserError(
+            f"--resume takes its cases from the run directory; {', '.join(given)} would be ignored",
+            "drop them, or start a new run without --resume",
+        )
+
+
+@user_errors
+def command(
+    tokens: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Sequence lengths, comma list; one value N is a x2 ladder to N. (default: 20000)"
+        ),
+    ] = None,
+    vocab: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Vocabulary sizes, comma list; one value N is a x2 ladder to N. (default: 131072)"
+        ),
+    ] = None,
+    batch: Annotated[str, typer.Option(help="Batch sizes, comma list.")] = "1",
+    dtype: Annotated[
+        str, typer.Option(help="Logits dtypes, comma list of bf16, fp16, fp32.")
+    ] = "bf16",
+    kernel: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Kernels, comma list (`memprobe kernels`). (default: all single-device kernels)"
+        ),
+    ] = None,
+    chunk_size: Annotated[
+        str, typer.Option(help="Chunk sizes for chunked kernels, comma list.")
+    ] = "1024",
+    tp: Annotated[
+        str, typer.Option(help="Tensor-parallel sizes (vocabulary shards), comma list.")
+    ] = "1",
+    cp: Annotated[
+        str, typer.Option(help="Context-parallel sizes (token shards), comma list.")
+    ] = "1",
+    device: Annotated[
+        str,
+        typer.Option(
+            help="auto (cuda when available, else meta), meta (exact simulation), cpu, cuda."
+        ),
+    ] = "auto",
+    grid: Annotated[
+        bool, typer.Option("--grid", help="Run the full tokens x vocab product, not the cross.")
+    ] = False,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Run directory to create. (default: reports/<run-id>/)"),
+    ] = None,
+    resume: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Finish an interrupted run: runs only its missing cases."),
+    ] = None,
+    verify: Annotated[
+        bool, typer.Option(help="Check each kernel x dtype against float64 at a small CPU shape.")
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress, no table: just the run directory.")
+    ] = False,
+    budget: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Budget the report marks, e.g. 80GiB (default: the GPU's capacity)."),
+    ] = None,
+) -> None:
+    """Peak memory of each kernel across sequence lengths and vocabularies.
+
+    Simulated exactly with meta tensors where there is no GPU, measured on one
+    where there is. Writes results.csv, results.json, run.json and a report
+    into the run directory.
+    """
+    from memprobe.commands.sweep import SweepRequest, check_resume_flags, run_sweep_job
+    from memprobe.progress import CaseProgress
+    from memprobe.results import default_run_dir
+    from memprobe.summary import json_summary, table_lines
+
+    # Parsed before the sweep runs: a typo must not cost a whole sweep.
+    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    if resume is not None:
+        check_resume_flags({"--tokens": tokens, "--vocab": vocab, "--kernel": kernel, "--out": out})
+    elif out is None:
+        out = default_run_dir()
+    request = SweepRequest(
+        grid=Grid(
+            tokens=tuple(positive_ints(tokens or "20000", "--tokens")),
+            vocab=tuple(positive_ints(vocab or "131072", "--vocab")),
+            batch=tuple(positive_ints(batch, "--batch")),
+            dtype=tuple(name_list(dtype)),
+            kernel=tuple(name_list(kernel)) if kernel else None,
+            chunk_size=tuple(int_list(chunk_size, "--chunk-size", allow_none=True)),
+            tp=tuple(positive_ints(tp, "--tp")),
+            cp=tuple(positive_ints(cp, "--cp")),
+            device=device,
+            grid=grid,
+        ),
+        out=out,
+        resume=resume,
+        verify=verify,
+        budget_bytes=budget_bytes,
+        command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+    )
+    try:
+        outcome = run_sweep_job(request, CaseProgress(enabled=not quiet and not as_json))
+    except KeyboardInterrupt:
+        where = resume or out
+        typer.echo(
+            f"interrupted: finished cases are in {where}; continue with --resume {where}", err=True
+        )
+        raise typer.Exit(130) from None
+    if not outcome.lead:
+        return
+    if as_json:
+        typer.echo(json.dumps(json_summary(outcome.frame, str(outcome.run_dir)), indent=1))
+        return
+    if not quiet:
+        for line in table_lines(outcome.frame):
+            typer.echo(line)
+        typer.echo(f"report: {outcome.report}")
+    typer.echo(f"run directory: {outcome.run_dir}")

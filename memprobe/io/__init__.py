@@ -1,0 +1,1 @@
+"""What crosses memprobe's edges: sizes users type and memprobe prints, files it writes."""
