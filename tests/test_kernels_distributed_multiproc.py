@@ -24,7 +24,10 @@ from memprobe.kernels import (
 )
 from memprobe.parallel import count_collectives, run_ranks
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable"),
+]
 
 WORLD = 2
 BATCH, SEQ, VOCAB = 2, 13, 24

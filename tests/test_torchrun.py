@@ -6,11 +6,16 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from memprobe.measure import measure
 from memprobe.records import Case
 from memprobe.results import read_results
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+
+# Real torchrun jobs: several processes each, seconds per test.
+pytestmark = pytest.mark.multiprocess
 
 
 def torchrun(*args: str, cwd) -> subprocess.CompletedProcess[str]:
