@@ -5,9 +5,17 @@ Nothing imports this module; only the console script and ``python -m memprobe`` 
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Optional
 
 import typer
+
+try:  # typer ≥ 0.20 vendors click; older ones use the click package
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click.exceptions import UsageError
+
+    NoArgsIsHelpError = ()  # type: ignore[assignment,misc]
 
 from memprobe import __version__
 from memprobe.commands import attribute, gate, kernels, report, sweep
@@ -52,4 +60,18 @@ app.command("report")(report.command)
 
 
 def main() -> None:
-    app()
+    """Run the CLI. A usage mistake (unknown option, bad value) is one line and exit 2,
+    like every other user mistake, not a framed box."""
+    try:
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        sys.exit(2)
+    except UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "memprobe"
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"memprobe: error: {message} (see `{where} --help`)", err=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -8,6 +8,7 @@ than the user meant. Every error names the key and where it sits, e.g.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -239,7 +240,7 @@ def _parse_rule(value: Any, where: str) -> Rule:
         kwargs["max_peak"] = parse_size(table["max_peak"], what=f"{where}: max_peak")
     if "max_peak_over_floor" in table:
         ratio = table["max_peak_over_floor"]
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+        if not _finite_number(ratio) or ratio <= 0:
             raise UserError(
                 f"{where}: max_peak_over_floor {ratio!r} is not a positive number",
                 "write a ratio such as 1.06 (peak may be 6% above the floor)",
@@ -262,6 +263,11 @@ def _parse_rule(value: Any, where: str) -> Rule:
 
 
 # -- values -----------------------------------------------------------------
+
+
+def _finite_number(value: Any) -> bool:
+    """An int or float that is not a bool, NaN or infinite (TOML has nan and inf)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _table(value: Any, where: str) -> Mapping[str, Any]:
@@ -297,7 +303,7 @@ def _dtypes(value: Any, where: str) -> tuple[str, ...]:
     items = value if isinstance(value, list) else [value]
     out: list[str] = []
     for item in items:
-        name = DTYPE_ALIASES.get(item, item) if isinstance(item, str) else item
+        name = DTYPE_ALIASES.get(item, item) if isinstance(item, str) else None
         if name not in DTYPES:
             raise UserError(f"{where}: unknown dtype {item!r}", f"use {', '.join(DTYPES)}")
         out.append(name)
@@ -313,19 +319,19 @@ def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
     if not items:
         raise UserError(f"{where}: 'kernel' is an empty list", "omit it to run every kernel")
     for item in items:
-        if item not in KERNELS:
+        if not isinstance(item, str) or item not in KERNELS:
             raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
     return tuple(items)
 
 
 def _device(value: Any, where: str, *, allow_auto: bool = True) -> str:
     allowed = DEVICES if allow_auto else tuple(d for d in DEVICES if d != "auto")
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise UserError(f"{where}: unknown device {value!r}", f"use {', '.join(allowed)}")
     return str(value)
 
 
 def _percent(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if not _finite_number(value) or value < 0:
         raise UserError(f"{where} {value!r} is not a percentage of zero or more", "e.g. 5 for 5%")
     return float(value)

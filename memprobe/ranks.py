@@ -30,6 +30,9 @@ class RankLayout:
     tp: int
     cp: int
     tp_group: Any
+    # A group of this rank alone: lets one rank run a whole-vocabulary check
+    # (the numerics verify step) inside a multi-rank job.
+    solo_group: Any = None
 
     @property
     def tp_rank(self) -> int:
@@ -78,7 +81,9 @@ def start_ranks(device: str, tp: list[int], cp: list[int]) -> RankLayout:
         dist.init_process_group(backend)
     rank = dist.get_rank()
     groups = [dist.new_group(list(range(c * tp[0], (c + 1) * tp[0]))) for c in range(cp[0])]
-    _layout = RankLayout(rank, world, tp[0], cp[0], groups[rank // tp[0]])
+    # new_group is collective: every rank makes every singleton, keeps its own.
+    solos = [dist.new_group([r]) for r in range(world)]
+    _layout = RankLayout(rank, world, tp[0], cp[0], groups[rank // tp[0]], solos[rank])
     return _layout
 
 

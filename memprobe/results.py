@@ -273,6 +273,13 @@ def create_run_dir(run_dir: Path, cases: Sequence[Case], environment: Mapping[st
     return run_dir
 
 
+def run_inputs(path: Path) -> list[Path]:
+    """The files of a run (or a results file) that outputs must never replace."""
+    if not path.is_dir():
+        return [path]
+    return [path / name for name in (RUN_META, RESULTS_JSON, RESULTS_CSV, SNAPSHOTS)]
+
+
 def snapshot_relpath(case: Case) -> str:
     """Where a case's allocator snapshot lives, relative to the run directory."""
     return f"{SNAPSHOTS}/{case.case_id}.pickle"

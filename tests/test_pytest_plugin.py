@@ -137,3 +137,38 @@ def test_parse_marker() -> None:
     for args, kwargs in [((1, "cpu", 3), {}), ((1,), {"limit": 2}), ((1,), {"lim": 2})]:
         with pytest.raises(UserError):
             parse_marker(args, kwargs)
+
+
+README_EXAMPLE = """
+import pytest
+import torch
+
+from memprobe.kernels import get_kernel
+
+
+def step(kernel):
+    # No device= anywhere: under the meta marker these are meta tensors.
+    logits = torch.randn(1, 20000, 131072, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 131072, (1, 20000))
+    out = get_kernel(kernel)(logits, targets)
+    torch.autograd.grad(out, logits, torch.ones_like(out))
+
+
+@pytest.mark.limit_peak_memory("10.5 GiB", device="meta")
+def test_logprob_step_fits():
+    step("local_chunked")
+
+
+@pytest.mark.limit_peak_memory("10.5 GiB", device="meta")
+def test_unchunked_does_not():
+    step("unchunked")
+"""
+
+
+def test_readme_example_at_full_scale_simulates(pytester: pytest.Pytester) -> None:
+    """20,000 x 131,072 tensors made without a device: meta, not 34 GiB of real memory."""
+    result = run(pytester, README_EXAMPLE)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*limit_peak_memory: torch tensors peaked at 34.18 GiB on meta, over the limit*"]
+    )

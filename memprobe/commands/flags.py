@@ -56,5 +56,26 @@ def positive_ints(text: str, flag: str) -> list[int]:
     return [v for v in int_list(text, flag) if v is not None]
 
 
-def name_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
+def name_list(text: str, flag: str) -> list[str]:
+    """``"a, b"`` → ``["a", "b"]``; an empty item (``",,"``, ``""``) is a mistake, not "default"."""
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise UserError(f"{flag} {text!r} has an empty item", f"e.g. {flag} a,b (no empty names)")
+    return items
+
+
+def given_flags(ctx: typer.Context, *, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The options the user typed (not defaulted), as ``--flag`` names."""
+    given = []
+    for param in ctx.command.params:
+        if param.name in exclude or param.name is None:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            # A --x/--no-x switch is named as typed.
+            negative = getattr(param, "secondary_opts", None)
+            if negative and ctx.params.get(param.name) is False:
+                given.append(negative[0])
+            else:
+                given.append(max(param.opts, key=len))
+    return given

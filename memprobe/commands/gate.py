@@ -14,8 +14,9 @@ from memprobe.commands.flags import user_errors
 from memprobe.config import MemprobeConfig, load_config
 from memprobe.errors import UserError
 from memprobe.gate import Verdict, evaluate
+from memprobe.io.files import check_output
 from memprobe.records import Case, Run
-from memprobe.results import read_rows, write_baseline
+from memprobe.results import read_rows, run_inputs, write_baseline
 
 Progress = Callable[[int, int, Case, Run], None]
 
@@ -54,6 +55,10 @@ def run_gate(req: GateRequest) -> GateOutcome:
     """
     from memprobe import gate_report
 
+    if req.junit_xml is not None:
+        # Checked before anything runs: the report must not replace an input.
+        inputs = [*(run_inputs(req.results) if req.results else []), *filter(None, [req.baseline])]
+        check_output(req.junit_xml, inputs, flag="--junit-xml")
     cfg = load_config(req.config, start=req.cwd)
     config_name = str(cfg.source) if cfg.source else None
     max_regression = req.max_regression

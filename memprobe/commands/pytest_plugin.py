@@ -5,9 +5,14 @@
 
 What pytest-memray's ``limit_memory`` does for host memory, for tensor memory:
 
-* ``device="meta"`` (default) or ``"cpu"``: memprobe's storage-level
-  ``AllocationTracker`` watches the test body; the failure lists the largest
-  blocks live at the peak (size, dtype, shape, op, where it was made).
+* ``device="meta"`` (default): the body runs under a meta default device, so
+  every tensor it creates without an explicit ``device=`` is a meta tensor:
+  shapes, dtypes and autograd run, no real memory is used, and memprobe's
+  storage-level ``AllocationTracker`` records the exact simulated peak. The
+  failure lists the largest blocks live at the peak (size, dtype, shape, op,
+  where it was made). A body that reads values (``.item()``, ``print(t)``,
+  comparisons on data) or names ``device="cpu"`` explicitly does not simulate.
+* ``device="cpu"``: the same tracker over real CPU tensors.
 * ``device="cuda"``: the CUDA allocator's peak (``max_memory_allocated``)
   over the test body, minus what was allocated before it. Without CUDA the
   test errors: the CPU build of torch answers 0, which would always pass.
@@ -111,18 +116,27 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     if limit.device == "cuda":
         result, peak, blocks = yield from _measure_cuda()
     else:
-        result, peak, blocks = yield from _measure_tracked()
+        result, peak, blocks = yield from _measure_tracked(simulate=limit.device == "meta")
     item.user_properties.append(("peak_tensor_bytes", peak))
     if peak > limit.limit:
         pytest.fail(failure_message(peak, limit, blocks, item.path), pytrace=False)
     return result
 
 
-def _measure_tracked() -> Generator[None, object, tuple[object, int, list[Event] | None]]:
+def _measure_tracked(
+    *, simulate: bool
+) -> Generator[None, object, tuple[object, int, list[Event] | None]]:
+    import contextlib
+
+    import torch
+
     from memprobe.measure.tracker import AllocationTracker
 
     tracker = AllocationTracker()
-    with tracker:
+    # On meta the body's own tensors must be meta too, or a full-scale example
+    # allocates for real (tens of GiB) instead of simulating.
+    default_device = torch.device("meta") if simulate else contextlib.nullcontext()
+    with default_device, tracker:
         result = yield
     return result, tracker.peak_bytes, tracker.live_at_peak()
 

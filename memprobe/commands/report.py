@@ -25,9 +25,13 @@ def command(
     ] = None,
 ) -> None:
     """Re-render a run's self-contained report.html and PNG plots from its results."""
+    from memprobe.io.files import check_output
     from memprobe.io.sizes import parse_size
     from memprobe.report import write_report
+    from memprobe.results import run_inputs
 
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    if out is not None:
+        check_output(out, run_inputs(run_dir), flag="--out")
     page = write_report(run_dir, out, budget_bytes=budget_bytes)
     typer.echo(f"report: {page}")

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import pandas as pd
 import typer
 
-from memprobe.commands.flags import int_list, name_list, positive_ints, user_errors
+from memprobe.commands.flags import given_flags, int_list, name_list, positive_ints, user_errors
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_size
 from memprobe.measure import resolve_device
@@ -70,9 +70,9 @@ def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> Sw
             stop_ranks()
 
 
-def check_resume_flags(request_flags: dict[str, object]) -> None:
-    """--resume takes its cases from the run directory: shape flags would be ignored."""
-    given = [flag for flag, value in request_flags.items() if value is not None]
+def check_resume_flags(given: list[str]) -> None:
+    """--resume takes its cases from the run directory: any flag that shapes them would
+    be ignored, so naming one is a mistake to report, not to drop silently."""
     if given:
         raise UserError(
             f"--resume takes its cases from the run directory; {', '.join(given)} would be ignored",
@@ -82,6 +82,7 @@ def check_resume_flags(request_flags: dict[str, object]) -> None:
 
 @user_errors
 def command(
+    ctx: typer.Context,
     tokens: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -122,6 +123,13 @@ def command(
     grid: Annotated[
         bool, typer.Option("--grid", help="Run the full tokens x vocab product, not the cross.")
     ] = False,
+    ladder: Annotated[
+        bool,
+        typer.Option(
+            help="A single --tokens or --vocab value N becomes a x2 ladder ending at N; "
+            "--no-ladder runs exactly the values given."
+        ),
+    ] = True,
     out: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(help="Run directory to create. (default: reports/<run-id>/)"),
@@ -150,29 +158,31 @@ def command(
     where there is. Writes results.csv, results.json, run.json and a report
     into the run directory.
     """
-    from memprobe.commands.sweep import SweepRequest, check_resume_flags, run_sweep_job
     from memprobe.progress import CaseProgress
     from memprobe.results import default_run_dir
     from memprobe.summary import json_summary, table_lines
 
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise UserError(f"--budget {budget!r} must be more than 0 bytes", "e.g. --budget 80GiB")
     if resume is not None:
-        check_resume_flags({"--tokens": tokens, "--vocab": vocab, "--kernel": kernel, "--out": out})
+        check_resume_flags(given_flags(ctx, exclude=("resume", "verify", "as_json", "quiet")))
     elif out is None:
         out = default_run_dir()
     request = SweepRequest(
         grid=Grid(
-            tokens=tuple(positive_ints(tokens or "20000", "--tokens")),
-            vocab=tuple(positive_ints(vocab or "131072", "--vocab")),
+            tokens=tuple(positive_ints("20000" if tokens is None else tokens, "--tokens")),
+            vocab=tuple(positive_ints("131072" if vocab is None else vocab, "--vocab")),
             batch=tuple(positive_ints(batch, "--batch")),
-            dtype=tuple(name_list(dtype)),
-            kernel=tuple(name_list(kernel)) if kernel else None,
+            dtype=tuple(name_list(dtype, "--dtype")),
+            kernel=None if kernel is None else tuple(name_list(kernel, "--kernel")),
             chunk_size=tuple(int_list(chunk_size, "--chunk-size", allow_none=True)),
             tp=tuple(positive_ints(tp, "--tp")),
             cp=tuple(positive_ints(cp, "--cp")),
             device=device,
             grid=grid,
+            ladder=ladder,
         ),
         out=out,
         resume=resume,

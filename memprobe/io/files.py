@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from memprobe.errors import UserError
@@ -44,3 +45,16 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
             ) from None
         raise
     return target
+
+
+def check_output(path: str | os.PathLike[str], inputs: Iterable[Path], *, flag: str) -> None:
+    """Refuse an output path that is one of the command's inputs, or lies inside an input
+    folder: a report must never replace the results (or snapshot) it was made from."""
+    target = Path(path).resolve()
+    for source in inputs:
+        resolved = source.resolve()
+        if target == resolved or (source.is_dir() and resolved in target.parents):
+            raise UserError(
+                f"{flag} {path} would overwrite {source}, an input of this command",
+                "choose another path",
+            )

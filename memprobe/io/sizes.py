@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from memprobe.errors import UserError
@@ -18,7 +19,12 @@ _UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_SIZE = re.compile(r"^\s*([0-9][0-9_,]*(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# Digits with optional "_" or "," thousands separators (commas only in groups of
+# three, so a decimal comma such as "1,5" is refused rather than read as 15),
+# then an optional decimal point part.
+_SIZE = re.compile(
+    r"^\s*((?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9][0-9_]*)(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$"
+)
 
 
 def parse_size(value: str | int | float, *, what: str = "size") -> int:
@@ -26,10 +32,15 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
     if isinstance(value, bool):
         raise UserError(f"{what} {value!r} is not a size", "write e.g. 10.3 GiB or 11000 MB")
     if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise UserError(f"{what} {value!r} is not a finite size", "write e.g. 10.3 GiB")
         if value < 0:
             raise UserError(f"{what} {value!r} is negative", "give a size of zero or more")
         return int(value)
-    match = _SIZE.match(str(value))
+    text = str(value)
+    if re.match(r"^\s*[0-9]+,[0-9]{1,2}(?![0-9])", text):
+        raise UserError(f"{what} {value!r}: a comma is not a decimal point", "write e.g. 1.5 GiB")
+    match = _SIZE.match(text)
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
         raise UserError(

@@ -44,5 +44,8 @@ def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
 
 
 def check_chunk_size(chunk_size: int | None) -> None:
-    if chunk_size is not None and (isinstance(chunk_size, bool) or int(chunk_size) <= 0):
+    # A float (2.5) or a string ("8") is a caller's mistake, not a size to round.
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
+    ):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")

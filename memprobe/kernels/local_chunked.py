@@ -154,7 +154,10 @@ def _apply(
     targets: torch.Tensor,
     chunk_size: int | None,
 ) -> torch.Tensor:
-    # Validation happens once, inside forward (``apply`` is public too).
+    # Validation happens once, inside forward (``apply`` is public too); only the
+    # type is checked here, since ``requires_grad`` below needs a tensor.
+    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise ValueError("logits and targets must be torch tensors")
     inference_only = not (torch.is_grad_enabled() and logits.requires_grad)
     return fn.apply(logits, targets, chunk_size, inference_only)
 

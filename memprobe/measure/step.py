@@ -61,11 +61,18 @@ def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
     return StepInputs(logits.requires_grad_(), targets, grad_outputs)
 
 
-def kernel_call(case: Case) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def kernel_call(
+    case: Case, *, whole_vocab: bool = False
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The case's kernel as ``f(logits, targets)``. Under torchrun a vocabulary-parallel
+    kernel gets this rank's shard; ``whole_vocab`` runs it on this rank alone over
+    the whole vocabulary instead (a one-rank check inside a multi-rank job)."""
     spec = get_spec(case.kernel)
     extra: dict[str, Any] = dict(SWEEP_FILTERS.get(case.kernel, {}))
     layout = current_layout()
-    if spec.distributed and layout is not None:
+    if spec.distributed and layout is not None and whole_vocab:
+        extra.update(group=layout.solo_group, vocab_start=0, vocab_end=case.vocab)
+    elif spec.distributed and layout is not None:
         start = layout.tp_rank * case.local_vocab
         extra.update(group=layout.tp_group, vocab_start=start, vocab_end=start + case.local_vocab)
 

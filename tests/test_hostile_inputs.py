@@ -1,0 +1,246 @@
+"""Hostile and mistaken inputs, table-driven: each gets one line on stderr and exit 2.
+
+A row here is a defect class seen once (a traceback, a silent default, a wrong
+number). Add the next hostile input of the same class as one more row.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from memprobe.errors import UserError
+from memprobe.io.sizes import parse_size
+from memprobe.records import Case
+from memprobe.results import create_run_dir, read_rows
+
+GOOD_ROW = {
+    "case_id": "x",
+    "kernel": "local_chunked",
+    "batch": 1,
+    "tokens": 4096,
+    "vocab": 32768,
+    "dtype": "bf16",
+    "chunk_size": 1024,
+    "tp": 1,
+    "cp": 1,
+    "device": "meta",
+    "status": "ok",
+    "peak_bytes": 1000,
+    "floor_bytes": 500,
+}
+
+
+def results_file(tmp_path: Path, rows: object) -> Path:
+    path = tmp_path / "run" / "results.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"rows": rows}), encoding="utf-8")
+    return path
+
+
+# -- sizes: a decimal comma, NaN and inf are refused, not misread ---------------
+
+
+@pytest.mark.parametrize("text", ["1,5 MiB", "1,5GiB", "2,25 GB", "nan", "inf GiB", "1,0000 B"])
+def test_size_refuses(text: str) -> None:
+    with pytest.raises(UserError):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1])
+def test_size_refuses_numbers(value: float) -> None:
+    with pytest.raises(UserError):
+        parse_size(value)
+
+
+def test_size_keeps_thousands_separators() -> None:
+    assert parse_size("1,000 MB") == 10**9
+    assert parse_size("1_000") == 1000
+    assert parse_size("10.3 GiB") == int(10.3 * 2**30)
+
+
+# -- the command line: one line, exit 2, nothing silently defaulted -------------
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["sweep", "--tokens", ""], "--tokens ''"),
+        (["sweep", "--kernel", ",,"], "--kernel ',,' has an empty item"),
+        (["sweep", "--dtype", ","], "--dtype ',' has an empty item"),
+        (["sweep", "--budget", "0"], "--budget '0' must be more than 0 bytes"),
+        (["sweep", "--budget", "1,5GiB"], "a comma is not a decimal point"),
+        (["sweep", "--tokns", "5"], "No such option: --tokns"),
+        (["sweep", "--tokens", "x"], "'x' is not a whole number"),
+        (["sweep", "--chunk-size", "2.5"], "'2.5' is not a whole number"),
+    ],
+)
+def test_cli_mistakes_are_one_line(run_cli, args: list[str], expected: str) -> None:
+    code, out, err = run_cli(*args)
+    assert code == 2
+    assert expected in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--device", "cpu"],
+        ["--dtype", "fp32"],
+        ["--batch", "2"],
+        ["--chunk-size", "512"],
+        ["--tp", "2"],
+        ["--cp", "2"],
+        ["--grid"],
+        ["--no-ladder"],
+    ],
+)
+def test_resume_refuses_every_shaping_flag(run_cli, tmp_path: Path, flags: list[str]) -> None:
+    run = tmp_path / "run"
+    code, _, err = run_cli(
+        "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+        "--device", "meta", "--out", str(run), "-q", "--no-verify",
+    )  # fmt: skip
+    assert code == 0, err
+    code, _, err = run_cli("sweep", "--resume", str(run), *flags)
+    assert code == 2 and "would be ignored" in err and flags[0] in err
+
+
+def test_outputs_never_overwrite_inputs(run_cli, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert run_cli(
+        "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+        "--device", "meta", "--out", str(run), "-q", "--no-verify",
+    )[0] == 0  # fmt: skip
+    before = (run / "results.json").read_bytes()
+    for args in (
+        ["report", str(run), "--out", str(run / "results.json")],
+        ["report", str(run), "--out", str(run / "snapshots" / "x.html")],
+        ["gate", str(run), "--junit-xml", str(run / "results.json")],
+    ):
+        code, _, err = run_cli(*args)
+        assert code == 2 and "an input of this command" in err, args
+    assert (run / "results.json").read_bytes() == before
+
+
+# -- results files: a tampered row is one line, never a traceback ---------------
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        ("not a list", "not a memprobe results.json"),
+        ([1, 2], "row 0 is a int, not an object"),
+        ([{**GOOD_ROW, "peak_bytes": "lots"}], "peak_bytes 'lots' is not a whole number"),
+        ([{**GOOD_ROW, "peak_bytes": -5}], "peak_bytes -5 is out of range"),
+        ([{**GOOD_ROW, "peak_bytes": 10**30}], "out of range"),
+        ([{k: v for k, v in GOOD_ROW.items() if k != "kernel"}], "has no kernel"),
+        ([{**GOOD_ROW, "kernel": ""}], "empty kernel name"),
+        ([{**GOOD_ROW, "status": "great"}], "status 'great'"),
+        ([{**GOOD_ROW, "tokens": 0}], "tokens 0 is not a positive"),
+        ([{**GOOD_ROW, "dtype": "int8"}], "dtype 'int8'"),
+        ([{**GOOD_ROW, "fwd_time_s": "fast"}], "fwd_time_s 'fast' is not a number"),
+    ],
+)
+def test_tampered_results_are_user_errors(tmp_path: Path, rows: object, expected: str) -> None:
+    with pytest.raises(UserError, match=expected.replace("(", r"\(").replace("[", r"\[")):
+        read_rows(results_file(tmp_path, rows))
+
+
+def test_a_row_without_case_id_is_still_identified(tmp_path: Path) -> None:
+    row = {k: v for k, v in GOOD_ROW.items() if k != "case_id"}
+    (clean,) = read_rows(results_file(tmp_path, [row]))
+    assert clean["case_id"].startswith("local_chunked-b1-s4096")
+
+
+def test_nan_in_results_reads_as_missing(tmp_path: Path) -> None:
+    path = results_file(tmp_path, [GOOD_ROW])
+    path.write_text(path.read_text().replace('"peak_bytes": 1000', '"peak_bytes": NaN'))
+    assert read_rows(path)[0]["peak_bytes"] is None
+
+
+# -- config: NaN limits and nested lists ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        ("max_peak_over_floor = nan", "is not a positive number"),
+        ("max_peak_over_floor = inf", "is not a positive number"),
+        ("max_peak = nan", "is not a finite size"),
+        ('max_peak = "1,5 MiB"', "a comma is not a decimal point"),
+        ('dtype = [["bf16"]]\nmax_peak = 1', "unknown dtype"),
+        ('device = [["meta"]]\nmax_peak = 1', "unknown device"),
+    ],
+)
+def test_config_refuses(tmp_path: Path, rule: str, expected: str) -> None:
+    from memprobe.config import load_config
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text(
+        f'[tool.memprobe.gate]\nrules = [{{ kernel = "x", {rule.replace(chr(10), ", ")} }}]\n'
+    )
+    with pytest.raises(UserError, match=expected):
+        load_config(path)
+
+
+def test_config_refuses_nested_kernel_list(tmp_path: Path) -> None:
+    from memprobe.config import load_config
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.memprobe.sweep]\ntokens = [8]\nvocab = [8]\nkernel = [["x"]]\n')
+    with pytest.raises(UserError, match="unknown kernel"):
+        load_config(path)
+
+
+# -- run directories: of two sweeps started together, one gets the directory ----
+
+
+def test_run_directory_is_claimed_exclusively(tmp_path: Path) -> None:
+    target = tmp_path / "run"
+    cases = [Case("unchunked", 1, 8, 8)]
+    outcomes: list[str] = []
+    start = threading.Barrier(8)
+
+    def claim() -> None:
+        start.wait()
+        try:
+            create_run_dir(target, cases, {})
+            outcomes.append("won")
+        except UserError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["refused"] * 7 + ["won"]
+
+
+# -- kernels: a wrong type is a ValueError like every other bad input ----------
+
+
+@pytest.mark.parametrize("name", ["unchunked", "local_chunked", "local_chunked_inplace"])
+@pytest.mark.parametrize("bad", [2.5, "8", True, 0])
+def test_kernels_refuse_non_integer_chunk_sizes(name: str, bad: object) -> None:
+    import torch
+
+    from memprobe.kernels import get_kernel
+
+    logits = torch.zeros(1, 4, 8)
+    with pytest.raises(ValueError, match="chunk_size"):
+        get_kernel(name)(logits, torch.zeros(1, 4, dtype=torch.long), chunk_size=bad)
+
+
+@pytest.mark.parametrize("name", ["unchunked", "local_chunked", "local_chunked_inplace"])
+def test_kernels_refuse_a_python_list(name: str) -> None:
+    import torch
+
+    from memprobe.kernels import get_kernel
+
+    with pytest.raises(ValueError, match="torch tensors"):
+        get_kernel(name)([[[1.0, 2.0]]], torch.zeros(1, 1, dtype=torch.long))
