@@ -149,9 +149,9 @@ def sweep(
     into the run directory.
     """
     from memprobe.cli_parse import int_list, name_list, positive_ints
-    from memprobe.progress import CaseProgress
+    from memprobe.render.progress import CaseProgress
     from memprobe.results import default_run_dir
-    from memprobe.summary import json_summary, table_lines
+    from memprobe.render.terminal import json_summary, table_lines
     from memprobe.sweep_job import SweepRequest, check_resume_flags, run_sweep_job
     from memprobe.units import parse_size
 
@@ -239,7 +239,7 @@ def gate(
     matches no case is one).
     """
     from memprobe.gate import GateRequest, run_gate
-    from memprobe.progress import CaseProgress
+    from memprobe.render.progress import CaseProgress
 
     request = GateRequest(
         results=results,
@@ -308,7 +308,7 @@ def report(
     ] = None,
 ) -> None:
     """Re-render a run's self-contained report.html and PNG plots from its results."""
-    from memprobe.report import write_report
+    from memprobe.render import write_report
     from memprobe.units import parse_size
 
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None

@@ -339,7 +339,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
 
     Usage and config errors raise UserError before anything is measured or written.
     """
-    from memprobe import gate_report
+    from memprobe.render import gate_text as gate_report
 
     cfg = load_config(req.config, start=req.cwd)
     config_name = str(cfg.source) if cfg.source else None

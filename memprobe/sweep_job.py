@@ -10,7 +10,7 @@ import pandas as pd
 from memprobe.errors import UserError
 from memprobe.measure import resolve_device
 from memprobe.ranks import current_layout, start_ranks, stop_ranks, under_torchrun
-from memprobe.report import write_report
+from memprobe.render import write_report
 from memprobe.results import default_run_dir
 from memprobe.sweep import Progress, plan_cases, run_sweep
 

@@ -20,7 +20,7 @@ import torch
 from memprobe.config import Rule, load_config
 from memprobe.errors import UserError
 from memprobe.gate import case_label, check_baseline, evaluate
-from memprobe.gate_report import markdown_summary
+from memprobe.render.gate_text import markdown_summary
 from memprobe.records import Case, Run
 from memprobe.results import read_results
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memprobe.report.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER, OTHER_BSV
+from memprobe.render.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER, OTHER_BSV
 
 _COLOURS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#7F7F7F")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")

@@ -18,8 +18,8 @@ import pandas as pd
 
 from memprobe.errors import UserError
 from memprobe.records import Case
-from memprobe.report.breakdown import Breakdown, CaseShape, breakdown
-from memprobe.report.trace import Trace, from_events, from_snapshot
+from memprobe.render.breakdown import Breakdown, CaseShape, breakdown
+from memprobe.render.trace import Trace, from_events, from_snapshot
 
 FINDINGS_TOP = 6
 

@@ -10,12 +10,12 @@ from typing import Any
 import pandas as pd
 
 from memprobe.errors import UserError
-from memprobe.report import plots, timeline
-from memprobe.report.breakdown import CaseShape
-from memprobe.report.evidence import Evidence, gather
-from memprobe.report.headline import Headline, config_slice, headline_slice, make_headline
-from memprobe.report.html import esc, figure, page, write_bytes, write_text
-from memprobe.report.sections import (
+from memprobe.render import plots, timeline
+from memprobe.render.breakdown import CaseShape
+from memprobe.render.evidence import Evidence, gather
+from memprobe.render.headline import Headline, config_slice, headline_slice, make_headline
+from memprobe.render.markup import esc, figure, page, write_bytes, write_text
+from memprobe.render.sections import (
     answer,
     attribution,
     evidence_note,
@@ -23,7 +23,7 @@ from memprobe.report.sections import (
     results_table,
     run_metadata,
 )
-from memprobe.report.style import kernel_looks
+from memprobe.render.style import kernel_looks
 
 REPORT_NAME = "report.html"
 PLOT_NAMES = ("peak_vs_tokens", "peak_vs_vocab", "peak_breakdown", "timeline", "numerics")

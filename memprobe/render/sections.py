@@ -6,9 +6,9 @@ from typing import Any
 
 import pandas as pd
 
-from memprobe.report.evidence import Evidence
-from memprobe.report.findings_view import findings_section
-from memprobe.report.headline import (
+from memprobe.render.evidence import Evidence
+from memprobe.render.findings_html import findings_section
+from memprobe.render.headline import (
     Headline,
     budget_sentence,
     kernel_line_parts,
@@ -16,7 +16,7 @@ from memprobe.report.headline import (
     shape_text,
     why_sentence,
 )
-from memprobe.report.html import (
+from memprobe.render.markup import (
     Cell,
     bytes_cell,
     definitions,
@@ -27,7 +27,7 @@ from memprobe.report.html import (
     table,
     ul,
 )
-from memprobe.summary import with_ratios
+from memprobe.render.terminal import with_ratios
 from memprobe.units import format_bytes
 
 

@@ -13,11 +13,11 @@ import pytest
 from memprobe.errors import UserError
 from memprobe.measure.meta_backend import simulate
 from memprobe.records import Case
-from memprobe.report import write_findings_page, write_report
-from memprobe.report.breakdown import CATEGORIES, FP32_BSV, CaseShape, breakdown
-from memprobe.report.build import PLOT_NAMES
-from memprobe.report.headline import make_headline, times, vs_reference
-from memprobe.report.trace import from_events, from_snapshot
+from memprobe.render import write_findings_page, write_report
+from memprobe.render.breakdown import CATEGORIES, FP32_BSV, CaseShape, breakdown
+from memprobe.render.html import PLOT_NAMES
+from memprobe.render.headline import make_headline, times, vs_reference
+from memprobe.render.trace import from_events, from_snapshot
 from memprobe.results import read_results, read_run_meta
 from memprobe.sweep import plan_cases, run_sweep
 from memprobe.units import format_bytes

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memprobe.records import DTYPES, Case, torch_dtype_name
-from memprobe.report.trace import BEFORE_STEP, Block, Trace
+from memprobe.render.trace import BEFORE_STEP, Block, Trace
 from memprobe.snapshot.allocator import could_hold
 
 INPUT = "input logits"

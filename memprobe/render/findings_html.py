@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from memprobe.report.html import Cell, bytes_cell, definitions, esc, page, table, ul, write_text
+from memprobe.render.markup import Cell, bytes_cell, definitions, esc, page, table, ul, write_text
 from memprobe.units import format_bytes
 
 

@@ -3,7 +3,7 @@
 Each function takes plain data (a DataFrame slice, breakdowns) and returns PNG
 bytes, or None when the run has nothing to draw for it (one token count only, no
 numerics). Legends sit outside the axes so they never hide a line. The timeline
-figure lives in :mod:`memprobe.report.timeline`.
+figure lives in :mod:`memprobe.render.timeline`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 from memprobe.records import DTYPES, dtype_bytes
-from memprobe.report.breakdown import CATEGORIES, Breakdown
-from memprobe.report.canvas import new_figure, styled, to_png, unit_for
-from memprobe.report.headline import Headline, vs_reference
-from memprobe.report.style import (
+from memprobe.render.breakdown import CATEGORIES, Breakdown
+from memprobe.render.canvas import new_figure, styled, to_png, unit_for
+from memprobe.render.headline import Headline, vs_reference
+from memprobe.render.style import (
     BUDGET_STYLE,
     CATEGORY_STYLE,
     FLOOR_STYLE,

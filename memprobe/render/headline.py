@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe.kernels import get_spec
-from memprobe.summary import with_ratios
+from memprobe.render.terminal import with_ratios
 from memprobe.units import format_bytes
 
 REFERENCE = "unchunked"

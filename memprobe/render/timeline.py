@@ -13,11 +13,11 @@ from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from memprobe.report.breakdown import FP32_BSV, CaseShape, gradient_block, is_fp32_bsv
-from memprobe.report.canvas import new_figure, styled, to_png, unit_for
-from memprobe.report.headline import Headline
-from memprobe.report.style import CATEGORY_STYLE, PHASE_SHADE, Look, short_op
-from memprobe.report.trace import Trace
+from memprobe.render.breakdown import FP32_BSV, CaseShape, gradient_block, is_fp32_bsv
+from memprobe.render.canvas import new_figure, styled, to_png, unit_for
+from memprobe.render.headline import Headline
+from memprobe.render.style import CATEGORY_STYLE, PHASE_SHADE, Look, short_op
+from memprobe.render.trace import Trace
 from memprobe.units import format_bytes
 
 

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from memprobe.report.build import REPORT_NAME, write_report
-from memprobe.report.findings_view import write_findings_page
+from memprobe.render.html import REPORT_NAME, write_report
+from memprobe.render.findings_html import write_findings_page
 
 __all__ = ["REPORT_NAME", "write_findings_page", "write_report"]
