@@ -150,8 +150,8 @@ def sweep(
     """
     from memprobe.cli_parse import int_list, name_list, positive_ints
     from memprobe.render.progress import CaseProgress
-    from memprobe.results import default_run_dir
     from memprobe.render.terminal import json_summary, table_lines
+    from memprobe.results import default_run_dir
     from memprobe.sweep_job import SweepRequest, check_resume_flags, run_sweep_job
     from memprobe.units import parse_size
 

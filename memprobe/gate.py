@@ -339,7 +339,9 @@ def run_gate(req: GateRequest) -> GateOutcome:
 
     Usage and config errors raise UserError before anything is measured or written.
     """
-    from memprobe.render import gate_text as gate_report
+    from memprobe.render.gate_text import format_verdict
+    from memprobe.render.junit import write_junit
+    from memprobe.render.markdown import append_step_summary
 
     cfg = load_config(req.config, start=req.cwd)
     config_name = str(cfg.source) if cfg.source else None
@@ -386,15 +388,15 @@ def run_gate(req: GateRequest) -> GateOutcome:
     written: list[Path] = []
     warnings: list[str] = []
     if req.junit_xml is not None:
-        gate_report.write_junit(req.junit_xml, verdict)
+        write_junit(req.junit_xml, verdict)
         written.append(req.junit_xml)
-    warning = gate_report.append_step_summary(verdict)
+    warning = append_step_summary(verdict)
     if warning:
         warnings.append(warning)
     if req.update_baseline is not None:
         write_baseline(req.update_baseline, rows)
         written.append(req.update_baseline)
-    text = gate_report.format_verdict(verdict, written=written)
+    text = format_verdict(verdict, written=written)
     return GateOutcome(verdict=verdict, text=text, written=tuple(written), warnings=tuple(warnings))
 
 

@@ -58,14 +58,6 @@ def kernel_looks(kernels: list[str]) -> dict[str, Look]:
     }
 
 
-def short_bytes(n: float) -> str:
-    """A tick label: '512 MiB', '1 GiB', '1.5 GiB' (binary units, no trailing zeros)."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.3g} {unit}"
-    return f"{n:,.0f} B"
-
-
 def power_of_two_ticks(low: float, high: float, max_ticks: int = 9) -> list[float]:
     """Powers of two spanning [low, high], thinned to at most ``max_ticks``."""
     lo = math.floor(math.log2(max(low, 1.0)))
