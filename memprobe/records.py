@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import operator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -87,6 +89,20 @@ class Case:
     def fp32_bsv_bytes(self) -> int:
         """Bytes of one float32 [B, S, V] block on one rank: the block to avoid."""
         return self.batch * self.local_tokens * self.local_vocab * 4
+
+    def is_fp32_bsv(
+        self, nbytes: int, dtype: str | None, *, holds: Callable[[int, int], bool] | None = None
+    ) -> bool:
+        """Whether a block is one float32 [B, S, V] of this case (one rank's shape).
+
+        With its dtype known (``"float32"`` or torch's ``"torch.float32"``) it must be
+        float32 and exactly that size. Without (an unlabelled snapshot) only the size
+        speaks: ``holds(nbytes, fp32_bsv_bytes)`` says whether a block that big can be
+        what the allocator gave such a request (its rounding); exact by default.
+        """
+        if dtype is not None:
+            return dtype.removeprefix("torch.") == "float32" and nbytes == self.fp32_bsv_bytes
+        return (holds or operator.eq)(nbytes, self.fp32_bsv_bytes)
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,10 @@ def _open_run(
         done = results.read_rows(out_dir) if results.results_file(out_dir).exists() else []
     else:
         device = cases[0].device if cases else "meta"
-        results.create_run_dir(out_dir, cases, {**environment(device), "command": command})
+        # The report names each kernel by its registry line without importing the registry.
+        summaries = {c.kernel: get_spec(c.kernel).summary for c in cases}
+        info = {**environment(device), "command": command, "kernel_summaries": summaries}
+        results.create_run_dir(out_dir, cases, info)
         done = []
     finished = {results.case_key(r) for r in done}
     return list(done), [c for c in cases if results.case_key(asdict(c)) not in finished]

@@ -20,8 +20,8 @@ import torch
 from memprobe.config import Rule, load_config
 from memprobe.errors import UserError
 from memprobe.gate import case_label, check_baseline, evaluate
-from memprobe.gate_report import markdown_summary
 from memprobe.records import Case, Run
+from memprobe.render.markdown import markdown_summary
 from memprobe.results import read_results
 
 GiB = 2**30

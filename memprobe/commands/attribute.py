@@ -30,7 +30,7 @@ def attribute_command(
     """
     findings = attribute_file(snapshot, vocab=vocab, tokens=tokens, batch=batch, top=top)
     if html_path is not None:
-        from memprobe.report import write_findings_page
+        from memprobe.render import write_findings_page
 
         write_findings_page(
             findings, html_path, title=f"memprobe attribute: {findings.path or snapshot}"

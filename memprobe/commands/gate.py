@@ -16,6 +16,9 @@ from memprobe.errors import UserError
 from memprobe.gate import Verdict, evaluate
 from memprobe.io.files import check_output
 from memprobe.records import Case, Run
+from memprobe.render.gate_text import format_verdict
+from memprobe.render.junit import write_junit
+from memprobe.render.markdown import append_step_summary
 from memprobe.results import read_rows, run_inputs, write_baseline
 
 Progress = Callable[[int, int, Case, Run], None]
@@ -53,7 +56,6 @@ def run_gate(req: GateRequest) -> GateOutcome:
 
     Usage and config errors raise UserError before anything is measured or written.
     """
-    from memprobe import gate_report
 
     if req.junit_xml is not None:
         # Checked before anything runs: the report must not replace an input.
@@ -104,15 +106,15 @@ def run_gate(req: GateRequest) -> GateOutcome:
     written: list[Path] = []
     warnings: list[str] = []
     if req.junit_xml is not None:
-        gate_report.write_junit(req.junit_xml, verdict)
+        write_junit(req.junit_xml, verdict)
         written.append(req.junit_xml)
-    warning = gate_report.append_step_summary(verdict)
+    warning = append_step_summary(verdict)
     if warning:
         warnings.append(warning)
     if req.update_baseline is not None:
         write_baseline(req.update_baseline, rows)
         written.append(req.update_baseline)
-    text = gate_report.format_verdict(verdict, written=written)
+    text = format_verdict(verdict, written=written)
     return GateOutcome(verdict=verdict, text=text, written=tuple(written), warnings=tuple(warnings))
 
 
@@ -195,7 +197,7 @@ def command(
     check passes, 1 on any violation, 2 on a config or usage error (a rule that
     matches no case is one).
     """
-    from memprobe.progress import CaseProgress
+    from memprobe.render.progress import CaseProgress
 
     request = GateRequest(
         results=results,

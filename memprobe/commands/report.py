@@ -27,7 +27,7 @@ def command(
     """Re-render a run's self-contained report.html and PNG plots from its results."""
     from memprobe.io.files import check_output
     from memprobe.io.sizes import parse_size
-    from memprobe.report import write_report
+    from memprobe.render import write_report
     from memprobe.results import run_inputs
 
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None

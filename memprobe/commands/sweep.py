@@ -18,7 +18,7 @@ from memprobe.io.sizes import parse_size
 from memprobe.measure import resolve_device
 from memprobe.ranks import current_layout, start_ranks, stop_ranks, under_torchrun
 from memprobe.records import Grid
-from memprobe.report import write_report
+from memprobe.render import write_report
 from memprobe.results import default_run_dir
 from memprobe.sweep import Progress, plan_cases, run_sweep
 
@@ -158,9 +158,9 @@ def command(
     where there is. Writes results.csv, results.json, run.json and a report
     into the run directory.
     """
-    from memprobe.progress import CaseProgress
+    from memprobe.render.progress import CaseProgress
+    from memprobe.render.terminal import json_summary, table_lines
     from memprobe.results import default_run_dir
-    from memprobe.summary import json_summary, table_lines
 
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memprobe.report.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER, OTHER_BSV
+from memprobe.render.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER, OTHER_BSV
 
 _COLOURS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#7F7F7F")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
@@ -56,14 +56,6 @@ def kernel_looks(kernels: list[str]) -> dict[str, Look]:
         k: Look(_COLOURS[i % len(_COLOURS)], _MARKERS[i % len(_MARKERS)], _LINES[i % len(_LINES)])
         for i, k in enumerate(kernels)
     }
-
-
-def short_bytes(n: float) -> str:
-    """A tick label: '512 MiB', '1 GiB', '1.5 GiB' (binary units, no trailing zeros)."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.3g} {unit}"
-    return f"{n:,.0f} B"
 
 
 def power_of_two_ticks(low: float, high: float, max_ticks: int = 9) -> list[float]:

@@ -11,7 +11,7 @@ import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from memprobe.report.style import DPI
+from memprobe.render.style import DPI
 
 
 def unit_for(nbytes: float) -> tuple[float, str]:

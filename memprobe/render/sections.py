@@ -7,9 +7,10 @@ from typing import Any
 import pandas as pd
 
 from memprobe.io.sizes import format_bytes
-from memprobe.report.evidence import Evidence
-from memprobe.report.findings_view import findings_section
-from memprobe.report.headline import (
+from memprobe.records import Case
+from memprobe.render.evidence import Evidence
+from memprobe.render.findings_html import findings_section
+from memprobe.render.headline import (
     Headline,
     budget_sentence,
     kernel_line_parts,
@@ -17,18 +18,17 @@ from memprobe.report.headline import (
     shape_text,
     why_sentence,
 )
-from memprobe.report.html import (
+from memprobe.render.markup import (
     Cell,
     bytes_cell,
     definitions,
     esc,
-    is_missing,
     number_cell,
     relative_href,
     table,
     ul,
 )
-from memprobe.summary import with_ratios
+from memprobe.results import missing
 
 
 def answer(h: Headline, device_name: str) -> str:
@@ -61,17 +61,14 @@ def kernel_lines(h: Headline) -> str:
     return "<h2>What this means, kernel by kernel</h2>" + ul(items)
 
 
-def evidence_note(evidence: list[Evidence]) -> str:
+def evidence_note(evidence: tuple[Evidence, ...]) -> str:
     """Say where each kernel's trace came from, and what could not be shown."""
-    snap = [e.kernel for e in evidence if e.source.startswith("snapshot")]
-    resim = [e.kernel for e in evidence if e.source == "meta re-simulation"]
+    snap = [e.kernel for e in evidence if e.snapshot is not None]
     sources = []
     if snap:
         sources.append(
             f"the run's allocator snapshots (snapshots/, one per case) for {', '.join(snap)}"
         )
-    if resim:
-        sources.append(f"a re-simulation on meta tensors for {', '.join(resim)}")
     problems = [f"{e.kernel}: {p}" for e in evidence for p in e.problems]
     text = ""
     if sources:
@@ -81,7 +78,7 @@ def evidence_note(evidence: list[Evidence]) -> str:
     return text
 
 
-def attribution(evidence: list[Evidence], fp32_bsv_bytes: int) -> str:
+def attribution(evidence: tuple[Evidence, ...], case: Case) -> str:
     parts = [
         "<h2>Attribution at the largest case</h2>",
         '<p class="muted">What <code>memprobe attribute</code> says about each kernel\'s '
@@ -94,10 +91,8 @@ def attribution(evidence: list[Evidence], fp32_bsv_bytes: int) -> str:
             continue
         shown += 1
         big = any(
-            f.get("live_at_peak")
-            and f.get("dtype") == "float32"
-            and f.get("size") == fp32_bsv_bytes
-            for f in e.findings.get("findings", [])
+            f.live_at_peak and f.dtype is not None and case.is_fp32_bsv(f.size, f.dtype)
+            for f in e.findings.findings
         )
         flag = " — float32 [B,S,V] blocks at the peak" if big else ""
         parts.append(
@@ -112,8 +107,9 @@ def attribution(evidence: list[Evidence], fp32_bsv_bytes: int) -> str:
 _ORDER = ["batch", "dtype", "tp", "cp", "vocab", "tokens"]
 
 
-def results_table(frame: pd.DataFrame, page_dir: Any, run_dir: Any) -> str:
-    rows = with_ratios(frame).sort_values(_ORDER, kind="stable")
+def results_table(results: pd.DataFrame, page_dir: Any, run_dir: Any) -> str:
+    """Every case; ``results`` has the ratios (the page model's table)."""
+    rows = results.sort_values(_ORDER, kind="stable")
     cols: list[tuple[str, bool, Any]] = [
         ("kernel", False, lambda r: Cell(r.kernel)),
         ("tokens", True, lambda r: number_cell(r.tokens, ",")),
@@ -136,7 +132,7 @@ def results_table(frame: pd.DataFrame, page_dir: Any, run_dir: Any) -> str:
         ("backward s", True, lambda r: number_cell(r.bwd_time_s, ".4f")),
         ("max |err| fwd", True, lambda r: number_cell(r.max_abs_err_fwd, ".1e")),
         ("max |err| bwd", True, lambda r: number_cell(r.max_abs_err_bwd, ".1e")),
-        ("note", False, lambda r: Cell("" if is_missing(r.note) else r.note)),
+        ("note", False, lambda r: Cell("" if missing(r.note) else r.note)),
         ("snapshot", False, lambda r: _snapshot_cell(r.snapshot, page_dir, run_dir)),
     ]
     source = {
@@ -184,7 +180,7 @@ def _uninformative(values: pd.Series, column: str) -> bool:
 
 
 def _snapshot_cell(value: Any, page_dir: Any, run_dir: Any) -> Cell:
-    if not isinstance(value, str) or not value:
+    if missing(value) or not value:
         return Cell("")
     href = relative_href(run_dir / value, page_dir)
     return Cell(f'<a href="{esc(href)}">pickle</a>', value, raw_html=True)

@@ -14,16 +14,17 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from memprobe.io.sizes import format_bytes
-from memprobe.report.breakdown import FP32_BSV, CaseShape, gradient_block, is_fp32_bsv
-from memprobe.report.canvas import new_figure, styled, to_png, unit_for
-from memprobe.report.headline import Headline
-from memprobe.report.style import CATEGORY_STYLE, PHASE_SHADE, Look, short_op
-from memprobe.report.trace import Trace
+from memprobe.records import Case
+from memprobe.render.breakdown import FP32_BSV, gradient_block, is_fp32_bsv
+from memprobe.render.canvas import new_figure, styled, to_png, unit_for
+from memprobe.render.headline import Headline
+from memprobe.render.style import CATEGORY_STYLE, PHASE_SHADE, Look, short_op
+from memprobe.render.trace import Trace
 
 
 @styled
 def timelines(
-    traces: dict[str, Trace], shape: CaseShape, looks: dict[str, Look], headline: Headline
+    traces: dict[str, Trace], case: Case, looks: dict[str, Look], headline: Headline
 ) -> bytes | None:
     """Live bytes over each kernel's trace; float32 [B,S,V] blocks as labelled bands.
 
@@ -38,7 +39,7 @@ def timelines(
     fig = new_figure(9.0, height)
     axes = fig.subplots(n, 1, squeeze=False)[:, 0]
     panels = [
-        (_draw_timeline(ax, kernel, trace, shape, looks[kernel]), ax)
+        (_draw_timeline(ax, kernel, trace, case, looks[kernel]), ax)
         for ax, (kernel, trace) in zip(axes, traces.items(), strict=True)
     ]
     axes[-1].set_xlabel("position in the allocation trace (allocations and frees, in order)")
@@ -82,9 +83,7 @@ REST_COLOUR = "#BDBDBD"
 _Label = tuple[str, list[tuple[float, float, dict[str, Any]]]]
 
 
-def _draw_timeline(
-    ax: Axes, kernel: str, trace: Trace, shape: CaseShape, look: Look
-) -> list[_Label]:
+def _draw_timeline(ax: Axes, kernel: str, trace: Trace, case: Case, look: Look) -> list[_Label]:
     x = np.arange(trace.length + 1)
     live_bytes = trace.live_bytes()
     scale, unit = unit_for(trace.peak_bytes)
@@ -124,8 +123,8 @@ def _draw_timeline(
                     ],
                 )
             )
-    gradient = gradient_block(trace, shape)
-    big = [b for b in trace.blocks if is_fp32_bsv(b, shape) and b is not gradient]
+    gradient = gradient_block(trace, case)
+    big = [b for b in trace.blocks if is_fp32_bsv(b, case) and b is not gradient]
     base = np.zeros(trace.length + 1)
     style = CATEGORY_STYLE[FP32_BSV]
     seen: set[str] = set()

@@ -1,21 +1,19 @@
-"""A run directory → ``report.html`` (self-contained) and the PNG plots beside it."""
+"""The sweep's report page: a run directory → ``report.html`` (self-contained) and the
+PNG plots beside it, both rendered from one :class:`~memprobe.render.page.Page`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from memprobe.errors import UserError
-from memprobe.report import plots, timeline
-from memprobe.report.breakdown import CaseShape
-from memprobe.report.evidence import Evidence, gather
-from memprobe.report.headline import Headline, config_slice, headline_slice, make_headline
-from memprobe.report.html import esc, figure, page, write_bytes, write_text
-from memprobe.report.sections import (
+from memprobe.render.evidence import Evidence
+from memprobe.render.headline import Headline
+from memprobe.render.markup import esc, figure, page, write_bytes, write_text
+from memprobe.render.page import Page, build_page
+from memprobe.render.png import PLOT_NAMES, Plots, render_plots
+from memprobe.render.sections import (
     answer,
     attribution,
     evidence_note,
@@ -23,64 +21,11 @@ from memprobe.report.sections import (
     results_table,
     run_metadata,
 )
-from memprobe.report.style import kernel_looks
 
 REPORT_NAME = "report.html"
-PLOT_NAMES = ("peak_vs_tokens", "peak_vs_vocab", "peak_breakdown", "timeline", "numerics")
 
 
-@dataclass(frozen=True)
-class Plots:
-    """PNG bytes per plot name (None: nothing to draw for this run)."""
-
-    images: dict[str, bytes | None]
-
-
-def _read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
-    from memprobe.results import read_results, read_run_meta
-
-    if not run_dir.is_dir():
-        raise UserError(
-            f"{run_dir} is not a directory", "give a run directory made by `memprobe sweep`"
-        )
-    meta = read_run_meta(run_dir)
-    frame = read_results(run_dir)
-    if frame.empty:
-        raise UserError(
-            f"{run_dir} has no finished cases to report",
-            f"finish the run with `memprobe sweep --resume {run_dir}`",
-        )
-    return frame, meta
-
-
-def _evidence(frame: pd.DataFrame, h: Headline, run_dir: Path) -> list[Evidence]:
-    rows = headline_slice(frame)
-    wanted = {k.case_id for k in h.kernels if k.ok}
-    return [gather(row, run_dir) for _, row in rows.iterrows() if row["case_id"] in wanted]
-
-
-def render_plots(frame: pd.DataFrame, h: Headline, evidence: list[Evidence]) -> Plots:
-    kernels = list(dict.fromkeys(str(k) for k in frame["kernel"]))
-    looks = kernel_looks(kernels)
-    config = config_slice(frame, headline_slice(frame).iloc[0])
-    traced = [e for e in evidence if e.trace is not None]
-    shape = CaseShape.of(traced[0].case) if traced else None
-    return Plots(
-        {
-            "peak_vs_tokens": plots.peak_vs(config, "tokens", looks, h),
-            "peak_vs_vocab": plots.peak_vs(config, "vocab", looks, h),
-            "peak_breakdown": plots.breakdown_bars([e.breakdown for e in traced if e.breakdown], h),
-            "timeline": (
-                timeline.timelines({e.kernel: e.trace for e in traced if e.trace}, shape, looks, h)
-                if shape is not None
-                else None
-            ),
-            "numerics": plots.numerics(frame, kernels),
-        }
-    )
-
-
-def _figures(p: Plots, h: Headline, evidence: list[Evidence]) -> str:
+def _figures(p: Plots, h: Headline, evidence: tuple[Evidence, ...]) -> str:
     at = f"{h.tokens:,} tokens × {h.vocab:,} vocabulary"
     img = p.images
     return "\n".join(
@@ -160,7 +105,7 @@ def write_report(
         raise UserError(
             f"a memory budget must be more than 0 bytes, got {budget_bytes}", "e.g. --budget 80GiB"
         )
-    frame, meta = _read_run(run_dir)
+    model = build_page(run_dir, budget_bytes=budget_bytes)
     target = Path(out) if out is not None else run_dir / REPORT_NAME
     if target.is_dir():
         target = target / REPORT_NAME
@@ -169,33 +114,39 @@ def write_report(
             f"cannot write {target}: {target.parent} does not exist",
             "create it or choose another --out",
         )
-    h = make_headline(frame, meta, budget_bytes=budget_bytes)
-    evidence = _evidence(frame, h, run_dir)
-    p = render_plots(frame, h, evidence)
+    plots = render_plots(model)
     for name, path in _plot_paths(target).items():
-        png = p.images[name]
+        png = plots.images[name]
         if png is not None:
             write_bytes(path, png)
         else:
             path.unlink(missing_ok=True)  # a stale plot from an earlier render would mislead
-    device_name = str(meta.get("device_name") or h.device)
-    title = f"memprobe report: {run_dir.name}"
-    body = "\n".join(
+    return write_text(target, page(title_of(run_dir), _body(model, plots, target), sortable=True))
+
+
+def title_of(run_dir: Path) -> str:
+    return f"memprobe report: {run_dir.name}"
+
+
+def _body(model: Page, plots: Plots, target: Path) -> str:
+    h, meta, table, run_dir = model.headline, model.meta, model.table, model.run_dir
+    device_name = model.device_name
+    title = title_of(run_dir)
+    return "\n".join(
         [
             f"<h1>{esc(title)}</h1>",
             f'<p class="sub">Peak memory of LLM log-prob kernels (logits [B,S,V] → per-token '
-            f"log-probs, forward + backward) · {len(frame):,} cases · {esc(device_name)} · "
+            f"log-probs, forward + backward) · {len(table):,} cases · {esc(device_name)} · "
             f"{esc(_when(meta.get('started')))}</p>",
             answer(h, device_name),
             kernel_lines(h),
-            _figures(p, h, evidence),
-            attribution(evidence, h.fp32_bsv_bytes),
-            _numerics(p),
-            results_table(frame, target.parent, run_dir),
-            run_metadata(meta, frame, h, run_dir),
+            _figures(plots, h, model.evidence),
+            attribution(model.evidence, h.case),
+            _numerics(plots),
+            results_table(table, target.parent, run_dir),
+            run_metadata(meta, table, h, run_dir),
         ]
     )
-    return write_text(target, page(title, body, sortable=True))
 
 
 __all__ = ["PLOT_NAMES", "REPORT_NAME", "write_report"]

@@ -3,7 +3,7 @@
 Each function takes plain data (a DataFrame slice, breakdowns) and returns PNG
 bytes, or None when the run has nothing to draw for it (one token count only, no
 numerics). Legends sit outside the axes so they never hide a line. The timeline
-figure lives in :mod:`memprobe.report.timeline`.
+figure lives in :mod:`memprobe.render.timeline`.
 """
 
 from __future__ import annotations
@@ -17,25 +17,25 @@ from matplotlib.axes import Axes
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
 
 from memprobe.io.sizes import format_bytes
-from memprobe.records import DTYPES, dtype_bytes
-from memprobe.report.breakdown import CATEGORIES, Breakdown
-from memprobe.report.canvas import new_figure, styled, to_png, unit_for
-from memprobe.report.headline import Headline, vs_reference
-from memprobe.report.style import (
+from memprobe.records import dtype_bytes
+from memprobe.render.breakdown import CATEGORIES, Breakdown
+from memprobe.render.canvas import new_figure, styled, to_png, unit_for
+from memprobe.render.headline import Headline, vs_reference
+from memprobe.render.style import (
     BUDGET_STYLE,
     CATEGORY_STYLE,
     FLOOR_STYLE,
     Look,
     power_of_two_ticks,
-    short_bytes,
 )
+from memprobe.results import missing
 
 
 def _bytes_axis_log(ax: Axes, low: float, high: float) -> None:
     ax.set_yscale("log", base=2)
     ax.set_ylim(low / 1.3, high * 1.3)
     ax.yaxis.set_major_locator(FixedLocator(power_of_two_ticks(low / 1.3, high * 1.3)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: short_bytes(v)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
     ax.yaxis.set_minor_locator(NullLocator())
     ax.grid(True, which="major", axis="both", color="#E5E5E5", linewidth=0.7)
 
@@ -63,17 +63,17 @@ def _series(rows: pd.DataFrame, axis: str) -> list[tuple[str, str, int, pd.DataF
         by_chunk = {c: mine[mine["chunk_size"] == c].sort_values(axis) for c in chunks}
         if len(chunks) > 1 and len({tuple(r["peak_bytes"]) for r in by_chunk.values()}) > 1:
             for i, (c, sub) in enumerate(by_chunk.items()):
-                label = f"{kernel} (chunk {int(c):,})" if c == c and c is not None else str(kernel)
+                label = str(kernel) if missing(c) else f"{kernel} (chunk {int(c):,})"
                 out.append((str(kernel), label, i, sub))
         else:
             out.append((str(kernel), str(kernel), 0, by_chunk[chunks[0]]))
     return out
 
 
-def _floor_label(floor: float, logits: float | None) -> str:
-    if logits and math.isclose(floor, logits):
+def _floor_label(floor: float, logits: float) -> str:
+    if math.isclose(floor, logits):
         return "floor: logits only (gradient in place)"
-    if logits and math.isclose(floor, 2 * logits):
+    if math.isclose(floor, 2 * logits):
         return "floor: logits + gradient"
     return "floor"
 
@@ -109,12 +109,12 @@ def peak_vs(
             markersize=5.5 + variant,
         )
     floors = rows.drop_duplicates([axis, "floor_bytes"])[[axis, "floor_bytes"]].dropna()
-    width = dtype_bytes(headline.dtype) if headline.dtype in DTYPES else None
+    width = dtype_bytes(headline.dtype)
     seen: set[str] = set()
     for floor_series in _floor_lines(floors, axis):
         x, y = zip(*floor_series, strict=True)
         values.extend(y)
-        logits = width * headline.batch * _local(x[-1], fixed, axis, headline) if width else None
+        logits = width * headline.batch * _local(x[-1], fixed, axis, headline)
         label = _floor_label(y[-1], logits)
         style = dict(FLOOR_STYLE)
         if "logits only" in label:
@@ -241,10 +241,10 @@ def numerics(frame: pd.DataFrame, kernels: list[str]) -> bytes | None:
             sub = worst[worst["dtype"] == dt].set_index("kernel")
             ys = np.arange(len(names)) + (j - (len(dtypes) - 1) / 2) * height
             vals = [float(sub[col].get(k, np.nan)) if k in sub.index else np.nan for k in names]
-            values += [v for v in vals if v == v and v > 0]
+            values += [v for v in vals if not missing(v) and v > 0]
             ax.barh(
                 ys,
-                [v if v == v and v > 0 else 0 for v in vals],
+                [v if not missing(v) and v > 0 else 0 for v in vals],
                 height=height * 0.9,
                 color=greys[j % len(greys)],
                 hatch=hatches[j % len(hatches)],
@@ -253,7 +253,7 @@ def numerics(frame: pd.DataFrame, kernels: list[str]) -> bytes | None:
                 label=dt,
             )
             for y, v in zip(ys, vals, strict=True):
-                if v == v:
+                if not missing(v):
                     ax.text(v if v > 0 else 1e-12, y, f" {v:.1e}", va="center", fontsize=7)
         ax.set_xscale("log")
         if values:

@@ -1,25 +1,28 @@
 """The answer a report leads with: at the largest case, which kernel, how much, and why.
 
-Everything here is computed from the results table; the page and the plots only
-format it. The "largest case" is the largest B·S·V in the run, at the dtype,
-tensor- and context-parallel sizes of the first case planned at that shape (the
-run's order puts the first ``--dtype`` first); where several chunk sizes ran, each
-kernel is shown at its lowest peak.
+Everything here is computed from the results rows and ``run.json``; the page and
+the plots only format it. The "largest case" is the largest B·S·V in the run, at
+the dtype, tensor- and context-parallel sizes of the first case planned at that
+shape (the run's order puts the first ``--dtype`` first); where several chunk
+sizes ran, each kernel is shown at its lowest peak.
+
+No kernel registry here (it would import torch): whether a kernel consumes its
+logits is read from its row (a floor of the logits alone: the gradient is written
+into them), and its one-line description from ``run.json``'s ``kernel_summaries``.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
 from memprobe.io.sizes import format_bytes
-from memprobe.kernels import get_spec
-from memprobe.summary import with_ratios
+from memprobe.records import Case
+from memprobe.render.ratios import REFERENCE, has_ratios, with_ratios
+from memprobe.results import case_of, missing, rows_of
 
-REFERENCE = "unchunked"
 # Columns that define one "configuration" besides tokens and vocab.
 SLICE_KEYS = ("batch", "dtype", "tp", "cp")
 
@@ -38,10 +41,11 @@ class KernelResult:
     chunk_size: int | None
     note: str
     case_id: str
-    summary: str  # the registry's one-line description ("" for an unknown kernel)
+    summary: str  # the registry's one-line description, as run.json recorded it ("" if not)
     consumes_logits: bool
     fits: bool | None  # against the budget; None when there is no budget
     chunk_matters: bool = False  # several chunk sizes ran and gave different peaks
+    row: dict[str, Any] | None = None  # the results row it was read from (clean values)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +71,12 @@ class Headline:
     budget_bytes: int | None
     budget_source: str  # "--budget", "GPU capacity" or ""
     kernels: tuple[KernelResult, ...]
-    fp32_bsv_bytes: int  # one float32 [B, S, V] block on one rank
+    case: Case  # the largest case (its first kernel): the one place its shapes are computed
+
+    @property
+    def fp32_bsv_bytes(self) -> int:
+        """One float32 [B, S, V] block on one rank."""
+        return self.case.fp32_bsv_bytes
 
     @property
     def reference(self) -> KernelResult | None:
@@ -84,26 +93,16 @@ class Headline:
         return min(ok, key=lambda k: k.peak_bytes or 0) if ok else None
 
 
-def _num(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
+def _float(value: Any) -> float | None:
+    return None if missing(value) else float(value)
 
 
-def _int(value: Any) -> int | None:
-    f = _num(value)
-    return None if f is None else int(f)
-
-
-def headline_slice(frame: pd.DataFrame) -> pd.DataFrame:
-    """Rows at the largest case (all kernels and chunk sizes), with ratios."""
-    rows = with_ratios(frame)
-    size = rows["batch"].astype(float) * rows["tokens"].astype(float) * rows["vocab"].astype(float)
-    largest = rows[size == size.max()]
+def headline_slice(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows at the largest case (all kernels and chunk sizes); ``table`` has the ratios."""
+    size = (
+        table["batch"].astype(float) * table["tokens"].astype(float) * table["vocab"].astype(float)
+    )
+    largest = table[size == size.max()]
     first = largest.iloc[0]
     keep = largest
     for key in ("tokens", "vocab", *SLICE_KEYS):
@@ -111,51 +110,52 @@ def headline_slice(frame: pd.DataFrame) -> pd.DataFrame:
     return keep
 
 
-def config_slice(frame: pd.DataFrame, ref: pd.Series) -> pd.DataFrame:
-    """Every row in the same configuration (batch, dtype, tp, cp) as ``ref``."""
+def config_slice(frame: pd.DataFrame, h: Headline) -> pd.DataFrame:
+    """Every row in the headline's configuration (batch, dtype, tp, cp)."""
     keep = frame
     for key in SLICE_KEYS:
-        keep = keep[keep[key] == ref[key]]
+        keep = keep[keep[key] == getattr(h, key)]
     return keep
 
 
-def _spec_facts(kernel: str) -> tuple[str, bool]:
-    try:
-        spec = get_spec(kernel)
-    except ValueError:
-        return "", False
-    return spec.summary, spec.consumes_logits
-
-
-def _best_row(rows: pd.DataFrame) -> pd.Series:
+def _best_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """A kernel's row at its lowest peak across chunk sizes (a finished row first)."""
-    ok = rows[(rows["status"] == "ok") & rows["peak_bytes"].notna()]
-    if not ok.empty:
-        return ok.loc[pd.to_numeric(ok["peak_bytes"]).idxmin()]
-    return rows.iloc[0]
+    ok = [r for r in rows if r["status"] == "ok" and r["peak_bytes"] is not None]
+    return min(ok, key=lambda r: r["peak_bytes"]) if ok else rows[0]
+
+
+def consumes_logits(row: dict[str, Any]) -> bool:
+    """Whether the kernel's backward writes the gradient into the logits: its floor is
+    the logits alone (README: the gradient counts 0 for the in-place kernel)."""
+    floor = row.get("floor_bytes")
+    return floor is not None and floor == case_of(row).logits_bytes
 
 
 def make_headline(
     frame: pd.DataFrame, meta: dict[str, Any], *, budget_bytes: int | None = None
 ) -> Headline:
-    """The largest case's facts; the budget is ``budget_bytes`` or the GPU's recorded capacity."""
-    rows = headline_slice(frame)
-    first = rows.iloc[0]
+    """The largest case's facts; the budget is ``budget_bytes`` or the GPU's recorded capacity.
+
+    ``frame`` is the results table, with the ratios added (added here when absent).
+    """
+    table = frame if has_ratios(frame) else with_ratios(frame)
+    rows = rows_of(headline_slice(table))
     source = "--budget" if budget_bytes is not None else ""
     if budget_bytes is None:
         budget_bytes, source = gpu_capacity(meta), "GPU capacity"
         source = source if budget_bytes is not None else ""
+    summaries = meta.get("kernel_summaries")
+    summaries = summaries if isinstance(summaries, dict) else {}
     results = []
-    for kernel in dict.fromkeys(rows["kernel"]):
-        mine = rows[rows["kernel"] == kernel]
+    for kernel in dict.fromkeys(r["kernel"] for r in rows):
+        mine = [r for r in rows if r["kernel"] == kernel]
         row = _best_row(mine)
-        summary, consumes = _spec_facts(str(kernel))
-        peak = _int(row["peak_bytes"])
+        peak = row["peak_bytes"]
         ok = row["status"] == "ok" and peak is not None
         if row["status"] == "oom":
             fits: bool | None = False  # it ran out of memory on the device that measured it
         elif budget_bytes is not None and ok:
-            fits = peak <= budget_bytes  # type: ignore[operator]
+            fits = peak <= budget_bytes
         else:
             fits = None
         results.append(
@@ -163,33 +163,33 @@ def make_headline(
                 kernel=str(kernel),
                 status=str(row["status"]),
                 peak_bytes=peak,
-                floor_bytes=_int(row["floor_bytes"]),
-                peak_over_floor=_num(row["peak_over_floor"]),
-                saving_vs_unchunked=_num(row["saving_vs_unchunked"]),
-                big_fp32_blocks=_int(row["big_fp32_blocks"]),
-                chunk_size=_int(row["chunk_size"]),
-                note=str(row["note"] or "") if row["note"] == row["note"] else "",
+                floor_bytes=row["floor_bytes"],
+                peak_over_floor=_float(row["peak_over_floor"]),
+                saving_vs_unchunked=_float(row["saving_vs_unchunked"]),
+                big_fp32_blocks=row["big_fp32_blocks"],
+                chunk_size=row["chunk_size"],
+                note=str(row["note"] or ""),
                 case_id=str(row["case_id"]),
-                summary=summary,
-                consumes_logits=consumes,
+                summary=str(summaries.get(kernel) or ""),
+                consumes_logits=consumes_logits(row),
                 fits=fits,
-                chunk_matters=mine["peak_bytes"].nunique() > 1,
+                chunk_matters=len({r["peak_bytes"] for r in mine}) > 1,
+                row=row,
             )
         )
-    batch, tokens, vocab = int(first["batch"]), int(first["tokens"]), int(first["vocab"])
-    tp, cp = int(first["tp"]), int(first["cp"])
+    first = rows[0]
     return Headline(
-        batch=batch,
-        tokens=tokens,
-        vocab=vocab,
+        batch=first["batch"],
+        tokens=first["tokens"],
+        vocab=first["vocab"],
         dtype=str(first["dtype"]),
-        tp=tp,
-        cp=cp,
+        tp=first["tp"],
+        cp=first["cp"],
         device=str(first["device"]),
         budget_bytes=budget_bytes,
         budget_source=source,
         kernels=tuple(results),
-        fp32_bsv_bytes=batch * (tokens // cp) * (vocab // tp) * 4,
+        case=case_of(first),
     )
 
 
@@ -197,7 +197,10 @@ def gpu_capacity(meta: dict[str, Any]) -> int | None:
     """The GPU's memory as run.json recorded it (cuda runs), else None."""
     if meta.get("device") != "cuda":
         return None
-    return _int(meta.get("device_memory_bytes")) or None
+    value = meta.get("device_memory_bytes")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or missing(value):
+        return None
+    return int(value) or None
 
 
 # -- sentences ------------------------------------------------------------
@@ -310,7 +313,7 @@ def why_sentence(h: Headline) -> str | None:
     without = [k.kernel for k in h.kernels if k.ok and k.big_fp32_blocks == 0]
     if not with_blocks:
         return None
-    shape = f"[{h.batch:,}, {h.tokens // h.cp:,}, {h.vocab // h.tp:,}]"
+    shape = f"[{h.batch:,}, {h.case.local_tokens:,}, {h.case.local_vocab:,}]"
     held = ", ".join(f"{k.big_fp32_blocks} in {k.kernel}" for k in with_blocks)
     each = format_bytes(h.fp32_bsv_bytes)
     text = f"Why: float32 {shape} blocks, {each} each, live at the peak: {held}."

@@ -14,11 +14,11 @@ from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
 from memprobe.measure.meta_backend import simulate
 from memprobe.records import Case
-from memprobe.report import write_findings_page, write_report
-from memprobe.report.breakdown import CATEGORIES, FP32_BSV, CaseShape, breakdown
-from memprobe.report.build import PLOT_NAMES
-from memprobe.report.headline import make_headline, times, vs_reference
-from memprobe.report.trace import from_events, from_snapshot
+from memprobe.render import write_findings_page, write_report
+from memprobe.render.breakdown import CATEGORIES, FP32_BSV, breakdown
+from memprobe.render.headline import make_headline, times, vs_reference
+from memprobe.render.png import PLOT_NAMES
+from memprobe.render.trace import from_events, from_snapshot
 from memprobe.results import read_results, read_run_meta
 from memprobe.sweep import plan_cases, run_sweep
 
@@ -179,7 +179,8 @@ def test_hostile_kernel_frame_and_command_show_as_text(run: Path, tmp_path: Path
         "Traces from the run's allocator snapshots (snapshots/, one per case) for unchunked"
         in visible
     )
-    assert f"{HOSTILE}: could not re-simulate on meta" in visible  # a problem, not a crash
+    # A case without a snapshot has no trace: the page says so (the report never simulates).
+    assert f"{HOSTILE}: no snapshot in the run for this case" in visible
 
 
 # -- the CLI -----------------------------------------------------------------
@@ -242,7 +243,7 @@ def test_a_narrow_run_says_what_it_cannot_draw(tmp_path: Path) -> None:
 def test_breakdown_accounts_for_the_whole_peak(kernel: str) -> None:
     case = Case(kernel, 1, 2048, 32768, "bf16", 512)
     tracker = simulate(case, capture_frames=False)
-    b = breakdown(kernel, from_events(tracker.events), CaseShape.of(case))
+    b = breakdown(kernel, from_events(tracker.events), case)
     assert set(b.parts) == set(CATEGORIES)
     assert b.peak_bytes == tracker.peak_bytes == sum(b.parts.values())
     assert b.parts["input logits"] == case.logits_bytes
@@ -266,7 +267,7 @@ def test_a_snapshot_and_the_events_give_the_same_trace() -> None:
     from_ev = from_events(tracker.events)
     assert from_snap.peak_bytes == from_ev.peak_bytes == tracker.peak_bytes
     assert {p for p in from_snap.phases} == {"setup", "forward", "backward"}
-    shape = CaseShape.of(case)
+    shape = case
     assert breakdown("u", from_snap, shape).parts == breakdown("u", from_ev, shape).parts
 
 
@@ -328,7 +329,7 @@ def test_a_cuda_style_snapshot_reads_like_the_simulation(kernel: str) -> None:
     trace = from_snapshot(snap)
     assert trace.peak_bytes == peak
     assert set(trace.phases) <= {"forward", "backward"}
-    b = breakdown(kernel, trace, CaseShape.of(case))
+    b = breakdown(kernel, trace, case)
     assert b.parts["input logits"] == case.logits_bytes
     assert b.fp32_bsv_count == (3 if kernel == "unchunked" else 0)
 

@@ -1,35 +1,19 @@
-"""The end-of-sweep table: peak, floor, peak/floor and saving against unchunked."""
+"""The sweep's terminal output: the end table (peak, floor, peak/floor, saving against
+unchunked) and the ``--json`` summary."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
 from memprobe.io.sizes import format_bytes
-
-SHAPE_KEYS = ["batch", "tokens", "vocab", "dtype", "tp", "cp", "device"]
-
-
-def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add ``peak_over_floor`` and ``saving_vs_unchunked`` (unchunked peak / this peak)."""
-    out = frame.copy()
-    peak = pd.to_numeric(out["peak_bytes"], errors="coerce")
-    floor = pd.to_numeric(out["floor_bytes"], errors="coerce")
-    out["peak_over_floor"] = peak / floor
-    base = out[(out["kernel"] == "unchunked") & (out["status"] == "ok")]
-    base = base.drop_duplicates(SHAPE_KEYS)[[*SHAPE_KEYS, "peak_bytes"]]
-    base = base.rename(columns={"peak_bytes": "_unchunked_peak"})
-    out = out.merge(base, on=SHAPE_KEYS, how="left")
-    out["saving_vs_unchunked"] = pd.to_numeric(out["_unchunked_peak"], errors="coerce") / peak
-    return out.drop(columns="_unchunked_peak")
+from memprobe.render.ratios import with_ratios
+from memprobe.results import missing
 
 
 def _num(value: Any, fmt: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, fmt)
+    return "-" if missing(value) else format(value, fmt)
 
 
 def table_lines(frame: pd.DataFrame) -> list[str]:
@@ -63,18 +47,15 @@ def table_lines(frame: pd.DataFrame) -> list[str]:
                 f"{r.tokens:,}",
                 f"{r.vocab:,}",
                 r.dtype,
-                "-"
-                if r.chunk_size is None or r.chunk_size != r.chunk_size
-                else f"{int(r.chunk_size)}",
+                "-" if missing(r.chunk_size) else f"{int(r.chunk_size)}",
                 str(r.tp),
                 str(r.cp),
                 r.status,
-                format_bytes(None if r.peak_bytes != r.peak_bytes else r.peak_bytes),
-                format_bytes(None if r.floor_bytes != r.floor_bytes else r.floor_bytes),
-                _num(r.peak_over_floor, ".2f")
-                + ("x" if r.peak_over_floor == r.peak_over_floor else ""),
+                format_bytes(None if missing(r.peak_bytes) else r.peak_bytes),
+                format_bytes(None if missing(r.floor_bytes) else r.floor_bytes),
+                _num(r.peak_over_floor, ".2f") + ("" if missing(r.peak_over_floor) else "x"),
                 _num(r.saving_vs_unchunked, ".2f")
-                + ("x" if r.saving_vs_unchunked == r.saving_vs_unchunked else ""),
+                + ("" if missing(r.saving_vs_unchunked) else "x"),
                 _num(r.fwd_time_s, ".4f"),
                 _num(r.bwd_time_s, ".4f"),
             ]

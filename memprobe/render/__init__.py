@@ -1,0 +1,35 @@
+"""Every output memprobe renders, one module per format, all from typed records.
+
+- :mod:`~memprobe.render.terminal` — the sweep's end table and ``--json`` summary
+- :mod:`~memprobe.render.progress` — progress over sweep cases, on stderr
+- :mod:`~memprobe.render.html` — the sweep's ``report.html`` (from :mod:`~memprobe.render.page`)
+- :mod:`~memprobe.render.png` — the report's PNG plots (plots, timeline)
+- :mod:`~memprobe.render.findings_html` — one snapshot's attribution as a page
+- :mod:`~memprobe.render.gate_text`, :mod:`~memprobe.render.junit`,
+  :mod:`~memprobe.render.markdown` — the gate's verdict for a terminal, CI, a step summary
+
+``write_report(run_dir)`` renders ``report.html`` and its plots from a run's files;
+``write_findings_page(findings, path, title=...)`` renders one snapshot's attribution.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["REPORT_NAME", "write_findings_page", "write_report"]
+
+_ENTRY_POINTS = {
+    "REPORT_NAME": "memprobe.render.html",
+    "write_report": "memprobe.render.html",
+    "write_findings_page": "memprobe.render.findings_html",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the terminal table, progress and gate text must not pay
+    # for matplotlib (the report's plots) when they are all a command prints.
+    if name in _ENTRY_POINTS:
+        import importlib
+
+        return getattr(importlib.import_module(_ENTRY_POINTS[name]), name)
+    raise AttributeError(f"module 'memprobe.render' has no attribute {name!r}")

@@ -1,0 +1,98 @@
+"""A Verdict as terminal text, and the wording of one check that JUnit and Markdown share.
+
+Every number printed here is computed from the Check it describes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from memprobe.gate import Check, Verdict
+from memprobe.io.sizes import format_bytes
+
+_LIMIT_NAMES = {
+    "max_peak": "peak",
+    "max_peak_over_floor": "peak/floor",
+    "max_big_fp32_blocks": "float32 [B,S,V] blocks",
+    "regression": "peak vs baseline",
+    "status": "status",
+}
+
+
+def format_value(value: float | None, unit: str, *, ratio_suffix: str = "x") -> str:
+    """A measured value or limit in its unit: bytes, a ratio (``1.050x``) or a count."""
+    if value is None:
+        return "-"
+    if unit == "bytes":
+        return format_bytes(value)
+    if unit == "ratio":
+        return f"{value:.3f}{ratio_suffix}"
+    return f"{value:g}"
+
+
+def format_excess(check: Check) -> str:
+    """``1.97 GiB (+19.1%)``: how far measured is from the limit (over, or to spare)."""
+    excess, pct = check.excess, check.excess_pct
+    if excess is None:
+        return "-"
+    # A difference of two ratios is a plain number, not a ratio: no "x".
+    text = format_value(abs(excess), check.unit, ratio_suffix="")
+    return f"{text} ({pct:+.1f}%)" if pct is not None else text
+
+
+def describe(check: Check) -> str:
+    """What was measured against what, in words: the detail of one check."""
+    if check.measured is None:
+        if check.limit is not None:
+            return f"{check.reason}; limit {format_value(check.limit, check.unit)}"
+        return check.reason
+    measured = format_value(check.measured, check.unit)
+    limit = format_value(check.limit, check.unit)
+    what = _LIMIT_NAMES.get(check.kind, check.kind)
+    if check.kind == "regression" and check.reference is not None and check.limit is not None:
+        growth = (
+            100.0 * (check.measured - check.reference) / check.reference if check.reference else 0.0
+        )
+        allowed = (
+            100.0 * (check.limit - check.reference) / check.reference if check.reference else 0.0
+        )
+        head = (
+            f"peak {measured} vs baseline {format_bytes(check.reference)} ({growth:+.2f}%, "
+            f"allowed +{allowed:.2f}% = {limit})"
+        )
+    else:
+        op = "<=" if check.passed else ">"
+        head = f"{what} {measured} {op} limit {limit}"
+    if not check.passed:
+        return f"{head}: over by {format_excess(check)}"
+    if check.kind != "regression" and check.unit != "count" and check.excess:
+        return f"{head} ({format_excess(check).split(' (')[0]} to spare)"
+    return head
+
+
+def format_check(check: Check, *, case_width: int = 0) -> str:
+    mark = "ok  " if check.passed else "FAIL"
+    return (
+        f"{mark}  {check.source:<9} {check.kind:<20} {check.case:<{case_width}}  {describe(check)}"
+    )
+
+
+def format_verdict(verdict: Verdict, *, written: Sequence[Path] = ()) -> str:
+    """The terminal report: one line per check (failures last), notes, then the summary."""
+    lines = [f"memprobe gate: {verdict.cases} case(s) from {verdict.results}"]
+    if verdict.config:
+        lines.append(f"  rules from {verdict.config}")
+    if verdict.baseline:
+        lines.append(f"  baseline {verdict.baseline} (max regression {verdict.max_regression:g}%)")
+    width = max((len(c.case) for c in verdict.checks), default=0)
+    ordered = [c for c in verdict.checks if c.passed] + list(verdict.failures)
+    lines.extend("  " + format_check(c, case_width=width) for c in ordered)
+    lines.extend(f"  note: {n}" for n in verdict.notes)
+    lines.extend(f"  wrote {p}" for p in written)
+    total, failed = len(verdict.checks), len(verdict.failures)
+    if failed:
+        lines.append(f"FAILED: {failed} of {total} check(s) failed")
+    else:
+        lines.append(f"passed: all {total} check(s)")
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""A gate Verdict as JUnit XML: one testcase per check, a <failure> per violation."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from memprobe.gate import Verdict
+from memprobe.render.gate_text import describe
+
+
+def junit_tree(verdict: Verdict) -> ET.ElementTree:
+    """One testcase per check (rule limit × case, baseline × case); a <failure> per violation."""
+    total, failed = str(len(verdict.checks)), str(len(verdict.failures))
+    counts = {"tests": total, "failures": failed, "errors": "0", "skipped": "0", "time": "0"}
+    root = ET.Element("testsuites", {"name": "memprobe gate", **counts})
+    suite = ET.SubElement(root, "testsuite", {"name": "memprobe gate", **counts})
+    props = ET.SubElement(suite, "properties")
+    for name, value in (
+        ("results", verdict.results),
+        ("config", verdict.config),
+        ("baseline", verdict.baseline),
+        ("max_regression_pct", f"{verdict.max_regression:g}" if verdict.baseline else None),
+    ):
+        if value is not None:
+            ET.SubElement(props, "property", {"name": name, "value": value})
+    for check in verdict.checks:
+        case = ET.SubElement(
+            suite,
+            "testcase",
+            {
+                "classname": f"memprobe.gate.{check.source}",
+                "name": f"{check.kind}: {check.case}",
+                "time": "0",
+            },
+        )
+        detail = describe(check)
+        if check.rule:
+            detail = f"rule {check.source}: {check.rule}\ncase {check.case_id}\n{detail}"
+        if check.passed:
+            ET.SubElement(case, "system-out").text = detail
+        else:
+            failure = ET.SubElement(
+                case, "failure", {"message": describe(check), "type": check.kind}
+            )
+            failure.text = detail
+    ET.indent(root)
+    return ET.ElementTree(root)
+
+
+def write_junit(path: Path, verdict: Verdict) -> None:
+    from memprobe.io.files import write_atomic
+
+    text = ET.tostring(junit_tree(verdict).getroot(), encoding="unicode")
+    write_atomic(path, '<?xml version="1.0" encoding="utf-8"?>\n' + text + "\n", what="JUnit file")

@@ -1,0 +1,74 @@
+"""The page model: everything a sweep report shows, computed once from a run directory.
+
+Built from the results rows, ``run.json`` and the snapshot of each headline case
+(:mod:`memprobe.render.evidence`); the HTML page and every PNG read it and
+compute nothing of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from memprobe.errors import UserError
+from memprobe.render.evidence import Evidence, gather
+from memprobe.render.headline import Headline, config_slice, make_headline
+from memprobe.render.ratios import with_ratios
+from memprobe.results import read_results, read_run_meta
+
+
+@dataclass(frozen=True)
+class Page:
+    run_dir: Path
+    meta: dict[str, Any]
+    table: pd.DataFrame  # every finished row, with peak_over_floor and saving_vs_unchunked
+    headline: Headline
+    evidence: tuple[Evidence, ...]  # one per finished kernel at the largest case
+    kernels: tuple[str, ...]  # every kernel, in the run's order (each keeps one look)
+
+    @property
+    def config(self) -> pd.DataFrame:
+        """The rows in the headline's configuration (batch, dtype, tp, cp): the growth plots."""
+        return config_slice(self.table, self.headline)
+
+    @property
+    def traced(self) -> tuple[Evidence, ...]:
+        return tuple(e for e in self.evidence if e.trace is not None)
+
+    @property
+    def device_name(self) -> str:
+        return str(self.meta.get("device_name") or self.headline.device)
+
+
+def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    if not run_dir.is_dir():
+        raise UserError(
+            f"{run_dir} is not a directory", "give a run directory made by `memprobe sweep`"
+        )
+    meta = read_run_meta(run_dir)
+    frame = read_results(run_dir)
+    if frame.empty:
+        raise UserError(
+            f"{run_dir} has no finished cases to report",
+            f"finish the run with `memprobe sweep --resume {run_dir}`",
+        )
+    return frame, meta
+
+
+def build_page(run_dir: Path, *, budget_bytes: int | None = None) -> Page:
+    """Read a run and compute the page: ratios, the headline, each headline kernel's evidence."""
+    frame, meta = read_run(run_dir)
+    table = with_ratios(frame)
+    headline = make_headline(table, meta, budget_bytes=budget_bytes)
+    evidence = tuple(gather(k.row, run_dir) for k in headline.kernels if k.ok and k.row)
+    return Page(
+        run_dir=run_dir,
+        meta=meta,
+        table=table,
+        headline=headline,
+        evidence=evidence,
+        kernels=tuple(dict.fromkeys(str(k) for k in frame["kernel"])),
+    )

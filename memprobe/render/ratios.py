@@ -1,0 +1,29 @@
+"""The two ratios every view of a sweep quotes: peak over floor, and the saving against
+``unchunked`` at the same shape. Computed here once, for the terminal table, the JSON
+summary and the report page alike."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+REFERENCE = "unchunked"
+# What makes two rows "the same shape" for the saving against the reference.
+SHAPE_KEYS = ["batch", "tokens", "vocab", "dtype", "tp", "cp", "device"]
+
+
+def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add ``peak_over_floor`` and ``saving_vs_unchunked`` (unchunked peak / this peak)."""
+    out = frame.copy()
+    peak = pd.to_numeric(out["peak_bytes"], errors="coerce")
+    floor = pd.to_numeric(out["floor_bytes"], errors="coerce")
+    out["peak_over_floor"] = peak / floor
+    base = out[(out["kernel"] == REFERENCE) & (out["status"] == "ok")]
+    base = base.drop_duplicates(SHAPE_KEYS)[[*SHAPE_KEYS, "peak_bytes"]]
+    base = base.rename(columns={"peak_bytes": "_unchunked_peak"})
+    out = out.merge(base, on=SHAPE_KEYS, how="left")
+    out["saving_vs_unchunked"] = pd.to_numeric(out["_unchunked_peak"], errors="coerce") / peak
+    return out.drop(columns="_unchunked_peak")
+
+
+def has_ratios(frame: pd.DataFrame) -> bool:
+    return {"peak_over_floor", "saving_vs_unchunked"} <= set(frame.columns)
