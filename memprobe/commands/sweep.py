@@ -159,8 +159,8 @@ def command(
     into the run directory.
     """
     from memprobe.render.progress import CaseProgress
-    from memprobe.render.terminal import json_summary, table_lines
-    from memprobe.results import default_run_dir
+    from memprobe.render.terminal import answer_lines, json_summary, table_lines
+    from memprobe.results import default_run_dir, read_run_meta
 
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
@@ -204,7 +204,12 @@ def command(
         typer.echo(json.dumps(json_summary(outcome.frame, str(outcome.run_dir)), indent=1))
         return
     if not quiet:
-        for line in table_lines(outcome.frame):
+        budget_for_table = request.budget_bytes
+        for line in table_lines(outcome.frame, budget_bytes=budget_for_table):
+            typer.echo(line)
+        typer.echo("")
+        meta = read_run_meta(outcome.run_dir)
+        for line in answer_lines(outcome.frame, meta, budget_bytes=request.budget_bytes):
             typer.echo(line)
         typer.echo(f"report: {outcome.report}")
     typer.echo(f"run directory: {outcome.run_dir}")

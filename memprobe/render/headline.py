@@ -110,6 +110,27 @@ def headline_slice(table: pd.DataFrame) -> pd.DataFrame:
     return keep
 
 
+def other_slices(table: pd.DataFrame, h: Headline) -> str | None:
+    """A sentence naming the configurations the headline and plots leave out, or None.
+
+    A run over several dtypes, batches or parallel sizes is summarized at one of
+    them; saying which, and what else is in the table, keeps that from being silent.
+    """
+    shown = {"batch": h.batch, "dtype": h.dtype, "tp": h.tp, "cp": h.cp}
+    others = []
+    for key in SLICE_KEYS:
+        values = [v for v in dict.fromkeys(table[key].tolist()) if v != shown[key]]
+        if values:
+            others.append(f"{key} {', '.join(str(v) for v in values)}")
+    if not others:
+        return None
+    at = ", ".join(f"{k} {v}" for k, v in shown.items())
+    return (
+        f"This summary and the plots are at {at}; the run also has {'; '.join(others)} "
+        "(see the results table)."
+    )
+
+
 def config_slice(frame: pd.DataFrame, h: Headline) -> pd.DataFrame:
     """Every row in the headline's configuration (batch, dtype, tp, cp)."""
     keep = frame

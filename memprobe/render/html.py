@@ -138,7 +138,7 @@ def _body(model: Page, plots: Plots, target: Path) -> str:
             f'<p class="sub">Peak memory of LLM log-prob kernels (logits [B,S,V] → per-token '
             f"log-probs, forward + backward) · {len(table):,} cases · {esc(device_name)} · "
             f"{esc(_when(meta.get('started')))}</p>",
-            answer(h, device_name),
+            answer(h, device_name, table),
             kernel_lines(h),
             _figures(plots, h, model.evidence),
             attribution(model.evidence, h.case),

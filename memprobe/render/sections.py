@@ -14,6 +14,7 @@ from memprobe.render.headline import (
     Headline,
     budget_sentence,
     kernel_line_parts,
+    other_slices,
     recommendation,
     shape_text,
     why_sentence,
@@ -31,8 +32,11 @@ from memprobe.render.markup import (
 from memprobe.results import missing
 
 
-def answer(h: Headline, device_name: str) -> str:
+def answer(h: Headline, device_name: str, table: pd.DataFrame) -> str:
     lines = recommendation(h)
+    also = other_slices(table, h)
+    if also:
+        lines = [*lines, also]
     first = f'<p class="big">{esc(lines[0])}</p>'
     rest = "".join(f"<p>{esc(s)}</p>" for s in lines[1:])
     why = why_sentence(h)

@@ -1,5 +1,5 @@
-"""The sweep's terminal output: the end table (peak, floor, peak/floor, saving against
-unchunked) and the ``--json`` summary."""
+"""The sweep's terminal output: the end table (peak, floor, peak/floor, peak against
+unchunked, whether it fits a budget), the closing answer, and the ``--json`` summary."""
 
 from __future__ import annotations
 
@@ -16,8 +16,17 @@ def _num(value: Any, fmt: str) -> str:
     return "-" if missing(value) else format(value, fmt)
 
 
-def table_lines(frame: pd.DataFrame) -> list[str]:
-    """One aligned line per case, largest shape last within each kernel block."""
+def _times(x: Any) -> str:
+    return "-" if missing(x) else f"{x:.2f}x"
+
+
+def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list[str]:
+    """One aligned line per case, largest shape last within each kernel block.
+
+    ``peak vs unchunked`` is this kernel's peak over unchunked's at the same shape
+    (0.30x: 70% less memory). With a budget, ``fits`` says whether the peak is
+    within it. Times show only where measured (cpu, cuda): a simulation has none.
+    """
     if frame.empty:
         return ["(no cases)"]
     rows = with_ratios(frame)
@@ -25,6 +34,7 @@ def table_lines(frame: pd.DataFrame) -> list[str]:
     rows = rows.sort_values(["batch", "dtype", "tp", "cp", "vocab", "tokens"], kind="stable")
     header = [
         "kernel",
+        "batch",
         "tokens",
         "vocab",
         "dtype",
@@ -35,33 +45,36 @@ def table_lines(frame: pd.DataFrame) -> list[str]:
         "peak",
         "floor",
         "peak/floor",
-        "vs unchunked",
+        "peak vs unchunked",
         "fwd s",
         "bwd s",
     ]
+    if budget_bytes is not None:
+        header.append("fits")
     body = []
     for r in rows.itertuples(index=False):
-        body.append(
-            [
-                r.kernel,
-                f"{r.tokens:,}",
-                f"{r.vocab:,}",
-                r.dtype,
-                "-" if missing(r.chunk_size) else f"{int(r.chunk_size)}",
-                str(r.tp),
-                str(r.cp),
-                r.status,
-                format_bytes(None if missing(r.peak_bytes) else r.peak_bytes),
-                format_bytes(None if missing(r.floor_bytes) else r.floor_bytes),
-                _num(r.peak_over_floor, ".2f") + ("" if missing(r.peak_over_floor) else "x"),
-                _num(r.saving_vs_unchunked, ".2f")
-                + ("" if missing(r.saving_vs_unchunked) else "x"),
-                _num(r.fwd_time_s, ".4f"),
-                _num(r.bwd_time_s, ".4f"),
-            ]
-        )
+        cells = [
+            r.kernel,
+            f"{r.batch:,}",
+            f"{r.tokens:,}",
+            f"{r.vocab:,}",
+            r.dtype,
+            "-" if missing(r.chunk_size) else f"{int(r.chunk_size)}",
+            str(r.tp),
+            str(r.cp),
+            r.status,
+            format_bytes(None if missing(r.peak_bytes) else r.peak_bytes),
+            format_bytes(None if missing(r.floor_bytes) else r.floor_bytes),
+            _times(r.peak_over_floor),
+            _times(None if missing(r.saving_vs_unchunked) else 1 / r.saving_vs_unchunked),
+            _num(r.fwd_time_s, ".4f"),
+            _num(r.bwd_time_s, ".4f"),
+        ]
+        if budget_bytes is not None:
+            cells.append(_fits(r.status, r.peak_bytes, budget_bytes))
+        body.append(cells)
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    right = {1, 2, 4, 5, 6, 8, 9, 10, 11, 12, 13}
+    right = {1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14}
 
     def fmt(cells: list[str]) -> str:
         padded = zip(cells, widths, strict=True)
@@ -77,6 +90,39 @@ def table_lines(frame: pd.DataFrame) -> list[str]:
         if r.status != "ok" and r.note
     ]
     return lines + notes
+
+
+def _fits(status: str, peak: Any, budget_bytes: int) -> str:
+    if status != "ok" or missing(peak):
+        return "-"
+    return "yes" if peak <= budget_bytes else "no"
+
+
+def answer_lines(
+    frame: pd.DataFrame, meta: dict[str, Any], *, budget_bytes: int | None
+) -> list[str]:
+    """The closing lines: at the largest case, what to use and (with a budget) what fits."""
+    from memprobe.render.headline import (
+        budget_sentence,
+        make_headline,
+        other_slices,
+        recommendation,
+    )
+
+    if frame.empty:
+        return []
+    h = make_headline(frame, meta, budget_bytes=budget_bytes)
+    at = f"At {h.tokens:,} tokens x {h.vocab:,} vocabulary ({h.dtype}"
+    at += f", batch {h.batch}" if h.batch != 1 else ""
+    at += f", tp {h.tp}" if h.tp != 1 else ""
+    at += f", cp {h.cp}" if h.cp != 1 else ""
+    lines = [f"{at}):", *(f"  {line}" for line in recommendation(h))]
+    if h.budget_bytes is not None or any(k.status == "oom" for k in h.kernels):
+        lines.append(f"  {budget_sentence(h)}")
+    also = other_slices(with_ratios(frame), h)
+    if also:
+        lines.append(f"  {also.replace('This summary and the plots are', 'This answer is')}")
+    return lines
 
 
 def json_summary(frame: pd.DataFrame, run_dir: str) -> dict[str, Any]:
