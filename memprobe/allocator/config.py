@@ -112,7 +112,9 @@ class AllocConf:
         if self.max_non_split_rounding_mb != DEFAULT_NON_SPLIT_ROUNDING_MB:
             parts.append(f"max_non_split_rounding_mb:{self.max_non_split_rounding_mb}")
         if any(self.roundup_power2_divisions):
-            parts.append(f"roundup_power2_divisions:{_divisions_text(self.roundup_power2_divisions)}")
+            parts.append(
+                f"roundup_power2_divisions:{_divisions_text(self.roundup_power2_divisions)}"
+            )
         if self.garbage_collection_threshold:
             parts.append(f"garbage_collection_threshold:{self.garbage_collection_threshold!r}")
         if self.expandable_segments:

@@ -60,6 +60,10 @@ SEGMENT_UNMAP = "segment_unmap"
 # address_source(kind, nbytes) -> address, where kind is "cudaMalloc" (a new segment) or
 # "reserve" (the virtual range of a new expandable segment). None: use the next free address.
 AddressSource = Callable[[str, int], "int | None"]
+# cuda_malloc_fails(attempt) -> True to make that cudaMalloc (or page map) attempt of the
+# current request fail, as a full device would; attempt counts from 0 within one malloc.
+# A replay uses it to follow a trace that shows the allocator freeing its cache.
+MallocFailureOracle = Callable[[int], bool]
 
 
 class OutOfMemory(Exception):
@@ -210,6 +214,7 @@ class CachingAllocatorModel:
         capacity_bytes: int | None = None,
         device: int = 0,
         address_source: AddressSource | None = None,
+        cuda_malloc_fails: MallocFailureOracle | None = None,
         record_trace: bool = False,
         keep_segment_events: bool = True,
     ) -> None:
@@ -223,6 +228,8 @@ class CachingAllocatorModel:
             else None
         )
         self._address_source = address_source
+        self._malloc_fails = cuda_malloc_fails
+        self._attempt = 0
         self._next_address = ADDRESS_BASE
         self._max_split = self.conf.max_split_size
         self._max_split_cmp = self._max_split if self._max_split is not None else 1 << 64
@@ -269,6 +276,7 @@ class CachingAllocatorModel:
         block = self._get_free_block(pool, size)
         if block is None:
             alloc_size = allocation_size(size, self.conf)
+            self._attempt = 0
             if self._gc_on:
                 self._garbage_collect()
             block = self._alloc_block(pool, size, alloc_size, False)
@@ -416,7 +424,9 @@ class CachingAllocatorModel:
         pool = self._pool(stream, small)
         page = SMALL_BUFFER if small else self.conf.large_segment_size
         end = max((a + s for a, s in mapped), default=base)
-        total = round_up(max(self._va_bytes(page) if va_bytes is None else va_bytes, end - base), page)
+        total = round_up(
+            max(self._va_bytes(page) if va_bytes is None else va_bytes, end - base), page
+        )
         es = _Expandable(base, page, total, stream, small)
         self._expandables.append(es)
         self._next_address = max(self._next_address, round_up(base + total, ROUND_LARGE))
@@ -648,10 +658,16 @@ class CachingAllocatorModel:
         if self.reserved > self.reserved_peak:
             self.reserved_peak = self.reserved
 
-    def _alloc_block(self, pool: _Pool, size: int, alloc_size: int, is_retry: bool) -> _Block | None:
+    def _alloc_block(
+        self, pool: _Pool, size: int, alloc_size: int, is_retry: bool
+    ) -> _Block | None:
         if is_retry:
             self.num_alloc_retries += 1
         if self.allowed_max is not None and self.reserved + alloc_size > self.allowed_max:
+            return None
+        attempt = self._attempt
+        self._attempt += 1
+        if self._malloc_fails is not None and self._malloc_fails(attempt):
             return None
         if self._expandable:
             return self._try_allocate_expandable(pool, size)
@@ -721,7 +737,9 @@ class CachingAllocatorModel:
         while reclaimed < target and freed and count > 0:
             age_threshold = total_age / count
             freed = False
-            large = [b for (s, sm), p in sorted(self._pools.items()) if not sm for _, _, b in p.free]
+            large = [
+                b for (s, sm), p in sorted(self._pools.items()) if not sm for _, _, b in p.free
+            ]
             for b in large:
                 if b.prev is None and b.next is None and b.es is None:
                     age = calls - b.gc_base
