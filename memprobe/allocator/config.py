@@ -1,4 +1,4 @@
-"""``PYTORCH_ALLOC_CONF`` settings: parse the ``key:value,key:value`` text into an :class:`AllocConf`.
+"""``PYTORCH_ALLOC_CONF`` settings: parse ``key:value,key:value`` text into an :class:`AllocConf`.
 
 The grammar and the checks follow torch's own parser (``c10/core/AllocatorConfig.cpp`` and
 ``c10/cuda/CUDAAllocatorConfig.cpp``): the text is cut into tokens at ``,`` ``:`` ``[`` ``]``,

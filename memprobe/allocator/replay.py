@@ -42,7 +42,6 @@ from memprobe.allocator.model import (
     SMALL_BUFFER,
     SMALL_SIZE,
     CachingAllocatorModel,
-    OutOfMemory,
     round_size,
 )
 from memprobe.errors import UserError
@@ -213,7 +212,30 @@ class _DeviceReplay:
         return self.recorded_conf.large_segment_size
 
     def _is_small_range(self, size: int) -> bool:
+        """Whether a freed cudaMalloc segment of ``size`` bytes was a small-pool one."""
         return size == SMALL_BUFFER and self._large_page() != SMALL_BUFFER
+
+    def _expandable_kind(self, e: dict, bounds: dict[tuple[int, bool], list[int]]) -> bool:
+        """Whether a map/unmap entry is the small pool's: the pool whose expandable range is
+        nearest its address (each pool reserves its own range); by size when none is known."""
+        stream = int(e.get("stream", 0))
+        addr = e["addr"]
+        best: tuple[int, bool] | None = None
+        for (s, small), (lo, hi) in bounds.items():
+            if s != stream:
+                continue
+            gap = 0 if lo <= addr <= hi else min(abs(addr - lo), abs(addr - hi))
+            if best is None or gap < best[0]:
+                best = (gap, small)
+        if best is not None:
+            small = best[1]
+        else:
+            large = self._large_page()
+            small = e["size"] % large != 0 or (e["size"] == SMALL_BUFFER != large)
+        lo_hi = bounds.setdefault((stream, small), [addr, addr])
+        lo_hi[0] = min(lo_hi[0], addr)
+        lo_hi[1] = max(lo_hi[1], addr + e["size"])
+        return small
 
     def _start_state(
         self,
@@ -239,7 +261,10 @@ class _DeviceReplay:
                 "the model puts their requests in the default pools"
             )
         missing = 0
-        for e in reversed(self.trace):
+        bounds = {k: [min(v), max(v)] for k, v in pages.items() if v}
+        self._map_kind: dict[int, bool] = {}
+        for i in range(len(self.trace) - 1, -1, -1):
+            e = self.trace[i]
             action = e["action"]
             if action == "segment_alloc":
                 if segs.pop(e["addr"], None) is None:
@@ -251,7 +276,7 @@ class _DeviceReplay:
                     self._is_small_range(e["size"]),
                 )
             elif action in ("segment_map", "segment_unmap"):
-                small = self._is_small_range(e["size"])
+                small = self._map_kind[i] = self._expandable_kind(e, bounds)
                 page = SMALL_BUFFER if small else self._large_page()
                 keyset = pages.setdefault((int(e.get("stream", 0)), small), set())
                 span = range(e["addr"], e["addr"] + e["size"], page)
@@ -316,11 +341,9 @@ class _DeviceReplay:
             base = min(
                 [ranges[0][0]]
                 + [
-                    e["addr"]
-                    for e in self.trace
-                    if e["action"] in ("segment_map", "segment_unmap")
-                    and int(e.get("stream", 0)) == stream
-                    and self._is_small_range(e["size"]) == small
+                    self.trace[i]["addr"]
+                    for i, kind in self._map_kind.items()
+                    if kind == small and int(self.trace[i].get("stream", 0)) == stream
                 ]
             )
             inside = [b for b in loose if any(a <= b[0] < a + s for a, s in ranges)]
