@@ -240,6 +240,7 @@ class CachingAllocatorModel:
         self._gc_calls = {True: 0, False: 0}  # get_free_blocks_call_count per pool kind
         self._active: dict[int, _Block] = {}
         self._expandables: list[_Expandable] = []
+        self._cuda_ranges: dict[int, int] = {}  # live cudaMalloc segments: address -> size
         self.trace: list[dict[str, Any]] | None = [] if record_trace else None
         self.segment_events: list[dict[str, Any]] | None = [] if keep_segment_events else None
         # Stats (torch's DeviceStats, aggregate).
@@ -402,6 +403,7 @@ class CachingAllocatorModel:
         requested) allocated in it and the gaps between them free; return the live addresses.
         Used to start a replay from the state a snapshot implies."""
         pool = self._pool(stream, small)
+        self._cuda_ranges[addr] = size
         self.reserved += size
         self.reserved_peak = max(self.reserved_peak, self.reserved)
         self.cuda_segments += 1
@@ -525,19 +527,41 @@ class CachingAllocatorModel:
         if self.segment_events is not None and action.startswith("segment_"):
             self.segment_events.append(entry)
 
+    def _in_use(self, addr: int, nbytes: int) -> bool:
+        """Whether [addr, addr + nbytes) overlaps memory the model holds (a replay's recorded
+        address can, once the model has gone its own way)."""
+        end = addr + nbytes
+        if any(a < end and addr < a + n for a, n in self._cuda_ranges.items()):
+            return True
+        return any(es.base < end and addr < es.base + es.size for es in self._expandables)
+
     def _new_address(self, kind: str, nbytes: int) -> int:
         if self._address_source is not None:
             addr = self._address_source(kind, nbytes)
-            if addr is not None:
+            if addr is not None and not self._in_use(addr, nbytes):
                 self._next_address = max(self._next_address, round_up(addr + nbytes, ROUND_LARGE))
                 return addr
         addr = self._next_address
         self._next_address = round_up(addr + nbytes, ROUND_LARGE)
         return addr
 
+    def fits_cached(self, nbytes: int, stream: int = 0) -> bool:
+        """Whether a request would be served from a cached free block (no new memory)."""
+        size = round_size(nbytes, self.conf)
+        pool = self._pools.get((stream, size <= SMALL_SIZE))
+        return pool is not None and self._find_free(pool, size) is not None
+
     def _get_free_block(self, pool: _Pool, size: int) -> _Block | None:
         if self._gc_on:
             self._gc_calls[pool.small] += 1
+        i = self._find_free(pool, size)
+        if i is None:
+            return None
+        block = pool.free[i][2]
+        del pool.free[i]
+        return block
+
+    def _find_free(self, pool: _Pool, size: int) -> int | None:
         lst = pool.free
         i = bisect_left(lst, (size,))
         n = len(lst)
@@ -566,9 +590,7 @@ class CachingAllocatorModel:
             return None  # an oversize block is not split for a smaller request
         if size >= self._max_split_cmp and block_size >= size + self._non_split_rounding:
             return None
-        block = lst[i][2]
-        del lst[i]
-        return block
+        return i
 
     def _should_split(self, block: _Block, size: int) -> bool:
         remaining = block.size - size
@@ -675,6 +697,7 @@ class CachingAllocatorModel:
             return None
         addr = self._new_address("cudaMalloc", alloc_size)
         block = _Block(addr, alloc_size, pool)
+        self._cuda_ranges[addr] = alloc_size
         self._grow_reserved(alloc_size)
         self.cuda_segments += 1
         if self.cuda_segments > self.cuda_segments_peak:
@@ -689,6 +712,7 @@ class CachingAllocatorModel:
         self.num_device_free += 1
         self.reserved -= block.size
         self.cuda_segments -= 1
+        self._cuda_ranges.pop(block.addr, None)
         self._remove_free(pool, block)
 
     def _release_available_cached_blocks(self, pool: _Pool, size: int) -> bool:

@@ -495,7 +495,13 @@ class _DeviceReplay:
             is_free = action in ("free_requested", "free_completed", "free") and effective[i]
             if action != "alloc" and not is_free and action != "oom":
                 continue
-            if shrink_pending and (action != "alloc" or not grew_after_shrink):
+            if shrink_pending and (
+                action != "alloc"
+                or not grew_after_shrink
+                or model.fits_cached(e["size"], int(e.get("stream", 0)))
+            ):
+                # An allocation that a cached block would have served cannot have found
+                # the device full: the memory went back before it, by empty_cache().
                 # The real allocator gave memory back with no allocation following:
                 # empty_cache(), or the retry before an OOM. Do the same.
                 model.empty_cache()

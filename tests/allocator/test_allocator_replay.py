@@ -231,3 +231,46 @@ def test_every_device_of_a_multi_device_file():
     for r in results:
         assert r.predicted_reserved_peak_bytes == r.recorded_reserved_peak_bytes
         assert r.predicted_segments == r.recorded_segments
+
+
+def test_empty_cache_then_an_allocation_that_needs_a_new_segment():
+    # The trace opens with empty_cache() giving back a cached 20 MiB segment S0, then asks
+    # for 16 MiB: S0 would have served it, so this was no OOM retry; it was empty_cache().
+    trace = [
+        entry("segment_free", S0, 20 * MiB),
+        entry("segment_alloc", S2, 16 * MiB),
+        entry("alloc", S2, 16 * MiB),
+    ]
+    segments = [segment(S2, "large", [block(S2, 16 * MiB, "active_allocated")])]
+    snap = normalize_snapshot({"segments": segments, "device_traces": [trace]})
+    (r,) = replay_snapshot(snap, use_recorded_addresses=True)
+    assert r.predicted_reserved_peak_bytes == r.recorded_reserved_peak_bytes == 20 * MiB
+    assert r.timeline_mismatches == 0
+    assert r.address_mismatches == 0
+    assert any("empty_cache" in n for n in r.notes)
+
+
+def test_oom_retry_frees_the_cache_like_the_trace_shows():
+    # S0 (20 MiB, split: a 2 MiB block live) and S1 (30 MiB, free) are cached; a 40 MiB
+    # request finds the device full: S1 is freed, then the cudaMalloc succeeds.
+    s1 = 0x50000000
+    trace = [
+        entry("segment_free", s1, 30 * MiB),
+        entry("segment_alloc", S2, 40 * MiB),
+        entry("alloc", S2, 40 * MiB),
+    ]
+    segments = [
+        segment(
+            S0,
+            "large",
+            [block(S0, 2 * MiB, "active_allocated"), block(S0 + 2 * MiB, 18 * MiB, "inactive")],
+        ),
+        segment(S2, "large", [block(S2, 40 * MiB, "active_allocated")]),
+    ]
+    snap = normalize_snapshot({"segments": segments, "device_traces": [trace]})
+    (r,) = replay_snapshot(snap, use_recorded_addresses=True)
+    assert r.recorded_reserved_peak_bytes == r.predicted_reserved_peak_bytes == 60 * MiB
+    assert r.predicted_segments == r.recorded_segments == 2
+    assert r.timeline_mismatches == 0
+    assert r.address_mismatches == 0
+    assert any("found the device full" in n for n in r.notes)
