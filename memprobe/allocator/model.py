@@ -32,7 +32,7 @@ request costs a few microseconds in CPython (see ``benchmarks/bench_allocator.py
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -397,7 +397,7 @@ class CachingAllocatorModel:
         *,
         stream: int = 0,
         small: bool,
-        live_blocks: list[tuple[int, int, int]] = (),  # type: ignore[assignment]
+        live_blocks: Iterable[tuple[int, int, int]] = (),
     ) -> list[int]:
         """Add a cudaMalloc segment that already exists, with ``live_blocks`` (address, size,
         requested) allocated in it and the gaps between them free; return the live addresses.
@@ -418,7 +418,7 @@ class CachingAllocatorModel:
         *,
         stream: int = 0,
         small: bool,
-        live_blocks: list[tuple[int, int, int]] = (),  # type: ignore[assignment]
+        live_blocks: Iterable[tuple[int, int, int]] = (),
         va_bytes: int | None = None,
     ) -> list[int]:
         """Add an expandable segment at ``base`` whose ``mapped`` ranges (address, size) are
@@ -432,6 +432,7 @@ class CachingAllocatorModel:
         es = _Expandable(base, page, total, stream, small)
         self._expandables.append(es)
         self._next_address = max(self._next_address, round_up(base + total, ROUND_LARGE))
+        live = list(live_blocks)
         live_addrs: list[int] = []
         prev: _Block | None = None
         cursor = base
@@ -443,7 +444,7 @@ class CachingAllocatorModel:
                 insort(pool.unmapped, (gap.addr, gap))
                 prev = gap
             if s:
-                inside = [lb for lb in live_blocks if a <= lb[0] < a + s]
+                inside = [lb for lb in live if a <= lb[0] < a + s]
                 addrs, prev = self._lay_out(pool, a, s, es, inside, split_stats=False, prev=prev)
                 live_addrs += addrs
                 self._grow_reserved(s)
@@ -469,7 +470,7 @@ class CachingAllocatorModel:
         addr: int,
         size: int,
         es: _Expandable | None,
-        live_blocks: list[tuple[int, int, int]] | tuple[()],
+        live_blocks: Iterable[tuple[int, int, int]],
         *,
         split_stats: bool,
         prev: _Block | None = None,
