@@ -173,6 +173,9 @@ class Run:
     forward_peak_bytes: int | None = None
     backward_peak_bytes: int | None = None
     reserved_peak_bytes: int | None = None
+    # "measured" (the CUDA allocator's own statistics) or "modelled" (memprobe's model
+    # of the caching allocator replaying the tracked allocations); None without a figure.
+    reserved_source: str | None = None
     floor_bytes: int | None = None
     fwd_time_s: float | None = None
     bwd_time_s: float | None = None

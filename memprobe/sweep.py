@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
+from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.measure import measure, resolve_device
@@ -160,6 +161,7 @@ def run_sweep(
     command: str = "",
     resume: bool = False,
     snapshots: bool = True,
+    alloc_conf: AllocConf | None = None,
 ) -> pd.DataFrame:
     """Measure every case not already in ``out_dir`` and return all rows.
 
@@ -173,7 +175,7 @@ def run_sweep(
     error: UserError | None = None
     if lead:
         try:
-            rows, todo = _open_run(cases, out_dir, command, resume)
+            rows, todo = _open_run(cases, out_dir, command, resume, alloc_conf)
         except UserError as exc:
             error = exc
     if layout is not None:
@@ -186,9 +188,9 @@ def run_sweep(
     elif error is not None:
         raise error
     for i, case in enumerate(todo, start=1):
-        run = _measure_one(case, verify=verify)
+        run = _with_reserved(_measure_one(case, verify=verify), alloc_conf)
         if snapshots and lead:
-            run = _with_snapshot(run, out_dir)
+            run = _with_snapshot(run, out_dir, alloc_conf)
         row: dict[str, Any] | None = run.row()
         if layout is not None:
             row = gather_row(run.row())
@@ -202,7 +204,7 @@ def run_sweep(
 
 
 def _open_run(
-    cases: list[Case], out_dir: Path, command: str, resume: bool
+    cases: list[Case], out_dir: Path, command: str, resume: bool, conf: AllocConf | None
 ) -> tuple[list[dict[str, Any]], list[Case]]:
     """(rows already finished, cases still to run) for a new or resumed run."""
     if resume:
@@ -214,7 +216,13 @@ def _open_run(
         device = cases[0].device if cases else "meta"
         # The report names each kernel by its registry line without importing the registry.
         summaries = {c.kernel: get_spec(c.kernel).summary for c in cases}
-        info = {**environment(device), "command": command, "kernel_summaries": summaries}
+        info = {
+            **environment(device),
+            "command": command,
+            "kernel_summaries": summaries,
+            # The allocator settings: the model's on meta/cpu, the real allocator's on cuda.
+            "alloc_conf": (conf or AllocConf()).to_string(),
+        }
         results.create_run_dir(out_dir, cases, info)
         done = []
     finished = {results.case_key(r) for r in done}
@@ -237,7 +245,23 @@ def _measure_one(case: Case, *, verify: bool) -> Run:
     return run
 
 
-def _with_snapshot(run: Run, out_dir: Path) -> Run:
+def _with_reserved(run: Run, conf: AllocConf | None) -> Run:
+    """Reserved bytes for every case: the allocator's own figure where it measured one
+    (cuda), else what memprobe's model of the caching allocator reserves for the
+    tracked allocations."""
+    if run.reserved_peak_bytes is not None:
+        return replace(run, reserved_source="measured")
+    if not run.events:
+        return run  # skipped or failed before anything ran
+    from memprobe.allocator import simulate
+    from memprobe.snapshot.synthesize import allocator_requests
+
+    requests, _ = allocator_requests(run.events)
+    sim = simulate(((e.action, e.storage, e.nbytes) for e in requests), conf)
+    return replace(run, reserved_peak_bytes=sim.reserved_peak_bytes, reserved_source="modelled")
+
+
+def _with_snapshot(run: Run, out_dir: Path, conf: AllocConf | None = None) -> Run:
     """Write the case's allocator snapshot (torch's format, protocol 4) and
     point the row at it: the real one on cuda, one synthesized from the
     tracker's trace on meta and cpu."""
@@ -246,7 +270,7 @@ def _with_snapshot(run: Run, out_dir: Path) -> Run:
     if run.cuda_snapshot is not None:
         snapshot = run.cuda_snapshot
     elif run.events:
-        snapshot = synthesize_snapshot(run.events, case=run.case)
+        snapshot = synthesize_snapshot(run.events, case=run.case, conf=conf)
     else:
         return run  # skipped or failed before anything ran
     relative = results.snapshot_relpath(run.case)

@@ -62,9 +62,17 @@ def test_trace_shape_and_labels() -> None:
         assert isinstance(e["time_us"], int) and e["stream"] == 0
     times = [e["time_us"] for e in trace]
     assert times == sorted(times)
-    # Distinct, aligned addresses for blocks live at the same time.
+    # Distinct addresses for blocks live at the same time; a freed block's address is
+    # reused, as the caching allocator reuses its cached blocks.
+    live: dict[int, int] = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            assert e["addr"] not in live
+            live[e["addr"]] = e["size"]
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"])
     addrs = [e["addr"] for e in allocs]
-    assert len(set(addrs)) == len(addrs) and all(a % ROUND_LARGE == 0 for a in addrs)
+    assert len(set(addrs)) < len(addrs) and all(a % 512 == 0 for a in addrs)
     first = parse_label(allocs[1]["user_metadata"])
     assert first == {
         "case": fx.HEADLINE.case_id,
@@ -78,7 +86,8 @@ def test_trace_shape_and_labels() -> None:
         "filename": fx.KERNEL,
         "line": 24,
     }
-    assert snap["allocator_settings"] == {} and snap["external_annotations"] == []
+    assert snap["allocator_settings"]["expandable_segments"] is False
+    assert snap["external_annotations"] == []
 
 
 def test_segments_describe_what_is_live_at_the_end() -> None:
@@ -91,18 +100,21 @@ def test_segments_describe_what_is_live_at_the_end() -> None:
         if b["state"] == "active_allocated"
     )
     assert live == [fx.BF16_BSV, fx.BF16_BSV]
+    # Every segment the trace allocated is still cached (nothing called empty_cache),
+    # with the freed float32 [B,S,V] blocks as inactive, reusable space.
+    made = [e for e in snap["device_traces"][0] if e["action"] == "segment_alloc"]
+    assert len(snap["segments"]) == len(made)
+    assert sum(s["total_size"] for s in snap["segments"]) == sum(e["size"] for e in made)
+    inactive = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "inactive"]
+    assert any(b["size"] >= fx.FP32_BSV for b in inactive)
     for seg in snap["segments"]:
         blocks = seg["blocks"]
-        assert (
-            sum(b["size"] for b in blocks)
-            == seg["total_size"]
-            == segment_size(blocks[0]["requested_size"])
-        )
+        assert sum(b["size"] for b in blocks) == seg["total_size"]
         assert blocks[0]["address"] == seg["address"]
-        assert seg["allocated_size"] == seg["active_size"] == blocks[0]["size"]
-        assert seg["requested_size"] == blocks[0]["requested_size"]
-        assert could_hold(blocks[0]["size"], blocks[0]["requested_size"])
-        assert seg["segment_type"] == "large" and seg["is_expandable"] is False
+        active = [b for b in blocks if b["state"] == "active_allocated"]
+        assert seg["allocated_size"] == sum(b["size"] for b in active)
+        assert seg["segment_type"] in ("small", "large") and seg["is_expandable"] is False
+    assert snap["memprobe"]["clock"] == "simulation"  # meta: the times are not measured
 
 
 def test_small_tensors_get_small_pool_blocks() -> None:
@@ -123,7 +135,9 @@ def test_free_of_an_untracked_storage_and_empty_storages() -> None:
         Event(2, 2.0, "free", 78, 0, (0,), "torch.float32", "y", "forward"),
     ]
     trace = synthesize_snapshot(events)["device_traces"][0]
-    assert [e["action"] for e in trace] == ["free_requested", "free_completed", "segment_free"]
+    # As in a ring-buffer-truncated CUDA trace: the free of a block made before the
+    # window, its segment still cached (no segment_free).
+    assert [e["action"] for e in trace] == ["free_requested", "free_completed"]
 
 
 def test_device_index_places_the_trace(tmp_path: Path) -> None:

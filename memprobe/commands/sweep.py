@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Annotated, Optional
 import pandas as pd
 import typer
 
+from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.flags import given_flags, int_list, name_list, positive_ints, user_errors
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_size
@@ -19,7 +21,7 @@ from memprobe.measure import resolve_device
 from memprobe.ranks import current_layout, start_ranks, stop_ranks, under_torchrun
 from memprobe.records import Grid
 from memprobe.render import write_report
-from memprobe.results import default_run_dir
+from memprobe.results import default_run_dir, read_run_meta
 from memprobe.sweep import Progress, plan_cases, run_sweep
 
 
@@ -30,6 +32,7 @@ class SweepRequest:
     resume: Path | None = None
     verify: bool = True
     budget_bytes: int | None = None  # marked on the report's plots
+    alloc_conf: str | None = None  # PYTORCH_ALLOC_CONF syntax
     command: str = ""
 
 
@@ -43,6 +46,14 @@ class SweepOutcome:
 
 
 def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> SweepOutcome:
+    conf = parse_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
+    if request.resume is not None and request.resume.is_dir():
+        # A resumed run keeps the allocator settings it started with.
+        recorded = read_run_meta(request.resume).get("alloc_conf")
+        conf = parse_alloc_conf(recorded) if isinstance(recorded, str) else None
+    if conf is not None and request.resume is None:
+        # The real allocator reads it at its first allocation: set before any CUDA call.
+        os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
     if under_torchrun():
         start_ranks(
             resolve_device(request.grid.device), list(request.grid.tp), list(request.grid.cp)
@@ -58,6 +69,7 @@ def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> Sw
         frame = run_sweep(
             cases,
             run_dir,
+            alloc_conf=conf,
             verify=request.verify,
             progress=progress if lead else None,
             command=request.command,
@@ -147,6 +159,14 @@ def command(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress, no table: just the run directory.")
     ] = False,
+    alloc_conf: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Caching-allocator settings in PYTORCH_ALLOC_CONF syntax, e.g. "
+            "expandable_segments:True: the allocator model's on meta/cpu (reserved_peak_bytes), "
+            "the real allocator's on cuda."
+        ),
+    ] = None,
     budget: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(help="Budget the report marks, e.g. 80GiB (default: the GPU's capacity)."),
@@ -188,6 +208,7 @@ def command(
         resume=resume,
         verify=verify,
         budget_bytes=budget_bytes,
+        alloc_conf=alloc_conf,
         command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )
     try:

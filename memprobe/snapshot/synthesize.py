@@ -1,198 +1,173 @@
 """Build a torch-format allocator snapshot from memprobe's tracker trace.
 
 On ``meta`` and ``cpu`` there is no CUDA allocator to ask, but the tracker saw every
-storage come and go. This turns that trace into the dict ``torch.cuda.memory._snapshot()``
-would give, so the same viewers (``torch.cuda._memory_viz``, pytorch.org/memory_viz)
-and ``memprobe attribute`` read simulated and real runs alike.
+storage come and go. This runs that trace through memprobe's model of the CUDA
+caching allocator (:mod:`memprobe.allocator`) and writes what
+``torch.cuda.memory._snapshot()`` would give: each tensor at the address the
+allocator would have handed out, ``segment_alloc``/``segment_map`` events where it
+would have called cudaMalloc, and final ``segments`` whose blocks include the
+inactive splits and cached free blocks. So torch's viewers (``_memory_viz``
+``segment_plot``, pytorch.org/memory_viz) show the fragmentation the real
+allocator would have, and ``memprobe attribute`` reads simulated and real runs alike.
 
-The allocator is modelled without caching: each storage gets a fresh segment sized by
-torch's rules (:mod:`memprobe.snapshot.allocator`), returned when the storage dies.
-Reserved bytes in a synthesized snapshot are therefore "what a cache-less allocator
-would hold", not a prediction of the caching allocator's reserve. Addresses are a bump
-allocator (never reused), so every block in the file is unambiguous.
+Times are the tracker's. On meta they time the simulation, not a GPU, so the
+snapshot says so (``memprobe.clock``): readers must not present them as measured.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from memprobe.allocator import AllocConf, simulate
 from memprobe.records import Case, Event, Frame
-from memprobe.snapshot.allocator import (
-    ROUND_LARGE,
-    block_size_in_segment,
-    is_small,
-    round_up,
-    segment_size,
-)
 from memprobe.snapshot.labels import format_label
 
-# A plausible CUDA virtual address, 2 MiB aligned like real segments.
-BASE_ADDRESS = 0x7F00_0000_0000
-ALLOCATOR_MODEL = "memprobe synthesized: one segment per storage, no caching"
-
-
-@dataclass
-class _Block:
-    addr: int
-    nbytes: int
-    seg_bytes: int
-    block_bytes: int
-    frames: list[dict[str, Any]]
-    label: str = ""
-
-
-class _Synth:
-    def __init__(self, case_id: str | None) -> None:
-        self.case_id = case_id
-        self.next_addr = BASE_ADDRESS
-        self.trace: list[dict[str, Any]] = []
-        self.live: dict[int, _Block] = {}
-        self.orphans: list[_Block] = []  # a second alloc of a live storage id
-        self.last_time = 0
-
-    def _time(self, t: float) -> int:
-        # Snapshot times are integer microseconds and never go backwards.
-        self.last_time = max(self.last_time, int(round(t)))
-        return self.last_time
-
-    def _label(self, ev: Event) -> str:
-        return format_label(
-            case=self.case_id, phase=ev.phase, op=ev.op, dtype=ev.dtype, shape=ev.shape
-        )
-
-    def _new_block(self, ev: Event) -> _Block:
-        seg = segment_size(ev.nbytes)
-        block = _Block(
-            addr=self.next_addr,
-            nbytes=ev.nbytes,
-            seg_bytes=seg,
-            block_bytes=block_size_in_segment(ev.nbytes, seg),
-            frames=frames_to_dicts(ev.frames),
-        )
-        self.next_addr += round_up(seg, ROUND_LARGE)
-        return block
-
-    def _entry(self, action: str, addr: int, size: int, t: int, frames: list, label: str) -> None:
-        self.trace.append(
-            {
-                "action": action,
-                "addr": addr,
-                "size": size,
-                "stream": 0,
-                "time_us": t,
-                "frames": frames,
-                "user_metadata": label,
-            }
-        )
-
-    def alloc(self, ev: Event) -> None:
-        block = self._new_block(ev)
-        if ev.storage in self.live:
-            self.orphans.append(self.live[ev.storage])
-        self.live[ev.storage] = block
-        t, label = self._time(ev.time_us), self._label(ev)
-        block.label = label
-        self._entry("segment_alloc", block.addr, block.seg_bytes, t, block.frames, label)
-        self._entry("alloc", block.addr, block.nbytes, t, block.frames, label)
-
-    def free(self, ev: Event) -> None:
-        block = self.live.pop(ev.storage, None)
-        if block is None:
-            # Freed but never seen made: it existed before tracking began. Emit the
-            # free anyway, as a ring-buffer-truncated CUDA trace would.
-            block = self._new_block(ev)
-        t, label = self._time(ev.time_us), self._label(ev)
-        frames = frames_to_dicts(ev.frames) if ev.frames else block.frames
-        self._entry("free_requested", block.addr, block.nbytes, t, frames, label)
-        self._entry("free_completed", block.addr, block.nbytes, t, frames, label)
-        self._entry("segment_free", block.addr, block.seg_bytes, t, frames, label)
-
-    def segments(self, device: int) -> list[dict[str, Any]]:
-        live = sorted([*self.live.values(), *self.orphans], key=lambda b: b.addr)
-        return [_segment(b, device) for b in live]
+# Frees of storages made before tracking began sit here, away from the model's
+# addresses, as the frees of a ring-buffer-truncated CUDA trace would.
+ORPHAN_ADDRESS = 0x7E00_0000_0000
+ALLOCATOR_MODEL = "memprobe synthesized: memprobe.allocator model of the CUDA caching allocator"
 
 
 def frames_to_dicts(frames: Iterable[Frame]) -> list[dict[str, Any]]:
     return [{"name": f.name, "filename": f.filename, "line": int(f.line)} for f in frames]
 
 
-def _segment(b: _Block, device: int) -> dict[str, Any]:
-    blocks = [
-        {
-            "address": b.addr,
-            "size": b.block_bytes,
-            "requested_size": b.nbytes,
-            "state": "active_allocated",
-            "frames": b.frames,
-            # Not in torch's block dicts (viewers ignore it): keeps memprobe's label on
-            # blocks whose alloc a trimmed trace no longer holds.
-            "user_metadata": b.label,
-        }
-    ]
-    if b.seg_bytes > b.block_bytes:
-        blocks.append(
-            {
-                "address": b.addr + b.block_bytes,
-                "size": b.seg_bytes - b.block_bytes,
-                "requested_size": 0,
-                "state": "inactive",
-                "frames": [],
-            }
-        )
-    return {
-        "device": device,
-        "address": b.addr,
-        "total_size": b.seg_bytes,
-        "allocated_size": b.block_bytes,
-        "active_size": b.block_bytes,
-        "requested_size": b.nbytes,
-        "stream": 0,
-        "segment_type": "small" if is_small(b.nbytes) else "large",
-        "segment_pool_id": (0, 0),
-        "is_expandable": False,
-        "frames": b.frames,
-        "blocks": blocks,
-    }
+def _label(ev: Event, case_id: str | None) -> str:
+    return format_label(case=case_id, phase=ev.phase, op=ev.op, dtype=ev.dtype, shape=ev.shape)
 
 
 def synthesize_snapshot(
-    events: Iterable[Event], *, case: Case | None = None, device: int = 0
+    events: Iterable[Event],
+    *,
+    case: Case | None = None,
+    device: int = 0,
+    conf: AllocConf | None = None,
 ) -> dict[str, Any]:
     """A torch snapshot dict from tracker events (``alloc`` / ``free``), in index order.
 
-    The trace holds ``segment_alloc`` + ``alloc`` for each storage and
-    ``free_requested`` + ``free_completed`` + ``segment_free`` when it dies, each with
-    ``addr``, ``size`` (the storage's bytes), ``stream`` 0, ``time_us``, ``frames`` and a
-    memprobe label in ``user_metadata`` (case, phase, op, dtype, shape). ``segments``
-    describe what is live at the end of the trace, as in a snapshot taken then.
-    Zero-byte storages are skipped: CUDA never allocates for them.
+    Each storage's ``alloc`` and ``free_requested`` + ``free_completed`` carry its
+    requested bytes, its frames and a memprobe label in ``user_metadata`` (case,
+    phase, op, dtype, shape); segment events come from the allocator model under
+    ``conf`` (the defaults when None). Zero-byte storages are skipped: CUDA never
+    allocates for them.
     """
     if device < 0:
         raise ValueError("device must be >= 0")
-    synth = _Synth(case.case_id if case is not None else None)
+    case_id = case.case_id if case is not None else None
+    modelled, orphans = allocator_requests(events)
+    sim = simulate(((e.action, e.storage, e.nbytes) for e in modelled), conf, device=device)
+
+    by_addr: dict[int, Event] = {}  # the event that made each live block, for segment frames
+    trace: list[dict[str, Any]] = []
+    last_time = 0
+    orphan_at = 0
+    orphan_addr = ORPHAN_ADDRESS
+
+    def stamp(entry: dict[str, Any], ev: Event) -> dict[str, Any]:
+        nonlocal last_time
+        entry["frames"] = frames_to_dicts(ev.frames)
+        entry["user_metadata"] = _label(ev, case_id)
+        # Snapshot times are integer microseconds and never go backwards.
+        last_time = max(last_time, int(round(ev.time_us)))
+        entry["time_us"] = last_time
+        return entry
+
+    def flush_orphans(upto: int) -> None:
+        nonlocal orphan_at, orphan_addr
+        while orphan_at < len(orphans) and orphans[orphan_at][0] <= upto:
+            ev = orphans[orphan_at][1]
+            for action in ("free_requested", "free_completed"):
+                base = {"action": action, "addr": orphan_addr, "size": ev.nbytes, "stream": 0}
+                trace.append(stamp(base, ev))
+            orphan_addr += 2 << 20
+            orphan_at += 1
+
+    for entry in sim.trace:
+        index = entry.pop("event_index")
+        flush_orphans(index)
+        ev = modelled[index]
+        if entry["action"] == "alloc":
+            by_addr[entry["addr"]] = ev
+        trace.append(stamp(entry, ev))
+    flush_orphans(len(modelled))
+
+    segments = [dict(seg) for seg in sim.segments]
+    for seg in segments:
+        seg["blocks"] = [_with_origin(b, by_addr, case_id) for b in seg["blocks"]]
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(device)] + [trace]
+    return {
+        "segments": segments,
+        "device_traces": traces,
+        "allocator_settings": _settings(conf or AllocConf()),
+        "external_annotations": [],
+        "memprobe": {
+            "synthesized": True,
+            "case": case_id,
+            "allocator_model": ALLOCATOR_MODEL,
+            "alloc_conf": (conf or AllocConf()).to_string(),
+            "clock": "simulation" if case is not None and case.device == "meta" else "tracker",
+        },
+    }
+
+
+def allocator_requests(events: Iterable[Event]) -> tuple[list[Event], list[tuple[int, Event]]]:
+    """The tracker's events as the CUDA allocator would receive them, in index order.
+
+    Returns (requests, orphans): zero-byte storages are dropped (CUDA never allocates
+    for them), a storage seen alive twice gets the free the tracker lost, and frees of
+    storages made before tracking began are set aside as orphans, each with the
+    position in ``requests`` it came at.
+    """
+    modelled: list[Event] = []
+    orphans: list[tuple[int, Event]] = []
+    live: set[int] = set()
     for ev in sorted(events, key=lambda e: e.index):
         if ev.action == "alloc":
-            if ev.nbytes > 0:
-                synth.alloc(ev)
+            if ev.nbytes <= 0:
+                continue
+            if ev.storage in live:
+                # A storage id seen alive twice: the tracker lost a free. Treat it as one.
+                modelled.append(_as_free(ev))
+            live.add(ev.storage)
+            modelled.append(ev)
         elif ev.action == "free":
-            # A free matches its storage's alloc whatever bytes it reports.
-            if ev.storage in synth.live or ev.nbytes > 0:
-                synth.free(ev)
+            if ev.storage in live:
+                live.discard(ev.storage)
+                modelled.append(ev)
+            elif ev.nbytes > 0:
+                orphans.append((len(modelled), ev))
         else:
             raise ValueError(
                 f"event {ev.index} has action {ev.action!r}; expected 'alloc' or 'free'"
             )
-    traces: list[list[dict[str, Any]]] = [[] for _ in range(device)] + [synth.trace]
+    return modelled, orphans
+
+
+def _settings(conf: AllocConf) -> dict[str, Any]:
+    """``allocator_settings`` as torch writes them: the configuration string, and the
+    options the model uses (``max_split_size`` in bytes, as torch records it)."""
+    split = conf.max_split_size
     return {
-        "segments": synth.segments(device),
-        "device_traces": traces,
-        "allocator_settings": {},
-        "external_annotations": [],
-        "memprobe": {
-            "synthesized": True,
-            "case": case.case_id if case is not None else None,
-            "allocator_model": ALLOCATOR_MODEL,
-        },
+        "PYTORCH_ALLOC_CONF": conf.to_string(),
+        "max_split_size": split if split is not None else -1,
+        "garbage_collection_threshold": conf.garbage_collection_threshold or 0.0,
+        "expandable_segments": conf.expandable_segments,
     }
+
+
+def _as_free(ev: Event) -> Event:
+    return Event(
+        ev.index, ev.time_us, "free", ev.storage, ev.nbytes, ev.shape, ev.dtype, ev.op, ev.phase
+    )
+
+
+def _with_origin(block: dict[str, Any], by_addr: dict[int, Event], case_id: str | None) -> dict:
+    out = dict(block)
+    ev = by_addr.get(block["address"])
+    if block["state"] != "inactive" and ev is not None:
+        out["frames"] = frames_to_dicts(ev.frames)
+        # Not in torch's block dicts (viewers ignore it): keeps memprobe's label on
+        # blocks whose alloc a trimmed trace no longer holds.
+        out["user_metadata"] = _label(ev, case_id)
+    return out
