@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import math
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -66,8 +67,10 @@ class Case:
         """Stable, file-name-safe id: readable prefix plus a short hash of every field."""
         digest = hashlib.sha1(repr(sorted(asdict(self).items())).encode()).hexdigest()[:8]
         chunk = "none" if self.chunk_size is None else str(self.chunk_size)
+        # A user kernel is named by its import path ("pkg.mod:fn"): keep file names portable.
+        kernel = re.sub(r"[^A-Za-z0-9._-]", "_", self.kernel)
         return (
-            f"{self.kernel}-b{self.batch}-s{self.tokens}-v{self.vocab}-{self.dtype}"
+            f"{kernel}-b{self.batch}-s{self.tokens}-v{self.vocab}-{self.dtype}"
             f"-c{chunk}-tp{self.tp}-cp{self.cp}-{self.device}-{digest}"
         )
 

@@ -16,6 +16,7 @@ import datetime as _dt
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -46,6 +47,8 @@ INT_COLUMNS = frozenset(
 )
 _FLOAT_COLUMNS = frozenset(f.name for f in fields(Run) if f.type == "float | None")
 _POSITIVE = ("batch", "tokens", "vocab", "tp", "cp")
+# What the sweep writes in a row's snapshot column; anything else (a URL, "..") is tampering.
+_SNAPSHOT_PATH = re.compile(rf"{SNAPSHOTS}/[A-Za-z0-9._-]+\.pickle")
 
 
 def case_key(row: Row) -> CaseKey:
@@ -127,6 +130,9 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
         raise _bad(file, index, f"status {clean['status']!r} is not one of {', '.join(STATUSES)}")
     if clean["dtype"] not in DTYPES:
         raise _bad(file, index, f"dtype {clean['dtype']!r} is not one of {', '.join(DTYPES)}")
+    snapshot = clean["snapshot"]
+    if snapshot is not None and not _SNAPSHOT_PATH.fullmatch(snapshot):
+        raise _bad(file, index, f"snapshot {snapshot!r} is not a path under {SNAPSHOTS}/")
     chunk = clean["chunk_size"]
     if chunk is not None and chunk <= 0:
         raise _bad(file, index, f"chunk_size {chunk} is not positive")

@@ -244,3 +244,67 @@ def test_kernels_refuse_a_python_list(name: str) -> None:
 
     with pytest.raises(ValueError, match="torch tensors"):
         get_kernel(name)([[[1.0, 2.0]]], torch.zeros(1, 1, dtype=torch.long))
+
+
+# -- snapshots: shared references that expand, NaN times ------------------------
+
+
+def test_snapshot_of_repeated_references_is_refused_not_expanded(tmp_path: Path) -> None:
+    import pickle
+
+    from memprobe.snapshot.load import MAX_FRAMES, load_snapshot
+
+    frames = [{"name": "f", "filename": "x.py", "line": 1}] * 1000
+    entry = {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "frames": frames}
+    # Pickle memoizes the one entry: a small file standing for 10^9 frames.
+    trace = [entry] * (MAX_FRAMES // 1000 + 10)
+    path = tmp_path / "bomb.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
+    assert path.stat().st_size < 2_000_000
+    with pytest.raises(UserError, match="beyond the"):
+        load_snapshot(path)
+
+
+@pytest.mark.parametrize("t", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_times_are_dropped(t: float) -> None:
+    from memprobe.snapshot.load import normalize_snapshot
+
+    entry = {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "time_us": t}
+    snap = normalize_snapshot({"segments": [], "device_traces": [[entry]]})
+    assert "time_us" not in snap["device_traces"][0][0]
+
+
+def test_junit_holds_control_characters(tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    from memprobe.gate import Check, Verdict
+    from memprobe.render.junit import write_junit
+
+    note = "CUDA error: \x1b[31mout of memory\x1b[0m\x07"
+    check = Check("rules[0]", "status", "k", "k-1", passed=False, reason=note)
+    write_junit(tmp_path / "j.xml", Verdict((check,), "r", 1))
+    root = ET.parse(tmp_path / "j.xml").getroot()  # parses: no raw control characters
+    assert "\\x1b[31m" in ET.tostring(root, encoding="unicode")
+
+
+def test_report_links_only_to_snapshot_paths(tmp_path: Path) -> None:
+    row = {**GOOD_ROW, "snapshot": "javascript:alert(1)"}
+    with pytest.raises(UserError, match="is not a path under snapshots/"):
+        read_rows(results_file(tmp_path, [row]))
+    from memprobe.render.markup import relative_href
+
+    assert relative_href(tmp_path / "javascript:x", tmp_path) == "./javascript:x"
+
+
+def test_report_leaves_a_users_own_png_alone(run_cli, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    assert run_cli(
+        "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+        "--device", "meta", "--out", str(run), "-q", "--no-verify",
+    )[0] == 0  # fmt: skip
+    mine = tmp_path / "pages" / "numerics.png"
+    mine.parent.mkdir()
+    mine.write_bytes(b"\x89PNG\r\n\x1a\n my own plot")
+    code, _, err = run_cli("report", str(run), "--out", str(tmp_path / "pages" / "report.html"))
+    assert code == 0, err
+    assert mine.read_bytes() == b"\x89PNG\r\n\x1a\n my own plot"

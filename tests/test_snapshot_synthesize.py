@@ -13,7 +13,7 @@ import torch.cuda._memory_viz as memory_viz
 
 from memprobe.records import Event
 from memprobe.snapshot import load_snapshot, synthesize_snapshot, write_snapshot
-from memprobe.snapshot.allocator import MIN_BLOCK, ROUND_LARGE, could_hold, segment_size
+from memprobe.snapshot.allocator import MIN_BLOCK
 from memprobe.snapshot.labels import parse_label
 
 SNAPSHOTS = {

@@ -13,6 +13,14 @@ from matplotlib.figure import Figure
 
 from memprobe.render.style import DPI
 
+# Written into every PNG memprobe makes (a tEXt chunk), so a re-render removes only
+# its own stale plots, never a user's file that happens to share a name.
+PNG_SOFTWARE = "memprobe"
+
+
+def made_by_memprobe(png: bytes) -> bool:
+    return b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in png[:4096]
+
 
 def unit_for(nbytes: float) -> tuple[float, str]:
     """The binary unit a figure's axis reads best in: GiB from 1 GiB, else MiB or KiB."""
@@ -61,5 +69,12 @@ def new_figure(width: float, height: float) -> Figure:
 
 def to_png(fig: Figure) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", pad_inches=0.15)
+    fig.savefig(
+        buf,
+        format="png",
+        dpi=DPI,
+        bbox_inches="tight",
+        pad_inches=0.15,
+        metadata={"Software": PNG_SOFTWARE},
+    )
     return buf.getvalue()

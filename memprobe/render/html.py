@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
+from memprobe.render.canvas import made_by_memprobe
 from memprobe.render.evidence import Evidence
 from memprobe.render.headline import Headline
 from memprobe.render.markup import esc, figure, page, write_bytes, write_text
@@ -120,8 +121,17 @@ def write_report(
         if png is not None:
             write_bytes(path, png)
         else:
-            path.unlink(missing_ok=True)  # a stale plot from an earlier render would mislead
+            _remove_stale_plot(path)
     return write_text(target, page(title_of(run_dir), _body(model, plots, target), sortable=True))
+
+
+def _remove_stale_plot(path: Path) -> None:
+    """A plot from an earlier render would mislead; a user's own file is left alone."""
+    try:
+        if made_by_memprobe(path.read_bytes()):
+            path.unlink()
+    except OSError:
+        pass  # absent (the usual case) or unreadable: nothing of ours to remove
 
 
 def title_of(run_dir: Path) -> str:

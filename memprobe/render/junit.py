@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -48,8 +49,18 @@ def junit_tree(verdict: Verdict) -> ET.ElementTree:
     return ET.ElementTree(root)
 
 
+# Characters XML 1.0 cannot hold at all (ElementTree writes them and the file no longer
+# parses): control codes such as the ANSI colours in a CUDA or Triton error text.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def xml_text(text: str) -> str:
+    """``text`` with the characters XML cannot hold shown as ``\\x1b`` escapes."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def write_junit(path: Path, verdict: Verdict) -> None:
     from memprobe.io.files import write_atomic
 
-    text = ET.tostring(junit_tree(verdict).getroot(), encoding="unicode")
+    text = xml_text(ET.tostring(junit_tree(verdict).getroot(), encoding="unicode"))
     write_atomic(path, '<?xml version="1.0" encoding="utf-8"?>\n' + text + "\n", what="JUnit file")

@@ -131,7 +131,9 @@ def definitions(pairs: Iterable[tuple[str, Any]]) -> str:
 
 def relative_href(target: Path, page_dir: Path) -> str:
     """A link from the page to a file beside it (kept working when the folder moves)."""
-    return os.path.relpath(target, page_dir).replace(os.sep, "/")
+    href = os.path.relpath(target, page_dir).replace(os.sep, "/")
+    # "javascript:x" or "C:x" as a first path part would read as a URL scheme.
+    return f"./{href}" if ":" in href.split("/", 1)[0] else href
 
 
 def write_text(path: Path, text: str) -> Path:

@@ -8,6 +8,7 @@ global: a file that names one is rejected before anything it names is touched.
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 from pathlib import Path
@@ -23,6 +24,10 @@ from memprobe.snapshot.model import (
 )
 
 DEFAULT_MAX_BYTES = 2 * 2**30
+# What normalization will expand to. Real files reach 10^6 trace entries with tens of
+# frames each; these caps are far above that and far below what exhausts memory.
+MAX_ENTRIES = 20_000_000
+MAX_FRAMES = 200_000_000
 _HINT = "expected the pickle written by torch.cuda.memory._dump_snapshot() or memprobe"
 # Actions whose entry must name a block or segment address and a size. ``free`` is
 # the single free action of early history files (torch's viewer still reads it).
@@ -177,6 +182,7 @@ def normalize_snapshot(raw: Any, *, source: str = "<snapshot>") -> dict:
         raise bad("'segments'", f"is {_describe(segments)}, not a list")
     if not isinstance(traces, list):
         raise bad("'device_traces'", f"is {_describe(traces)}, not a list")
+    _check_expansion(segments, traces, source)
     out: dict[str, Any] = {k: v for k, v in raw.items()}
     out["segments"] = [_segment(s, i, bad) for i, s in enumerate(segments)]
     out["device_traces"] = [_trace(t, d, bad) for d, t in enumerate(traces)]
@@ -185,6 +191,33 @@ def normalize_snapshot(raw: Any, *, source: str = "<snapshot>") -> dict:
     annotations = raw.get("external_annotations")
     out["external_annotations"] = annotations if isinstance(annotations, list) else []
     return out
+
+
+def _check_expansion(segments: list, traces: list, source: str) -> None:
+    """Refuse a file whose shared pickle references would expand past what any real
+    snapshot holds: a few MB of repeated references can stand for billions of entries.
+
+    Counted before anything is copied, from list lengths alone (cheap)."""
+    entries = sum(len(t) for t in traces if isinstance(t, list))
+    entries += sum(
+        len(s.get("blocks") or [])
+        for s in segments
+        if isinstance(s, dict) and isinstance(s.get("blocks"), list)
+    )
+    frames = 0
+    for trace in traces:
+        if isinstance(trace, list):
+            for e in trace:
+                f = e.get("frames") if isinstance(e, dict) else None
+                frames += len(f) if isinstance(f, list) else 0
+                if frames > MAX_FRAMES:
+                    break
+    if entries > MAX_ENTRIES or frames > MAX_FRAMES:
+        raise UserError(
+            f"snapshot {source} expands to {entries:,} entries and {frames:,}+ stack frames, "
+            f"beyond the {MAX_ENTRIES:,} entries and {MAX_FRAMES:,} frames memprobe reads",
+            "a real snapshot is far smaller; record fewer entries (max_entries) or check the file",
+        )
 
 
 def _trace(trace: Any, device: int, bad: _Bad) -> list[dict]:
@@ -220,7 +253,7 @@ def _entry(e: Any, where: str, bad: _Bad) -> dict:
     stream = e.get("stream", 0)
     out["stream"] = stream if _is_int(stream) else 0
     t = e.get("time_us")
-    if isinstance(t, (int, float)) and not isinstance(t, bool):
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
         out["time_us"] = int(t)
     frames = e.get("frames")
     out["frames"] = frames if isinstance(frames, list) else []

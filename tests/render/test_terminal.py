@@ -17,8 +17,11 @@ def test_peak_vs_unchunked_reads_as_a_fraction_of_unchunked(run_cli, tmp_path) -
     lines = sweep(run_cli, tmp_path)
     header = lines[0]
     assert "peak vs unchunked" in header and "fits" not in header
-    row = {line.split()[0]: line for line in lines if line.split()[:1] in (["local_chunked"],
-                                                                         ["filtered"])}
+    row = {
+        line.split()[0]: line
+        for line in lines
+        if line.split()[:1] in (["local_chunked"], ["filtered"])
+    }
     # local_chunked uses less memory than unchunked (< 1x), filtered more (> 1x).
     assert " 0.36x " in row["local_chunked"]
     assert " 2.50x " in row["filtered"]
