@@ -227,7 +227,12 @@ def test_a_narrow_run_says_what_it_cannot_draw(tmp_path: Path) -> None:
     )
     run_dir = tmp_path / "run"
     run_sweep(cases, run_dir, verify=False)
-    (run_dir / "peak_vs_vocab.png").write_bytes(b"stale")
+    # A plot an earlier render wrote (memprobe tags its PNGs), now stale.
+    from matplotlib.figure import Figure
+
+    from memprobe.render.canvas import to_png
+
+    (run_dir / "peak_vs_vocab.png").write_bytes(to_png(Figure()))
     text = write_report(run_dir).read_text(encoding="utf-8")
     assert "Only one vocabulary size in this run" in text
     assert "No numerics in this run" in text
