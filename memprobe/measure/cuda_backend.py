@@ -142,15 +142,10 @@ def _first_line(exc: BaseException, default: str) -> str:
 def measure_cuda(case: Case, *, repeats: int = REPEATS, history: bool = True) -> Run:
     global _sticky_error
     require_cuda()
-    if _sticky_error is not None:
+    sticky = sticky_error_note()
+    if sticky is not None:
         return Run(
-            case=case,
-            status="error",
-            floor_bytes=floor_bytes(case),
-            note=(
-                f"not run: an earlier case left a sticky CUDA error ({_sticky_error}); "
-                "the CUDA context is unusable until the process restarts"
-            ),
+            case=case, status="error", floor_bytes=floor_bytes(case), note=f"not run: {sticky}"
         )
     try:
         with process_group_for(case):
@@ -159,6 +154,16 @@ def measure_cuda(case: Case, *, repeats: int = REPEATS, history: bool = True) ->
         if not is_cuda_oom(exc) and _context_broken():
             _sticky_error = _first_line(exc, type(exc).__name__)
         raise
+
+
+def sticky_error_note() -> str | None:
+    """Why no case can run in this process any more, or None."""
+    if _sticky_error is None:
+        return None
+    return (
+        f"an earlier case left a sticky CUDA error ({_sticky_error}); "
+        "the CUDA context is unusable until the process restarts"
+    )
 
 
 def _context_broken() -> bool:
@@ -183,18 +188,20 @@ def _warm_up(case: Case, call: Callable[..., torch.Tensor]) -> None:
     tokens = case.cp * min(case.local_tokens, WARM_UP_TOKENS)
     small = make_inputs(dataclasses.replace(case, tokens=tokens), DEVICE)
     out = call(small.logits, small.targets)
-    torch.autograd.grad(out, small.logits, small.grad_outputs)
+    # Labelled, so the device thread never carries an earlier case's label into this one.
+    with _backward_labelled(case, out, "warm-up"):
+        torch.autograd.grad(out, small.logits, small.grad_outputs)
     del out, small
     torch.cuda.synchronize()
 
 
 @contextmanager
-def _backward_labelled(case: Case, out: torch.Tensor) -> Iterator[None]:
+def _backward_labelled(case: Case, out: torch.Tensor, phase: str = "backward") -> Iterator[None]:
     """Label backward's allocations, on whichever thread runs backward."""
-    _label(case, "backward")  # the caller's thread: backward runs here on the CPU
+    _label(case, phase)  # the caller's thread: backward runs here on the CPU
 
     def on_device_thread(grad_outputs: Any) -> None:
-        _label(case, "backward")
+        _label(case, phase)
 
     handle = out.grad_fn.register_prehook(on_device_thread) if out.grad_fn else None
     try:

@@ -11,7 +11,9 @@ allocator does in the respects that matter to the measurement:
   ``torch.OutOfMemoryError``, leaving an ``oom`` trace entry;
 * ``_set_memory_metadata`` is **thread-local**, and ``torch.autograd.grad`` runs the
   backward pass on a separate worker thread, as CUDA's autograd device thread does:
-  metadata set on the caller's thread does not label backward allocations;
+  metadata set on the caller's thread does not label backward allocations, while the
+  caller's dispatch modes go along (torch propagates them to its worker threads);
+* meta tensors are not the device's: a meta simulation under the fake runs as without it;
 * history is recorded only between ``_record_memory_history(...)`` and
   ``_record_memory_history(enabled=None)``; the harness counts the entries recorded
   per iteration so tests can see when it was on;
@@ -40,12 +42,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Frame
@@ -109,8 +113,8 @@ class _FakeAllocatorTracker(AllocationTracker):
     def _register(self, tensor: torch.Tensor, op: str, frames: tuple[Frame, ...]) -> None:
         key = tensor.untyped_storage()._cdata
         nbytes = int(tensor.untyped_storage().nbytes())
-        if key in self._live or nbytes == 0:
-            return
+        if key in self._live or nbytes == 0 or tensor.device.type == "meta":
+            return  # meta tensors are the simulation's, not the device's
         self.fake._workspace_for_this_thread()
         if tensor.dim() > 0:  # 0-d tensors are mostly host scalars on a real GPU
             self.fake._check_poison()
@@ -297,11 +301,14 @@ class FakeCuda:
         backward: the dispatch mode travels there (torch propagates it), the allocator's
         thread-local metadata does not."""
         box: dict[str, Any] = {}
+        modes = _get_current_dispatch_mode_stack()  # outermost first
 
         def work() -> None:
             self.state.worker_threads.add(threading.current_thread().name)
             try:
-                with self.tracker:
+                with ExitStack() as stack:
+                    for mode in modes:
+                        stack.enter_context(mode)
                     box["out"] = self._real_grad(*args, **kwargs)
             except BaseException as exc:  # re-raised on the caller's thread, as torch does
                 box["exc"] = exc
@@ -327,6 +334,9 @@ class FakeCuda:
             "set_device": lambda device: None,
             "init": lambda: None,
             "get_device_name": lambda device=None: "fake CUDA (memprobe tests)",
+            "get_device_properties": lambda device=None: SimpleNamespace(
+                name="fake CUDA (memprobe tests)", total_memory=self.state.capacity
+            ),
             "memory_allocated": self.memory_allocated,
             "max_memory_allocated": self.max_memory_allocated,
             "memory_reserved": self.memory_reserved,
