@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from memprobe.io.sizes import format_bytes
 from memprobe.measure import measure
 from memprobe.sweep import plan_cases
-from memprobe.io.sizes import format_bytes
 
 
 def main() -> None:

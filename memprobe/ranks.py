@@ -13,6 +13,7 @@ waiting for a peer that exited.
 
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -77,14 +78,33 @@ def start_ranks(device: str, tp: list[int], cp: list[int]) -> RankLayout:
     if not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
         if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend)
+            torch.cuda.set_device(local_device_index())
+        dist.init_process_group(backend, **init_options(device))
     rank = dist.get_rank()
     groups = [dist.new_group(list(range(c * tp[0], (c + 1) * tp[0]))) for c in range(cp[0])]
     # new_group is collective: every rank makes every singleton, keeps its own.
     solos = [dist.new_group([r]) for r in range(world)]
     _layout = RankLayout(rank, world, tp[0], cp[0], groups[rank // tp[0]], solos[rank])
     return _layout
+
+
+# How long a collective may wait for its peers before it fails (torch's default is
+# 10 min for NCCL, 30 min for gloo): a stuck case ends the job in bounded time.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
+
+
+def local_device_index() -> int:
+    """This rank's GPU: LOCAL_RANK, wrapped by the devices this node has."""
+    return int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
+
+
+def init_options(device: str) -> dict[str, Any]:
+    """Keywords for ``init_process_group``: a timeout, and on cuda the rank's device, so
+    NCCL binds its communicator to it at once instead of guessing at the first collective."""
+    options: dict[str, Any] = {"timeout": COLLECTIVE_TIMEOUT}
+    if device == "cuda":
+        options["device_id"] = torch.device("cuda", local_device_index())
+    return options
 
 
 def stop_ranks() -> None:

@@ -21,6 +21,7 @@ from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.measure import measure, resolve_device
+from memprobe.measure.rank_agreement import run_agreed
 from memprobe.ranks import agree, current_layout, gather_row, share_cases, under_torchrun
 from memprobe.records import DTYPES, Case, Grid, Run, normalize_dtype
 
@@ -230,19 +231,37 @@ def _open_run(
 
 
 def _measure_one(case: Case, *, verify: bool) -> Run:
-    try:
-        run = measure(case)
-    except UserError:
-        raise
-    except Exception as exc:  # one broken case must not end the sweep
-        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        return Run(case=case, status="error", note=text)
-    if verify and run.status == "ok":
+    # Under torchrun every rank agrees to run the case, stops it when a peer fails
+    # mid-step, and learns every rank's status, so none waits on a collective forever.
+    run, every_rank_ok = run_agreed(case, _measure_or_error, _unfit)
+    if verify and run.status == "ok" and every_rank_ok:
         from memprobe.measure.numerics import verify as verify_numerics
 
         err_fwd, err_bwd = verify_numerics(case.kernel, case.dtype)
         run = replace(run, max_abs_err_fwd=err_fwd, max_abs_err_bwd=err_bwd)
     return run
+
+
+def _measure_or_error(case: Case) -> Run:
+    try:
+        return measure(case)
+    except UserError:
+        raise
+    except torch.cuda.OutOfMemoryError as exc:  # a backend that does not catch its own
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
+        return Run(case=case, status="oom", note=text)
+    except Exception as exc:  # one broken case must not end the sweep
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        return Run(case=case, status="error", note=text)
+
+
+def _unfit(case: Case) -> str | None:
+    """Why this process cannot run ``case`` at all (a sticky CUDA error), or None."""
+    if case.device != "cuda":
+        return None
+    from memprobe.measure.cuda_backend import sticky_error_note
+
+    return sticky_error_note()
 
 
 def _with_reserved(run: Run, conf: AllocConf | None) -> Run:

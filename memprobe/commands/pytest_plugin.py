@@ -144,7 +144,11 @@ def _measure_tracked(
 def _measure_cuda() -> Generator[None, object, tuple[object, int, list[Event] | None]]:
     import torch
 
-    torch.cuda.synchronize()
+    from memprobe.measure.cuda_backend import warm_up_device
+
+    # One-time allocations of CUDA libraries (cuBLAS workspaces of this thread and of
+    # autograd's device thread) are made now, so the first measured test is not charged.
+    warm_up_device()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     result = yield

@@ -57,7 +57,9 @@ def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
     targets = torch.randint(0, case.vocab, shape[:2], generator=gen, device=device)
     grad_outputs = torch.randn(shape[:2], generator=gen, device=device)
     gen.manual_seed(seed + 1_000_003 * (rank + 1))
-    logits = torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    # Drawn in their own dtype: a float32 draw cast down would hold a float32
+    # [B,S,V] staging tensor during setup, above the step itself for chunked kernels.
+    logits = torch.randn(shape, generator=gen, device=device, dtype=dtype)
     return StepInputs(logits.requires_grad_(), targets, grad_outputs)
 
 

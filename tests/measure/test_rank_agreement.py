@@ -1,0 +1,60 @@
+"""Two gloo ranks under torchrun: one rank's OOM mid-kernel must not hang the other."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from memprobe.results import read_results
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+SCRIPT = Path(__file__).with_name("oom_on_rank_one.py")
+DEADLINE_S = 120  # before the fix rank 0 waited in its all_reduce for the gloo timeout
+
+
+def test_one_ranks_oom_mid_kernel_ends_the_case_on_every_rank(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            str(SCRIPT),
+            "sweep",
+            "--device",
+            "cpu",
+            "--tp",
+            "2",
+            "--kernel",
+            "chunked_distributed,distributed",
+            "--tokens",
+            "128",
+            "--vocab",
+            "1024",
+            "--no-verify",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        cwd=tmp_path,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = read_results(out).set_index("kernel")
+    first, second = rows.loc["chunked_distributed"], rows.loc["distributed"]
+    # Both ranks' parts are in the first case's row: rank 1's OOM, rank 0 stopped by it.
+    assert first["status"] == "oom"
+    assert "rank 1: CUDA out of memory" in first["note"]
+    assert "rank 0: stopped: rank 1 failed the case" in first["note"]
+    # The ranks stayed in step: the next case ran on both.
+    assert second["status"] == "ok" and second["fwd_collectives"] == 3
