@@ -21,8 +21,8 @@ from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.measure import measure, resolve_device
+from memprobe.measure.parallel import agree, current_layout, gather_row, share_cases, under_torchrun
 from memprobe.measure.rank_agreement import run_agreed
-from memprobe.ranks import agree, current_layout, gather_row, share_cases, under_torchrun
 from memprobe.records import DTYPES, Case, Grid, Run, normalize_dtype
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}

@@ -24,7 +24,7 @@ from memprobe.kernels import (
     next_token_logprobs,
     unchunked_logprobs,
 )
-from memprobe.parallel import count_collectives, fake_process_group
+from memprobe.measure.parallel import count_collectives, fake_process_group
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
 

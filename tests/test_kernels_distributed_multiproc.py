@@ -22,7 +22,7 @@ from memprobe.kernels import (
     next_token_logprobs,
     unchunked_logprobs,
 )
-from memprobe.parallel import count_collectives, run_ranks
+from memprobe.measure.parallel import count_collectives, run_ranks
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -74,7 +74,7 @@ def _forward_backward(fn: Any, shard: torch.Tensor, targets: torch.Tensor, weigh
 
 
 def _worker(rank: int, world: int, out_dir: str) -> None:
-    """Runs on each rank inside a gloo group (see memprobe.parallel.run_ranks)."""
+    """Runs on each rank inside a gloo group (see memprobe.measure.parallel.run_ranks)."""
     width = VOCAB // world
     lo, hi = rank * width, (rank + 1) * width
     results: dict[Any, Any] = {}

@@ -18,7 +18,7 @@ from memprobe.commands.flags import given_flags, int_list, name_list, positive_i
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_size
 from memprobe.measure import resolve_device
-from memprobe.ranks import current_layout, start_ranks, stop_ranks, under_torchrun
+from memprobe.measure.parallel import current_layout, start_ranks, stop_ranks, under_torchrun
 from memprobe.records import Grid
 from memprobe.render import write_report
 from memprobe.results import default_run_dir, read_run_meta

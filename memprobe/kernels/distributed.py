@@ -388,7 +388,7 @@ def _resolve_group(
         raise ValueError(
             "distributed kernels need an initialised torch.distributed process group "
             "(run under torchrun, pass group=, or simulate with "
-            "memprobe.parallel.fake_process_group)"
+            "memprobe.measure.parallel.fake_process_group)"
         )
     if group is None:
         group = dist.group.WORLD

@@ -28,7 +28,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memprobe.ranks import COLLECTIVE_TIMEOUT, current_layout
+from memprobe.measure.parallel import COLLECTIVE_TIMEOUT, current_layout
 from memprobe.records import Case, Run
 
 # Namespaces of the c10d collective ops, and ops there that are not collectives.

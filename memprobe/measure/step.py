@@ -16,8 +16,7 @@ import torch
 import torch.distributed as dist
 
 from memprobe.kernels import get_spec
-from memprobe.parallel import fake_process_group
-from memprobe.ranks import current_layout
+from memprobe.measure.parallel import current_layout, fake_process_group
 from memprobe.records import Case, torch_dtype_name
 
 # The sweep measures the filtered kernel with a typical sampling setting;

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from memprobe.measure.parallel import count_collectives
 from memprobe.measure.step import StepInputs, describe_filters, floor_bytes, kernel_call
 from memprobe.measure.tracker import AllocationTracker
-from memprobe.parallel import count_collectives
 from memprobe.records import Case, Event, Run
 
 

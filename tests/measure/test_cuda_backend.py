@@ -189,7 +189,7 @@ def test_a_sticky_cuda_error_stops_later_cases_with_a_note(fake_cuda) -> None:
 
 
 def test_local_rank_is_wrapped_by_the_device_count(fake_cuda, monkeypatch) -> None:
-    from memprobe.ranks import init_options, local_device_index
+    from memprobe.measure.parallel import init_options, local_device_index
 
     fake_cuda()
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
