@@ -21,7 +21,6 @@ from memprobe.allocator.model import (
 from memprobe.allocator.replay import (
     DeviceReplay,
     conf_from_snapshot,
-    replay_file,
     replay_snapshot,
 )
 from memprobe.allocator.simulate import Simulation, simulate
@@ -37,7 +36,6 @@ __all__ = [
     "allocation_size",
     "conf_from_snapshot",
     "parse_alloc_conf",
-    "replay_file",
     "replay_snapshot",
     "round_size",
     "simulate",

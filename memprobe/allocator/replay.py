@@ -20,13 +20,12 @@ With ``use_recorded_addresses`` a new segment is placed where the real cudaMallo
 should land at its recorded address; those that do not are counted.
 
 This module reads a snapshot dict (as :func:`memprobe.snapshot.load.load_snapshot` returns
-it); :func:`replay_file` loads one from disk.
+it) and never a file, so the model stays free of the snapshot floor above it.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -116,20 +115,6 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
     elif any(s.get("is_expandable") for s in snapshot.get("segments") or []):
         fields["expandable_segments"] = True
     return AllocConf(**fields)
-
-
-def replay_file(
-    path: str | os.PathLike[str],
-    *,
-    conf: AllocConf | None = None,
-    use_recorded_addresses: bool = False,
-) -> tuple[DeviceReplay, ...]:
-    """Load a snapshot pickle safely and replay it (see :func:`replay_snapshot`)."""
-    from memprobe.snapshot.load import load_snapshot  # loaded here: it is not needed otherwise
-
-    return replay_snapshot(
-        load_snapshot(path), conf=conf, use_recorded_addresses=use_recorded_addresses
-    )
 
 
 def replay_snapshot(
