@@ -1,0 +1,92 @@
+"""The package's floors: data flows one way, and reading files never costs a torch import.
+
+The floors, lowest first (DESIGN.md's pipeline). A module may import its own floor
+and the ones below, never one above. Imports inside functions count too.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import memprobe
+
+ROOT = Path(memprobe.__file__).parent
+FLOORS: dict[str, int] = {
+    # 0: records, the error type, sizes and files, pure models and the kernels
+    "__init__": 0, "errors": 0, "io": 0, "records": 0, "allocator": 0, "kernels": 0,
+    # 1: snapshot format, measurement, config
+    "snapshot": 1, "measure": 1, "config": 1,
+    # 2: what reads snapshots and run directories
+    "attribute": 2, "results": 2,
+    # 3: the stages over measurement
+    "sweep": 3, "gate": 3, "plan": 3,
+    # 4: every output format; 5: the front ends; 6: their assembly
+    "render": 4, "commands": 5, "cli": 6, "__main__": 7,
+}  # fmt: skip
+MAX_LOOSE_MODULES = 8  # besides __init__ and __main__
+
+
+def _units() -> dict[str, set[str]]:
+    """Top-level unit (module or package) → the memprobe units it imports."""
+    edges: dict[str, set[str]] = defaultdict(set)
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        unit = parts[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "memprobe":
+                    names = [f"memprobe.{a.name}" for a in node.names]
+                elif node.module.startswith("memprobe."):
+                    names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("memprobe.")]
+            for name in names:
+                target = name.split(".")[1]
+                if target != unit and target != "__version__":
+                    edges[unit].add(target)
+    return edges
+
+
+def test_every_unit_has_a_floor() -> None:
+    units = {p.stem if p.is_file() else p.name for p in ROOT.iterdir() if p.suffix == ".py"}
+    units |= {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert units <= set(FLOORS), units - set(FLOORS)
+
+
+def test_no_import_goes_up_a_floor() -> None:
+    upward = sorted(
+        (a, b) for a, targets in _units().items() for b in targets if FLOORS[b] > FLOORS[a]
+    )
+    assert upward == []
+
+
+def test_top_level_stays_small() -> None:
+    loose = [p.name for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(loose) <= MAX_LOOSE_MODULES, loose
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "memprobe.snapshot.load",
+        "memprobe.attribute",
+        "memprobe.commands.attribute",
+        "memprobe.results",
+        "memprobe.records",
+        "memprobe.allocator",
+        "memprobe.gate",
+        "memprobe.config",
+        "memprobe.render.terminal",
+    ],
+)
+def test_reading_imports_no_torch(module: str) -> None:
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
