@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from memprobe import __version__
-from memprobe.commands import attribute, gate, kernels, report, sweep
+from memprobe.commands import attribute, diff, gate, kernels, report, sweep
 
 app = typer.Typer(
     name="memprobe",
@@ -48,6 +48,7 @@ app.command("kernels")(kernels.command)
 app.command("sweep")(sweep.command)
 app.command("gate")(gate.command)
 app.command("attribute")(attribute.command)
+app.command("diff")(diff.command)
 app.command("report")(report.command)
 
 
