@@ -159,8 +159,8 @@ def attribute_devices(
     OOM comes first, then the others by peak."""
     snap = normalize_snapshot(snapshot, source=options.get("path") or "<snapshot>")
     if device is not None:
-        return (attribute(snap, device=device, **options),)
-    found = [attribute(snap, device=d, **options) for d in devices_with_data(snap)]
+        return (_attribute_normalized(snap, device=device, **options),)
+    found = [_attribute_normalized(snap, device=d, **options) for d in devices_with_data(snap)]
     found.sort(key=lambda f: (not f.ooms, -f.peak_allocated_bytes, f.device))
     return tuple(found)
 
@@ -246,10 +246,35 @@ def attribute(
     logits-family blocks are always all listed); ``timeline`` adds a sampled
     allocated-by-category curve (for the HTML page).
     """
+    # Normalising is idempotent, so any dict (loaded, synthesized, hand-made) reads alike.
+    snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
+    return _attribute_normalized(
+        snap,
+        vocab=vocab,
+        tokens=tokens,
+        batch=batch,
+        top=top,
+        min_block_bytes=min_block_bytes,
+        device=device,
+        path=path,
+        timeline=timeline,
+    )
+
+
+def _attribute_normalized(
+    snap: dict[str, Any],
+    *,
+    vocab: int | None = None,
+    tokens: int | None = None,
+    batch: int | None = None,
+    top: int = DEFAULT_TOP,
+    min_block_bytes: int = DEFAULT_MIN_BLOCK_BYTES,
+    device: int | None = None,
+    path: str | None = None,
+    timeline: bool = False,
+) -> Findings:
     for name, value in (("vocab", vocab), ("tokens", tokens), ("batch", batch), ("top", top)):
         _check_positive(name, value)
-    # Normalising is idempotent and cheap, so any dict is read the same way.
-    snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
     rep = replay(snap, device=device)
     ctx = _Context(rep, Hints(vocab, tokens, batch))
     live_peak = _largest(rep.live_at(rep.peak_pos))

@@ -100,22 +100,28 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
 
 
 class SiteCache:
-    """``site(entry)`` reads each distinct frames object once."""
+    """``site(entry)`` reads each distinct stack once.
+
+    A loaded file gives every entry its own frames list, but pickle keeps repeated
+    frame dicts shared: the tuple of the dicts' ids names a stack by content, cheaply.
+    Ids are only stable while the snapshot is alive, so a cache lives for one call.
+    """
 
     def __init__(self) -> None:
-        self._by_id: dict[tuple[int, str], Site] = {}
-        self._keep: list[Any] = []  # keeps cached objects alive so ids stay unique
+        self._sites: dict[tuple[tuple[int, ...], str], Site] = {}
+        self._keep: list[Any] = []  # the frames objects keyed by id stay alive with us
 
     def site(self, entry: dict[str, Any] | None) -> Site:
         entry = entry or {}
         frames = entry.get("frames")
         label = entry.get("user_metadata", "")
         label = label if isinstance(label, str) else ""
-        key = (id(frames), label)
-        found = self._by_id.get(key)
+        ids = tuple(map(id, frames)) if isinstance(frames, list) else ()
+        key = (ids, label)
+        found = self._sites.get(key)
         if found is None:
             found = read_site(frames, label)
-            self._by_id[key] = found
+            self._sites[key] = found
             self._keep.append(frames)
         return found
 
