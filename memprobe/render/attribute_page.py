@@ -56,7 +56,7 @@ def _timeline_png(f: Findings) -> str | None:
             f"peak {format_bytes(f.peak_allocated_bytes)}",
             (f.peak_index, gib(f.peak_allocated_bytes)),
             textcoords="offset points",
-            xytext=(4, -12),
+            xytext=(-90, -12),
             fontsize=8,
         )
     for o in f.ooms:
