@@ -1,4 +1,4 @@
-"""Snapshot → Findings: which blocks make a peak or an OOM, what they are, who made them.
+"""Snapshot → Findings: what the peak is made of, the step's shapes, the logits family.
 
 Reads torch-format allocator snapshots (real ones, or memprobe's synthesized
 ones) and never imports torch, so attributing a file costs no torch start-up.
@@ -10,7 +10,18 @@ from memprobe.attribute.findings import (
     Findings,
     OomFinding,
     attribute,
+    attribute_devices,
     attribute_file,
+    attribute_file_devices,
 )
 
-__all__ = ["DEFAULT_TOP", "BlockFinding", "Findings", "OomFinding", "attribute", "attribute_file"]
+__all__ = [
+    "DEFAULT_TOP",
+    "BlockFinding",
+    "Findings",
+    "OomFinding",
+    "attribute",
+    "attribute_devices",
+    "attribute_file",
+    "attribute_file_devices",
+]

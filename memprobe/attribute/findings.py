@@ -1,159 +1,57 @@
-"""Snapshot → Findings: name the big blocks at the peak and at each out-of-memory.
+"""Snapshot → Findings: what the peak (and each OOM) is made of, and what the big blocks are.
 
-For every block that matters (live at the peak, live at an OOM, or simply large) the
-findings say how big it is, which ``[B, S, V] × dtype`` tensors it could be (most
-likely first, with reasons), the op and the first user frame that made it, whether
-it was made in forward or backward, how long it lived, and whether it was live at
-the peak and at each OOM. ``Findings`` is a frozen record with a plain JSON form.
+Steps, per device: replay the trace (block lives, the peak, reserved bytes, OOMs);
+read each allocation's site (op, autograd node, phase, the user's line); infer the
+step's shapes from the trace (:mod:`memprobe.attribute.shapes`); classify every live
+byte at the peak and at each OOM (:mod:`memprobe.attribute.categories`); group
+identical blocks; list every logits-family block of the trace; describe the
+allocator's state. ``Findings`` is a frozen record with a plain JSON form.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections import Counter, defaultdict
+from dataclasses import dataclass, fields
 from typing import Any
 
-from memprobe.attribute.explain import Explanation, Hints, explain_block
-from memprobe.attribute.frames import (
-    clean_frames,
-    first_user_frame,
-    op_from_frames,
-    phase_from_frames,
+from memprobe.attribute.allocator_view import AllocatorView, allocator_view, oom_verdict
+from memprobe.attribute.categories import CATEGORIES, Verdict, classify
+from memprobe.attribute.explain import Explanation
+from memprobe.attribute.ops import is_matmul
+from memprobe.attribute.records import (
+    BlockFinding,
+    BlockGroup,
+    OomFinding,
+    SiteBytes,
+    Timeline,
+    frame_from_json,
+    frame_json,
 )
+from memprobe.attribute.shapes import MIN_LOSS_BLOCK, Hints, ShapeInference, infer_shapes
+from memprobe.attribute.sites import Phases, Site, SiteCache, resolve_phases
 from memprobe.errors import UserError
 from memprobe.records import Frame
-from memprobe.snapshot.labels import parse_label, parse_shape
 from memprobe.snapshot.load import DEFAULT_MAX_BYTES, load_snapshot, normalize_snapshot
 from memprobe.snapshot.replay import BEFORE_TRACE, Replay, ReplayBlock, replay
 
 DEFAULT_TOP = 10
 DEFAULT_MIN_BLOCK_BYTES = 64 << 20  # "large": blocks listed even when not live at a peak/OOM
-MAX_EXPLANATIONS = 8
-PHASES = ("setup", "forward", "backward", "optimizer")
+LOSS_SAMPLES_PER_SIZE = 16  # blocks of one size whose sites are read to find the loss's sizes
+TIMELINE_POINTS = 400
+TIMELINE_MIN_BLOCK = 1 << 20  # smaller blocks are drawn together as "small blocks"
+SMALL_BLOCKS = "small blocks (< 1 MiB)"
 
-
-def _frame_json(frame: Frame | None) -> dict[str, Any] | None:
-    return (
-        None
-        if frame is None
-        else {"name": frame.name, "filename": frame.filename, "line": frame.line}
-    )
-
-
-def _frame_from_json(d: dict[str, Any] | None) -> Frame | None:
-    return None if d is None else Frame(d["name"], d["filename"], d["line"])
-
-
-@dataclass(frozen=True)
-class BlockFinding:
-    """One block: what it likely is, who made it, when, and whether it mattered."""
-
-    address: int
-    size: int  # requested bytes, as the trace records them
-    block_size: int | None  # the allocator's block (rounded) when the segments show it
-    dtype: str | None  # recorded by memprobe's label, else the best explanation's
-    shape: tuple[int, ...] | None
-    dtype_source: str | None  # "label" | "explanation" | None
-    op: str | None
-    op_source: str | None  # "label" | "frames" | None
-    frame: Frame | None  # first user-code frame of the allocation
-    phase: str | None  # "setup" | "forward" | "backward" | "optimizer" | None
-    phase_reason: str
-    alloc_index: int | None  # trace position; None: allocated before the trace began
-    alloc_time_us: int | None
-    free_index: int | None  # None: still live at the end of the trace
-    free_time_us: int | None
-    lifetime_us: int | None
-    lifetime_entries: int | None
-    live_at_peak: bool
-    live_at_oom: bool
-    oom_numbers: tuple[int, ...]  # which OOMs (positions in Findings.ooms) it was live at
-    explanations: tuple[Explanation, ...]
-    more_explanations: int  # fits left off the list
-    label: str  # user_metadata as recorded
-    stream: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "address": self.address,
-            "size": self.size,
-            "block_size": self.block_size,
-            "dtype": self.dtype,
-            "shape": None if self.shape is None else list(self.shape),
-            "dtype_source": self.dtype_source,
-            "op": self.op,
-            "op_source": self.op_source,
-            "frame": _frame_json(self.frame),
-            "phase": self.phase,
-            "phase_reason": self.phase_reason,
-            "alloc_index": self.alloc_index,
-            "alloc_time_us": self.alloc_time_us,
-            "free_index": self.free_index,
-            "free_time_us": self.free_time_us,
-            "lifetime_us": self.lifetime_us,
-            "lifetime_entries": self.lifetime_entries,
-            "live_at_peak": self.live_at_peak,
-            "live_at_oom": self.live_at_oom,
-            "oom_numbers": list(self.oom_numbers),
-            "explanations": [e.to_json() for e in self.explanations],
-            "more_explanations": self.more_explanations,
-            "label": self.label,
-            "stream": self.stream,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> BlockFinding:
-        return cls(
-            **{
-                **d,
-                "shape": None if d["shape"] is None else tuple(d["shape"]),
-                "frame": _frame_from_json(d["frame"]),
-                "oom_numbers": tuple(d["oom_numbers"]),
-                "explanations": tuple(Explanation.from_json(e) for e in d["explanations"]),
-            }
-        )
-
-
-@dataclass(frozen=True)
-class OomFinding:
-    """One failed request and what held the memory then."""
-
-    number: int
-    index: int
-    time_us: int | None
-    requested_bytes: int
-    device_free_bytes: int | None
-    allocated_bytes: int  # allocated (by the trace's count) when the request failed
-    live_count: int
-    live_addresses: tuple[int, ...]  # listed findings live then, largest first
-    op: str | None
-    frame: Frame | None
-    phase: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "index": self.index,
-            "time_us": self.time_us,
-            "requested_bytes": self.requested_bytes,
-            "device_free_bytes": self.device_free_bytes,
-            "allocated_bytes": self.allocated_bytes,
-            "live_count": self.live_count,
-            "live_addresses": list(self.live_addresses),
-            "op": self.op,
-            "frame": _frame_json(self.frame),
-            "phase": self.phase,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> OomFinding:
-        return cls(
-            **{
-                **d,
-                "live_addresses": tuple(d["live_addresses"]),
-                "frame": _frame_from_json(d["frame"]),
-            }
-        )
+__all__ = [
+    "DEFAULT_TOP",
+    "BlockFinding",
+    "Findings",
+    "OomFinding",
+    "attribute",
+    "attribute_devices",
+    "attribute_file",
+    "attribute_file_devices",
+]
 
 
 @dataclass(frozen=True)
@@ -168,38 +66,65 @@ class Findings:
     peak_allocated_bytes: int
     peak_index: int | None  # -1: before the first entry; None: snapshot time
     peak_time_us: int | None
+    peak_phase: str | None
+    peak_op: str | None
+    peak_frame: Frame | None
     peak_reserved_bytes: int | None
     peak_reserved_index: int | None
     peak_reserved_time_us: int | None
     reserved_at_snapshot_bytes: int | None
     live_at_peak_count: int
-    vocab: int | None
+    vocab: int | None  # as given by the user
     tokens: int | None
     batch: int | None
+    inference: ShapeInference
+    breakdown: tuple[tuple[str, int], ...]  # category -> bytes live at the peak, largest first
+    groups: tuple[BlockGroup, ...]  # identical blocks live at the peak, largest total first
+    peak_sites: tuple[SiteBytes, ...]  # bytes live at the peak by (line, op, category)
     findings: tuple[BlockFinding, ...]
     ooms: tuple[OomFinding, ...]
+    allocator: AllocatorView
+    timeline: Timeline | None
     notes: tuple[str, ...]
 
+    @property
+    def logits_family(self) -> tuple[BlockFinding, ...]:
+        """Every logits-family block of the trace, in the order they were made."""
+        blocks = [f for f in self.findings if f.logits]
+        return tuple(
+            sorted(blocks, key=lambda f: BEFORE_TRACE if f.alloc_index is None else f.alloc_index)
+        )
+
     def to_json(self) -> dict[str, Any]:
-        scalars = {
-            k: getattr(self, k)
-            for k in self.__dataclass_fields__
-            if k not in ("findings", "ooms", "notes")
-        }
-        return {
-            **scalars,
-            "findings": [f.to_json() for f in self.findings],
-            "ooms": [o.to_json() for o in self.ooms],
-            "notes": list(self.notes),
-        }
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(
+            peak_frame=frame_json(self.peak_frame),
+            inference=self.inference.to_json(),
+            breakdown=[list(b) for b in self.breakdown],
+            groups=[g.to_json() for g in self.groups],
+            peak_sites=[s.to_json() for s in self.peak_sites],
+            findings=[f.to_json() for f in self.findings],
+            ooms=[o.to_json() for o in self.ooms],
+            allocator=self.allocator.to_json(),
+            timeline=None if self.timeline is None else self.timeline.to_json(),
+            notes=list(self.notes),
+        )
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Findings:
         return cls(
             **{
                 **d,
+                "peak_frame": frame_from_json(d["peak_frame"]),
+                "inference": ShapeInference.from_json(d["inference"]),
+                "breakdown": tuple((str(c), int(b)) for c, b in d["breakdown"]),
+                "groups": tuple(BlockGroup.from_json(g) for g in d["groups"]),
+                "peak_sites": tuple(SiteBytes.from_json(s) for s in d["peak_sites"]),
                 "findings": tuple(BlockFinding.from_json(f) for f in d["findings"]),
                 "ooms": tuple(OomFinding.from_json(o) for o in d["ooms"]),
+                "allocator": AllocatorView.from_json(d["allocator"]),
+                "timeline": None if d["timeline"] is None else Timeline.from_json(d["timeline"]),
                 "notes": tuple(d["notes"]),
             }
         )
@@ -208,14 +133,98 @@ class Findings:
 def attribute_file(
     path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES, **options: Any
 ) -> Findings:
-    """Load ``path`` safely and attribute it (options as for :func:`attribute`)."""
+    """Load ``path`` safely and attribute its lead device (see :func:`attribute_devices`)."""
+    return attribute_file_devices(path, max_bytes=max_bytes, **options)[0]
+
+
+def attribute_file_devices(
+    path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES, **options: Any
+) -> tuple[Findings, ...]:
     snapshot = load_snapshot(path, max_bytes=max_bytes)
-    return attribute(snapshot, path=str(path), **options)
+    return attribute_devices(snapshot, path=str(path), **options)
+
+
+def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
+    traces = snapshot.get("device_traces", [])
+    with_trace = [d for d, t in enumerate(traces) if t]
+    if with_trace:
+        return with_trace
+    return sorted({s.get("device", 0) for s in snapshot.get("segments", [])}) or [0]
+
+
+def attribute_devices(
+    snapshot: dict[str, Any], *, device: int | None = None, **options: Any
+) -> tuple[Findings, ...]:
+    """Attribute every device with a trace (or only ``device``); the device that hit an
+    OOM comes first, then the others by peak."""
+    snap = normalize_snapshot(snapshot, source=options.get("path") or "<snapshot>")
+    if device is not None:
+        return (_attribute_normalized(snap, device=device, **options),)
+    found = [_attribute_normalized(snap, device=d, **options) for d in devices_with_data(snap)]
+    found.sort(key=lambda f: (not f.ooms, -f.peak_allocated_bytes, f.device))
+    return tuple(found)
 
 
 def _check_positive(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise UserError(f"{name} must be a positive integer, got {value!r}")
+
+
+class _Context:
+    """Sites, phases and verdicts of one device's replay, computed once per block."""
+
+    def __init__(self, rep: Replay, shapes_hints: Hints) -> None:
+        self.rep = rep
+        self.sites = SiteCache()
+        self.phases: Phases = resolve_phases(rep.entries, self.sites)
+        self.shapes = self._infer(shapes_hints)
+        self._verdicts: dict[int, Verdict] = {}
+
+    def site(self, b: ReplayBlock) -> Site:
+        if b.alloc_entry is not None:
+            return self.sites.site(b.alloc_entry)
+        if b.segment_block is not None:
+            return self.sites.site(b.segment_block)
+        # Only its free was recorded: its stack describes the free, its label the block.
+        free = b.free_entry or {}
+        return self.sites.site({"user_metadata": free.get("user_metadata", "")})
+
+    def _infer(self, hints: Hints) -> ShapeInference:
+        sizes: Counter[int] = Counter()
+        by_size: dict[int, list[ReplayBlock]] = defaultdict(list)
+        for b in self.rep.blocks:
+            sizes[b.size] += 1
+            if b.size >= MIN_LOSS_BLOCK:
+                by_size[b.size].append(b)
+        # Samples spread over the whole trace: the first blocks of a size are often
+        # another layer's (the lm_head's bmm and the loss's sub share one size).
+        for size, group in by_size.items():
+            if len(group) > LOSS_SAMPLES_PER_SIZE:
+                stride = len(group) / LOSS_SAMPLES_PER_SIZE
+                by_size[size] = [group[int(i * stride)] for i in range(LOSS_SAMPLES_PER_SIZE)]
+        loss_sites = [(size, self.site(b)) for size, group in by_size.items() for b in group]
+        loss_sizes = {size for size, s in loss_sites if s.loss}
+        labelled = {s.label_shape for _, s in loss_sites if s.loss and s.label_shape}
+        matmuls = {
+            size for size, s in loss_sites if is_matmul(s.op, s.node) and s.phase == "forward"
+        }
+        return infer_shapes(sizes, loss_sizes, hints, labelled, matmuls)
+
+    def verdict(self, b: ReplayBlock) -> Verdict:
+        key = id(b)
+        found = self._verdicts.get(key)
+        if found is None:
+            segment_site = self.sites.site(b.segment_block) if b.segment_block is not None else None
+            found = classify(
+                b,
+                self.site(b),
+                self.phases,
+                self.shapes,
+                trace_length=len(self.rep.entries),
+                segment_site=segment_site,
+            )
+            self._verdicts[key] = found
+        return found
 
 
 def attribute(
@@ -228,19 +237,46 @@ def attribute(
     min_block_bytes: int = DEFAULT_MIN_BLOCK_BYTES,
     device: int | None = None,
     path: str | None = None,
+    timeline: bool = False,
 ) -> Findings:
-    """Attribute a snapshot dict (as loaded, or as :func:`synthesize_snapshot` builds it).
+    """Attribute one device of a snapshot dict (as loaded, or as synthesized).
 
-    ``vocab`` / ``tokens`` / ``batch`` narrow the ``[B, S, V]`` explanations; ``top``
-    bounds how many blocks are listed at the peak, at each OOM, and among the other
-    blocks of at least ``min_block_bytes``.
+    ``vocab`` / ``tokens`` (S) / ``batch`` override what inference finds; ``top`` bounds
+    the blocks listed at the peak, at each OOM and among other large blocks (the
+    logits-family blocks are always all listed); ``timeline`` adds a sampled
+    allocated-by-category curve (for the HTML page).
     """
+    # Normalising is idempotent, so any dict (loaded, synthesized, hand-made) reads alike.
+    snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
+    return _attribute_normalized(
+        snap,
+        vocab=vocab,
+        tokens=tokens,
+        batch=batch,
+        top=top,
+        min_block_bytes=min_block_bytes,
+        device=device,
+        path=path,
+        timeline=timeline,
+    )
+
+
+def _attribute_normalized(
+    snap: dict[str, Any],
+    *,
+    vocab: int | None = None,
+    tokens: int | None = None,
+    batch: int | None = None,
+    top: int = DEFAULT_TOP,
+    min_block_bytes: int = DEFAULT_MIN_BLOCK_BYTES,
+    device: int | None = None,
+    path: str | None = None,
+    timeline: bool = False,
+) -> Findings:
     for name, value in (("vocab", vocab), ("tokens", tokens), ("batch", batch), ("top", top)):
         _check_positive(name, value)
-    # Normalising is idempotent and cheap (~0.1 s per 100k entries), so a dict from
-    # load_snapshot, synthesize_snapshot or anywhere else is read the same way.
-    snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
     rep = replay(snap, device=device)
+    ctx = _Context(rep, Hints(vocab, tokens, batch))
     live_peak = _largest(rep.live_at(rep.peak_pos))
     oom_live = [_largest(rep.live_at(m.pos)) for m in rep.ooms]
 
@@ -248,16 +284,19 @@ def attribute(
     for group in (live_peak, *oom_live):
         for b in group[:top]:
             chosen.setdefault(id(b), b)
+    family_sizes = {size for size, _ in ctx.shapes.family}
+    if ctx.shapes.known:
+        family_sizes |= {ctx.shapes.tokens * ctx.shapes.vocab * k for k in (2, 4)}  # type: ignore[operator]
+    for b in rep.blocks:
+        if (b.size in family_sizes or ctx.site(b).label_shape) and ctx.verdict(b).logits:
+            chosen.setdefault(id(b), b)
     rest = _largest(b for b in rep.blocks if b.size >= min_block_bytes and id(b) not in chosen)
     for b in rest[:top]:
         chosen[id(b)] = b
 
     peak_ids = {id(b) for b in live_peak}
     oom_ids = [{id(b) for b in group} for group in oom_live]
-    hints = (vocab, tokens, batch)
-    sizes = frozenset(b.size for b in rep.blocks)
-    findings = [_finding(b, rep, hints, id(b) in peak_ids, oom_ids, sizes) for b in chosen.values()]
-    # Live at the peak first, then live at an OOM, then the rest; largest first in each.
+    findings = [_finding(b, ctx, id(b) in peak_ids, oom_ids) for b in chosen.values()]
     findings.sort(
         key=lambda f: (
             not f.live_at_peak,
@@ -266,10 +305,21 @@ def attribute(
             BEFORE_TRACE if f.alloc_index is None else f.alloc_index,
         )
     )
+    segments = [s for s in snap["segments"] if s.get("device", 0) == rep.device]
+    view = allocator_view(
+        segments,
+        snap.get("allocator_settings") or {},
+        reserved_at_peak=rep.reserved_at_peak_bytes,
+        allocated_at_peak=rep.peak_allocated_bytes,
+    )
     ooms = tuple(
-        _oom(n, m, rep, group, top)
+        _oom(n, m, ctx, group, top, view, snap)
         for n, (m, group) in enumerate(zip(rep.ooms, oom_live, strict=True))
     )
+    peak_entry = (
+        rep.entries[rep.peak_pos] if rep.peak_pos is not None and rep.peak_pos >= 0 else None
+    )
+    peak_site = ctx.sites.site(peak_entry) if peak_entry else None
     start = next((e["time_us"] for e in rep.entries if "time_us" in e), None)
     return Findings(
         path=path,
@@ -280,6 +330,9 @@ def attribute(
         peak_allocated_bytes=rep.peak_allocated_bytes,
         peak_index=rep.peak_pos,
         peak_time_us=rep.time_at(rep.peak_pos),
+        peak_phase=_peak_phase(rep, ctx, peak_site),
+        peak_op=peak_site.op if peak_site else None,
+        peak_frame=peak_site.frame if peak_site else None,
         peak_reserved_bytes=rep.peak_reserved_bytes,
         peak_reserved_index=rep.peak_reserved_pos,
         peak_reserved_time_us=rep.time_at(rep.peak_reserved_pos),
@@ -288,10 +341,87 @@ def attribute(
         vocab=vocab,
         tokens=tokens,
         batch=batch,
+        inference=ctx.shapes,
+        breakdown=_breakdown(live_peak, ctx),
+        groups=_groups(live_peak, ctx),
+        peak_sites=_peak_sites(live_peak, ctx),
         findings=tuple(findings),
         ooms=ooms,
+        allocator=view,
+        timeline=_timeline(rep, ctx) if timeline else None,
         notes=rep.notes + _provenance_notes(snap, rep),
     )
+
+
+def _peak_phase(rep: Replay, ctx: _Context, site: Site | None) -> str | None:
+    if rep.peak_pos is None or rep.peak_pos < 0:
+        return None
+    return ctx.phases.phase(rep.peak_pos) or (site.phase if site else None)
+
+
+def _breakdown(live: list[ReplayBlock], ctx: _Context) -> tuple[tuple[str, int], ...]:
+    totals: Counter[str] = Counter()
+    for b in live:
+        totals[ctx.verdict(b).category] += b.size
+    return tuple(sorted(totals.items(), key=lambda kv: (-kv[1], CATEGORIES.index(kv[0]))))
+
+
+def _groups(live: list[ReplayBlock], ctx: _Context) -> tuple[BlockGroup, ...]:
+    groups: dict[tuple[Any, ...], list[ReplayBlock]] = defaultdict(list)
+    for b in live:
+        v, s = ctx.verdict(b), ctx.site(b)
+        key = (b.size, v.category, s.op, s.frame, v.phase, b.alloc_pos == BEFORE_TRACE, v.logits)
+        groups[key].append(b)
+    out = [
+        BlockGroup(len(bs), k[0], k[0] * len(bs), k[1], k[2], k[3], k[4], k[5], k[6])
+        for k, bs in groups.items()
+    ]
+    out.sort(key=lambda g: (-g.total_bytes, -g.size))
+    return tuple(out)
+
+
+def _peak_sites(live: list[ReplayBlock], ctx: _Context) -> tuple[SiteBytes, ...]:
+    sites: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
+    for b in live:
+        s = ctx.site(b)
+        acc = sites[(s.frame, s.op, ctx.verdict(b).category)]
+        acc[0] += b.size
+        acc[1] += 1
+    out = [SiteBytes(f, op, c, n, k) for (f, op, c), (n, k) in sites.items()]
+    out.sort(key=lambda s: -s.bytes)
+    return tuple(out)
+
+
+def _timeline(rep: Replay, ctx: _Context) -> Timeline:
+    """Allocated bytes per category at evenly spaced trace positions (and the peak)."""
+    n = len(rep.entries)
+    if n == 0:
+        return Timeline((), ())
+    step = max(1, n // TIMELINE_POINTS)
+    positions = sorted(
+        set(range(0, n, step))
+        | {n - 1}
+        | ({rep.peak_pos} if rep.peak_pos and rep.peak_pos >= 0 else set())
+    )
+    deltas: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for b in rep.blocks:
+        cat = ctx.verdict(b).category if b.size >= TIMELINE_MIN_BLOCK else SMALL_BLOCKS
+        deltas[cat].append((max(b.alloc_pos, 0), b.size))
+        if b.free_pos is not None:
+            deltas[cat].append((b.free_pos, -b.size))
+    series = []
+    for cat in (*CATEGORIES, SMALL_BLOCKS):
+        events = sorted(deltas.get(cat, ()))
+        if not events:
+            continue
+        values, total, i = [], 0, 0
+        for pos in positions:
+            while i < len(events) and events[i][0] <= pos:
+                total += events[i][1]
+                i += 1
+            values.append(total)
+        series.append((cat, tuple(values)))
+    return Timeline(tuple(positions), tuple(series))
 
 
 def _provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
@@ -313,60 +443,48 @@ def _largest(blocks: Any) -> list[ReplayBlock]:
     return sorted(blocks, key=lambda b: (-b.size, b.alloc_pos))
 
 
-def _origin(b: ReplayBlock) -> tuple[dict[str, Any], str]:
-    """What best describes how the block was made (its alloc entry, else its block in
-    ``segments``, else its free entry) and which of those it is."""
-    if b.alloc_entry is not None:
-        return b.alloc_entry, "alloc"
-    if b.segment_block is not None:
-        return b.segment_block, "segment"
-    return b.free_entry or {}, "free"
+def _explanation(b: ReplayBlock, dtype: str, shapes: ShapeInference, reason: str) -> Explanation:
+    n, v = shapes.tokens or 0, shapes.vocab or 0
+    split = shapes.batch is not None and shapes.seq is not None
+    return Explanation(
+        dtype=dtype,
+        batch=shapes.batch if split else 1,  # type: ignore[arg-type]
+        tokens=shapes.seq if split else n,  # type: ignore[arg-type]
+        vocab=v,
+        exact=True,
+        score=0,
+        reasons=(reason, *shapes.evidence),
+        split=split,
+    )
 
 
 def _finding(
-    b: ReplayBlock,
-    rep: Replay,
-    hints: tuple[int | None, int | None, int | None],
-    live_at_peak: bool,
-    oom_ids: list[set[int]],
-    block_sizes: frozenset[int],
+    b: ReplayBlock, ctx: _Context, live_at_peak: bool, oom_ids: list[set[int]]
 ) -> BlockFinding:
-    origin, kind = _origin(b)
-    frames = clean_frames(origin.get("frames"))
+    site, verdict, rep = ctx.site(b), ctx.verdict(b), ctx.rep
+    origin = b.alloc_entry or b.segment_block or b.free_entry or {}
     label_text = origin.get("user_metadata", "")
     label_text = label_text if isinstance(label_text, str) else ""
-    label = parse_label(label_text)
-    op, op_source = label.get("op"), "label" if label.get("op") else None
-    if op is None:
-        op = op_from_frames(frames)
-        op_source = "frames" if op else None
-    phase = label.get("phase") if label.get("phase") in PHASES else None
-    phase_reason = "memprobe's label" if phase else ""
-    if kind == "free":
-        # Only its free was recorded: a label or stack there describes the free.
-        phase, phase_reason = None, "allocated before the recorded trace (only its free is in it)"
-    elif phase is None:
-        phase, phase_reason = phase_from_frames(frames)
-    recorded_dtype = label["dtype"].removeprefix("torch.") if label.get("dtype") else None
-    recorded_shape = parse_shape(label.get("shape"))
-    vocab, tokens, batch = hints
-    exact_size = (
-        b.alloc_entry is not None
-        or b.free_entry is not None
-        or (
-            b.segment_block is not None
-            and b.segment_block.get("requested_size") != b.segment_block.get("size")
+    explanations: tuple[Explanation, ...] = ()
+    if site.label_dtype:
+        dtype, shape, dtype_source = site.label_dtype, site.label_shape, "label"
+        if verdict.logits and site.label_shape and len(site.label_shape) == 3:
+            bb, ss, vv = site.label_shape
+            explanations = (
+                Explanation(
+                    site.label_dtype, bb, ss, vv, True, 0,
+                    (f"memprobe's label records {site.label_dtype} [{bb}, {ss}, {vv}]",),
+                ),
+            )  # fmt: skip
+    elif verdict.logits:
+        dtype = (
+            "float32"
+            if b.size == (ctx.shapes.tokens or 0) * (ctx.shapes.vocab or 0) * 4
+            else "bfloat16"
         )
-    )
-    explanations = explain_block(
-        b.size,
-        Hints(vocab, tokens, batch, op, recorded_dtype, recorded_shape, block_sizes),
-        exact_size=exact_size,
-    )
-    if recorded_dtype:
-        dtype, shape, dtype_source = recorded_dtype, recorded_shape, "label"
-    elif explanations:
-        dtype, shape, dtype_source = explanations[0].dtype, explanations[0].shape, "explanation"
+        e = _explanation(b, dtype, ctx.shapes, verdict.logits_reason)
+        explanations = (e,)
+        dtype, shape, dtype_source = dtype, e.shape, "inferred"
     else:
         dtype = shape = dtype_source = None
     alloc_index = None if b.alloc_pos == BEFORE_TRACE else b.alloc_pos
@@ -380,11 +498,18 @@ def _finding(
         dtype=dtype,
         shape=shape,
         dtype_source=dtype_source,
-        op=op,
-        op_source=op_source,
-        frame=first_user_frame(frames),
-        phase=phase,
-        phase_reason=phase_reason,
+        op=site.op,
+        op_source=site.op_source,
+        node=site.node,
+        frame=site.frame,
+        chain=site.chain,
+        via=site.via,
+        phase=verdict.phase,
+        phase_reason=verdict.phase_reason,
+        category=verdict.category,
+        category_reason=verdict.reason,
+        logits=verdict.logits,
+        logits_reason=verdict.logits_reason,
         alloc_index=alloc_index,
         alloc_time_us=alloc_time,
         free_index=b.free_pos,
@@ -396,18 +521,37 @@ def _finding(
         live_at_peak=live_at_peak,
         live_at_oom=bool(numbers),
         oom_numbers=numbers,
-        explanations=tuple(explanations[:MAX_EXPLANATIONS]),
-        more_explanations=max(0, len(explanations) - MAX_EXPLANATIONS),
+        explanations=explanations,
+        more_explanations=0,
         label=label_text,
         stream=origin.get("stream", 0),
     )
 
 
-def _oom(number: int, moment: Any, rep: Replay, live: list[ReplayBlock], top: int) -> OomFinding:
+def _oom(
+    number: int,
+    moment: Any,
+    ctx: _Context,
+    live: list[ReplayBlock],
+    top: int,
+    view: AllocatorView,
+    snap: dict[str, Any],
+) -> OomFinding:
     e = moment.entry
-    frames = clean_frames(e.get("frames"))
-    label = parse_label(e.get("user_metadata", ""))
-    phase = label.get("phase") if label.get("phase") in PHASES else phase_from_frames(frames)[0]
+    site = ctx.sites.site(e)
+    # The segments describe the allocator right after the OOM only when the snapshot
+    # was taken then (torch's OOM observer does that): no allocation after it.
+    later_allocs = any(x["action"] == "alloc" for x in ctx.rep.entries[moment.pos + 1 :])
+    largest = None if later_allocs or not view.segments else view.largest_free_block
+    verdict = oom_verdict(
+        e["size"],
+        moment.allocated_bytes,
+        moment.reserved_bytes,
+        e.get("device_free"),
+        largest,
+        bool(view.expandable_segments)
+        or "expandable_segments:True" in str(snap.get("allocator_settings")),
+    )
     return OomFinding(
         number=number,
         index=moment.pos,
@@ -417,7 +561,9 @@ def _oom(number: int, moment: Any, rep: Replay, live: list[ReplayBlock], top: in
         allocated_bytes=moment.allocated_bytes,
         live_count=len(live),
         live_addresses=tuple(b.addr for b in live[:top]),
-        op=label.get("op") or op_from_frames(frames),
-        frame=first_user_frame(frames),
-        phase=phase,
+        op=site.op,
+        frame=site.frame,
+        phase=site.phase or ctx.phases.phase(moment.pos),
+        breakdown=_breakdown(live, ctx),
+        verdict=verdict,
     )

@@ -7,6 +7,7 @@ Python frames only, and may carry Windows paths. Everything here tolerates junk.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,18 @@ _AUTOGRAD_BACKWARD_NAMES = frozenset({"backward", "_engine_run_backward", "grad"
 _CPP_BACKWARD = re.compile(r"torch::autograd::(Engine|.*Backward\d*::apply)|Backward\d+::apply")
 _ATEN_OP = re.compile(r"at::_ops::(\w+)::(?:call|redispatch)|\b(aten::\w+)")
 _AUTOGRAD_NODE = re.compile(r"(\w+Backward\d*)::apply")
+# Code torch generates at run time: inductor's output modules (written under
+# <tmp>/torchinductor_<user>/), fx graphs (``<eval_with_key>.N``), triton caches.
+_GENERATED = re.compile(r"torchinductor_|/\.triton/|/_inductor/|^<eval_with_key|^<torch_package")
+_LIBRARY_ROOT = re.compile(r"/(?:site|dist)-packages/([^/]+)")
+_WRAPPER_NAMES = frozenset({"forward", "new_forward", "wrapper", "inner", "decorate_context"})
+MAX_CHAIN = 3  # the user's line and at most two of its callers
+
+
+# One Frame object per distinct (name, filename, line): real traces repeat the same few
+# thousand frames across a million entries, and the per-frame questions below are
+# cached on the Frame, so each distinct frame is judged once.
+_FRAMES: dict[tuple[Any, Any, Any], Frame] = {}
 
 
 def clean_frames(raw: Any) -> tuple[Frame, ...]:
@@ -42,21 +55,27 @@ def clean_frames(raw: Any) -> tuple[Frame, ...]:
     for f in raw:
         if not isinstance(f, dict):
             continue
-        line = f.get("line", 0)
-        out.append(
-            Frame(
+        key = (f.get("name"), f.get("filename"), f.get("line"))
+        frame = _FRAMES.get(key)
+        if frame is None:
+            line = key[2]
+            frame = Frame(
                 name=str(f.get("name", "??")),
                 filename=str(f.get("filename", "??")),
                 line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
             )
-        )
+            _FRAMES[key] = frame
+        out.append(frame)
     return tuple(out)
 
 
-def _path(filename: str) -> str:
+@functools.lru_cache(maxsize=1 << 16)
+def normalized_path(filename: str) -> str:
+    """Forward slashes, lower case: one spelling for every OS."""
     return filename.replace("\\", "/").lower()
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_cpp(frame: Frame) -> bool:
     """A native frame: torch writes these with line 0 and a ``??`` or bare C++ filename."""
     name = frame.filename
@@ -73,11 +92,14 @@ def is_cpp(frame: Frame) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_internal(frame: Frame) -> bool:
     """True for frames that are not the user's code (see module notes)."""
     if is_cpp(frame) or frame.name in _HOOKS:
         return True
-    path = _path(frame.filename)
+    path = normalized_path(frame.filename)
+    if _GENERATED.search(path):
+        return True
     if path.startswith("<"):
         # <stdin>, <ipython-input-…>, <string> are the user typing; the rest are runtime.
         return path.startswith(("<frozen", "<built-in", "<eval_with_key", "<torch"))
@@ -97,9 +119,64 @@ def first_user_frame(frames: Sequence[Frame]) -> Frame | None:
     return None
 
 
+def is_generated(frame: Frame) -> bool:
+    return bool(_GENERATED.search(normalized_path(frame.filename)))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def library_of(frame: Frame) -> str | None:
+    """The installed package a Python frame belongs to (``einops``), ``inductor-generated
+    code`` for generated modules; None for torch itself, the stdlib, user code and C++."""
+    if is_cpp(frame):
+        return None
+    path = normalized_path(frame.filename)
+    if _GENERATED.search(path):
+        return "generated code (torch.compile)"
+    match = _LIBRARY_ROOT.search(path)
+    if match is None:
+        return None
+    package = match.group(1).removesuffix(".py")
+    return None if package in ("torch", "triton", "functorch", "torchgen") else package
+
+
+def user_chain(frames: Sequence[Frame]) -> tuple[tuple[Frame, ...], tuple[str, ...]]:
+    """(the user's line and up to two user callers, the libraries the call went through).
+
+    ``via`` names each library between the allocation and the user's line, outermost
+    first, by the function the call entered it through: ``einops.einsum``.
+    """
+    for i, frame in enumerate(frames):
+        if not is_internal(frame):
+            chain = [f for f in frames[i:] if not is_internal(f)][:MAX_CHAIN]
+            return tuple(chain), _via(frames[:i])
+    return (), _via(frames)
+
+
+def _via(inner: Sequence[Frame]) -> tuple[str, ...]:
+    seen: dict[str, str] = {}
+    # Outermost first: the frame nearest the user's line is where the user called in.
+    for frame in reversed(inner):
+        package = library_of(frame)
+        if package and package not in seen:
+            seen[package] = frame.name
+    return tuple(p if p.startswith("generated") else f"{p}.{name}" for p, name in seen.items())[
+        :MAX_CHAIN
+    ]
+
+
+def autograd_node(frames: Sequence[Frame]) -> str | None:
+    """``LogSoftmaxBackward0`` from ``torch::autograd::generated::LogSoftmaxBackward0::apply``."""
+    for frame in frames:
+        if "Backward" in frame.name:
+            found = _AUTOGRAD_NODE.search(frame.name)
+            if found:
+                return found.group(1)
+    return None
+
+
 def _torch_function(frame: Frame) -> str | None:
     """``.../torch/nn/functional.py`` + ``log_softmax`` → ``torch.nn.functional.log_softmax``."""
-    path = _path(frame.filename)
+    path = normalized_path(frame.filename)
     start = path.rfind("/torch/")
     if start < 0 or not path.endswith(".py"):
         return None
@@ -120,15 +197,34 @@ def op_from_frames(frames: Sequence[Frame]) -> str | None:
     node = None
     python_fn = None
     for frame in frames:
+        aten, frame_node, fn = _op_facts(frame)
+        if aten:
+            return aten
+        node = node or frame_node
+        python_fn = python_fn or fn
+    return node or python_fn
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _op_facts(frame: Frame) -> tuple[str | None, str | None, str | None]:
+    """(aten op, autograd node, Python torch/library function) one frame names."""
+    if is_cpp(frame):
         match = _ATEN_OP.search(frame.name)
         if match:
-            return match.group(2) or f"aten::{match.group(1)}"
-        if node is None:
-            found = _AUTOGRAD_NODE.search(frame.name)
-            node = found.group(1) if found else None
-        if python_fn is None and not is_cpp(frame):
-            python_fn = _torch_function(frame)
-    return node or python_fn
+            return match.group(2) or f"aten::{match.group(1)}", None, None
+        found = _AUTOGRAD_NODE.search(frame.name) if "Backward" in frame.name else None
+        return None, found.group(1) if found else None, None
+    return None, None, _torch_function(frame) or _library_function(frame)
+
+
+def _library_function(frame: Frame) -> str | None:
+    """``einops.einsum`` for a Python-only stack that went through a library."""
+    package = library_of(frame)
+    if package is None or package.startswith("generated") or frame.name.startswith("_"):
+        return None
+    if frame.name in _WRAPPER_NAMES:  # module plumbing, not an operation
+        return None
+    return f"{package}.{frame.name}"
 
 
 def phase_from_frames(frames: Sequence[Frame]) -> tuple[str | None, str]:
@@ -138,22 +234,36 @@ def phase_from_frames(frames: Sequence[Frame]) -> tuple[str | None, str]:
         return None, "no frames recorded"
     optimizer = None
     for frame in frames:
-        path = _path(frame.filename)
-        if "/torch/autograd/" in path and frame.name in _AUTOGRAD_BACKWARD_NAMES:
-            return "backward", f"allocated under {frame.name}() in torch/autograd"
-        if frame.name == "backward" and not is_cpp(frame):
-            return "backward", f"allocated under a backward() frame ({_short(frame)})"
-        if is_cpp(frame) and _CPP_BACKWARD.search(frame.name):
-            return "backward", f"allocated by the autograd engine ({frame.name[:60]})"
-        if optimizer is None and "/torch/optim/" in path:
-            optimizer = frame
+        kind, reason = _phase_facts(frame)
+        if kind == "backward":
+            return kind, reason
+        if kind == "optimizer" and optimizer is None:
+            optimizer = reason
     if optimizer is not None:
-        return "optimizer", f"allocated under torch/optim ({_short(optimizer)})"
+        return "optimizer", optimizer
     return "forward", "no autograd backward frame on the stack"
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _phase_facts(frame: Frame) -> tuple[str | None, str]:
+    if is_cpp(frame):
+        if ("Backward" in frame.name or "Engine" in frame.name) and _CPP_BACKWARD.search(
+            frame.name
+        ):
+            return "backward", f"allocated by the autograd engine ({frame.name[:60]})"
+        return None, ""
+    path = normalized_path(frame.filename)
+    if "/torch/autograd/" in path and frame.name in _AUTOGRAD_BACKWARD_NAMES:
+        return "backward", f"allocated under {frame.name}() in torch/autograd"
+    if frame.name == "backward":
+        return "backward", f"allocated under a backward() frame ({_short(frame)})"
+    if "/torch/optim/" in path:
+        return "optimizer", f"allocated under torch/optim ({_short(frame)})"
+    return None, ""
+
+
 def _short(frame: Frame) -> str:
-    return f"{_path(frame.filename).rsplit('/', 1)[-1]}:{frame.line}"
+    return f"{normalized_path(frame.filename).rsplit('/', 1)[-1]}:{frame.line}"
 
 
 def describe_frame(frame: Frame | None) -> str:

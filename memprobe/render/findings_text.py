@@ -1,20 +1,21 @@
-"""Findings as text lines for the terminal and as a minimal self-contained HTML page.
+"""Findings as text lines for the terminal.
 
+The first screen says what the peak is made of (bytes per category and the phase it
+happened in) and what the step's shapes are; then identical blocks grouped, every
+logits-family block of the trace, the OOMs, the allocator's view and the notes.
 Every number printed comes from the Findings; nothing here computes memory facts.
 """
 
 from __future__ import annotations
 
-from memprobe.attribute.findings import (
-    BlockFinding,
-    Findings,
-    OomFinding,
-)
+from memprobe.attribute.findings import Findings
 from memprobe.attribute.frames import describe_frame
+from memprobe.attribute.records import BlockFinding, BlockGroup, OomFinding
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Frame
 
-OTHER_FITS_SHOWN = 3
+LOGITS_SHOWN = 40  # logits-family blocks printed one by one (all are in --json)
+EVIDENCE_SHOWN = 6
 
 
 def _duration(us: int | None) -> str:
@@ -42,82 +43,133 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" + ("" if n == 1 else "s")
 
 
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.0f}%" if whole else "-"
+
+
+def _phase(phase: str | None, reason: str = "") -> str:
+    if phase == "backward" and reason.startswith("no frames"):
+        return "backward (autograd engine)"
+    if phase == "optimizer":
+        return "optimizer step"
+    return phase or "phase unknown"
+
+
 def _what(f: BlockFinding) -> str:
-    if f.dtype is None:
-        return "no [B,S,V] fit"
-    shape = "?" if f.shape is None else "[" + ", ".join(str(d) for d in f.shape) + "]"
-    source = " (recorded)" if f.dtype_source == "label" else ""
-    return f"{f.dtype} {shape}{source}"
+    if f.dtype is None or f.shape is None:
+        return ""
+    e = f.explanations[0] if f.explanations else None
+    shape = e.describe().split(" ", 1)[1] if e else "[" + ", ".join(map(str, f.shape)) + "]"
+    return f"{f.dtype} {shape}" + (" (recorded)" if f.dtype_source == "label" else "")
 
 
-def _life(f: BlockFinding) -> str:
+def _made(frame: Frame | None, chain: tuple[Frame, ...], via: tuple[str, ...], phase: str | None,
+          reason: str = "") -> str:  # fmt: skip
+    if frame is None:
+        if phase == "backward":
+            # Backward ops run from autograd's engine: no Python line made them.
+            return "made by autograd (no user frame)"
+        return "no user-code frame"
+    text = f"made at {describe_frame(frame)}"
+    callers = [describe_frame(f) for f in chain[1:]]
+    if callers:
+        text += " <- " + " <- ".join(callers)
+    if via:
+        text += f" (via {', '.join(via)})"
+    return text
+
+
+def _op(op: str | None, node: str | None) -> str:
+    text = f"op {op or '?'}"
+    return text + (f" [{node}]" if node and node not in (op or "") else "")
+
+
+def _life(f: BlockFinding, findings: Findings) -> str:
     start = "before the trace" if f.alloc_index is None else f"#{f.alloc_index}"
-    end = "still live at the end" if f.free_index is None else f"#{f.free_index}"
+    if f.free_index is None:
+        end = "still live at the end"
+    else:
+        peak = findings.peak_index
+        when = ""
+        if peak is not None and peak >= 0 and not f.live_at_peak:
+            when = " (before the peak)" if f.free_index <= peak else " (after the peak)"
+        end = f"freed #{f.free_index}{when}"
     lived = f"lived {_duration(f.lifetime_us)}, " if f.lifetime_us is not None else ""
-    return f"{lived}entries {start} -> {end}"
+    return f"{lived}{start} -> {end}"
 
 
-def _made_at(frame: Frame | None, phase: str | None) -> str:
-    if frame is not None:
-        return f"made at {describe_frame(frame)}"
-    # Backward ops run from autograd's C++ engine: no Python line made them.
-    return "made by autograd (no Python frame)" if phase == "backward" else "no user-code frame"
-
-
-def _block_lines(n: int, f: BlockFinding) -> list[str]:
-    size = format_bytes(f.size)
-    phase = f.phase or "phase unknown"
-    lines = [f"  {n}. {size:>10}  {_what(f)}  {phase}  op {f.op or '?'}"]
+def _block_lines(n: int, f: BlockFinding, findings: Findings) -> list[str]:
+    what = _what(f)
+    head = f"  {n}. {format_bytes(f.size):>10}  {f.category}"
+    head += f"  {what}" if what else ""
+    head += f"  {_phase(f.phase, f.phase_reason)}  {_op(f.op, f.node)}"
     where = []
     if f.live_at_peak:
         where.append("live at the peak")
     if f.oom_numbers:
         where.append("live at OOM " + ", ".join(f"#{k + 1}" for k in f.oom_numbers))
-    made = _made_at(f.frame, f.phase)
-    lines.append(f"     {made}; {_life(f)}" + (f"; {'; '.join(where)}" if where else ""))
-    if f.explanations:
-        best = f.explanations[0]
-        lines.append(f"     why {best.describe()}: {'; '.join(best.reasons)}")
-        others = [e.describe() for e in f.explanations[1 : 1 + OTHER_FITS_SHOWN]]
-        more = len(f.explanations) - 1 - len(others) + f.more_explanations
-        # A recorded dtype and shape settle it; otherwise the other fits matter.
-        if others and f.dtype_source != "label":
-            tail = f" (+{more} more)" if more else ""
-            hint = "; pass --vocab/--tokens/--batch to narrow"
-            lines.append(f"     also fits: {'; '.join(others)}{tail}{hint}")
-    return lines
-
-
-def _oom_lines(o: OomFinding, findings: Findings) -> list[str]:
-    free = "unknown" if o.device_free_bytes is None else format_bytes(o.device_free_bytes)
+    made = _made(f.frame, f.chain, f.via, f.phase)
     lines = [
-        f"OOM #{o.number + 1} {_moment(findings, o.index, o.time_us)}: requested "
-        f"{format_bytes(o.requested_bytes)} with {free} free on the device; "
-        f"{format_bytes(o.allocated_bytes)} allocated in {_plural(o.live_count, 'live block')}",
-        f"  failing request: {o.phase or 'phase unknown'}, op {o.op or '?'}, "
-        + _made_at(o.frame, o.phase),
+        head,
+        f"     {made}; {_life(f, findings)}" + (f"; {'; '.join(where)}" if where else ""),
     ]
-    by_addr = {f.address: f for f in findings.findings}
-    for k, addr in enumerate(o.live_addresses, 1):
-        f = by_addr.get(addr)
-        if f is not None:
-            lines.append(
-                f"  {k}. {format_bytes(f.size):>10}  {_what(f)}  {f.phase or 'phase unknown'}  "
-                f"op {f.op or '?'}  " + _made_at(f.frame, f.phase)
-            )
+    if f.logits and f.logits_reason:
+        lines.append(f"     why logits-family: {f.logits_reason}")
     return lines
+
+
+def _group_line(n: int, g: BlockGroup) -> str:
+    size = format_bytes(g.size)
+    count = f"{g.count} × {size}" if g.count > 1 else size
+    total = f" = {format_bytes(g.total_bytes)}" if g.count > 1 else ""
+    where = describe_frame(g.frame) if g.frame else "no user frame"
+    when = "alive before the trace" if g.before_trace else _phase(g.phase)
+    return f"  {n}. {count}{total}  {g.category}, {when}, op {g.op or '?'}, {where}"
+
+
+def _shape_lines(findings: Findings) -> list[str]:
+    inf = findings.inference
+    if not inf.logits_path:
+        lines = [f"shapes: {inf.evidence[0]}"]
+        if findings.vocab or findings.tokens or findings.batch:
+            lines.append("  (--vocab/--tokens/--batch are not applied without a logits path)")
+        return lines
+    dtypes = " / ".join(dict.fromkeys(t for _, t in reversed(inf.family))) or "?"
+    hidden = f", H = {inf.hidden:,}" if inf.hidden else ""
+    head = f"shapes: logits {inf.shape_text()}{hidden}, {dtypes}"
+    lines = [f"{head}; confidence {inf.confidence}"]
+    for reason in inf.evidence[:EVIDENCE_SHOWN]:
+        lines.append(f"  - {reason}")
+    if inf.alternatives and inf.confidence not in ("given", "high"):
+        lines.append(f"  other readings: {'; '.join(inf.alternatives)}")
+    if inf.confidence in ("low", "medium"):
+        lines.append("  pass --vocab/--tokens/--batch to settle it")
+    return lines
+
+
+def _breakdown_text(breakdown: tuple[tuple[str, int], ...], total: int) -> str:
+    return ", ".join(f"{format_bytes(b)} {c} ({_percent(b, total)})" for c, b in breakdown)
 
 
 def _header_lines(findings: Findings) -> list[str]:
     out: list[str] = []
-    if findings.path:
-        out.append(f"snapshot: {findings.path}")
     if findings.source == "trace":
-        out.append(f"trace: {findings.trace_entries:,} entries on device {findings.device}")
+        out.append(f"device {findings.device}: {findings.trace_entries:,} trace entries")
     else:
-        out.append(f"no trace on device {findings.device}: what the segments hold at snapshot time")
+        out.append(f"device {findings.device}: no trace; what the segments hold at snapshot time")
     peak_moment = _moment(findings, findings.peak_index, findings.peak_time_us)
-    out.append(f"peak allocated: {format_bytes(findings.peak_allocated_bytes)} {peak_moment}")
+    during = ""
+    if findings.peak_phase:
+        during = f" during {_phase(findings.peak_phase)}"
+        if findings.peak_frame is not None:
+            during += f" ({describe_frame(findings.peak_frame)})"
+    out.append(
+        f"peak allocated: {format_bytes(findings.peak_allocated_bytes)} {peak_moment}{during}"
+    )
+    if findings.breakdown:
+        out.append(
+            "  made of: " + _breakdown_text(findings.breakdown, findings.peak_allocated_bytes)
+        )
     if findings.peak_reserved_bytes is not None:
         moment = _moment(findings, findings.peak_reserved_index, findings.peak_reserved_time_us)
         out.append(f"peak reserved:  {format_bytes(findings.peak_reserved_bytes)} {moment}")
@@ -128,38 +180,130 @@ def _header_lines(findings: Findings) -> list[str]:
     return out
 
 
+def _oom_lines(o: OomFinding, findings: Findings) -> list[str]:
+    free = "unknown" if o.device_free_bytes is None else format_bytes(o.device_free_bytes)
+    v = o.verdict
+    lines = [
+        f"OOM #{o.number + 1} on device {findings.device} {_moment(findings, o.index, o.time_us)}:"
+        f" requested {format_bytes(o.requested_bytes)} with {free} free on the device; "
+        f"{format_bytes(o.allocated_bytes)} allocated in {_plural(o.live_count, 'live block')}",
+        f"  failing request: {_phase(o.phase)}, op {o.op or '?'}, "
+        + _made(o.frame, (), (), o.phase),
+    ]
+    if o.breakdown:
+        lines.append("  live then: " + _breakdown_text(o.breakdown, o.allocated_bytes))
+    if v.reserved_bytes is not None:
+        largest = (
+            f", largest free block {format_bytes(v.largest_free_block)}"
+            if v.largest_free_block is not None
+            else ""
+        )
+        lines.append(
+            f"  reserved {format_bytes(v.reserved_bytes)}, of it free "
+            f"{format_bytes(v.free_in_reserved_bytes)}{largest}"
+        )
+    lines.append(f"  verdict: {v.text}")
+    return lines
+
+
+def _allocator_lines(findings: Findings) -> list[str]:
+    a = findings.allocator
+    out = []
+    if a.segments:
+        out.append(
+            f"allocator at snapshot time: {_plural(a.segments, 'segment')} ({a.large_segments} "
+            f"large, {a.small_segments} small, {a.expandable_segments} expandable), "
+            f"{format_bytes(a.reserved_bytes)} reserved, {format_bytes(a.active_bytes)} in live "
+            f"blocks, {format_bytes(a.inactive_split_bytes)} free inside split segments, "
+            f"largest free block {format_bytes(a.largest_free_block)}"
+        )
+    if a.free_in_reserved_at_peak_bytes is not None:
+        out.append(
+            f"at the peak: {format_bytes(a.reserved_at_peak_bytes)} reserved, "
+            f"{format_bytes(a.free_in_reserved_at_peak_bytes)} of it not allocated "
+            "(reserved − allocated, requested sizes)"
+        )
+    if a.settings:
+        out.append("allocator settings: " + ", ".join(f"{k}={v}" for k, v in a.settings))
+    return out
+
+
 def render_findings(findings: Findings, *, top: int | None = None) -> list[str]:
-    """The report ``memprobe attribute`` prints, as lines."""
-    out = _header_lines(findings)
-    at_peak = [f for f in findings.findings if f.live_at_peak]
-    others = [f for f in findings.findings if not f.live_at_peak and not f.live_at_oom]
-    at_oom_only = [f for f in findings.findings if not f.live_at_peak and f.live_at_oom]
-    limit = top if top is not None else len(findings.findings)
-    n = 0
-    if at_peak:
-        shown = at_peak[:limit]
+    """The report ``memprobe attribute`` prints for one device, as lines."""
+    out = [f"snapshot: {findings.path}"] if findings.path else []
+    out += _header_lines(findings)
+    out += _shape_lines(findings)
+    limit = top if top is not None else len(findings.groups)
+    if findings.groups:
+        shown = findings.groups[:limit]
         out.append("")
-        count = findings.live_at_peak_count
-        out.append(f"live at the peak: {_plural(count, 'block')}; the {len(shown)} largest:")
-        for f in shown:
+        out.append(
+            f"live at the peak: {_plural(findings.live_at_peak_count, 'block')} in "
+            f"{_plural(len(findings.groups), 'group')}; the {len(shown)} largest:"
+        )
+        out += [_group_line(n, g) for n, g in enumerate(shown, 1)]
+    n = 0
+    family = findings.logits_family
+    out.append("")
+    if family:
+        made = sum(f.size for f in family)
+        live = sum(f.size for f in family if f.live_at_peak)
+        out.append(
+            f"logits-family blocks: {len(family)} in the trace ({format_bytes(made)} made, "
+            f"{format_bytes(live)} live at the peak):"
+        )
+        for f in family[:LOGITS_SHOWN]:
             n += 1
-            out.extend(_block_lines(n, f))
+            out += _block_lines(n, f, findings)
+        if len(family) > LOGITS_SHOWN:
+            out.append(f"  … {len(family) - LOGITS_SHOWN} more (all are in --json)")
+    else:
+        why = "no LM logits path found" if not findings.inference.logits_path else "none found"
+        out.append(f"logits-family blocks: {why}")
+    at_oom_only = [
+        f for f in findings.findings if not f.live_at_peak and f.live_at_oom and not f.logits
+    ]
     if at_oom_only:
         out.append("")
         out.append("live at an OOM but not at the peak:")
-        for f in at_oom_only[:limit]:
+        for f in at_oom_only[: top or len(at_oom_only)]:
             n += 1
-            out.extend(_block_lines(n, f))
+            out += _block_lines(n, f, findings)
     for o in findings.ooms:
         out.append("")
-        out.extend(_oom_lines(o, findings))
+        out += _oom_lines(o, findings)
+    others = [
+        f for f in findings.findings if not f.live_at_peak and not f.live_at_oom and not f.logits
+    ]
     if others:
         out.append("")
         out.append("other large blocks (not live at the peak):")
-        for f in others[:limit]:
+        for f in others[: top or len(others)]:
             n += 1
-            out.extend(_block_lines(n, f))
+            out += _block_lines(n, f, findings)
+    allocator = _allocator_lines(findings)
+    if allocator:
+        out.append("")
+        out += allocator
     if findings.notes:
         out.append("")
-        out.extend(f"note: {note}" for note in findings.notes)
+        out += [f"note: {note}" for note in findings.notes]
+    return out
+
+
+def render_devices(all_findings: tuple[Findings, ...], *, top: int | None = None) -> list[str]:
+    """Every device, the one that hit an OOM first (as ``attribute_devices`` orders them)."""
+    out: list[str] = []
+    if len(all_findings) > 1:
+        summary = ", ".join(
+            f"device {f.device}: peak {format_bytes(f.peak_allocated_bytes)}"
+            + (f", {_plural(len(f.ooms), 'OOM')}" if f.ooms else "")
+            for f in all_findings
+        )
+        out.append(f"{len(all_findings)} devices with a trace ({summary})")
+        out.append("")
+    for i, f in enumerate(all_findings):
+        if i:
+            out += ["", "=" * 72, ""]
+        out += render_findings(f, top=top)
     return out

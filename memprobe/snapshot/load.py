@@ -7,6 +7,7 @@ global: a file that names one is rejected before anything it names is touched.
 
 from __future__ import annotations
 
+import gc
 import io
 import math
 import os
@@ -104,6 +105,10 @@ def _unpickle(data: bytes, p: Path) -> Any:
         looks = _sniff(data)
         if looks:
             raise UserError(f"snapshot {p} is {looks}", _HINT)
+    # A snapshot is millions of small dicts and lists: the cyclic GC would scan them
+    # again and again while they are built (none of them can form a cycle worth it).
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         return _PlainDataUnpickler(io.BytesIO(data)).load()
     except _Refused as exc:
@@ -124,6 +129,9 @@ def _unpickle(data: bytes, p: Path) -> Any:
     except Exception as exc:  # any other unpickling failure means a bad file
         what = "corrupt" if is_pickle else "not a pickle"
         raise UserError(f"snapshot {p} is {what} ({type(exc).__name__}: {exc})", _HINT) from None
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _describe(value: Any) -> str:
@@ -228,7 +236,34 @@ def _trace(trace: Any, device: int, bad: _Bad) -> list[dict]:
     return [_entry(e, f"device_traces[{device}][{i}]", bad) for i, e in enumerate(trace)]
 
 
+_PLAIN_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "segment_alloc",
+                            "segment_free", "segment_map", "segment_unmap"})  # fmt: skip
+_PLAIN_KEYS = frozenset(
+    {"action", "addr", "size", "stream", "time_us", "frames", "user_metadata", "compile_context"}
+)
+
+
+def _is_plain(e: Any) -> bool:
+    """Already in normal form (what torch writes for block/segment events): kept as is,
+    which keeps a million-entry trace from being copied."""
+    return (
+        type(e) is dict
+        and e.get("action") in _PLAIN_ACTIONS
+        and type(e.get("addr")) is int
+        and type(e.get("size")) is int
+        and e["size"] >= 0
+        and type(e.get("stream")) is int
+        and type(e.get("time_us", 0)) is int
+        and type(e.get("frames")) is list
+        and type(e.get("user_metadata", "x")) is str
+        and e.get("user_metadata", "x") != ""
+        and _PLAIN_KEYS.issuperset(e)
+    )
+
+
 def _entry(e: Any, where: str, bad: _Bad) -> dict:
+    if _is_plain(e):
+        return e
     if not isinstance(e, dict):
         raise bad(where, f"is {_describe(e)}, not a dict")
     action = e.get("action")

@@ -56,6 +56,7 @@ class OomMoment:
     pos: int
     entry: dict[str, Any]
     allocated_bytes: int
+    reserved_bytes: int | None = None  # None: no segment events to count them from
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class Replay:
     reserved_at_end_bytes: int | None
     ooms: tuple[OomMoment, ...]
     notes: tuple[str, ...] = field(default=())
+    reserved_at_peak_bytes: int | None = None
 
     def live_at(self, pos: int | None) -> list[ReplayBlock]:
         return [b for b in self.blocks if b.live_at(pos)]
@@ -147,8 +149,9 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
     initial = 0  # bytes live before the window, found as we go
     r_delta = r_max = 0
     r_peak_pos = BEFORE_TRACE
+    r_at_peak = 0
     segment_events = 0
-    oom_marks: list[tuple[int, dict[str, Any], int]] = []
+    oom_marks: list[tuple[int, dict[str, Any], int, int]] = []
     before_window = implicit = 0
     unknown: Counter[str] = Counter()
 
@@ -167,7 +170,7 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
             blocks.append(block)
             delta += size
             if delta > max_delta:
-                max_delta, peak_pos = delta, pos
+                max_delta, peak_pos, r_at_peak = delta, pos, r_delta
         elif action in ("free_completed", "free") or (
             action == "free_requested" and pos in unpaired
         ):
@@ -191,7 +194,7 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
             segment_events += 1
             r_delta -= e["size"]
         elif action == "oom":
-            oom_marks.append((pos, e, delta))
+            oom_marks.append((pos, e, delta, r_delta))
         elif action not in ("free_requested", "snapshot"):
             unknown[action] += 1
 
@@ -237,6 +240,7 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
             f"{seg_requested}: segments and trace disagree (private pools or another process?)"
         )
     peak_reserved = peak_reserved_pos = None
+    baseline: int | None = None
     if segment_events:
         baseline = reserved_end - r_delta
         if baseline < 0:
@@ -245,6 +249,7 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
             )
             baseline = 0
         peak_reserved, peak_reserved_pos = baseline + r_max, r_peak_pos
+
     return Replay(
         device=dev,
         source="trace",
@@ -256,8 +261,12 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
         peak_reserved_pos=peak_reserved_pos,
         allocated_at_end_bytes=allocated_end,
         reserved_at_end_bytes=reserved_end if segments or segment_events else None,
-        ooms=tuple(OomMoment(pos, e, initial + d) for pos, e, d in oom_marks),
+        ooms=tuple(
+            OomMoment(pos, e, initial + d, None if baseline is None else baseline + r)
+            for pos, e, d, r in oom_marks
+        ),
         notes=tuple(notes),
+        reserved_at_peak_bytes=None if baseline is None else baseline + r_at_peak,
     )
 
 
@@ -287,6 +296,7 @@ def _from_segments(
         allocated_at_end_bytes=allocated,
         reserved_at_end_bytes=reserved,
         ooms=(),
+        reserved_at_peak_bytes=reserved,
         notes=(
             "the snapshot has no trace (recorded without history, or an empty trace): "
             "figures are what was live when the snapshot was taken, not a peak",

@@ -22,7 +22,8 @@ def test_text_report(run_cli, oom_file: Path) -> None:
     code, out, err = run_cli("attribute", str(oom_file), "--vocab", "131072", "--top", "3")
     assert code == 0, err
     assert "peak allocated: 34.18 GiB" in out
-    assert "live at the peak: 5 blocks; the 3 largest:" in out
+    assert "live at the peak: 5 blocks in 5 groups; the 3 largest:" in out
+    assert "made of: 34.18 GiB logits-family" in out
     assert out.count("float32 [1, 20000, 131072]") >= 3
     assert "OOM #1" in out and "requested 9.77 GiB" in out
     assert "backward" in out and "forward" in out

@@ -1,0 +1,136 @@
+"""The caching allocator's side of a snapshot: segments, reserved-but-free bytes, splits,
+the largest free block, the settings; and, at an OOM, fragmentation or exhaustion.
+
+Segment figures are what ``segments`` holds when the snapshot was taken (torch records
+no segment layout over time). Trace figures (reserved at the peak or an OOM) come from
+replaying ``segment_*`` events. Allocated bytes in the trace are the *requested* sizes;
+blocks round up to 512 B, so reserved − allocated includes that rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memprobe.snapshot.model import INACTIVE, LIVE_STATES
+
+# Settings worth a line of their own (the rest are printed only when not default).
+_KEY_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments", "max_split_size")
+
+
+@dataclass(frozen=True)
+class AllocatorView:
+    segments: int
+    large_segments: int
+    small_segments: int
+    expandable_segments: int
+    reserved_bytes: int  # at snapshot time
+    active_bytes: int  # at snapshot time (block sizes, rounded)
+    inactive_split_bytes: int  # free blocks inside segments that also hold live blocks
+    largest_free_block: int
+    reserved_at_peak_bytes: int | None
+    free_in_reserved_at_peak_bytes: int | None  # reserved − allocated at the peak
+    settings: tuple[tuple[str, str], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["settings"] = [list(s) for s in self.settings]
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> AllocatorView:
+        return cls(**{**d, "settings": tuple((str(k), str(v)) for k, v in d["settings"])})
+
+
+def allocator_view(
+    segments: list[dict[str, Any]],
+    settings: dict[str, Any],
+    *,
+    reserved_at_peak: int | None,
+    allocated_at_peak: int,
+) -> AllocatorView:
+    inactive_split = largest_free = active = 0
+    for seg in segments:
+        blocks = seg["blocks"]
+        live = any(b["state"] in LIVE_STATES for b in blocks)
+        for b in blocks:
+            if b["state"] == INACTIVE:
+                largest_free = max(largest_free, b["size"])
+                if live:
+                    inactive_split += b["size"]
+            elif b["state"] in LIVE_STATES:
+                active += b["size"]
+    return AllocatorView(
+        segments=len(segments),
+        large_segments=sum(s.get("segment_type") == "large" for s in segments),
+        small_segments=sum(s.get("segment_type") == "small" for s in segments),
+        expandable_segments=sum(bool(s.get("is_expandable")) for s in segments),
+        reserved_bytes=sum(s["total_size"] for s in segments),
+        active_bytes=active,
+        inactive_split_bytes=inactive_split,
+        largest_free_block=largest_free,
+        reserved_at_peak_bytes=reserved_at_peak,
+        free_in_reserved_at_peak_bytes=None
+        if reserved_at_peak is None
+        else max(0, reserved_at_peak - allocated_at_peak),
+        settings=_settings(settings),
+    )
+
+
+def _settings(settings: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if v}  # roundup divisions: 0 is default
+            if not value:
+                continue
+        if key in _KEY_SETTINGS or value not in (None, "", 0, 0.0, False, -1, {}):
+            out.append((str(key), str(value)))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class OomVerdict:
+    kind: str  # "fragmentation" | "exhaustion" | "unknown"
+    reserved_bytes: int | None
+    free_in_reserved_bytes: int | None
+    largest_free_block: int | None
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def oom_verdict(
+    requested: int,
+    allocated: int,
+    reserved: int | None,
+    device_free: int | None,
+    largest_free_block: int | None,
+    expandable: bool,
+) -> OomVerdict:
+    """Would the failed request have fit in memory the allocator already held?"""
+    if reserved is None:
+        return OomVerdict(
+            "unknown", None, None, largest_free_block,
+            "reserved bytes unknown (no segment events or segments): cannot tell "
+            "fragmentation from exhaustion",
+        )  # fmt: skip
+    free_reserved = max(0, reserved - allocated)
+    headroom = free_reserved + (device_free or 0)
+    if requested <= free_reserved or requested <= headroom and free_reserved >= requested / 2:
+        hint = (
+            "expandable segments are already on: try max_split_size_mb or freeing earlier"
+            if expandable
+            else "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+        )
+        text = (
+            "fragmentation: the request would have fit in reserved-but-free memory, but no "
+            f"single free block was large enough; {hint}"
+        )
+        return OomVerdict("fragmentation", reserved, free_reserved, largest_free_block, text)
+    text = (
+        "real exhaustion: live tensors plus the request exceed what the device has; "
+        "reduce what is live at this moment (see the categories above)"
+    )
+    return OomVerdict("exhaustion", reserved, free_reserved, largest_free_block, text)

@@ -1,0 +1,168 @@
+"""What each live byte is: parameters, gradients, optimizer state, forward activations,
+backward temporaries, logits-family, or other; and whether a block is logits-family.
+
+Provenance decides. A block is logits-family only when its size is one of the
+inferred ``[N, V]`` sizes AND the code that made it is on the logits path (a softmax
+/ loss over V or its backward, the lm_head matmul, memprobe's label); or, with no op
+that says otherwise, when it was made and freed inside backward at exactly such a
+size (the gradient of the logits). Optimizer state, parameters, weight gradients
+and integer results never are.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from memprobe.attribute.ops import is_int_op, is_matmul
+from memprobe.attribute.shapes import ShapeInference
+from memprobe.attribute.sites import Phases, Site
+from memprobe.snapshot.replay import BEFORE_TRACE, ReplayBlock
+
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+OPTIMIZER = "optimizer state"
+ACTIVATIONS = "forward activations"
+BACKWARD_TEMP = "backward temporaries"
+LOGITS = "logits-family"
+OTHER = "other"
+CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS, BACKWARD_TEMP, LOGITS, OTHER)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    category: str
+    reason: str
+    logits: bool
+    logits_reason: str
+    phase: str | None
+    phase_reason: str
+
+
+def logits_fit(size: int, site: Site, shapes: ShapeInference) -> str | None:
+    """The dtype an ``[N, V]`` block of ``size`` bytes has, when the size fits."""
+    if not shapes.known or not shapes.logits_path:
+        return None
+    if site.label_shape is not None and site.label_dtype:
+        return site.label_dtype if _labelled_bsv(site, shapes) else None
+    n, v = shapes.tokens, shapes.vocab
+    assert n is not None and v is not None
+    for itemsize, name in ((4, "float32"), (2, "bfloat16")):
+        if size == n * v * itemsize:
+            return name
+    return None
+
+
+def _labelled_bsv(site: Site, shapes: ShapeInference) -> bool:
+    shape = site.label_shape or ()
+    elements = 1
+    for d in shape:
+        elements *= d
+    return bool(shape) and shape[-1] == shapes.vocab and elements == shapes.tokens * shapes.vocab
+
+
+def classify(
+    block: ReplayBlock,
+    site: Site,
+    phases: Phases,
+    shapes: ShapeInference,
+    *,
+    trace_length: int,
+    segment_site: Site | None = None,
+) -> Verdict:
+    """Category and logits-family verdict of one block (see module notes)."""
+    before = block.alloc_pos == BEFORE_TRACE
+    # A block from before the trace is described by the stack its segment block kept.
+    origin = segment_site if before and segment_site is not None else site
+    if before:
+        phase, phase_reason = None, "allocated before the recorded trace"
+        if segment_site is not None and segment_site.has_frames:
+            phase, phase_reason = segment_site.phase, "its block's stack in segments"
+    else:
+        phase = phases.phase(block.alloc_pos)
+        phase_reason = phases.reason_at.get(block.alloc_pos) or site.phase_reason
+        if phase is None and site.phase is not None:
+            phase = site.phase
+
+    logits, why = _logits(block, origin, phase, phases, shapes, before)
+    if logits:
+        return Verdict(LOGITS, why, True, why, phase, phase_reason)
+    category, reason = _category(block, origin, phase, phases, before, trace_length)
+    return Verdict(category, reason, False, "", phase, phase_reason)
+
+
+def _logits(
+    block: ReplayBlock,
+    site: Site,
+    phase: str | None,
+    phases: Phases,
+    shapes: ShapeInference,
+    before: bool,
+) -> tuple[bool, str]:
+    dtype = logits_fit(block.size, site, shapes)
+    if dtype is None or site.optimizer or site.param_setup or site.autotune or site.zero_grad:
+        return False, ""
+    if is_int_op(site.op):
+        return False, ""
+    if site.label_shape is not None:
+        return True, "memprobe's label records a [B, S, V] shape"
+    if site.loss:
+        return True, f"{dtype} [N, V] made on the logits path ({site.loss})"
+    if is_matmul(site.op, site.node) and phase == "forward":
+        return True, f"{dtype} [N, V] made by the matmul {site.op} in forward (the lm_head)"
+    if before or site.node is not None and is_matmul(site.op, None):
+        return False, ""
+    # Exactly [N, V], made and freed inside backward, no matmul: the logits' gradient.
+    end = phases.backward_end.get(block.alloc_pos)
+    freed_inside = end is not None and block.free_pos is not None and block.free_pos < end
+    if phase == "backward" and freed_inside and not is_matmul(site.op, None):
+        what = site.node or site.op or "no op recorded"
+        return True, f"{dtype} [N, V] made and freed inside backward ({what})"
+    return False, ""
+
+
+def _category(
+    block: ReplayBlock,
+    site: Site,
+    phase: str | None,
+    phases: Phases,
+    before: bool,
+    trace_length: int,
+) -> tuple[str, str]:
+    if site.autotune:
+        return OTHER, "triton autotuning buffer"
+    if site.optimizer or phase == "optimizer":
+        if site.zero_grad:
+            return GRADIENTS, "made by zero_grad()"
+        return OPTIMIZER, "made under the optimizer's step"
+    if site.param_setup:
+        return PARAMETERS, "made while building or moving a module"
+    if before:
+        if block.free_pos is None:
+            if site.has_frames and phase == "backward":
+                return GRADIENTS, "made in backward before the trace, still live"
+            return PARAMETERS, "alive before the trace and to its end"
+        if phases.backward_end and _in_backward(block.free_pos, phases):
+            return ACTIVATIONS, "made before the trace, freed in backward (saved for it)"
+        return OTHER, "made before the trace (its allocation was not recorded)"
+    if phase == "backward":
+        end = phases.backward_end.get(block.alloc_pos, trace_length)
+        if block.free_pos is None or block.free_pos >= end:
+            return GRADIENTS, "made in backward and still live after it"
+        return BACKWARD_TEMP, "made and freed inside backward"
+    if phase == "forward":
+        if block.alloc_pos <= 0 and block.free_pos is None:
+            return PARAMETERS, "alive for the whole trace"
+        return ACTIVATIONS, "made in forward"
+    if phase == "setup":
+        return OTHER, "made while setting up the step"
+    return OTHER, "no phase known"
+
+
+def _in_backward(pos: int, phases: Phases) -> bool:
+    """Whether trace position ``pos`` lies inside one of the backward passes."""
+    starts = phases.backward_starts
+    if not starts:
+        return False
+    i = bisect.bisect_right(starts, pos) - 1
+    return i >= 0 and pos < phases.backward_end[starts[i]]

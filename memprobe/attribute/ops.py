@@ -1,0 +1,127 @@
+"""What an allocation's op, autograd node and frames say about its role in a training step.
+
+Provenance decides what a block is; its size only says what it could be. A block is on
+the *logits path* when the code that made it is the lm_head matmul, a softmax / loss
+over the vocabulary, or their backward nodes. Names are matched loosely (aten ops,
+autograd nodes, torch functions, user functions) because real stacks use all of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+
+from memprobe.attribute.frames import is_cpp, is_internal, normalized_path
+from memprobe.records import Frame
+
+# Words that name a computation over the vocabulary dimension. "logprob" catches the
+# user's own log-prob functions (and memprobe's kernels); matched on lower case with
+# underscores removed, so ``LogSoftmaxBackward0`` and ``log_softmax`` both hit.
+_LOSS_WORDS = ("softmax", "logsumexp", "crossentropy", "nllloss", "logprob", "lmhead", "logits")
+_MATMUL = re.compile(r"(?:^|[.:_])(linear|mm|addmm|matmul|bmm|baddbmm|einsum)(?:\b|_|$)")
+# Integer results: indices, counts, masks. A [B,S,V]-sized integer block is never logits.
+_INT_OPS = re.compile(r"arange|randint|argmax|argmin|nonzero|one_hot|topk|sort|bincount|cumsum")
+_OPTIMIZER_NAMES = frozenset(
+    {"step", "_multi_tensor_adam", "_single_tensor_adam", "_fused_adam", "adam", "adamw", "sgd"}
+)
+_PARAM_SETUP = frozenset({"_apply", "to", "cuda", "reset_parameters", "_init_weights", "__init__"})
+
+
+def _squash(text: str | None) -> str:
+    return (text or "").lower().replace("_", "")
+
+
+def is_loss_name(text: str | None) -> bool:
+    squashed = _squash(text)
+    return any(w in squashed for w in _LOSS_WORDS)
+
+
+def is_matmul(op: str | None, node: str | None) -> bool:
+    """A matmul forward (the lm_head is one); its backward makes weight/hidden grads."""
+    if node is not None:
+        return False
+    return bool(op) and bool(_MATMUL.search(op.lower().removeprefix("aten::")))
+
+
+def is_int_op(op: str | None) -> bool:
+    return bool(op) and bool(_INT_OPS.search(op.lower()))
+
+
+def loss_evidence(op: str | None, node: str | None, frames: Sequence[Frame]) -> str | None:
+    """Why this allocation is part of a softmax/loss over the vocabulary, or None.
+
+    Checked: the op, the autograd node, and the innermost Python frame and innermost
+    user frame (``cross_entropy_loss`` in the user's training.py). Outer frames are
+    not: a ``compute_loss`` that calls the whole model would claim every activation.
+    """
+    if is_int_op(op) or _in_attention(frames):
+        return None
+    if is_loss_name(op):
+        return f"op {op}"
+    if is_loss_name(node):
+        return f"autograd node {node}"
+    innermost_py = next((f for f in frames if not is_cpp(f)), None)
+    innermost_user = next((f for f in frames if not is_internal(f)), None)
+    for frame in (innermost_py, innermost_user):
+        if frame is not None and is_loss_name(frame.name):
+            return f"made in {frame.name}()"
+    return None
+
+
+def _in_attention(frames: Sequence[Frame]) -> bool:
+    """The softmax inside attention is over [B, h, S, S], not over the vocabulary."""
+    return any(_attention_frame(f) for f in frames)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _attention_frame(frame: Frame) -> bool:
+    name = frame.name.lower()
+    return not is_cpp(frame) and ("attention" in name or "attn" in name)
+
+
+def is_optimizer(frames: Sequence[Frame]) -> bool:
+    """Under torch.optim (any subclass of Optimizer runs its step through it) or a step
+    function of a known optimizer implementation."""
+    return any(_optimizer_frame(f) for f in frames)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _optimizer_frame(frame: Frame) -> bool:
+    if is_cpp(frame):
+        return False
+    path = normalized_path(frame.filename)
+    if "/torch/optim/" in path:
+        return True
+    return frame.name in _OPTIMIZER_NAMES and "optim" in path
+
+
+def is_zero_grad(frames: Sequence[Frame]) -> bool:
+    return any(f.name == "zero_grad" for f in frames if not is_cpp(f))
+
+
+def is_autotune(frames: Sequence[Frame]) -> bool:
+    """Buffers triton's autotuner allocates to benchmark kernel configurations."""
+    return any(_autotune_frame(f) for f in frames)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _autotune_frame(frame: Frame) -> bool:
+    if is_cpp(frame):
+        return False
+    path = normalized_path(frame.filename)
+    return ("/triton/" in path or "/_inductor/" in path) and (
+        "autotune" in path or "bench" in frame.name or "autotune" in frame.name
+    )
+
+
+def is_parameter_setup(frames: Sequence[Frame]) -> bool:
+    """Made while a module was built or moved to the device (``model.to('cuda')``)."""
+    for frame in frames:
+        if is_cpp(frame):
+            continue
+        if frame.name in _PARAM_SETUP and "/torch/nn/modules/" in normalized_path(frame.filename):
+            return True
+        if frame.name in ("reset_parameters", "_init_weights"):
+            return True
+    return False

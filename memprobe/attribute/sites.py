@@ -1,0 +1,193 @@
+"""Where each allocation came from: its op, autograd node, phase, the user's line.
+
+A *site* is what one stack of frames says. Sites are cached per frames object: a
+trace of a million entries repeats a few thousand stacks, and pickle keeps repeated
+lists shared, so each distinct stack is read once.
+
+Phases come from the frames when they say (autograd's backward, torch.optim), and
+from the neighbours when they do not: allocations without frames are made on the
+autograd engine's thread, so a run of them between forward and the optimizer step
+(or inside backward) is "backward (autograd engine)".
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from memprobe.attribute.frames import (
+    autograd_node,
+    clean_frames,
+    op_from_frames,
+    phase_from_frames,
+    user_chain,
+)
+from memprobe.attribute.ops import (
+    is_autotune,
+    is_optimizer,
+    is_parameter_setup,
+    is_zero_grad,
+    loss_evidence,
+)
+from memprobe.records import Frame
+from memprobe.snapshot.labels import parse_label, parse_shape
+
+PHASES = ("setup", "forward", "backward", "optimizer")
+AUTOGRAD_ENGINE = "backward (autograd engine)"
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """What an allocation's stack (and memprobe's label, when present) says."""
+
+    op: str | None
+    op_source: str | None  # "label" | "frames" | None
+    node: str | None  # autograd node, when C++ frames name one
+    phase: str | None
+    phase_reason: str
+    chain: tuple[Frame, ...]  # the user's line first, then up to two callers
+    via: tuple[str, ...]  # libraries the call went through ("einops.einsum")
+    loss: str | None  # why it is part of a softmax/loss over V, or None
+    optimizer: bool
+    zero_grad: bool
+    autotune: bool
+    param_setup: bool
+    has_frames: bool
+    label_dtype: str | None
+    label_shape: tuple[int, ...] | None
+
+    @property
+    def frame(self) -> Frame | None:
+        return self.chain[0] if self.chain else None
+
+
+def read_site(raw_frames: Any, label_text: Any) -> Site:
+    frames = clean_frames(raw_frames)
+    label = parse_label(label_text)
+    node = autograd_node(frames)
+    op = label.get("op")
+    op_source = "label" if op else None
+    if op is None:
+        op = op_from_frames(frames)
+        op_source = "frames" if op else None
+    if label.get("phase") in PHASES:
+        phase, reason = label["phase"], "memprobe's label"
+    else:
+        phase, reason = phase_from_frames(frames)
+    optimizer = is_optimizer(frames)
+    if optimizer and phase != "backward":
+        phase, reason = "optimizer", "allocated under the optimizer's step"
+    chain, via = user_chain(frames)
+    dtype = label["dtype"].removeprefix("torch.") if label.get("dtype") else None
+    return Site(
+        op=op,
+        op_source=op_source,
+        node=node,
+        phase=phase,
+        phase_reason=reason,
+        chain=chain,
+        via=via,
+        loss=loss_evidence(op, node, frames),
+        optimizer=optimizer,
+        zero_grad=is_zero_grad(frames),
+        autotune=is_autotune(frames),
+        param_setup=is_parameter_setup(frames),
+        has_frames=bool(frames),
+        label_dtype=dtype,
+        label_shape=parse_shape(label.get("shape")),
+    )
+
+
+class SiteCache:
+    """``site(entry)`` reads each distinct stack once.
+
+    A loaded file gives every entry its own frames list, but pickle keeps repeated
+    frame dicts shared: the tuple of the dicts' ids names a stack by content, cheaply.
+    Ids are only stable while the snapshot is alive, so a cache lives for one call.
+    """
+
+    def __init__(self) -> None:
+        self._sites: dict[tuple[tuple[int, ...], str], Site] = {}
+        self._keep: list[Any] = []  # the frames objects keyed by id stay alive with us
+
+    def site(self, entry: dict[str, Any] | None) -> Site:
+        entry = entry or {}
+        frames = entry.get("frames")
+        label = entry.get("user_metadata", "")
+        label = label if isinstance(label, str) else ""
+        ids = tuple(map(id, frames)) if isinstance(frames, list) else ()
+        key = (ids, label)
+        found = self._sites.get(key)
+        if found is None:
+            found = read_site(frames, label)
+            self._sites[key] = found
+            self._keep.append(frames)
+        return found
+
+
+@dataclass(frozen=True, eq=False)
+class Phases:
+    """Phase of every alloc position, with the frameless ones resolved, and where each
+    backward pass ends (for telling gradients from backward temporaries)."""
+
+    phase_at: dict[int, str | None]
+    reason_at: dict[int, str]
+    backward_end: dict[int, int]  # alloc position in a backward pass -> where that pass ends
+
+    def phase(self, pos: int) -> str | None:
+        return self.phase_at.get(pos)
+
+    @functools.cached_property
+    def backward_starts(self) -> list[int]:
+        return sorted(self.backward_end)
+
+
+def resolve_phases(entries: list[dict[str, Any]], sites: SiteCache) -> Phases:
+    """Phase per ``alloc`` position; allocations with no frames take the phase their
+    neighbours imply (see module notes)."""
+    allocs = [pos for pos, e in enumerate(entries) if e["action"] == "alloc"]
+    raw: list[str | None] = []
+    for pos in allocs:
+        s = sites.site(entries[pos])
+        raw.append(s.phase if s.has_frames or s.op_source == "label" else "?")
+    phase_at: dict[int, str | None] = {}
+    reason_at: dict[int, str] = {}
+    n = len(allocs)
+    i = 0
+    while i < n:
+        if raw[i] != "?":
+            phase_at[allocs[i]] = raw[i]
+            i += 1
+            continue
+        j = i
+        while j < n and raw[j] == "?":
+            j += 1
+        left = raw[i - 1] if i > 0 else None
+        right = raw[j] if j < n else None
+        after_forward = left == "forward" and right in ("optimizer", "forward", None)
+        backward = "backward" in (left, right) or after_forward
+        for k in range(i, j):
+            phase_at[allocs[k]] = "backward" if backward else None
+            reason_at[allocs[k]] = (
+                "no frames: made on the autograd engine's thread between "
+                f"{left or 'the trace start'} and {right or 'the trace end'} allocations"
+                if backward
+                else "no frames recorded"
+            )
+        i = j
+    # A backward pass ends where the next forward or optimizer allocation begins: a
+    # block made in it and still live there survives backward (a gradient).
+    backward_end: dict[int, int] = {}
+    run: list[int] = []
+    for pos in allocs:
+        phase = phase_at.get(pos)
+        if phase == "backward":
+            run.append(pos)
+        elif phase is not None and run:
+            for p in run:
+                backward_end[p] = pos
+            run = []
+    for p in run:
+        backward_end[p] = len(entries)
+    return Phases(phase_at, reason_at, backward_end)

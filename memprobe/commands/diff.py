@@ -1,0 +1,76 @@
+"""``memprobe diff A.pickle B.pickle``: what grew between two snapshots' peaks, and where."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from memprobe.attribute import attribute_file_devices
+from memprobe.attribute.diff import PeakDiff, diff_findings
+from memprobe.attribute.frames import describe_frame
+from memprobe.commands.flags import user_errors
+from memprobe.io.sizes import format_bytes
+
+DEFAULT_SHOWN = 10
+
+
+def _signed(n: int) -> str:
+    return ("+" if n >= 0 else "-") + format_bytes(abs(n))
+
+
+def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
+    delta = d.peak_b_bytes - d.peak_a_bytes
+    out = [
+        f"A: {d.path_a}",
+        f"B: {d.path_b}",
+        f"peak: {format_bytes(d.peak_a_bytes)} -> {format_bytes(d.peak_b_bytes)} "
+        f"({_signed(delta)})",
+        "",
+        "by category (bytes live at each peak):",
+    ]
+    for c, a, b in d.categories:
+        out.append(f"  {c:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}")
+    out += ["", f"by source line and op (the {min(top, len(d.contributors))} largest changes):"]
+    for c in d.contributors[:top]:
+        where = describe_frame(c.frame) if c.frame else "no user frame"
+        out.append(
+            f"  {_signed(c.delta_bytes):>13}  {where}  op {c.op or '?'}  {c.category}  "
+            f"({format_bytes(c.bytes_a)} -> {format_bytes(c.bytes_b)})"
+        )
+    return out
+
+
+def diff_command(
+    a: str | os.PathLike[str],
+    b: str | os.PathLike[str],
+    *,
+    device: int | None = None,
+    top: int = DEFAULT_SHOWN,
+    as_json: bool = False,
+) -> str:
+    # Each file's lead device (the one that hit an OOM, else the largest peak).
+    fa = attribute_file_devices(a, device=device)[0]
+    fb = attribute_file_devices(b, device=device)[0]
+    d = diff_findings(fa, fb)
+    if as_json:
+        return json.dumps(d.to_json(), indent=1)
+    return "\n".join(render_diff(d, top=top))
+
+
+@user_errors
+def command(
+    a: Annotated[Path, typer.Argument(help="Snapshot A (before).")],
+    b: Annotated[Path, typer.Argument(help="Snapshot B (after).")],
+    device: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(min=0, help="Compare this device (default: each file's lead device)."),
+    ] = None,
+    top: Annotated[int, typer.Option(min=1, help="Contributors listed.")] = DEFAULT_SHOWN,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Attribute the difference between two snapshots' peaks, by category and source line."""
+    typer.echo(diff_command(a, b, device=device, top=top, as_json=as_json))
