@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from memprobe import __version__
-from memprobe.commands import attribute, gate, kernels, report, sweep
+from memprobe.commands import attribute, gate, kernels, plan, report, sweep
 
 app = typer.Typer(
     name="memprobe",
@@ -49,6 +49,7 @@ app.command("sweep")(sweep.command)
 app.command("gate")(gate.command)
 app.command("attribute")(attribute.command)
 app.command("report")(report.command)
+app.command("plan")(plan.command)
 
 
 def main() -> None:
