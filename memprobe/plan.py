@@ -38,9 +38,6 @@ from memprobe.records import DTYPES, Case, normalize_dtype
 ALLOCATED = "allocated"
 RESERVED = "reserved"
 
-# Regula falsi steps before plain bisection takes over: the line is exact or
-# nearly so, and a step that misses twice means this kernel's peak has a kink.
-_SECANT_STEPS = 3
 # Far beyond any GPU (2^40 tokens): a search that gets there has a flat peak.
 _MAX_TOKENS = 2**40
 # Without a chunk size the seeds are taken at multiples of this many tokens.
@@ -269,21 +266,23 @@ def search_max_tokens(
     for t, p in peaks.items():
         lo, hi = _narrow(lo, hi, t, p, limit)
     guess = predicted
-    secant_left = _SECANT_STEPS
     while hi is None or hi - lo > 1:
-        if guess is None or secant_left <= 0 or not (lo <= guess and (hi is None or guess < hi)):
+        if guess is None or not (lo <= guess and (hi is None or guess < hi)):
             guess = _bisect(lo, hi)
         probes = [t for t in (guess, guess + 1) if t > lo and (hi is None or t < hi)]
         probes = [t for t in probes if t not in peaks] or [_bisect(lo, hi)]
         got = yield probes
         peaks.update(got)
-        before = (lo, hi)
+        width = None if hi is None else hi - lo
         for t in probes:
             lo, hi = _narrow(lo, hi, t, peaks[t], limit)
-        secant_left -= 1
-        if (lo, hi) == before:
-            secant_left = 0
-        guess = _secant_guess(lo, hi, peaks, limit, line)
+        # A guess must at least halve the bracket, or the next step bisects: the
+        # search then never takes more rounds than bisection would, give or take one.
+        halved = width is None or hi is None or 2 * (hi - lo) <= width
+        guess = _model_guess(lo, hi, peaks, limit, line) if halved else None
+    if hi not in peaks:  # the bracket came from ``below``: its own peak is still unknown
+        got = yield [hi]
+        peaks.update(got)
     assert hi is not None
     return Search(
         max_tokens=lo,
@@ -313,11 +312,17 @@ def _bisect(lo: int, hi: int | None) -> int:
     return (lo + hi) // 2
 
 
-def _secant_guess(
+def _model_guess(
     lo: int, hi: int | None, peaks: Mapping[int, int], limit: int, seed: Line
 ) -> int | None:
-    """Regula falsi: the line through the nearest points on each side of the boundary."""
-    if lo > 0 and hi is not None:
+    """Where the boundary should be: the local line through the last fitting pair
+    (exact within one piece of the peak), else the line through both sides of the
+    bracket (regula falsi), else the seed line."""
+    if lo - 1 in peaks and lo > 1:
+        local = Line.through((lo - 1, peaks[lo - 1]), (lo, peaks[lo])).tokens_within(limit)
+        if local is not None and local >= lo and (hi is None or local < hi):
+            return local
+    if lo > 0 and hi in peaks:
         return Line.through((lo, peaks[lo]), (hi, peaks[hi])).tokens_within(limit)
     return seed.tokens_within(limit)
 

@@ -178,9 +178,9 @@ def test_chunk_choice_from_measured_times(tmp_path):
     assert alone.for_time is None and "on memory alone" in alone.why
 
 
-def test_reserved_plan_uses_the_allocator_model_when_installed(monkeypatch):
+@pytest.mark.parametrize("overhead", [0, 4 * 2**20])
+def test_reserved_plan_uses_the_allocator_model_when_installed(monkeypatch, overhead):
     seen: list[str | None] = []
-    overhead = 4 * 2**20
 
     def reserved_peak_bytes(events, alloc_conf):
         seen.append(alloc_conf)
@@ -196,7 +196,8 @@ def test_reserved_plan_uses_the_allocator_model_when_installed(monkeypatch):
     assert "planned on" in plan.reserved_status()
     target = plan.make_target("local_chunked", vocab=VOCAB, chunk_size=CHUNK)
     (p,) = plan.run_plans([target], plan.make_budget(BUDGET), alloc_conf="expandable_segments:True")
-    assert p.reserved is not None and 0 < p.reserved.max_tokens < p.max_tokens
+    assert p.reserved is not None and 0 < p.reserved.max_tokens <= p.max_tokens
+    assert (p.reserved.max_tokens == p.max_tokens) == (overhead == 0)
     top = p.reserved.max_tokens
     assert plan.simulated_peak(target.case(top)) + overhead <= BUDGET
     assert plan.simulated_peak(target.case(top + 1)) + overhead > BUDGET
