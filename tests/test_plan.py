@@ -96,6 +96,16 @@ def test_search_finds_the_boundary_of_any_stepped_line(slope, fixed, step, chunk
     assert top == 0 or peak(top) <= limit
     assert peak(top + 1) > limit
     assert found.simulations < 80
+    # The reserved search: a higher peak, searched below the first answer from its line.
+    steps = plan.search_max_tokens(limit, (0, 0), below=top + 1, line=found.line)
+    try:
+        ask = next(steps)
+        while True:
+            ask = steps.send({t: peak(t) + step for t in ask})
+    except StopIteration as done:
+        below = done.value.max_tokens
+    assert below <= top and (below == 0 or peak(below) + step <= limit)
+    assert peak(below + 1) + step > limit
 
 
 def test_nothing_fits_is_an_answer():

@@ -101,3 +101,15 @@ def test_user_mistakes_are_one_line_exit_2(run_cli, args, says):
     code, out, err = run_cli("plan", *SMALL, *args)
     assert code == 2
     assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_docs_show_what_the_command_prints(run_cli):
+    """docs/plan.md's long-context example is this command's output, answer included."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "plan.md").read_text()
+    code, out, err = run_cli(
+        "plan", "--vocab", "131072", "--budget", "80GiB", "--other", "54GiB", "--jobs", "1"
+    )
+    assert code == 0, err
+    assert out.strip() in doc

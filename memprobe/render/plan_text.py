@@ -77,7 +77,7 @@ def chunk_lines(choices: Sequence[ChunkChoice]) -> list[str]:
         lines.append(
             f"chunk size: only {', '.join(map(str, sizes))} planned for "
             f"{', '.join(dict.fromkeys(c.kernel for c in single))}; compare sizes with "
-            "--chunk-size a,b,c (smaller chunks lower the peak and take longer)"
+            "--chunk-size a,b,c (and their measured times with --from-run DIR)"
         )
     # Layouts that agree are said once: "local_chunked: 512 ..." rather than a line each.
     groups: dict[tuple[str, int | None, int | None, str], list[str]] = {}
