@@ -390,7 +390,7 @@ def run_plans(
     if reserved is None:
         reserved = reserved_model() is not None
     steps = {i: plan_steps(t, budget, reserved) for i, t in enumerate(targets)}
-    pool = _pool(jobs, len(targets))
+    pool = _pool(jobs)
 
     def evaluate(i: int, probe: Probe) -> int:
         return simulated_peak(targets[i].case(probe[1]), probe[0], alloc_conf)
@@ -406,9 +406,10 @@ def run_plans(
     return [done[i] for i in range(len(targets))]
 
 
-def _pool(jobs: int, work: int) -> ProcessPoolExecutor | None:
-    # fork keeps the parent's imported, warmed-up torch; elsewhere run in order.
-    if jobs <= 1 or work <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+def _pool(jobs: int) -> ProcessPoolExecutor | None:
+    # fork keeps the parent's imported, warmed-up torch; elsewhere run in order. Even
+    # one plan gains: each step asks for two counts, simulated side by side.
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return None
     simulated_peak(Case("unchunked", 1, 1, 1))  # torch's one-time meta setup, done once
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
