@@ -25,7 +25,7 @@ import multiprocessing
 import os
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from memprobe.errors import UserError
@@ -390,7 +390,7 @@ def run_plans(
     if reserved is None:
         reserved = reserved_model() is not None
     steps = {i: plan_steps(t, budget, reserved) for i, t in enumerate(targets)}
-    pool = _pool(jobs)
+    pool = _pool(jobs, targets)
 
     def evaluate(i: int, probe: Probe) -> int:
         return simulated_peak(targets[i].case(probe[1]), probe[0], alloc_conf)
@@ -406,12 +406,14 @@ def run_plans(
     return [done[i] for i in range(len(targets))]
 
 
-def _pool(jobs: int) -> ProcessPoolExecutor | None:
+def _pool(jobs: int, targets: Sequence[Target]) -> ProcessPoolExecutor | None:
     # fork keeps the parent's imported, warmed-up torch; elsewhere run in order. Even
     # one plan gains: each step asks for two counts, simulated side by side.
     if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return None
-    simulated_peak(Case("unchunked", 1, 1, 1))  # torch's one-time meta setup, done once
+    # torch's first call of each op is slow (lazy setup): pay it here, once, not per worker.
+    for target in dict.fromkeys(replace(t, cp=1) for t in targets):
+        simulated_peak(target.case(2 * (target.chunk_size or 1)))
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
 
 
