@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import math
 import multiprocessing
-import os
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, replace
@@ -725,11 +724,3 @@ def fits(
         kernel, vocab=vocab, batch=batch, dtype=dtype, chunk_size=chunk_size, tp=tp, cp=cp
     )
     return simulated_peak(target.case(tokens)) <= limit
-
-
-def default_jobs() -> int:
-    """One simulation process per CPU this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)

@@ -157,7 +157,9 @@ def command(
     ] = False,
     jobs: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(help="Simulation processes. (default: one per CPU)"),
+        typer.Option(
+            help="Simulation processes (forked; helps where cores are free). (default: 1)"
+        ),
     ] = None,
 ) -> None:
     """The largest token count per GPU whose simulated peak fits BUDGET - OTHER.
@@ -166,7 +168,6 @@ def command(
     simulation the sweep uses, seeded by the line peak = slope x tokens + fixed.
     Peaks are allocated bytes on one rank.
     """
-    from memprobe.plan import default_jobs
     from memprobe.render.plan_text import (
         answer_line,
         budget_line,
@@ -192,7 +193,7 @@ def command(
         alloc_conf=alloc_conf,
         from_run=from_run,
         out=out,
-        jobs=jobs if jobs is not None else default_jobs(),
+        jobs=jobs if jobs is not None else 1,
     )
     outcome = run_plan_job(request)
     if as_json:
