@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     NoArgsIsHelpError = ()  # type: ignore[assignment,misc]
 
 from memprobe import __version__
-from memprobe.commands import attribute, diff, gate, kernels, report, sweep
+from memprobe.commands import attribute, diff, gate, kernels, plan, report, sweep
 
 app = typer.Typer(
     name="memprobe",
@@ -58,6 +58,7 @@ app.command("gate")(gate.command)
 app.command("attribute")(attribute.command)
 app.command("diff")(diff.command)
 app.command("report")(report.command)
+app.command("plan")(plan.command)
 
 
 def main() -> None:

@@ -272,12 +272,10 @@ def _with_reserved(run: Run, conf: AllocConf | None) -> Run:
         return replace(run, reserved_source="measured")
     if not run.events:
         return run  # skipped or failed before anything ran
-    from memprobe.allocator import simulate
-    from memprobe.snapshot.synthesize import allocator_requests
+    from memprobe.measure.reserved import modelled_reserved_peak
 
-    requests, _ = allocator_requests(run.events)
-    sim = simulate(((e.action, e.storage, e.nbytes) for e in requests), conf)
-    return replace(run, reserved_peak_bytes=sim.reserved_peak_bytes, reserved_source="modelled")
+    reserved = modelled_reserved_peak(run.events, conf)
+    return replace(run, reserved_peak_bytes=reserved, reserved_source="modelled")
 
 
 def _with_snapshot(run: Run, out_dir: Path, conf: AllocConf | None = None) -> Run:

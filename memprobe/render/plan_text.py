@@ -1,0 +1,155 @@
+"""``memprobe plan`` in the terminal: a table, the notes, and a one-line answer last."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from memprobe.io.sizes import format_bytes
+from memprobe.kernels.registry import get_spec
+from memprobe.plan import Budget, ChunkChoice, TokenPlan
+
+
+def _chunk(plan: TokenPlan) -> str:
+    return "-" if plan.target.chunk_size is None else str(plan.target.chunk_size)
+
+
+def _line_check(plan: TokenPlan) -> str:
+    a = plan.allocated
+    if a.predicted is None:
+        return "flat"
+    if a.predicted == a.max_tokens:
+        return "exact"
+    return f"said {a.predicted:,}"
+
+
+def table_lines(plans: Sequence[TokenPlan]) -> list[str]:
+    """One row per kernel × layout × chunk size; peaks are per rank."""
+    with_cp = any(p.target.cp > 1 for p in plans)
+    with_reserved = any(p.reserved is not None for p in plans)
+    header = ["kernel", "tp", "cp", "chunk", "tokens/GPU"]
+    header += ["global"] if with_cp else []
+    header += ["peak at max", "left at max", "over at max+1", "per token", "fixed", "line"]
+    header += ["tokens (reserved)"] if with_reserved else []
+    body = []
+    for p in plans:
+        a = p.allocated
+        cells = [p.target.kernel, str(p.target.tp), str(p.target.cp), _chunk(p)]
+        cells += [f"{p.max_tokens:,}"]
+        cells += [f"{p.global_tokens:,}"] if with_cp else []
+        limit = p.budget.limit_bytes
+        cells += [
+            format_bytes(a.peak_at_max),
+            format_bytes(None if a.peak_at_max is None else limit - a.peak_at_max),
+            format_bytes(a.peak_above - limit),
+            format_bytes(a.line.slope),
+            format_bytes(a.line.fixed),
+            _line_check(p),
+        ]
+        if with_reserved:
+            cells += [f"{p.reserved.max_tokens:,}" if p.reserved else "-"]
+        body.append(cells)
+    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+    left = {0}  # the kernel name reads best left-aligned, numbers right-aligned
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if i in left else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [fmt(header), *(fmt(r) for r in body)]
+
+
+def budget_line(budget: Budget) -> str:
+    return (
+        f"budget {format_bytes(budget.budget_bytes)} - other {format_bytes(budget.other_bytes)}"
+        f" = {format_bytes(budget.limit_bytes)} for the logprob step (allocated peak, per rank)"
+    )
+
+
+def chunk_lines(choices: Sequence[ChunkChoice]) -> list[str]:
+    """Which chunk size to pick, per chunked kernel × layout; one line when only one was
+    planned (nothing to compare)."""
+    single = [c for c in choices if c.single]
+    lines = []
+    if single:
+        sizes = sorted({c.for_memory for c in single if c.for_memory is not None})
+        lines.append(
+            f"chunk size: only {', '.join(map(str, sizes))} planned for "
+            f"{', '.join(dict.fromkeys(c.kernel for c in single))}; compare sizes with "
+            "--chunk-size a,b,c (and their measured times with --from-run DIR)"
+        )
+    # Layouts that agree are said once: "local_chunked: 512 ..." rather than a line each.
+    groups: dict[tuple[str, int | None, int | None, str], list[str]] = {}
+    kinds: dict[str, int] = {}
+    for c in choices:
+        if c.single:
+            continue
+        key = (c.kernel, c.for_memory, c.for_time, c.why)
+        if key not in groups:
+            kinds[c.kernel] = kinds.get(c.kernel, 0) + 1
+        groups.setdefault(key, []).append(f"tp {c.tp} cp {c.cp}")
+    for (kernel, memory, time, why), layouts in groups.items():
+        where = kernel if kinds[kernel] == 1 else f"{kernel} ({'; '.join(layouts)})"
+        if time is None:
+            lines.append(f"chunk for {where}: {memory} fits the most tokens; {why}")
+        elif time == memory:
+            lines.append(f"chunk for {where}: {memory}, both lowest peak and {why}")
+        else:
+            lines.append(
+                f"chunk for {where}: {memory} fits the most tokens; "
+                f"when time matters {time} ({why})"
+            )
+    return lines
+
+
+def line_note(plans: Sequence[TokenPlan]) -> str | None:
+    """Where the seed line missed the simulated answer, and by how much at the answer."""
+    # Where nothing fits there is no answer to miss: tiny budgets sit off the line's piece.
+    missed = [p for p in plans if p.fits_at_all and p.allocated.predicted != p.max_tokens]
+    if not missed:
+        return None
+    worst = max(abs(p.allocated.line_error_bytes or 0) for p in missed)
+    kernels = ", ".join(dict.fromkeys(p.target.kernel for p in missed))
+    return (
+        f"line: the peak is not one line for {kernels} (off by up to {format_bytes(worst)} "
+        "at the answer); the answers come from the simulation, not the line"
+    )
+
+
+def answer_line(plans: Sequence[TokenPlan], budget: Budget) -> str:
+    """The one-line answer: the plan that fits the most tokens per GPU, against the
+    reference kernel where it was planned."""
+    left = format_bytes(budget.limit_bytes)
+    fitting = [p for p in plans if p.fits_at_all]
+    if not fitting:
+        leanest = min(plans, key=lambda p: p.allocated.peak_above)
+        return (
+            f"answer: nothing fits: one token per GPU already needs "
+            f"{format_bytes(leanest.allocated.peak_above)} with {leanest.target.kernel} "
+            f"(tp {leanest.target.tp}), and the step has {left}"
+        )
+    best = max(fitting, key=lambda p: p.max_tokens)
+    text = (
+        f"answer: with {left} for the step, {best.target.kernel} fits the most: "
+        f"{best.max_tokens:,} {'token' if best.max_tokens == 1 else 'tokens'} per GPU"
+    )
+    layout = []
+    if best.target.tp > 1:
+        layout.append(f"tp {best.target.tp}")
+    if best.target.cp > 1:
+        layout.append(f"cp {best.target.cp}, {best.global_tokens:,} global")
+    if best.target.chunk_size is not None:
+        layout.append(f"chunk {best.target.chunk_size}")
+    if get_spec(best.target.kernel).consumes_logits:
+        layout.append("consumes the logits")
+    if layout:
+        text += f" ({', '.join(layout)})"
+    reference = [
+        p
+        for p in plans
+        if p.target.kernel == "unchunked" and p.target.cp == best.target.cp and p is not best
+    ]
+    if reference:
+        text += f"; unchunked fits {reference[0].max_tokens:,}"
+    return text

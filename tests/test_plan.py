@@ -1,0 +1,212 @@
+"""The planner: max_tokens fits and max_tokens + 1 does not, on the exact simulation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import memprobe
+from memprobe import plan
+from memprobe.errors import UserError
+from memprobe.kernels import KERNELS, get_spec
+from memprobe.records import Case, Run
+from memprobe.results import write_results
+
+# Small shapes keep every simulation in milliseconds; the headline test takes the real one.
+VOCAB = 2048
+CHUNK = 256
+BUDGET = 32 * 2**20
+
+
+def _layouts() -> list[tuple[str, int]]:
+    out = [(name, 1) for name in KERNELS]
+    out += [(name, 2) for name, spec in KERNELS.items() if spec.distributed]
+    return out
+
+
+def _run_all() -> dict[tuple[str, int], plan.TokenPlan]:
+    targets = [plan.make_target(k, vocab=VOCAB, chunk_size=CHUNK, tp=tp) for k, tp in _layouts()]
+    plans = plan.run_plans(targets, plan.make_budget(BUDGET), reserved=False)
+    return {(p.target.kernel, p.target.tp): p for p in plans}
+
+
+@pytest.fixture(scope="module")
+def small_plans() -> dict[tuple[str, int], plan.TokenPlan]:
+    return _run_all()
+
+
+@pytest.mark.parametrize(("kernel", "tp"), _layouts())
+def test_max_tokens_fits_and_one_more_does_not(small_plans, kernel, tp):
+    p = small_plans[(kernel, tp)]
+    assert p.max_tokens > 0
+    at_max = plan.simulated_peak(p.target.case(p.max_tokens))
+    above = plan.simulated_peak(p.target.case(p.max_tokens + 1))
+    assert at_max <= BUDGET < above
+    assert (p.allocated.peak_at_max, p.allocated.peak_above) == (at_max, above)
+
+
+def test_the_line_is_exact_where_the_peak_is_one_line(small_plans):
+    # unchunked keeps 14 bytes per logit (bf16 logits + float32 copies) and a few per token.
+    p = small_plans[("unchunked", 1)]
+    per_token = plan.simulated_peak(Case("unchunked", 1, 1, VOCAB))
+    assert (p.allocated.line.slope, p.allocated.line.fixed) == (per_token, 0)
+    assert p.allocated.predicted == p.max_tokens == BUDGET // per_token
+    assert p.row()["line_exact"] is True and p.allocated.line_error_bytes == 0
+    # local_chunked's fixed term is its float32 chunk workspace: CHUNK x VOCAB x 4 bytes.
+    local = small_plans[("local_chunked", 1)].allocated.line
+    assert local.fixed >= CHUNK * VOCAB * 4
+
+
+def test_headline_long_context_case():
+    """80 GiB, 54 GiB for the rest of the model, 131,072 vocabulary (docs/plan.md)."""
+    kwargs = dict(vocab=131072, budget="80GiB", other="54GiB")
+    best = plan.max_tokens("local_chunked", **kwargs)
+    assert best == 52223
+    assert memprobe.fits("local_chunked", tokens=best, **kwargs)
+    assert not memprobe.fits("local_chunked", tokens=best + 1, **kwargs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    slope=st.integers(1, 5000),
+    fixed=st.integers(0, 10**6),
+    step=st.integers(0, 10**5),
+    chunk=st.integers(1, 300),
+    limit=st.integers(0, 10**8),
+)
+def test_search_finds_the_boundary_of_any_stepped_line(slope, fixed, step, chunk, limit):
+    """A peak with a jump every chunk (as naive_chunked has) still gets the exact boundary."""
+
+    def peak(t: int) -> int:
+        return slope * t + fixed + step * (t // chunk)
+
+    steps = plan.search_max_tokens(limit, (2 * chunk, 4 * chunk))
+    ask = next(steps)
+    try:
+        while True:
+            ask = steps.send({t: peak(t) for t in ask})
+    except StopIteration as done:
+        found = done.value
+    top = found.max_tokens
+    assert top == 0 or peak(top) <= limit
+    assert peak(top + 1) > limit
+    assert found.simulations < 80
+    # The reserved search: a higher peak, searched below the first answer from its line.
+    steps = plan.search_max_tokens(limit, (0, 0), below=top + 1, line=found.line)
+    try:
+        ask = next(steps)
+        while True:
+            ask = steps.send({t: peak(t) + step for t in ask})
+    except StopIteration as done:
+        below = done.value.max_tokens
+    assert below <= top and (below == 0 or peak(below) + step <= limit)
+    assert peak(below + 1) + step > limit
+
+
+def test_nothing_fits_is_an_answer():
+    p = plan.plan_one("unchunked", vocab=VOCAB, budget="1GiB", other="1GiB")
+    assert p.max_tokens == 0 and not p.fits_at_all and p.allocated.peak_at_max is None
+    assert p.allocated.peak_above == plan.simulated_peak(Case("unchunked", 1, 1, VOCAB))
+
+
+@pytest.mark.parametrize(
+    ("budget", "other", "says"),
+    [
+        ("-1GiB", "0", "negative"),
+        ("10GiB", "20GiB", "more than --budget"),
+        ("lots", "0", "not a size"),
+        ("10GiB", "-1", "negative"),
+    ],
+)
+def test_bad_budgets_are_user_errors(budget, other, says):
+    with pytest.raises(UserError, match=says):
+        plan.make_budget(budget, other)
+
+
+def test_context_parallel_reports_global_tokens():
+    one = plan.plan_one("local_chunked", vocab=VOCAB, budget=BUDGET, chunk_size=CHUNK)
+    eight = plan.plan_one("local_chunked", vocab=VOCAB, budget=BUDGET, chunk_size=CHUNK, cp=8)
+    assert eight.max_tokens == one.max_tokens  # each rank holds its share of the sequence
+    assert eight.global_tokens == 8 * one.max_tokens
+    assert eight.row()["global_tokens"] == eight.global_tokens
+
+
+def test_targets_skip_single_device_kernels_at_tp_above_one():
+    targets, skipped = plan.plan_targets(
+        ["unchunked", "chunked_distributed"], vocab=VOCAB, tp=(1, 2), chunk_sizes=(128, 256)
+    )
+    pairs = {(t.kernel, t.tp, t.chunk_size) for t in targets}
+    # unchunked ignores the chunk size: planned once, with none.
+    assert pairs == {
+        ("unchunked", 1, None),
+        ("chunked_distributed", 1, 128),
+        ("chunked_distributed", 1, 256),
+        ("chunked_distributed", 2, 128),
+        ("chunked_distributed", 2, 256),
+    }
+    assert skipped == ["unchunked at tp 2"]
+    with pytest.raises(UserError, match="does not divide"):
+        plan.make_target("distributed", vocab=VOCAB, tp=3)
+    with pytest.raises(UserError, match="shards the vocabulary"):
+        plan.make_target("unchunked", vocab=VOCAB, tp=2)
+
+
+def test_pool_gives_the_same_answers():
+    targets = [
+        plan.make_target(k, vocab=VOCAB, chunk_size=CHUNK) for k in ("unchunked", "local_chunked")
+    ]
+    budget = plan.make_budget(BUDGET)
+    in_order = plan.run_plans(targets, budget, jobs=1, reserved=False)
+    pooled = plan.run_plans(targets, budget, jobs=2, reserved=False)
+    assert [p.row() for p in pooled] == [p.row() for p in in_order]
+
+
+def test_chunk_choice_from_measured_times(tmp_path):
+    targets = [plan.make_target("local_chunked", vocab=VOCAB, chunk_size=c) for c in (128, 256)]
+    plans = plan.run_plans(targets, plan.make_budget(BUDGET), reserved=False)
+    rows = [
+        Run(
+            Case("local_chunked", 1, 4096, 8192, chunk_size=c, device="cpu"),
+            "ok",
+            fwd_time_s=t,
+            bwd_time_s=t,
+        ).row()
+        for c, t in ((128, 0.5), (256, 0.2), (512, 0.1))  # 512 was not planned: not chosen
+    ]
+    write_results(tmp_path, rows)
+    from memprobe.results import read_rows
+
+    (choice,) = plan.chunk_choices(plans, read_rows(tmp_path))
+    assert (choice.for_memory, choice.for_time) == (128, 256)
+    assert "measured fastest of 2 sizes" in choice.why
+    (alone,) = plan.chunk_choices(plans, None)
+    assert alone.for_time is None and "on memory alone" in alone.why
+
+
+def test_reserved_plan_uses_the_allocator_model():
+    target = plan.make_target("naive_chunked", vocab=VOCAB, chunk_size=CHUNK)
+    conf = "expandable_segments:True"
+    (p,) = plan.run_plans([target], plan.make_budget(BUDGET), alloc_conf=conf)
+    assert p.reserved is not None and 0 < p.reserved.max_tokens <= p.max_tokens
+    top = p.reserved.max_tokens
+    assert plan.simulated_peak(target.case(top), plan.RESERVED, conf) <= BUDGET
+    assert plan.simulated_peak(target.case(top + 1), plan.RESERVED, conf) > BUDGET
+    assert p.row()["reserved_max_tokens"] == top
+    assert "expandable_segments:True" in plan.reserved_status(conf)
+
+
+def test_import_memprobe_stays_cheap():
+    code = "import sys, memprobe; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    assert memprobe.fits is plan.fits  # loaded on first use
+
+
+def test_fits_checks_its_arguments():
+    with pytest.raises(UserError):
+        memprobe.fits("local_chunked", tokens=-1, vocab=VOCAB, budget=BUDGET)
+    assert memprobe.fits("local_chunked", tokens=0, vocab=VOCAB, budget=0)
+    assert get_spec("local_chunked").uses_chunk_size
