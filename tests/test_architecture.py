@@ -90,3 +90,10 @@ def test_reading_imports_no_torch(module: str) -> None:
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_cli_starts_without_torch_or_matplotlib() -> None:
+    """`memprobe attribute` and `memprobe diff` must not pay for a torch import."""
+    code = "import sys, memprobe.cli; print('torch' in sys.modules, 'matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,12 +18,12 @@ from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.flags import given_flags, int_list, name_list, positive_ints, user_errors
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_size
-from memprobe.measure import resolve_device
-from memprobe.measure.parallel import current_layout, start_ranks, stop_ranks, under_torchrun
-from memprobe.records import Grid
-from memprobe.render import write_report
+from memprobe.records import Case, Grid, Run
 from memprobe.results import default_run_dir, read_run_meta
-from memprobe.sweep import Progress, plan_cases, run_sweep
+
+# torch (measure, sweep) and matplotlib (the report) are imported when a sweep
+# runs, not when the CLI starts: `memprobe attribute` must not pay for them.
+Progress = Callable[[int, int, Case, Run], None]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class SweepOutcome:
 
 
 def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> SweepOutcome:
+    from memprobe.measure import resolve_device
+    from memprobe.measure.parallel import current_layout, start_ranks, stop_ranks, under_torchrun
+    from memprobe.render import write_report
+    from memprobe.sweep import plan_cases, run_sweep
+
     conf = parse_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
     if request.resume is not None and request.resume.is_dir():
         # A resumed run keeps the allocator settings it started with.
