@@ -13,6 +13,8 @@ from memprobe.records import DTYPES, Case
 # and a chunk of 7 so every chunked kernel really loops.
 VERIFY_SHAPE = (2, 67, 263)
 VERIFY_CHUNK = 7
+# Standard normal draws times this: logits of a typical spread.
+VERIFY_SCALE = 3.0
 
 
 def float64_reference(
@@ -47,11 +49,20 @@ def verify(
     seed: int = 0,
     chunk_size: int | None = VERIFY_CHUNK,
     shape: tuple[int, int, int] = VERIFY_SHAPE,
+    *,
+    scale: float = VERIFY_SCALE,
+    offset: float = 0.0,
 ) -> tuple[float, float]:
-    """(max |forward error|, max |backward error|) against float64, on CPU."""
+    """(max |forward error|, max |backward error|) against float64, on CPU.
+
+    Logits are ``randn * scale + offset`` (rounded to ``dtype``): a large
+    ``offset`` (every logit near 1e4) or ``scale`` (logits x100) checks that a
+    kernel keeps the row max and the log-sum apart instead of subtracting two
+    large numbers.
+    """
     case = Case(kernel, *shape, dtype=dtype, chunk_size=chunk_size, device="cpu")
     gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(shape, generator=gen) * 3).to(DTYPES[dtype])
+    logits = (torch.randn(shape, generator=gen) * scale + offset).to(DTYPES[dtype])
     targets = torch.randint(0, shape[2], shape[:2], generator=gen)
     if kernel == "filtered":
         # Targets outside the kept set have log-prob -inf; take kept ones so
