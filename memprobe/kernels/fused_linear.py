@@ -24,9 +24,10 @@ Memory contract:
 * saved for backward: ``hidden`` and ``weight`` (no copy), the targets, and two
   float32 values per token (row max and log-sum ``log Σ exp(x - max)``, kept
   apart for precision), 8·N bytes;
-* workspace, at any moment: at most three float32 ``[c or t, H]`` blocks (a
-  hidden chunk, a weight tile, one accumulator) and one float32 ``[c, t]``
-  logits tile, plus per-token vectors. Never a ``[N, V]`` tensor in any dtype,
+* workspace, per pass (allocated once, reused for every step): a float32
+  hidden chunk ``[c, H]``, a float32 weight tile ``[t, H]``, a float32
+  ``[c, t]`` logits tile, and in backward one float32 accumulator (``[c, H]``
+  or ``[t, H]``), plus per-token vectors. Never a ``[N, V]`` tensor in any dtype,
   never a float32 ``[V, H]`` or ``[N, H]``;
 * the gradients are new tensors in the inputs' dtype, each element written
   once from a float32 sum over the whole vocabulary (hidden) or all tokens
@@ -79,10 +80,32 @@ def _resolve(
     return chunk, tile
 
 
-def _logits_tile(h_chunk: torch.Tensor, w_tile: torch.Tensor, inv_t: float) -> torch.Tensor:
-    """Float32 ``[c, t]`` logits of float32 blocks, divided by the temperature."""
-    logits = h_chunk @ w_tile.t()
-    return logits if inv_t == 1.0 else logits.mul_(inv_t)
+class _Blocks:
+    """The float32 blocks of one pass, allocated once and reused for every step.
+
+    Allocating each block afresh costs more than the math on CPU: a multi-MiB
+    block comes from a fresh mmap and page-faults its memory in again every
+    time. Edge chunks and tiles use views of the full-size buffers.
+    """
+
+    def __init__(self, h2: torch.Tensor, weight: torch.Tensor, chunk: int, tile: int) -> None:
+        chunk, tile = min(chunk, h2.shape[0]), min(tile, weight.shape[0])
+        size = h2.shape[1]
+        self.hidden = h2.new_empty((chunk, size), dtype=torch.float32)
+        self.weight = h2.new_empty((tile, size), dtype=torch.float32)
+        self.logits = h2.new_empty((chunk, tile), dtype=torch.float32)
+
+    def load_hidden(self, h2: torch.Tensor, r0: int, r1: int) -> torch.Tensor:
+        return self.hidden[: r1 - r0].copy_(h2[r0:r1])
+
+    def load_weight(self, weight: torch.Tensor, v0: int, v1: int) -> torch.Tensor:
+        return self.weight[: v1 - v0].copy_(weight[v0:v1])
+
+    def logits_of(self, h_chunk: torch.Tensor, w_tile: torch.Tensor, inv_t: float) -> torch.Tensor:
+        """Float32 ``[c, t]`` logits of two float32 blocks, divided by the temperature."""
+        out = self.logits[: h_chunk.shape[0], : w_tile.shape[0]]
+        torch.mm(h_chunk, w_tile.t(), out=out)
+        return out if inv_t == 1.0 else out.mul_(inv_t)
 
 
 def _dlogits_(
@@ -123,16 +146,17 @@ def _forward(
     out = h2.new_empty(tokens, dtype=torch.float32)
     row_max = h2.new_empty(tokens, dtype=torch.float32)
     logsum = h2.new_empty(tokens, dtype=torch.float32)
+    blocks = _Blocks(h2, weight, chunk, tile)
     for r0 in range(0, tokens, chunk):
         r1 = min(r0 + chunk, tokens)
-        h_chunk = h2[r0:r1].float()
+        h_chunk = blocks.load_hidden(h2, r0, r1)
         tgt = targets[r0:r1]
         m = h2.new_full((r1 - r0,), _LOWEST, dtype=torch.float32)
         total = h2.new_zeros((r1 - r0,), dtype=torch.float32)
         target_logit = h2.new_zeros((r1 - r0,), dtype=torch.float32)
         for v0 in range(0, vocab, tile):
             v1 = min(v0 + tile, vocab)
-            logits = _logits_tile(h_chunk, weight[v0:v1].float(), inv_t)
+            logits = blocks.logits_of(h_chunk, blocks.load_weight(weight, v0, v1), inv_t)
             local, owned = _in_tile(tgt, v0, v1)
             # Each token's target sits in exactly one tile.
             target_logit.add_(logits.gather(-1, local).mul_(owned).squeeze(-1))
@@ -140,7 +164,6 @@ def _forward(
             total.mul_(m.sub_(new_m).exp_())
             total.add_(logits.sub_(new_m.unsqueeze(-1)).exp_().sum(dim=-1))
             m = new_m
-            del logits
         chunk_logsum = total.log_()
         out[r0:r1] = target_logit.sub_(m).sub_(chunk_logsum)
         row_max[r0:r1] = m
@@ -162,24 +185,22 @@ def _grad_hidden(
     """Pass 1: token chunks outside, vocabulary tiles inside, a float32 ``[c, H]`` sum."""
     tokens, vocab = h2.shape[0], weight.shape[0]
     grad = torch.empty_like(h2, memory_format=torch.contiguous_format)
+    blocks = _Blocks(h2, weight, chunk, tile)
+    accumulator = torch.empty_like(blocks.hidden)
     for r0 in range(0, tokens, chunk):
         r1 = min(r0 + chunk, tokens)
-        h_chunk = h2[r0:r1].float()
-        acc = h2.new_zeros((r1 - r0, h2.shape[1]), dtype=torch.float32)
+        h_chunk = blocks.load_hidden(h2, r0, r1)
+        acc = accumulator[: r1 - r0].zero_()
         m, ls = row_max[r0:r1].unsqueeze(-1), logsum[r0:r1].unsqueeze(-1)
         gc = g[r0:r1].unsqueeze(-1)
         neg_g = gc.neg()
         for v0 in range(0, vocab, tile):
             v1 = min(v0 + tile, vocab)
-            w_tile = weight[v0:v1].float()
+            w_tile = blocks.load_weight(weight, v0, v1)
             local, owned = _in_tile(targets[r0:r1], v0, v1)
-            dlogits = _dlogits_(
-                _logits_tile(h_chunk, w_tile, inv_t), m, ls, neg_g, local, gc * owned, inv_t
-            )
-            acc.addmm_(dlogits, w_tile)
-            del dlogits, w_tile
+            logits = blocks.logits_of(h_chunk, w_tile, inv_t)
+            acc.addmm_(_dlogits_(logits, m, ls, neg_g, local, gc * owned, inv_t), w_tile)
         grad[r0:r1].copy_(acc)
-        del acc, h_chunk
     return grad
 
 
@@ -198,16 +219,18 @@ def _grad_weight(
     tokens, vocab = h2.shape[0], weight.shape[0]
     grad = torch.empty_like(weight, memory_format=torch.contiguous_format)
     neg_g = g.neg().unsqueeze(-1)
+    blocks = _Blocks(h2, weight, chunk, tile)
+    accumulator = torch.empty_like(blocks.weight)
     for v0 in range(0, vocab, tile):
         v1 = min(v0 + tile, vocab)
-        w_tile = weight[v0:v1].float()
-        acc = weight.new_zeros((v1 - v0, weight.shape[1]), dtype=torch.float32)
+        w_tile = blocks.load_weight(weight, v0, v1)
+        acc = accumulator[: v1 - v0].zero_()
         for r0 in range(0, tokens, chunk):
             r1 = min(r0 + chunk, tokens)
-            h_chunk = h2[r0:r1].float()
+            h_chunk = blocks.load_hidden(h2, r0, r1)
             local, owned = _in_tile(targets[r0:r1], v0, v1)
             dlogits = _dlogits_(
-                _logits_tile(h_chunk, w_tile, inv_t),
+                blocks.logits_of(h_chunk, w_tile, inv_t),
                 row_max[r0:r1].unsqueeze(-1),
                 logsum[r0:r1].unsqueeze(-1),
                 neg_g[r0:r1],
@@ -216,9 +239,7 @@ def _grad_weight(
                 inv_t,
             )
             acc.addmm_(dlogits.t(), h_chunk)
-            del dlogits, h_chunk
         grad[v0:v1].copy_(acc)
-        del acc, w_tile
     return grad
 
 

@@ -13,15 +13,16 @@ Memory contract, for logits ``[B, S, V]``, token chunk ``c`` and tile ``t``:
   float32 values per token (``[B, S]`` each, 8·B·S bytes in all): the row max
   and the log-sum ``log Σ exp(x - max)``, kept apart for precision (see
   :mod:`memprobe.kernels.local_chunked`);
-* forward and backward work in one float32 ``[B, c, t]`` tile at a time, plus
-  per-token ``[B, c]`` vectors; nothing is ever ``[B, c, V]``-sized;
+* forward and backward each allocate one float32 ``[B, c, t]`` tile buffer,
+  reused for every tile, plus per-token ``[B, c]`` vectors; nothing is ever
+  ``[B, c, V]``-sized;
 * backward writes ``-softmax * grad_output`` tile by tile into a gradient of
   the logits' dtype (a new buffer, or the logits' own storage for the in-place
   variant), then the target column of each chunk as ``-expm1(logprob) *
   grad_output``, computed per token in float32 and rounded once.
 
 So the backward peak is logits + gradient + one float32 tile (the floor plus
-``4·B·c·t`` bytes, 8 MiB at the default 1024 × 2048), and the in-place variant
+``4·B·c·t`` bytes, 4 MiB at the default 1024 × 1024), and the in-place variant
 reaches logits + one tile.
 """
 
@@ -33,14 +34,16 @@ import torch
 
 from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs
 
-# Tokens per chunk and vocabulary columns per tile. 1024 × 2048 float32 is an
-# 8 MiB tile: 1.6 % of the smallest floor the sweep targets (1,024 tokens ×
-# 131,072 bf16 logits and their gradient, 512 MiB), and on CPU it runs as fast
-# as local_chunked's 1024-token chunk (benchmarks/tiled_speed.py): each pass
-# streams the chunk once either way, and a tile small enough to stay in cache
-# makes the in-place passes over it cheaper.
+# Tokens per chunk and vocabulary columns per tile. 1024 x 1024 float32 is a
+# 4 MiB tile: 1.6 % of the smallest floor the sweep targets even for the
+# in-place variant (1,024 tokens x 131,072 bf16 logits, 256 MiB), where a
+# 2048-column tile would be 3.1 %. Every pass streams each tile once either
+# way, and a 4 MiB tile stays in a CPU's L3 (and a GPU's L2 class of cache)
+# while the in-place passes run over it; benchmarks/tiled_speed.py compares it
+# with local_chunked's 1024-token chunk. The chunk matches local_chunked's so
+# --chunk-size means the same thing for both.
 DEFAULT_TILED_CHUNK_SIZE = 1024
-DEFAULT_TILE_SIZE = 2048
+DEFAULT_TILE_SIZE = 1024
 
 _LOWEST = torch.finfo(torch.float32).min
 
@@ -54,10 +57,23 @@ def _resolve(chunk_size: int | None, tile_size: int | None) -> tuple[int, int]:
     return chunk, tile
 
 
-def _tile_float32(logits: torch.Tensor, start: int, end: int, v0: int, v1: int) -> torch.Tensor:
-    # copy=True: ``.to(float32)`` on float32 logits would alias the input, and
-    # the tile is updated in place.
-    return logits[:, start:end, v0:v1].to(dtype=torch.float32, copy=True)
+class _TileBuffer:
+    """One float32 ``[B, c, t]`` buffer, reused for every tile of a pass.
+
+    Allocating each tile afresh costs more than the math on CPU: a multi-MiB
+    block comes from a fresh mmap, so every tile would page-fault its memory
+    in again (about 5x slower at 4 MiB tiles). Edge tiles use a view of it.
+    """
+
+    def __init__(self, logits: torch.Tensor, chunk: int, tile: int) -> None:
+        batch, seq, vocab = logits.shape
+        shape = (batch, min(chunk, seq), min(tile, vocab))
+        self.buffer = logits.new_empty(shape, dtype=torch.float32)
+
+    def load(self, logits: torch.Tensor, start: int, end: int, v0: int, v1: int) -> torch.Tensor:
+        """The float32 copy of ``logits[:, start:end, v0:v1]`` (never aliases the logits)."""
+        work = self.buffer[:, : end - start, : v1 - v0]
+        return work.copy_(logits[:, start:end, v0:v1])
 
 
 def _tiled_forward(
@@ -69,6 +85,7 @@ def _tiled_forward(
     row_max = logits.new_empty((batch, seq), dtype=torch.float32)
     logsum = logits.new_empty((batch, seq), dtype=torch.float32)
     index = targets.long().unsqueeze(-1)
+    tiles = _TileBuffer(logits, chunk, tile)
     for start in range(0, seq, chunk):
         end = min(start + chunk, seq)
         # Running max (never -inf, so a row of -inf never shifts by -inf) and
@@ -76,13 +93,12 @@ def _tiled_forward(
         m = logits.new_full((batch, end - start), _LOWEST, dtype=torch.float32)
         total = logits.new_zeros((batch, end - start), dtype=torch.float32)
         for v0 in range(0, vocab, tile):
-            work = _tile_float32(logits, start, end, v0, min(v0 + tile, vocab))
+            work = tiles.load(logits, start, end, v0, min(v0 + tile, vocab))
             new_m = torch.maximum(m, work.amax(dim=-1))
             # Rescale the sum so far to the new max (a factor <= 1).
             total.mul_(m.sub_(new_m).exp_())
             total.add_(work.sub_(new_m.unsqueeze(-1)).exp_().sum(dim=-1))
             m = new_m
-            del work
         shifted_target = logits[:, start:end].gather(-1, index[:, start:end]).squeeze(-1)
         chunk_logsum = total.log_()
         out[:, start:end] = shifted_target.float().sub_(m).sub_(chunk_logsum)
@@ -105,6 +121,7 @@ def _tiled_backward(
     seq, vocab = logits.shape[1], logits.shape[2]
     index = targets.long().unsqueeze(-1)
     grad_output = grad_output.float()
+    tiles = _TileBuffer(logits, chunk, tile)
     for start in range(0, seq, chunk):
         end = min(start + chunk, seq)
         m = row_max[:, start:end].unsqueeze(-1)
@@ -117,11 +134,10 @@ def _tiled_backward(
         neg_g = g.neg()
         for v0 in range(0, vocab, tile):
             v1 = min(v0 + tile, vocab)
-            work = _tile_float32(logits, start, end, v0, v1)
+            work = tiles.load(logits, start, end, v0, v1)
             # -softmax * g, with softmax = exp((x - max) - logsum).
             work.sub_(m).sub_(ls).exp_().mul_(neg_g)
             grad[:, start:end, v0:v1].copy_(work)
-            del work
         # The target column: (1 - p) * g = -expm1(logprob) * g, in float32 and
         # rounded once (adding g to an already rounded -p * g would round twice).
         target_grad = target_logprob.expm1_().mul_(neg_g)
@@ -208,7 +224,7 @@ def local_tiled_logprobs(
     chunk_size: int | None = None,
     tile_size: int | None = None,
 ) -> torch.Tensor:
-    """:class:`LocalTiledLogprob`; ``None`` means 1024 tokens × 2048 vocabulary columns."""
+    """:class:`LocalTiledLogprob`; ``None`` means 1024 tokens × 1024 vocabulary columns."""
     return _apply(LocalTiledLogprob, logits, targets, chunk_size, tile_size)
 
 
