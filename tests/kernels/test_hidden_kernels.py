@@ -56,7 +56,7 @@ def test_registry_lists_the_hidden_family():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("chunk, tile", [(1, 7), (7, 13), (16, 64), (None, None), (64, 300)])
+@pytest.mark.parametrize("chunk, tile", [(3, 29), (7, 13), (16, 64), (None, None), (64, 300)])
 def test_fused_matches_float64_to_the_final_rounding(dtype, chunk, tile):
     # V = 301 is prime: no tile divides it; 37 tokens: no chunk divides them.
     shape = HiddenShape(2, 37 // 2 + 1, 48, 301, dtype)
@@ -69,9 +69,8 @@ def test_fused_matches_float64_to_the_final_rounding(dtype, chunk, tile):
         assert e_w <= bwd_tolerance(dtype, ref[2])
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_fused_is_at_least_as_accurate_as_torch_accurate(dtype):
-    shape = HiddenShape(1, 96, 64, 1000, dtype)
+def test_fused_is_at_least_as_accurate_as_torch_accurate():
+    shape = HiddenShape(1, 64, 32, 500, torch.bfloat16)
     ours = torch_errs = None
     for seed in range(2):
         ours, _, _ = _errors(
@@ -133,23 +132,26 @@ def test_torch_route_is_unavailable_without_the_api(monkeypatch):
 
 
 # -- memory, simulated on meta ------------------------------------------------
-SHAPE = HiddenShape(1, 2048, 4096, 32_768)  # small enough to simulate in a second
+SHAPE = HiddenShape(1, 1024, 4096, 16_384)  # small enough to simulate in a second
 
 
-def test_fused_peak_is_the_floor_plus_a_few_tiles():
-    peak = simulate_hidden(fused_linear_chunked_logprobs, SHAPE)
+@pytest.fixture(scope="module")
+def fused_trace():
+    return traced_hidden_step(fused_linear_chunked_logprobs, make_hidden_inputs(SHAPE, "meta"))
+
+
+def test_fused_peak_is_the_floor_plus_a_few_tiles(fused_trace):
     rows = default_rows(SHAPE.hidden)
     assert rows == 512
     block = 4 * rows * SHAPE.hidden  # one float32 [512, H] block: 8 MiB
-    assert peak.floor_bytes == 2 * (2 * 2048 * 4096 + 2 * 32_768 * 4096)
+    assert SHAPE.floor_bytes == 2 * (2 * 1024 * 4096 + 2 * 16_384 * 4096)
     workspace = 3 * block + 4 * rows * rows + 64 * SHAPE.tokens
-    assert peak.floor_bytes < peak.peak_bytes <= peak.floor_bytes + workspace
+    assert SHAPE.floor_bytes < fused_trace.peak_bytes <= SHAPE.floor_bytes + workspace
 
 
-def test_fused_never_allocates_logits_or_float32_weight_sized_blocks():
-    tracker = traced_hidden_step(fused_linear_chunked_logprobs, make_hidden_inputs(SHAPE, "meta"))
+def test_fused_never_allocates_logits_or_float32_weight_sized_blocks(fused_trace):
     n, v, h = SHAPE.batch * SHAPE.tokens, SHAPE.vocab, SHAPE.hidden
-    allocs = [e for e in tracker.events if e.action == "alloc" and not e.op.startswith("input")]
+    allocs = [e for e in fused_trace.events if e.action == "alloc" and not e.op.startswith("input")]
     largest_fp32 = max(e.nbytes for e in allocs if e.dtype == "torch.float32")
     assert largest_fp32 <= 4 * default_rows(h) * h < 4 * min(n, v) * h
     assert not [e.shape for e in allocs if n in e.shape and v in e.shape]
@@ -159,5 +161,5 @@ def test_unfused_routes_hold_the_logits():
     bsv = 2 * SHAPE.tokens * SHAPE.vocab
     chunked = simulate_hidden(get_kernel("linear_local_chunked"), SHAPE)
     # Inputs, bf16 logits and their gradient, and local_chunked's float32 chunk
-    # (1024 of the 2048 tokens: as many bytes as the bf16 logits).
-    assert chunked.peak_bytes > SHAPE.hidden_bytes + SHAPE.weight_bytes + 3 * bsv
+    # (all 1024 tokens: twice the bytes of the bf16 logits).
+    assert chunked.peak_bytes > SHAPE.hidden_bytes + SHAPE.weight_bytes + 4 * bsv
