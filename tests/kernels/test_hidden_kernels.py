@@ -123,6 +123,15 @@ def test_bad_hidden_inputs_raise_value_error(name):
         fn(hidden, weight.double(), torch.tensor([[0, 1, 2]]))
 
 
+def test_the_logits_dispatcher_refuses_a_hidden_kernel():
+    from memprobe.kernels import next_token_logprobs
+
+    with pytest.raises(ValueError, match="hidden states"):
+        next_token_logprobs(
+            torch.randn(1, 3, 5), torch.zeros(1, 3, dtype=torch.long), kernel="fused_linear_chunked"
+        )
+
+
 def test_torch_route_is_unavailable_without_the_api(monkeypatch):
     monkeypatch.delattr(torch.nn.functional, "linear_cross_entropy")
     inputs = make_hidden_inputs(HiddenShape(1, 2, 4, 5, torch.float32), "cpu")
