@@ -178,7 +178,7 @@ def _parse_sweep(value: Any, where: str) -> Grid:
         "tokens": _ints(table["tokens"], where, "tokens"),
         "vocab": _ints(table["vocab"], where, "vocab"),
     }
-    for key in ("batch", "chunk_size", "tp", "cp"):
+    for key in ("batch", "chunk_size", "tp", "cp", "hidden"):
         if key in table:
             kwargs[key] = _ints(table[key], where, key)
     if "dtype" in table:
@@ -313,13 +313,17 @@ def _dtypes(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
-    from memprobe.kernels import KERNELS
+    from memprobe.kernels import KERNELS, get_spec
 
     items = value if isinstance(value, list) else [value]
     if not items:
         raise UserError(f"{where}: 'kernel' is an empty list", "omit it to run every kernel")
     for item in items:
-        if not isinstance(item, str) or item not in KERNELS:
+        if not isinstance(item, str):
+            raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
+        if ":" in item:
+            get_spec(item)  # your own kernel, by import path: UserError when it does not load
+        elif item not in KERNELS:
             raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
     return tuple(items)
 

@@ -88,6 +88,7 @@ class Target:
     chunk_size: int | None = 1024
     tp: int = 1
     cp: int = 1
+    hidden: int | None = None  # H for the hidden family
 
     def case(self, local_tokens: int) -> Case:
         """The simulated case with ``local_tokens`` on each rank (``Case.tokens`` is global)."""
@@ -101,6 +102,7 @@ class Target:
             self.tp,
             self.cp,
             "meta",
+            self.hidden,
         )
 
 
@@ -113,6 +115,7 @@ def make_target(
     chunk_size: int | None = 1024,
     tp: int = 1,
     cp: int = 1,
+    hidden: int | None = None,
 ) -> Target:
     """A checked :class:`Target`; a kernel that ignores the chunk size gets None."""
     try:
@@ -136,7 +139,18 @@ def make_target(
         )
     if vocab % tp:
         raise UserError(f"--tp {tp} does not divide the vocabulary {vocab}", "pick a tp that does")
-    return Target(kernel, vocab, batch, key, chunk_size if spec.uses_chunk_size else None, tp, cp)
+    if spec.inputs == "hidden" and hidden is None:
+        raise UserError(
+            f"{kernel} takes hidden states and the lm_head weight, not logits",
+            "give the hidden size with --hidden, e.g. --hidden 4096",
+        )
+    if hidden is not None and (
+        isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0
+    ):
+        raise UserError(f"hidden must be a positive integer, got {hidden!r}", "e.g. --hidden 4096")
+    chunk = chunk_size if spec.uses_chunk_size else None
+    h = hidden if spec.inputs == "hidden" else None
+    return Target(kernel, vocab, batch, key, chunk, tp, cp, h)
 
 
 # -- what a plan says --------------------------------------------------------------------
@@ -569,9 +583,19 @@ def _step_seconds(row: Mapping[str, Any]) -> float | None:
 # -- the library calls -------------------------------------------------------------------
 
 
-def default_kernels(tp: Iterable[int]) -> list[str]:
-    """As the sweep decides: with any tp above 1, the vocabulary-parallel kernels."""
-    return kernel_names(distributed=max(tp) > 1)
+def default_kernels(tp: Iterable[int], hidden: int | None = None) -> list[str]:
+    """As the sweep decides: with any tp above 1, the vocabulary-parallel kernels;
+    with a hidden size, the hidden family."""
+    if hidden is not None:
+        return kernel_names(inputs="hidden")
+    return [k for k in kernel_names(distributed=max(tp) > 1) if not get_spec(k).tiles_vocabulary]
+
+
+def left_out_by_default(tp: Iterable[int], hidden: int | None = None) -> list[str]:
+    """Kernels the default plan skips: those whose simulation loops over vocabulary tiles."""
+    if hidden is not None:
+        return []
+    return [k for k in kernel_names(distributed=max(tp) > 1) if get_spec(k).tiles_vocabulary]
 
 
 def plan_targets(
@@ -583,10 +607,11 @@ def plan_targets(
     chunk_sizes: Sequence[int | None] = (1024,),
     tp: Sequence[int] = (1,),
     cp: Sequence[int] = (1,),
+    hidden: int | None = None,
 ) -> tuple[list[Target], list[str]]:
     """Every kernel × tp × cp × chunk size that can run, and a note for each kernel × tp
     left out (a single-device kernel cannot shard the vocabulary)."""
-    names = list(kernels) if kernels else default_kernels(tp)
+    names = list(kernels) if kernels else default_kernels(tp, hidden)
     if not names:
         raise UserError("no kernels given", "see `memprobe kernels`")
     if not chunk_sizes:
@@ -613,6 +638,7 @@ def plan_targets(
                             chunk_size=chunk,
                             tp=t,
                             cp=c,
+                            hidden=hidden,
                         )
                     )
     targets = list(dict.fromkeys(targets))  # kernels that ignore the chunk size: once

@@ -61,16 +61,23 @@ class Case:
     tp: int = 1
     cp: int = 1
     device: str = "meta"
+    # Hidden size H for the hidden family (kernels fed hidden [B,S,H] and the lm_head
+    # weight [V,H] instead of logits); None for logits kernels.
+    hidden: int | None = None
 
     @property
     def case_id(self) -> str:
         """Stable, file-name-safe id: readable prefix plus a short hash of every field."""
-        digest = hashlib.sha1(repr(sorted(asdict(self).items())).encode()).hexdigest()[:8]
+        fields_ = asdict(self)
+        if self.hidden is None:
+            del fields_["hidden"]  # logits cases keep the ids they had before H existed
+        digest = hashlib.sha1(repr(sorted(fields_.items())).encode()).hexdigest()[:8]
         chunk = "none" if self.chunk_size is None else str(self.chunk_size)
         # A user kernel is named by its import path ("pkg.mod:fn"): keep file names portable.
         kernel = re.sub(r"[^A-Za-z0-9._-]", "_", self.kernel)
+        hidden = "" if self.hidden is None else f"-h{self.hidden}"
         return (
-            f"{kernel}-b{self.batch}-s{self.tokens}-v{self.vocab}-{self.dtype}"
+            f"{kernel}{hidden}-b{self.batch}-s{self.tokens}-v{self.vocab}-{self.dtype}"
             f"-c{chunk}-tp{self.tp}-cp{self.cp}-{self.device}-{digest}"
         )
 
@@ -129,6 +136,8 @@ class Grid:
     device: str = "auto"
     grid: bool = False
     ladder: bool = True
+    # Hidden sizes H: the hidden-family kernels' cases (None: logits kernels only).
+    hidden: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -86,13 +86,26 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
         shapes = [(s, v) for s in tokens for v in vocab]
     else:
         shapes = [(s, vocab[-1]) for s in tokens] + [(tokens[-1], v) for v in vocab[:-1]]
-    # --tp shards the vocabulary, which only the distributed kernels can take.
-    kernels = list(grid.kernel) if grid.kernel else kernel_names(distributed=max(tp) > 1)
+    hidden = _positive(grid.hidden, "hidden") if grid.hidden is not None else None
+    # --tp shards the vocabulary, which only the distributed kernels can take;
+    # --hidden H runs the hidden family (the lm_head matmul and the log-prob together).
+    if grid.kernel:
+        kernels = list(grid.kernel)
+    elif hidden:
+        kernels = kernel_names(inputs="hidden")
+    else:
+        kernels = kernel_names(distributed=max(tp) > 1)
     for name in kernels:
         try:
             get_spec(name)
         except ValueError as exc:
             raise UserError(str(exc), "see `memprobe kernels`") from None
+    takes_hidden = [k for k in kernels if get_spec(k).inputs == "hidden"]
+    if takes_hidden and not hidden:
+        raise UserError(
+            f"{', '.join(takes_hidden)} take hidden states and the lm_head weight, not logits",
+            "give the hidden size with --hidden, e.g. --hidden 4096",
+        )
     dtypes = [_dtype(d) for d in grid.dtype]
     dev = resolve_device(grid.device)
     single = [k for k in kernels if not get_spec(k).distributed]
@@ -114,7 +127,9 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     cases = []
     for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
         _check_parallel(s, v, t, c)
-        cases += [Case(k, b, s, v, d, cs, t, c, dev) for k in kernels for cs in chunks[k]]
+        for k in kernels:
+            sizes = hidden if get_spec(k).inputs == "hidden" and hidden else [None]
+            cases += [Case(k, b, s, v, d, cs, t, c, dev, h) for h in sizes for cs in chunks[k]]
     return list(dict.fromkeys(cases))
 
 
@@ -237,7 +252,7 @@ def _measure_one(case: Case, *, verify: bool) -> Run:
     if verify and run.status == "ok" and every_rank_ok:
         from memprobe.measure.numerics import verify as verify_numerics
 
-        err_fwd, err_bwd = verify_numerics(case.kernel, case.dtype)
+        err_fwd, err_bwd = verify_numerics(case.kernel, case.dtype)  # both gradients for hidden
         run = replace(run, max_abs_err_fwd=err_fwd, max_abs_err_bwd=err_bwd)
     return run
 

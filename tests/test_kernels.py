@@ -12,11 +12,12 @@ from memprobe.kernels import (
     LocalChunkedLogprob,
     get_kernel,
     get_spec,
+    kernel_names,
     next_token_logprobs,
 )
 
-SINGLE_DEVICE = [n for n, s in KERNELS.items() if not s.distributed]
-OUT_OF_PLACE = [n for n, s in KERNELS.items() if not s.distributed and not s.consumes_logits]
+SINGLE_DEVICE = kernel_names(distributed=False)  # logits kernels; the hidden family: tests/kernels
+OUT_OF_PLACE = [n for n in SINGLE_DEVICE if not KERNELS[n].consumes_logits]
 CHUNKED = ["naive_chunked", "precast_chunked", "local_chunked", "local_chunked_inplace"]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 CHUNKS = [1, 2, 3, 5, 7, 8, 64, None]
@@ -156,7 +157,7 @@ def test_local_chunked_apply_rejects_bad_chunk():
         LocalChunkedLogprob.apply(logits, targets, 0, False)
 
 
-@pytest.mark.parametrize("name", [n for n, s in KERNELS.items() if not s.distributed])
+@pytest.mark.parametrize("name", SINGLE_DEVICE)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_zero_length_sequence(name, dtype):
     x = torch.randn(3, 0, 11).to(dtype).requires_grad_()
@@ -167,7 +168,7 @@ def test_zero_length_sequence(name, dtype):
     assert grad.shape == (3, 0, 11) and grad.dtype == dtype and not grad.any()
 
 
-@pytest.mark.parametrize("name", [n for n, s in KERNELS.items() if not s.distributed])
+@pytest.mark.parametrize("name", SINGLE_DEVICE)
 def test_bad_inputs_raise_value_error(name):
     fn = get_kernel(name)
     logits = torch.randn(2, 5, 7)

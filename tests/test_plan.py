@@ -23,7 +23,7 @@ BUDGET = 32 * 2**20
 
 
 def _layouts() -> list[tuple[str, int]]:
-    out = [(name, 1) for name in KERNELS]
+    out = [(name, 1) for name, spec in KERNELS.items() if spec.inputs == "logits"]
     out += [(name, 2) for name, spec in KERNELS.items() if spec.distributed]
     return out
 

@@ -26,6 +26,7 @@ class PlanRequest:
     chunk_sizes: tuple[int | None, ...] | None = None
     tp: tuple[int, ...] = (1,)
     cp: tuple[int, ...] = (1,)
+    hidden: int | None = None
     alloc_conf: str | None = None
     from_run: Path | None = None
     out: Path | None = None
@@ -86,10 +87,18 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
         chunk_sizes=chunk_sizes,
         tp=request.tp,
         cp=request.cp,
+        hidden=request.hidden,
     )
     plans = plan.run_plans(targets, budget, jobs=request.jobs, alloc_conf=request.alloc_conf)
     choices = plan.chunk_choices(plans, rows)
     notes = [plan.reserved_status(request.alloc_conf)]
+    if request.kernels is None:
+        slow = plan.left_out_by_default(request.tp, request.hidden)
+        if slow:
+            notes.append(
+                f"not planned by default: {', '.join(slow)} (their simulation steps through "
+                "every vocabulary tile, minutes at this size); name them with --kernel"
+            )
     outcome = PlanOutcome(plans, budget, choices, skipped, notes)
     if request.out is not None:
         from memprobe.render.plan_page import write_plan_page
@@ -138,6 +147,14 @@ def command(
     cp: Annotated[
         str, typer.Option(help="Context-parallel sizes (token shards), comma list.")
     ] = "1",
+    hidden: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            min=1,
+            help="Hidden size H: plan the hidden family (lm_head fused or not with the "
+            "log-prob; hidden [B,S,H] and weight [V,H] count in the peak).",
+        ),
+    ] = None,
     alloc_conf: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -191,6 +208,7 @@ def command(
         ),
         tp=tuple(positive_ints(tp, "--tp")),
         cp=tuple(positive_ints(cp, "--cp")),
+        hidden=hidden,
         alloc_conf=alloc_conf,
         from_run=from_run,
         out=out,

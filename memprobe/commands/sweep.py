@@ -138,6 +138,14 @@ def command(
             help="auto (cuda when available, else meta), meta (exact simulation), cpu, cuda."
         ),
     ] = "auto",
+    hidden: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Hidden sizes H, comma list: runs the hidden family (kernels fed hidden "
+            "states [B,S,H] and the lm_head weight [V,H], e.g. fused_linear_chunked) "
+            "instead of the logits kernels."
+        ),
+    ] = None,
     grid: Annotated[
         bool, typer.Option("--grid", help="Run the full tokens x vocab product, not the cross.")
     ] = False,
@@ -209,6 +217,7 @@ def command(
             device=device,
             grid=grid,
             ladder=ladder,
+            hidden=None if hidden is None else tuple(positive_ints(hidden, "--hidden")),
         ),
         out=out,
         resume=resume,

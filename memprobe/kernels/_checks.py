@@ -33,7 +33,10 @@ def check_logprob_shapes(
 def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
     """:func:`check_logprob_shapes`, and every target id in ``[0, V)``."""
     check_logprob_shapes(logits, targets)
-    vocab = logits.shape[-1]
+    _check_target_range(targets, logits.shape[-1])
+
+
+def _check_target_range(targets: torch.Tensor, vocab: int) -> None:
     # Meta tensors carry no values, so there is nothing to range-check there.
     if targets.numel() and targets.device.type != "meta":
         lo, hi = int(targets.min()), int(targets.max())
@@ -49,3 +52,34 @@ def check_chunk_size(chunk_size: int | None) -> None:
         isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
     ):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+
+
+def check_hidden_inputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless ``hidden`` is ``[B, S, H]``, ``weight`` ``[V, H]`` of the
+    same floating dtype, and ``targets`` integer ``[B, S]`` ids in ``[0, V)``."""
+    if not all(isinstance(t, torch.Tensor) for t in (hidden, weight, targets)):
+        raise ValueError("hidden, weight and targets must be torch tensors")
+    if hidden.dim() != 3 or weight.dim() != 2:
+        raise ValueError(
+            f"hidden must be [B, S, H] and weight [V, H], got {tuple(hidden.shape)} "
+            f"and {tuple(weight.shape)}"
+        )
+    if not hidden.is_floating_point() or hidden.dtype != weight.dtype:
+        raise ValueError(
+            f"hidden and weight must share one floating dtype, got {hidden.dtype} and "
+            f"{weight.dtype}"
+        )
+    if hidden.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"hidden size differs: hidden {tuple(hidden.shape)} vs weight {tuple(weight.shape)}"
+        )
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool or targets.is_complex():
+        raise ValueError(f"targets must be an integer tensor of token ids, got {targets.dtype}")
+    if tuple(targets.shape) != tuple(hidden.shape[:2]):
+        raise ValueError(
+            f"targets must be [B, S] = {tuple(hidden.shape[:2])} to match hidden "
+            f"{tuple(hidden.shape)}, got {tuple(targets.shape)}"
+        )
+    if weight.shape[0] == 0:
+        raise ValueError("weight has an empty vocabulary dimension (V = 0)")
+    _check_target_range(targets, weight.shape[0])

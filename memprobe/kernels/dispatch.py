@@ -109,6 +109,8 @@ def next_token_logprobs(
     else:
         name = kernel or select_kernel(top_k, top_p)
     spec = get_spec(name)
+    if spec.inputs != "logits":
+        raise ValueError(f"{name!r} takes hidden states and an lm_head weight, not logits")
     if (top_k is not None or top_p is not None) and name != "filtered":
         raise ValueError(f"top_k / top_p need the 'filtered' kernel, not {name!r}")
     if (

@@ -229,10 +229,15 @@ def _chunk_float32(logits: torch.Tensor, start: int, end: int) -> torch.Tensor:
     return logits[:, start:end].to(dtype=torch.float32, copy=True)
 
 
-def _finite_or_zero(row_max: torch.Tensor) -> torch.Tensor:
-    # A row whose shard is all -inf has max -inf; shifting by it would give
-    # -inf - (-inf) = nan. Shift such rows by 0 instead: their exps are 0.
-    return torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+def _row_shift(row_max: torch.Tensor) -> torch.Tensor:
+    """The row max, clamped in place to the lowest finite float32.
+
+    A row whose shard is all -inf has max -inf; shifting by it would give
+    -inf - (-inf) = nan, while the lowest finite shift keeps its exps at 0.
+    In place and deterministic: backward recomputes the forward's shift
+    exactly, without allocating more than the max itself.
+    """
+    return row_max.clamp_(min=torch.finfo(torch.float32).min)
 
 
 def _chunked_distributed_forward(
@@ -243,44 +248,56 @@ def _chunked_distributed_forward(
     chunk: int,
     group: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (target log-probs, global logsumexp), both float32 ``[B, S]``."""
+    """Return (target log-probs, local log-sum), both float32 ``[B, S]``.
+
+    The local log-sum is the global logsumexp minus this rank's own row
+    shift (its finite row max, recomputed exactly in backward):
+    ``log Σ_global exp(x - global_shift) + (global_shift - local_shift)``.
+    Every term stays at the scale of the log-sum, never at the scale of the
+    logits: adding the max back (``lse = max + log Σ``) and subtracting it
+    again would round at an ulp of the logits (1e-3 at 1e4 in float32).
+    """
     batch, seq, _ = logits.shape
     local_max = logits.new_empty((batch, seq), dtype=torch.float32)
-    # Rows: sum of exp(x - local shift), target logit (0 if not owned), owned.
+    # Rows: sum of exp(x - local shift), target logit minus local shift (0 if
+    # not owned), owned.
     stats = logits.new_empty((3, batch, seq), dtype=torch.float32)
     for start in range(0, seq, chunk):
         end = min(start + chunk, seq)
         index, owned = _local_index(targets[:, start:end], vocab_start, vocab_end)
         work = _chunk_float32(logits, start, end)
-        picked = work.gather(-1, index.unsqueeze(-1)).squeeze(-1)
-        stats[1, :, start:end] = picked.masked_fill_(~owned, 0.0)
-        stats[2, :, start:end] = owned
-        row_max = work.amax(dim=-1)
+        row_max = _row_shift(work.amax(dim=-1))
         local_max[:, start:end] = row_max
         # Local sum of exps, in place: torch.logsumexp would allocate two more
         # float32 chunks (x - max and its exp).
-        work.sub_(_finite_or_zero(row_max).unsqueeze(-1)).exp_()
-        stats[0, :, start:end] = work.sum(dim=-1)
+        work.sub_(row_max.unsqueeze(-1))
+        picked = work.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+        stats[1, :, start:end] = picked.masked_fill_(~owned, 0.0)
+        stats[2, :, start:end] = owned
+        stats[0, :, start:end] = work.exp_().sum(dim=-1)
         del work
 
     global_max = local_max.clone()
     dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
-    global_shift = _finite_or_zero(global_max)
-    # Move each rank's sum of exps from its own shift to the global one
-    # (a factor <= 1, so nothing overflows), then sum them with the targets.
-    stats[0].mul_((_finite_or_zero(local_max) - global_shift).exp_())
+    # local shift - global shift (<= 0): moves this rank's sum of exps and
+    # its shifted target logit onto the global shift before they are summed.
+    to_global = local_max.sub_(global_max)
+    del local_max, global_max
+    stats[0].mul_(to_global.exp())
+    stats[1].addcmul_(to_global, stats[2])
     dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
     if _communicates_values(group, logits):
         _check_owned_once(stats[2])
-    lse = stats[0].log_().add_(global_shift)
-    out = stats[1] - lse
-    return out, lse
+    global_logsum = stats[0].log_()
+    out = stats[1] - global_logsum
+    local_logsum = global_logsum.sub_(to_global)
+    return out, local_logsum
 
 
 def _chunked_distributed_backward(
     logits: torch.Tensor,
     targets: torch.Tensor,
-    lse: torch.Tensor,
+    local_logsum: torch.Tensor,
     grad_output: torch.Tensor,
     vocab_start: int,
     vocab_end: int,
@@ -295,8 +312,11 @@ def _chunked_distributed_backward(
         index, owned = _local_index(targets[:, start:end], vocab_start, vocab_end)
         g = grad_output[:, start:end]
         work = _chunk_float32(logits, start, end)
-        # softmax = exp(x - lse) with the global lse: no communication needed.
-        work.sub_(lse[:, start:end].unsqueeze(-1)).exp_().mul_(g.neg().unsqueeze(-1))
+        # softmax = exp((x - local shift) - local log-sum): the local shift is
+        # recomputed from this shard, so no communication is needed.
+        work.sub_(_row_shift(work.amax(dim=-1, keepdim=True)))
+        work.sub_(local_logsum[:, start:end].unsqueeze(-1))
+        work.exp_().mul_(g.neg().unsqueeze(-1))
         work.scatter_add_(-1, index.unsqueeze(-1), (g * owned).unsqueeze(-1))
         grad[:, start:end].copy_(work)
         del work
@@ -311,7 +331,8 @@ class ChunkedDistributedLogprob(torch.autograd.Function):
     ``chunk_size=None`` means 1024.
 
     Saved for backward: the logits shard (its own dtype, no copy), the targets,
-    and the float32 global logsumexp ``[B, S]`` (4·B·S bytes). Nothing is
+    and a float32 per-token log-sum ``[B, S]`` (4·B·S bytes), the global
+    logsumexp relative to this rank's row max, which backward recomputes. Nothing is
     saved when ``inference_only`` is true or no gradient is needed.
 
     Working set, forward and backward, per chunk ``c``: ONE float32
@@ -347,13 +368,13 @@ class ChunkedDistributedLogprob(torch.autograd.Function):
         if batch * seq == 0:
             # Same [B, S] on every rank, so every rank skips the collectives.
             out = logits.new_zeros((batch, seq), dtype=torch.float32)
-            lse = out
+            local_logsum = out
         else:
-            out, lse = _chunked_distributed_forward(
+            out, local_logsum = _chunked_distributed_forward(
                 logits, targets, vocab_start, vocab_end, chunk, group
             )
         if not ctx.saved_nothing:
-            ctx.save_for_backward(logits, targets, lse)
+            ctx.save_for_backward(logits, targets, local_logsum)
         return out
 
     @staticmethod
@@ -363,10 +384,10 @@ class ChunkedDistributedLogprob(torch.autograd.Function):
                 "ChunkedDistributedLogprob ran with inference_only=True (or without grad) "
                 "and saved nothing: run it again with gradients enabled"
             )
-        logits, targets, lse = ctx.saved_tensors
+        logits, targets, local_logsum = ctx.saved_tensors
         vocab_start, vocab_end = ctx.vocab_range
         grad = _chunked_distributed_backward(
-            logits, targets, lse, grad_output, vocab_start, vocab_end, ctx.chunk
+            logits, targets, local_logsum, grad_output, vocab_start, vocab_end, ctx.chunk
         )
         return grad, None, None, None, None, None, None
 

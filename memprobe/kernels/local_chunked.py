@@ -3,7 +3,9 @@
 Memory contract, for logits ``[B, S, V]`` and chunk ``c``:
 
 * forward saves the logits (their own dtype, no copy), the targets, and one
-  float32 logsumexp per token (``[B, S]``, 4·B·S bytes);
+  float32 log-sum per token (``[B, S]``, 4·B·S bytes): ``log Σ exp(x - max)``,
+  kept apart from the row max, which backward recomputes exactly from the
+  logits;
 * each chunk, forward and backward, works in a single float32 ``[B, c, V]``
   buffer, updated in place, and uses no int64 ``[B, c, V]`` one-hot;
 * backward writes ``(onehot - softmax) * grad_output`` chunk by chunk into a
@@ -12,6 +14,11 @@ Memory contract, for logits ``[B, S, V]`` and chunk ``c``:
 
 So the backward peak is logits + gradient + one float32 chunk, and the
 in-place variant reaches the floor of logits + one float32 chunk.
+
+Precision: the max and the log-sum are never added. Forward returns
+``(x_t - max) - logsum`` and backward exponentiates ``(x - max) - logsum``;
+``x - (max + logsum)`` would round ``max + logsum`` at the magnitude of the
+logits (an ulp of 1e4 in float32 is 1e-3) and lose the low bits of the log-sum.
 """
 
 from __future__ import annotations
@@ -39,30 +46,41 @@ def _chunk_float32(logits: torch.Tensor, start: int, end: int) -> torch.Tensor:
 def _chunked_forward(
     logits: torch.Tensor, targets: torch.Tensor, chunk: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (target log-probs, logsumexp), both float32 ``[B, S]``."""
+    """Return (target log-probs, log-sum ``log Σ exp(x - max)``), both float32 ``[B, S]``."""
     batch, seq, _ = logits.shape
     out = logits.new_empty((batch, seq), dtype=torch.float32)
-    lse = logits.new_empty((batch, seq), dtype=torch.float32)
+    logsum = logits.new_empty((batch, seq), dtype=torch.float32)
     index = targets.long().unsqueeze(-1)
     for start in range(0, seq, chunk):
         end = min(start + chunk, seq)
         work = _chunk_float32(logits, start, end)
-        target_logit = work.gather(-1, index[:, start:end]).squeeze(-1)
         # logsumexp by hand, in place: torch.logsumexp would allocate two
         # more float32 chunks (x - max and its exp).
-        row_max = work.amax(dim=-1, keepdim=True)
-        work.sub_(row_max).exp_()
-        chunk_lse = work.sum(dim=-1).log_().add_(row_max.squeeze(-1))
-        lse[:, start:end] = chunk_lse
-        out[:, start:end] = target_logit - chunk_lse
+        work.sub_(_row_max(work))
+        # The target logit is read after the shift: x_t - max is exact-ish
+        # and small, so subtracting the log-sum loses nothing.
+        shifted_target = work.gather(-1, index[:, start:end]).squeeze(-1)
+        chunk_logsum = work.exp_().sum(dim=-1).log_()
+        logsum[:, start:end] = chunk_logsum
+        out[:, start:end] = shifted_target - chunk_logsum
         del work
-    return out, lse
+    return out, logsum
+
+
+def _row_max(work: torch.Tensor) -> torch.Tensor:
+    """Row max of a float32 chunk, ``[B, c, 1]``, never -inf.
+
+    Deterministic, so backward recomputes exactly the shift forward used. A
+    row of -inf would shift by -inf and give nan; clamping (in place, no
+    allocation) to the lowest finite float keeps its exps at 0.
+    """
+    return work.amax(dim=-1, keepdim=True).clamp_(min=torch.finfo(torch.float32).min)
 
 
 def _chunked_backward(
     logits: torch.Tensor,
     targets: torch.Tensor,
-    lse: torch.Tensor,
+    logsum: torch.Tensor,
     grad_output: torch.Tensor,
     chunk: int,
     grad: torch.Tensor,
@@ -75,8 +93,10 @@ def _chunked_backward(
         end = min(start + chunk, seq)
         work = _chunk_float32(logits, start, end)
         g = grad_output[:, start:end].unsqueeze(-1)
-        # softmax = exp(x - lse); gradient = (onehot - softmax) * g.
-        work.sub_(lse[:, start:end].unsqueeze(-1)).exp_().mul_(g.neg())
+        # softmax = exp((x - max) - logsum), the two shifts applied one after
+        # the other (see the module docstring); gradient = (onehot - softmax) * g.
+        work.sub_(_row_max(work)).sub_(logsum[:, start:end].unsqueeze(-1))
+        work.exp_().mul_(g.neg())
         work.scatter_add_(-1, index[:, start:end], g)
         grad[:, start:end].copy_(work)
         del work
@@ -87,7 +107,7 @@ class LocalChunkedLogprob(torch.autograd.Function):
     """Target log-probs of ``[B, S, V]`` logits, chunked over S, recomputed in backward.
 
     ``LocalChunkedLogprob.apply(logits, targets, chunk_size, inference_only)``.
-    Saves the logits, the targets and the float32 per-token logsumexp, or
+    Saves the logits, the targets and the float32 per-token log-sum, or
     nothing when ``inference_only`` is true or no gradient is needed. The
     gradient has the logits' dtype.
     """
@@ -104,13 +124,13 @@ class LocalChunkedLogprob(torch.autograd.Function):
     ) -> torch.Tensor:
         check_logprob_inputs(logits, targets)
         chunk = _resolve_chunk(chunk_size)
-        out, lse = _chunked_forward(logits, targets, chunk)
+        out, logsum = _chunked_forward(logits, targets, chunk)
         ctx.chunk = chunk
         if inference_only or not ctx.needs_input_grad[0]:
             ctx.saved_nothing = True
         else:
             ctx.saved_nothing = False
-            ctx.save_for_backward(logits, targets, lse)
+            ctx.save_for_backward(logits, targets, logsum)
         return out
 
     @classmethod
@@ -124,9 +144,9 @@ class LocalChunkedLogprob(torch.autograd.Function):
                 "LocalChunkedLogprob ran with inference_only=True (or without grad) "
                 "and saved nothing: run it again with gradients enabled"
             )
-        logits, targets, lse = ctx.saved_tensors
+        logits, targets, logsum = ctx.saved_tensors
         grad = cls._grad_buffer(logits)
-        _chunked_backward(logits, targets, lse, grad_output, ctx.chunk, grad)
+        _chunked_backward(logits, targets, logsum, grad_output, ctx.chunk, grad)
         return grad, None, None, None
 
 

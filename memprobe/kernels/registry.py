@@ -20,15 +20,44 @@ from memprobe.kernels.distributed import (
     distributed_logprobs,
 )
 from memprobe.kernels.filtered import filtered_logprobs
+from memprobe.kernels.fused_linear import fused_linear_chunked_logprobs
+from memprobe.kernels.linear_unfused import (
+    linear_local_chunked_logprobs,
+    linear_unchunked_logprobs,
+)
 from memprobe.kernels.local_chunked import (
     local_chunked_inplace_logprobs,
     local_chunked_logprobs,
 )
+from memprobe.kernels.local_tiled import local_tiled_inplace_logprobs, local_tiled_logprobs
+from memprobe.kernels.torch_linear_ce import (
+    torch_linear_ce_accurate_logprobs,
+    torch_linear_ce_logprobs,
+)
+
+# The two input protocols (KernelSpec.inputs):
+#   "logits": fn(logits [B,S,V], targets [B,S], *, chunk_size=None) -> [B,S];
+#             backward yields the logits' gradient.
+#   "hidden": fn(hidden [B,S,H], weight [V,H], targets [B,S], *, chunk_size=None)
+#             -> [B,S]; the logits are hidden @ weight.T, and backward yields the
+#             gradients of hidden and weight.
+INPUT_PROTOCOLS = ("logits", "hidden")
 
 
 class LogprobKernel(Protocol):
     def __call__(
         self, logits: torch.Tensor, targets: torch.Tensor, *, chunk_size: int | None = None
+    ) -> torch.Tensor: ...
+
+
+class HiddenLogprobKernel(Protocol):
+    def __call__(
+        self,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        *,
+        chunk_size: int | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -42,7 +71,8 @@ class KernelSpec:
     """A kernel and the facts the rest of memprobe needs about it."""
 
     name: str
-    fn: LogprobKernel
+    # A LogprobKernel, or a HiddenLogprobKernel when inputs == "hidden".
+    fn: LogprobKernel | HiddenLogprobKernel
     summary: str
     # True when the kernel casts chunk by chunk itself, so a caller must not
     # pre-cast the whole tensor to float32 (that alone costs a float32 [B,S,V]).
@@ -55,6 +85,13 @@ class KernelSpec:
     collectives: Callable[[int, int | None], tuple[int, int]] = no_collectives
     # False when chunk_size changes nothing: a sweep then runs one chunk size, not each.
     uses_chunk_size: bool = True
+    # True when the kernel also loops over vocabulary tiles: its simulation runs one
+    # Python step per tile (tokens/c x V/t of them), seconds to minutes at 100k tokens,
+    # so the planner leaves it out unless asked for by name.
+    tiles_vocabulary: bool = False
+    # What fn takes (INPUT_PROTOCOLS): "logits" or "hidden" (hidden states and
+    # the lm_head weight; the floor is then hidden + weight + both gradients).
+    inputs: str = "logits"
 
 
 KERNELS: dict[str, KernelSpec] = {
@@ -93,6 +130,21 @@ KERNELS: dict[str, KernelSpec] = {
             consumes_logits=True,
         ),
         KernelSpec(
+            "local_tiled",
+            local_tiled_logprobs,
+            "tiled over tokens and vocabulary, online logsumexp: one float32 [B,c,t] tile",
+            casts_per_chunk=True,
+            tiles_vocabulary=True,
+        ),
+        KernelSpec(
+            "local_tiled_inplace",
+            local_tiled_inplace_logprobs,
+            "as local_tiled, but backward writes the gradient into the logits (consumes them)",
+            casts_per_chunk=True,
+            consumes_logits=True,
+            tiles_vocabulary=True,
+        ),
+        KernelSpec(
             "filtered",
             filtered_logprobs,
             "top-k / top-p filtering, then log_softmax + gather under plain autograd",
@@ -116,23 +168,82 @@ KERNELS: dict[str, KernelSpec] = {
             distributed=True,
             collectives=chunked_distributed_collectives,
         ),
+        KernelSpec(
+            "linear_unchunked",
+            linear_unchunked_logprobs,
+            "hidden @ weight.T, then unchunked: the logits and their float32 copies",
+            casts_per_chunk=True,
+            inputs="hidden",
+            uses_chunk_size=False,
+        ),
+        KernelSpec(
+            "linear_local_chunked",
+            linear_local_chunked_logprobs,
+            "hidden @ weight.T to logits in the hidden dtype, then local_chunked",
+            casts_per_chunk=True,
+            inputs="hidden",
+        ),
+        KernelSpec(
+            "torch_linear_ce",
+            torch_linear_ce_logprobs,
+            "torch's chunked F.linear_cross_entropy, acc_policy='compact'",
+            casts_per_chunk=True,
+            inputs="hidden",
+        ),
+        KernelSpec(
+            "torch_linear_ce_accurate",
+            torch_linear_ce_accurate_logprobs,
+            "torch's chunked F.linear_cross_entropy, acc_policy='accurate' ([V,H] scratch)",
+            casts_per_chunk=True,
+            inputs="hidden",
+        ),
+        KernelSpec(
+            "fused_linear_chunked",
+            fused_linear_chunked_logprobs,
+            "fused lm_head + logprob: float32 tiles, float32-accumulated grads, no logits",
+            casts_per_chunk=True,
+            inputs="hidden",
+        ),
     )
 }
 
 
-def kernel_names(*, distributed: bool | None = None) -> list[str]:
-    """Registered names, optionally only the (non-)distributed ones."""
-    return [n for n, s in KERNELS.items() if distributed is None or s.distributed == distributed]
+def kernel_names(*, distributed: bool | None = None, inputs: str | None = "logits") -> list[str]:
+    """Registered names, optionally only the (non-)distributed ones.
+
+    ``inputs`` picks one input protocol, ``"logits"`` by default (the kernels a
+    logits sweep runs), ``"hidden"`` for the hidden family, None for all.
+    """
+    return [
+        n
+        for n, s in KERNELS.items()
+        if (distributed is None or s.distributed == distributed)
+        and (inputs is None or s.inputs == inputs)
+    ]
 
 
 def get_spec(name: str) -> KernelSpec:
+    """The registered kernel ``name``, or a user kernel given as ``package.module:function``.
+
+    An import path resolves through :func:`memprobe.kernels.user.resolve_user_kernel`
+    (which raises ``memprobe.errors.UserError`` when it cannot); an unknown
+    plain name raises ``ValueError``.
+    """
+    if ":" in name:
+        from memprobe.kernels.user import resolve_user_kernel
+
+        return resolve_user_kernel(name)
     try:
         return KERNELS[name]
     except KeyError:
         known = ", ".join(KERNELS)
-        raise ValueError(f"unknown kernel {name!r}; known kernels: {known}") from None
+        raise ValueError(
+            f"unknown kernel {name!r}; known kernels: {known} "
+            "(or your own as package.module:function)"
+        ) from None
 
 
-def get_kernel(name: str) -> LogprobKernel:
-    """The callable ``fn(logits, targets, *, chunk_size=None) -> Tensor[B, S]``."""
+def get_kernel(name: str) -> LogprobKernel | HiddenLogprobKernel:
+    """The callable: ``fn(logits, targets, *, chunk_size=None) -> Tensor[B, S]``, or
+    ``fn(hidden, weight, targets, *, chunk_size=None)`` for a hidden-family kernel."""
     return get_spec(name).fn

@@ -30,6 +30,12 @@ def resolve_device(device: str) -> str:
 
 def measure(case: Case) -> Run:
     """Measure one case on ``case.device`` (meta, cpu or cuda)."""
+    from memprobe.kernels import get_spec
+
+    if get_spec(case.kernel).inputs == "hidden":
+        from memprobe.measure.hidden_backend import measure_hidden
+
+        return measure_hidden(case)
     if case.device == "meta":
         from memprobe.measure.meta_backend import measure_meta
 

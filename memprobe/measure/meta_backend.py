@@ -20,6 +20,13 @@ def simulate_step(case: Case, *, capture_frames: bool = True) -> StepTrace:
 
 
 def simulate(case: Case, *, capture_frames: bool = True) -> AllocationTracker:
+    """The exact tracker of one step, for logits and hidden-family kernels alike."""
+    from memprobe.kernels import get_spec
+
+    if get_spec(case.kernel).inputs == "hidden":
+        from memprobe.measure.hidden_backend import simulate_hidden_case
+
+        return simulate_hidden_case(case, capture_frames=capture_frames)
     return simulate_step(case, capture_frames=capture_frames).tracker
 
 

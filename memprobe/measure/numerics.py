@@ -13,6 +13,8 @@ from memprobe.records import Case
 # and a chunk of 7 so every chunked kernel really loops.
 VERIFY_SHAPE = (2, 67, 263)
 VERIFY_CHUNK = 7
+# Standard normal draws times this: logits of a typical spread.
+VERIFY_SCALE = 3.0
 
 
 def float64_reference(
@@ -40,6 +42,26 @@ def filtered_reference(
     return out.detach(), grad
 
 
+# The hidden family's verify shape: [B, S] tokens of the logits shape, a hidden size,
+# and the same vocabulary (not a multiple of any tile).
+VERIFY_HIDDEN = 48
+
+
+def _verify_hidden(
+    kernel: str, dtype: str, seed: int, chunk_size: int | None, shape: tuple[int, int, int]
+) -> tuple[float, float]:
+    """(forward error, the worse of the hidden and weight gradients' errors)."""
+    from memprobe.kernels import get_spec
+    from memprobe.measure.hidden import HiddenShape, verify_hidden
+
+    b, s, v = shape
+    hidden_shape = HiddenShape(b, s, VERIFY_HIDDEN, v, torch_dtype(dtype))
+    fwd, grad_h, grad_w = verify_hidden(
+        get_spec(kernel).fn, hidden_shape, seed=seed, chunk_size=chunk_size
+    )
+    return fwd, max(grad_h, grad_w)
+
+
 @cache
 def verify(
     kernel: str,
@@ -47,11 +69,24 @@ def verify(
     seed: int = 0,
     chunk_size: int | None = VERIFY_CHUNK,
     shape: tuple[int, int, int] = VERIFY_SHAPE,
+    *,
+    scale: float = VERIFY_SCALE,
+    offset: float = 0.0,
 ) -> tuple[float, float]:
-    """(max |forward error|, max |backward error|) against float64, on CPU."""
+    """(max |forward error|, max |backward error|) against float64, on CPU.
+
+    Logits are ``randn * scale + offset`` (rounded to ``dtype``): a large
+    ``offset`` (every logit near 1e4) or ``scale`` (logits x100) checks that a
+    kernel keeps the row max and the log-sum apart instead of subtracting two
+    large numbers.
+    """
+    from memprobe.kernels import get_spec
+
+    if get_spec(kernel).inputs == "hidden":
+        return _verify_hidden(kernel, dtype, seed, chunk_size, shape)
     case = Case(kernel, *shape, dtype=dtype, chunk_size=chunk_size, device="cpu")
     gen = torch.Generator().manual_seed(seed)
-    logits = (torch.randn(shape, generator=gen) * 3).to(torch_dtype(dtype))
+    logits = (torch.randn(shape, generator=gen) * scale + offset).to(torch_dtype(dtype))
     targets = torch.randint(0, shape[2], shape[:2], generator=gen)
     if kernel == "filtered":
         # Targets outside the kept set have log-prob -inf; take kept ones so

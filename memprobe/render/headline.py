@@ -20,7 +20,7 @@ import pandas as pd
 
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
-from memprobe.render.ratios import REFERENCE, has_ratios, with_ratios
+from memprobe.render.ratios import HIDDEN_REFERENCE, REFERENCE, has_ratios, with_ratios
 from memprobe.results import case_of, missing, rows_of
 
 # Columns that define one "configuration" besides tokens and vocab.
@@ -232,7 +232,7 @@ def times(x: float) -> str:
 
 def vs_reference(k: KernelResult) -> str:
     s = k.saving_vs_unchunked
-    if k.kernel == REFERENCE:
+    if k.kernel in (REFERENCE, HIDDEN_REFERENCE):
         return "the reference"
     if s is None:
         return "no unchunked run to compare with"
@@ -280,11 +280,25 @@ def kernel_line(k: KernelResult, h: Headline) -> str:
     return f"{head}, {rest}" if k.ok else f"{head} ({rest})"
 
 
+def fused_sentence(h: Headline) -> str | None:
+    """The hidden family's headline: the fused route against matmul + local_chunked."""
+    by = {k.kernel: k for k in h.kernels if k.ok}
+    fused, unfused = by.get("fused_linear_chunked"), by.get("linear_local_chunked")
+    if fused is None or unfused is None:
+        return None
+    return (
+        f"Fused: {format_bytes(fused.peak_bytes)} for fused_linear_chunked vs "
+        f"{format_bytes(unfused.peak_bytes)} for matmul + local_chunked "
+        "(when the logits come from an lm_head you control, fuse them)."
+    )
+
+
 def recommendation(h: Headline) -> list[str]:
     """The first sentences of the page: what to use at this size, and the caveat."""
     lowest, keeping = h.lowest, h.lowest_keeping_logits
     if lowest is None:
         return ["No kernel finished at this size; see the table for each one's status."]
+    fused = fused_sentence(h)
     out = [
         f"Lowest peak: {lowest.name}, {format_bytes(lowest.peak_bytes)} ({vs_reference(lowest)})."
     ]
@@ -301,6 +315,8 @@ def recommendation(h: Headline) -> list[str]:
                 f"Keeping the logits intact: {keeping.name}, {format_bytes(keeping.peak_bytes)} "
                 f"({vs_reference(keeping)}{floor})."
             )
+    if fused is not None:
+        out.append(fused)
     return out
 
 

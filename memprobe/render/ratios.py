@@ -7,6 +7,8 @@ from __future__ import annotations
 import pandas as pd
 
 REFERENCE = "unchunked"
+# The hidden family's reference: the lm_head matmul, then unchunked.
+HIDDEN_REFERENCE = "linear_unchunked"
 # What makes two rows "the same shape" for the saving against the reference.
 SHAPE_KEYS = ["batch", "tokens", "vocab", "dtype", "tp", "cp", "device"]
 
@@ -17,7 +19,11 @@ def with_ratios(frame: pd.DataFrame) -> pd.DataFrame:
     peak = pd.to_numeric(out["peak_bytes"], errors="coerce")
     floor = pd.to_numeric(out["floor_bytes"], errors="coerce")
     out["peak_over_floor"] = peak / floor
-    base = out[(out["kernel"] == REFERENCE) & (out["status"] == "ok")]
+    # Each family against its own reference: logits rows against unchunked, hidden
+    # rows (the lm_head fused in or not) against linear_unchunked.
+    hidden = out["hidden"].notna() if "hidden" in out else pd.Series(False, index=out.index)
+    reference = hidden.map({True: HIDDEN_REFERENCE, False: REFERENCE})
+    base = out[(out["kernel"] == reference) & (out["status"] == "ok")]
     base = base.drop_duplicates(SHAPE_KEYS)[[*SHAPE_KEYS, "peak_bytes"]]
     base = base.rename(columns={"peak_bytes": "_unchunked_peak"})
     out = out.merge(base, on=SHAPE_KEYS, how="left")

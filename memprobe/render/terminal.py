@@ -51,6 +51,10 @@ def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list
     ]
     if budget_bytes is not None:
         header.append("fits")
+    # The hidden family's H tells its rows apart; a run without it has no such column.
+    with_hidden = "hidden" in rows and rows["hidden"].notna().any()
+    if with_hidden:
+        header.insert(1, "hidden")
     body = []
     for r in rows.itertuples(index=False):
         cells = [
@@ -72,9 +76,13 @@ def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list
         ]
         if budget_bytes is not None:
             cells.append(_fits(r.status, r.peak_bytes, budget_bytes))
+        if with_hidden:
+            cells.insert(1, "-" if missing(r.hidden) else f"{int(r.hidden):,}")
         body.append(cells)
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     right = {1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14}
+    if with_hidden:
+        right = {1, *(i + 1 for i in right)}
 
     def fmt(cells: list[str]) -> str:
         padded = zip(cells, widths, strict=True)

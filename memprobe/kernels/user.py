@@ -1,0 +1,182 @@
+"""Your own kernel, by import path: ``package.module:function`` → a :class:`KernelSpec`.
+
+memprobe measures any callable that follows one of its two input protocols:
+
+* logits: ``fn(logits, targets, *, chunk_size=None) -> Tensor[B, S]``
+* hidden: ``fn(hidden, weight, targets, *, chunk_size=None) -> Tensor[B, S]``
+
+How the protocol is told (the rule, in order):
+
+1. an attribute ``fn.memprobe_inputs = "logits"`` or ``"hidden"`` decides;
+2. otherwise the signature does: the number of positional parameters without
+   a default, 2 → logits, 3 → hidden. A ``*args`` parameter makes the count
+   ambiguous, so such a callable needs the attribute.
+
+Either way the callable must accept ``chunk_size`` as a keyword (a parameter of
+that name, or ``**kwargs``). ``fn.memprobe_consumes_logits = True`` tells
+memprobe that backward writes the gradient into the logits (their floor then
+counts no separate gradient). The spec's name is the import path itself.
+
+When ``package`` is not importable as installed, the current directory is
+tried as well (as ``python -m`` would), so a kernel in the project being
+tested resolves from the project root.
+
+Every failure (import error, missing attribute, not callable, wrong
+signature) raises :class:`memprobe.errors.UserError`: one line and a hint.
+This is the one module of :mod:`memprobe.kernels` that imports from the rest
+of memprobe, and only the torch-free error type.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from functools import cache
+from typing import Any
+
+from memprobe.errors import UserError
+from memprobe.kernels.registry import INPUT_PROTOCOLS, KernelSpec
+
+_PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
+_SIGNATURES = {
+    "logits": "fn(logits, targets, *, chunk_size=None)",
+    "hidden": "fn(hidden, weight, targets, *, chunk_size=None)",
+}
+_SHAPE_HINT = (
+    f"a kernel is {_SIGNATURES['logits']} or {_SIGNATURES['hidden']}, "
+    "given as package.module:function"
+)
+
+
+def is_import_path(name: str) -> bool:
+    """True for ``package.module:function`` names (user kernels), False for registered ones."""
+    return ":" in name
+
+
+@cache
+def resolve_user_kernel(path: str) -> KernelSpec:
+    """Import ``package.module:function`` and describe it as a :class:`KernelSpec`."""
+    module_name, attr_path = _split(path)
+    module = _import(module_name, path)
+    fn: Any = module
+    for part in attr_path.split("."):
+        try:
+            fn = getattr(fn, part)
+        except AttributeError:
+            raise UserError(
+                f"kernel {path!r}: module {module_name!r} has no attribute {attr_path!r}",
+                f"check the spelling; {module_name} defines "
+                f"{_public_names(module) or 'no public names'}",
+            ) from None
+    if not callable(fn):
+        raise UserError(f"kernel {path!r} is a {type(fn).__name__}, not a callable", _SHAPE_HINT)
+    inputs = _protocol(fn, path)
+    doc = inspect.getdoc(fn)
+    summary = doc.splitlines()[0] if doc else f"user kernel ({inputs} protocol)"
+    return KernelSpec(
+        path,
+        fn,
+        summary,
+        # memprobe never pre-casts for a user kernel: what it casts is its own business.
+        casts_per_chunk=True,
+        consumes_logits=bool(getattr(fn, "memprobe_consumes_logits", False)),
+        inputs=inputs,
+    )
+
+
+def _split(path: str) -> tuple[str, str]:
+    module_name, sep, attr_path = path.partition(":")
+    names = [*module_name.split("."), *attr_path.split(".")]
+    if not sep or ":" in attr_path or not all(n.isidentifier() for n in names):
+        raise UserError(f"kernel {path!r} is not an import path", _SHAPE_HINT)
+    return module_name, attr_path
+
+
+def _import(module_name: str, path: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing: ModuleNotFoundError = exc
+    except Exception as exc:  # the module itself raised while importing
+        raise _import_failed(module_name, path, exc) from None
+    cwd = os.getcwd()
+    if missing.name == module_name.split(".")[0] and cwd not in sys.path and "" not in sys.path:
+        # Not installed: try the current directory, as `python -m` would.
+        sys.path.insert(0, cwd)
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            sys.path.remove(cwd)
+            missing = exc
+        except Exception as exc:
+            raise _import_failed(module_name, path, exc) from None
+    raise UserError(
+        f"kernel {path!r}: cannot import {module_name!r} ({missing})",
+        "install the package or run memprobe from the directory that holds it",
+    )
+
+
+def _import_failed(module_name: str, path: str, exc: Exception) -> UserError:
+    return UserError(
+        f"kernel {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}".replace(
+            "\n", " "
+        ),
+        f"run python -c 'import {module_name}' to see the traceback",
+    )
+
+
+def _public_names(module: Any) -> str:
+    names = [n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n])]
+    return ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
+
+
+def _protocol(fn: Any, path: str) -> str:
+    declared = getattr(fn, "memprobe_inputs", None)
+    if declared is not None and declared not in INPUT_PROTOCOLS:
+        raise UserError(
+            f"kernel {path!r}: memprobe_inputs = {declared!r}",
+            f"use one of {', '.join(map(repr, INPUT_PROTOCOLS))}",
+        )
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        # No signature to read (some builtins): trust the attribute if any.
+        if declared is not None:
+            return str(declared)
+        raise UserError(
+            f"kernel {path!r}: its signature cannot be read",
+            "set fn.memprobe_inputs = 'logits' or 'hidden'",
+        ) from None
+    kinds = inspect.Parameter
+    takes_chunk = any(
+        p.kind is kinds.VAR_KEYWORD
+        or (p.name == "chunk_size" and p.kind in (kinds.KEYWORD_ONLY, kinds.POSITIONAL_OR_KEYWORD))
+        for p in params
+    )
+    if not takes_chunk:
+        raise UserError(f"kernel {path!r} takes no chunk_size keyword", f"{_SHAPE_HINT}")
+    if declared is not None:
+        return str(declared)
+    if any(p.kind is kinds.VAR_POSITIONAL for p in params):
+        raise UserError(
+            f"kernel {path!r} takes *args, so its protocol is ambiguous",
+            "set fn.memprobe_inputs = 'logits' or 'hidden'",
+        )
+    required = [
+        p
+        for p in params
+        if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        and p.default is kinds.empty
+        and p.name != "chunk_size"
+    ]
+    protocol = _PROTOCOL_ARITY.get(len(required))
+    if protocol is None:
+        names = ", ".join(p.name for p in required) or "none"
+        raise UserError(
+            f"kernel {path!r} takes {len(required)} positional arguments ({names}), "
+            "expected 2 (logits protocol) or 3 (hidden protocol)",
+            _SHAPE_HINT,
+        )
+    return protocol

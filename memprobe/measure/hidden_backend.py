@@ -1,0 +1,107 @@
+"""The hidden family as sweep cases: ``Case(hidden=H)`` → ``Run``.
+
+The hidden-family kernels take hidden states ``[B,S,H]`` and the lm_head weight
+``[V,H]`` (:mod:`memprobe.measure.hidden` runs one step); this module turns a
+case into that step on meta (exact simulation) or cpu (real tensors, tracked peak
+and wall times), and into a Run with the same columns as a logits case. The
+floor is hidden + weight + both gradients; ``big_fp32_blocks`` still counts
+float32 ``[B,S,V]`` blocks live at the peak, the block fusing exists to avoid.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from memprobe.io.sizes import format_bytes
+from memprobe.kernels import KernelUnavailable, get_spec
+from memprobe.measure.cpu_backend import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
+from memprobe.measure.hidden import (
+    HiddenInputs,
+    HiddenShape,
+    make_hidden_inputs,
+    traced_hidden_step,
+)
+from memprobe.measure.step import torch_dtype
+from memprobe.measure.traced import count_big_fp32_blocks
+from memprobe.measure.tracker import AllocationTracker
+from memprobe.records import Case, Run
+
+
+def hidden_shape(case: Case) -> HiddenShape:
+    if case.hidden is None:
+        raise ValueError(f"{case.kernel} takes hidden states: the case needs hidden=H")
+    return HiddenShape(case.batch, case.tokens, case.hidden, case.vocab, torch_dtype(case.dtype))
+
+
+def hidden_floor_bytes(case: Case) -> int:
+    return hidden_shape(case).floor_bytes
+
+
+def simulate_hidden_case(case: Case, *, capture_frames: bool = True) -> AllocationTracker:
+    """The exact tracker of one step on meta tensors."""
+    fn = get_spec(case.kernel).fn
+    inputs = make_hidden_inputs(hidden_shape(case), "meta")
+    return traced_hidden_step(fn, inputs, chunk_size=case.chunk_size, capture_frames=capture_frames)
+
+
+def measure_hidden(case: Case) -> Run:
+    """One hidden-family case on ``case.device``: meta or cpu (cuda is not wired yet)."""
+    if case.tp > 1 or case.cp > 1:
+        return Run(case, "skipped", note="the hidden family runs on one device (tp = cp = 1)")
+    floor = hidden_floor_bytes(case)
+    if case.device == "cuda":
+        return Run(
+            case,
+            "skipped",
+            floor_bytes=floor,
+            note="the hidden family is simulated (meta) or measured on cpu; cuda is not wired yet",
+        )
+    try:
+        tracker = simulate_hidden_case(case, capture_frames=case.device == "meta")
+    except KernelUnavailable as exc:
+        return Run(case, "skipped", floor_bytes=floor, note=str(exc))
+    times: dict[str, float] = {}
+    if case.device == "cpu":
+        budget = int(SAFE_RAM_SHARE * available_ram_bytes())
+        if tracker.peak_bytes > budget:
+            note = (
+                f"needs {format_bytes(tracker.peak_bytes)} (simulated), over the safe share "
+                f"{format_bytes(budget)} of available RAM; simulate it with --device meta"
+            )
+            return Run(case, "skipped", floor_bytes=floor, note=note)
+        inputs = make_hidden_inputs(hidden_shape(case), "cpu")
+        tracker = traced_hidden_step(get_spec(case.kernel).fn, inputs, chunk_size=case.chunk_size)
+        times = _timed(case, inputs)
+    return Run(
+        case=case,
+        status="ok",
+        peak_bytes=tracker.peak_bytes,
+        forward_peak_bytes=tracker.phase_peaks.get("forward"),
+        backward_peak_bytes=tracker.phase_peaks.get("backward"),
+        floor_bytes=floor,
+        big_fp32_blocks=count_big_fp32_blocks(case, tracker.live_at_peak()),
+        fwd_collectives=0,
+        bwd_collectives=0,
+        events=tuple(tracker.events),
+        **times,  # type: ignore[arg-type]
+    )
+
+
+def _timed(case: Case, inputs: HiddenInputs) -> dict[str, float]:
+    """Median wall times of forward and backward, untracked."""
+    fn = get_spec(case.kernel).fn
+    fwd: list[float] = []
+    bwd: list[float] = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        out = fn(inputs.hidden, inputs.weight, inputs.targets, chunk_size=case.chunk_size)
+        t1 = time.perf_counter()
+        torch.autograd.grad(out, (inputs.hidden, inputs.weight), inputs.grad_outputs)
+        t2 = time.perf_counter()
+        fwd.append(t1 - t0)
+        bwd.append(t2 - t1)
+        del out
+    return {"fwd_time_s": statistics.median(fwd), "bwd_time_s": statistics.median(bwd)}
