@@ -86,6 +86,9 @@ class Findings:
     allocator: AllocatorView
     timeline: Timeline | None
     notes: tuple[str, ...]
+    # "measured": the trace's time_us are the recording's clock; "none": it has none;
+    # "simulated": memprobe synthesized it on meta, its times are dropped (all None).
+    times: str = "measured"
 
     @property
     def logits_family(self) -> tuple[BlockFinding, ...]:
@@ -173,8 +176,9 @@ def _check_positive(name: str, value: int | None) -> None:
 class _Context:
     """Sites, phases and verdicts of one device's replay, computed once per block."""
 
-    def __init__(self, rep: Replay, shapes_hints: Hints) -> None:
+    def __init__(self, rep: Replay, shapes_hints: Hints, *, simulated: bool = False) -> None:
         self.rep = rep
+        self.simulated = simulated
         self.sites = SiteCache()
         self.phases: Phases = resolve_phases(rep.entries, self.sites)
         self.shapes = self._infer(shapes_hints)
@@ -188,6 +192,10 @@ class _Context:
         # Only its free was recorded: its stack describes the free, its label the block.
         free = b.free_entry or {}
         return self.sites.site({"user_metadata": free.get("user_metadata", "")})
+
+    def time_at(self, pos: int | None) -> int | None:
+        """The entry's time, or None when the clock timed a simulation, not a device."""
+        return None if self.simulated else self.rep.time_at(pos)
 
     def _infer(self, hints: Hints) -> ShapeInference:
         sizes: Counter[int] = Counter()
@@ -276,7 +284,7 @@ def _attribute_normalized(
     for name, value in (("vocab", vocab), ("tokens", tokens), ("batch", batch), ("top", top)):
         _check_positive(name, value)
     rep = replay(snap, device=device)
-    ctx = _Context(rep, Hints(vocab, tokens, batch))
+    ctx = _Context(rep, Hints(vocab, tokens, batch), simulated=simulated_clock(snap))
     live_peak = _largest(rep.live_at(rep.peak_pos))
     oom_live = [_largest(rep.live_at(m.pos)) for m in rep.ooms]
 
@@ -320,7 +328,9 @@ def _attribute_normalized(
         rep.entries[rep.peak_pos] if rep.peak_pos is not None and rep.peak_pos >= 0 else None
     )
     peak_site = ctx.sites.site(peak_entry) if peak_entry else None
-    start = next((e["time_us"] for e in rep.entries if "time_us" in e), None)
+    start = (
+        None if ctx.simulated else next((e["time_us"] for e in rep.entries if "time_us" in e), None)
+    )
     return Findings(
         path=path,
         source=rep.source,
@@ -329,13 +339,13 @@ def _attribute_normalized(
         trace_start_us=start,
         peak_allocated_bytes=rep.peak_allocated_bytes,
         peak_index=rep.peak_pos,
-        peak_time_us=rep.time_at(rep.peak_pos),
+        peak_time_us=ctx.time_at(rep.peak_pos),
         peak_phase=_peak_phase(rep, ctx, peak_site),
         peak_op=peak_site.op if peak_site else None,
         peak_frame=peak_site.frame if peak_site else None,
         peak_reserved_bytes=rep.peak_reserved_bytes,
         peak_reserved_index=rep.peak_reserved_pos,
-        peak_reserved_time_us=rep.time_at(rep.peak_reserved_pos),
+        peak_reserved_time_us=ctx.time_at(rep.peak_reserved_pos),
         reserved_at_snapshot_bytes=rep.reserved_at_end_bytes,
         live_at_peak_count=len(live_peak),
         vocab=vocab,
@@ -350,7 +360,15 @@ def _attribute_normalized(
         allocator=view,
         timeline=_timeline(rep, ctx) if timeline else None,
         notes=rep.notes + _provenance_notes(snap, rep),
+        times="simulated" if ctx.simulated else ("measured" if start is not None else "none"),
     )
+
+
+def simulated_clock(snap: dict[str, Any]) -> bool:
+    """Whether the trace's times are memprobe's simulation clock (a meta run): they
+    time Python on the host, not the device, and must never read as measured."""
+    meta = snap.get("memprobe")
+    return isinstance(meta, dict) and meta.get("clock") == "simulation"
 
 
 def _peak_phase(rep: Replay, ctx: _Context, site: Site | None) -> str | None:
@@ -461,7 +479,7 @@ def _explanation(b: ReplayBlock, dtype: str, shapes: ShapeInference, reason: str
 def _finding(
     b: ReplayBlock, ctx: _Context, live_at_peak: bool, oom_ids: list[set[int]]
 ) -> BlockFinding:
-    site, verdict, rep = ctx.site(b), ctx.verdict(b), ctx.rep
+    site, verdict = ctx.site(b), ctx.verdict(b)
     origin = b.alloc_entry or b.segment_block or b.free_entry or {}
     label_text = origin.get("user_metadata", "")
     label_text = label_text if isinstance(label_text, str) else ""
@@ -488,8 +506,8 @@ def _finding(
     else:
         dtype = shape = dtype_source = None
     alloc_index = None if b.alloc_pos == BEFORE_TRACE else b.alloc_pos
-    alloc_time = rep.time_at(alloc_index)
-    free_time = rep.time_at(b.free_pos)
+    alloc_time = ctx.time_at(alloc_index)
+    free_time = ctx.time_at(b.free_pos)
     numbers = tuple(n for n, ids in enumerate(oom_ids) if id(b) in ids)
     return BlockFinding(
         address=b.addr,
@@ -555,7 +573,7 @@ def _oom(
     return OomFinding(
         number=number,
         index=moment.pos,
-        time_us=e.get("time_us"),
+        time_us=None if ctx.simulated else e.get("time_us"),
         requested_bytes=e["size"],
         device_free_bytes=e.get("device_free"),
         allocated_bytes=moment.allocated_bytes,

@@ -154,7 +154,8 @@ def _breakdown_text(breakdown: tuple[tuple[str, int], ...], total: int) -> str:
 def _header_lines(findings: Findings) -> list[str]:
     out: list[str] = []
     if findings.source == "trace":
-        out.append(f"device {findings.device}: {findings.trace_entries:,} trace entries")
+        simulated = " (simulated: no times)" if findings.times == "simulated" else ""
+        out.append(f"device {findings.device}: {findings.trace_entries:,} trace entries{simulated}")
     else:
         out.append(f"device {findings.device}: no trace; what the segments hold at snapshot time")
     peak_moment = _moment(findings, findings.peak_index, findings.peak_time_us)
