@@ -402,10 +402,11 @@ def _peak_sites(live: list[ReplayBlock], ctx: _Context) -> tuple[SiteBytes, ...]
     sites: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
     for b in live:
         s = ctx.site(b)
-        acc = sites[(s.frame, s.op, ctx.verdict(b).category)]
+        caller = s.chain[1] if len(s.chain) > 1 else None
+        acc = sites[(s.frame, caller, s.op, ctx.verdict(b).category)]
         acc[0] += b.size
         acc[1] += 1
-    out = [SiteBytes(f, op, c, n, k) for (f, op, c), (n, k) in sites.items()]
+    out = [SiteBytes(f, op, c, n, k, caller) for (f, caller, op, c), (n, k) in sites.items()]
     out.sort(key=lambda s: -s.bytes)
     return tuple(out)
 
