@@ -18,7 +18,7 @@ from typing import Any
 from memprobe.attribute.allocator_view import AllocatorView, allocator_view, oom_verdict
 from memprobe.attribute.categories import CATEGORIES, Verdict, classify
 from memprobe.attribute.explain import Explanation
-from memprobe.attribute.ops import is_matmul
+from memprobe.attribute.ops import is_matmul, is_opaque_generated
 from memprobe.attribute.records import (
     BlockFinding,
     BlockGroup,
@@ -213,10 +213,18 @@ class _Context:
         loss_sites = [(size, self.site(b)) for size, group in by_size.items() for b in group]
         loss_sizes = {size for size, s in loss_sites if s.loss}
         labelled = {s.label_shape for _, s in loss_sites if s.loss and s.label_shape}
+        # Forward matmul outputs (the lm_head is one), and buffers torch.compile's
+        # generated code allocated with no op named (its matmuls write into them).
         matmuls = {
-            size for size, s in loss_sites if is_matmul(s.op, s.node) and s.phase == "forward"
+            size
+            for size, s in loss_sites
+            if s.phase == "forward"
+            and (is_matmul(s.op, s.node) or is_opaque_generated(s.op, s.via))
         }
-        return infer_shapes(sizes, loss_sizes, hints, labelled, matmuls)
+        collective = next(
+            (s.collective for _, s in loss_sites if s.collective and (s.loss or s.node)), None
+        )
+        return infer_shapes(sizes, loss_sizes, hints, labelled, matmuls, collective=collective)
 
     def verdict(self, b: ReplayBlock) -> Verdict:
         key = id(b)
@@ -292,9 +300,7 @@ def _attribute_normalized(
     for group in (live_peak, *oom_live):
         for b in group[:top]:
             chosen.setdefault(id(b), b)
-    family_sizes = {size for size, _ in ctx.shapes.family}
-    if ctx.shapes.known:
-        family_sizes |= {ctx.shapes.tokens * ctx.shapes.vocab * k for k in (2, 4)}  # type: ignore[operator]
+    family_sizes = {size for size, _ in ctx.shapes.family} | ctx.shapes.family_sizes()
     for b in rep.blocks:
         if (b.size in family_sizes or ctx.site(b).label_shape) and ctx.verdict(b).logits:
             chosen.setdefault(id(b), b)
@@ -462,14 +468,19 @@ def _largest(blocks: Any) -> list[ReplayBlock]:
     return sorted(blocks, key=lambda b: (-b.size, b.alloc_pos))
 
 
-def _explanation(b: ReplayBlock, dtype: str, shapes: ShapeInference, reason: str) -> Explanation:
-    n, v = shapes.tokens or 0, shapes.vocab or 0
+def _explanation(b: ReplayBlock, shapes: ShapeInference, reason: str) -> Explanation | None:
+    fit = shapes.fit(b.size)
+    if fit is None:
+        return None
+    dtype, rows = fit
     split = shapes.batch is not None and shapes.seq is not None
+    # A shifted loss's blocks have S − 1 positions per sequence: [B, S−1, V].
+    seq = (shapes.seq or 0) - (1 if rows != shapes.tokens else 0)
     return Explanation(
         dtype=dtype,
         batch=shapes.batch if split else 1,  # type: ignore[arg-type]
-        tokens=shapes.seq if split else n,  # type: ignore[arg-type]
-        vocab=v,
+        tokens=seq if split else rows,
+        vocab=shapes.vocab or 0,
         exact=True,
         score=0,
         reasons=(reason, *shapes.evidence),
@@ -495,15 +506,9 @@ def _finding(
                     (f"memprobe's label records {site.label_dtype} [{bb}, {ss}, {vv}]",),
                 ),
             )  # fmt: skip
-    elif verdict.logits:
-        dtype = (
-            "float32"
-            if b.size == (ctx.shapes.tokens or 0) * (ctx.shapes.vocab or 0) * 4
-            else "bfloat16"
-        )
-        e = _explanation(b, dtype, ctx.shapes, verdict.logits_reason)
+    elif verdict.logits and (e := _explanation(b, ctx.shapes, verdict.logits_reason)):
         explanations = (e,)
-        dtype, shape, dtype_source = dtype, e.shape, "inferred"
+        dtype, shape, dtype_source = e.dtype, e.shape, "inferred"
     else:
         dtype = shape = dtype_source = None
     alloc_index = None if b.alloc_pos == BEFORE_TRACE else b.alloc_pos

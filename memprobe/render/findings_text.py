@@ -137,6 +137,8 @@ def _shape_lines(findings: Findings) -> list[str]:
     dtypes = " / ".join(dict.fromkeys(t for _, t in reversed(inf.family))) or "?"
     hidden = f", H = {inf.hidden:,}" if inf.hidden else ""
     head = f"shapes: logits {inf.shape_text()}{hidden}, {dtypes}"
+    if inf.forward_only:
+        head += " (forward only, no loss)"
     lines = [f"{head}; confidence {inf.confidence}"]
     for reason in inf.evidence[:EVIDENCE_SHOWN]:
         lines.append(f"  - {reason}")
