@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from memprobe.attribute.ops import is_int_op, is_matmul
+from memprobe.attribute.ops import is_copy, is_int_op, is_matmul, is_opaque_generated
 from memprobe.attribute.shapes import ShapeInference
 from memprobe.attribute.sites import Phases, Site
 from memprobe.snapshot.replay import BEFORE_TRACE, ReplayBlock
@@ -45,12 +45,13 @@ def logits_fit(size: int, site: Site, shapes: ShapeInference) -> str | None:
         return None
     if site.label_shape is not None and site.label_dtype:
         return site.label_dtype if _labelled_bsv(site, shapes) else None
-    n, v = shapes.tokens, shapes.vocab
-    assert n is not None and v is not None
-    for itemsize, name in ((4, "float32"), (2, "bfloat16")):
-        if size == n * v * itemsize:
-            return name
-    return None
+    fit = shapes.fit(size)  # [B·S, V], or [B·(S−1), V] for a shifted loss
+    return fit[0] if fit else None
+
+
+def _rows_sizes(shapes: ShapeInference, loss_rows: bool) -> set[int]:
+    n = shapes.loss_tokens if loss_rows else shapes.tokens
+    return {(n or 0) * (shapes.vocab or 0) * k for k in (2, 4)}
 
 
 def _labelled_bsv(site: Site, shapes: ShapeInference) -> bool:
@@ -110,6 +111,12 @@ def _logits(
         return True, f"{dtype} [N, V] made on the logits path ({site.loss})"
     if is_matmul(site.op, site.node) and phase == "forward":
         return True, f"{dtype} [N, V] made by the matmul {site.op} in forward (the lm_head)"
+    if is_copy(site.op) and phase == "forward" and not before:
+        shifted = shapes.loss_tokens is not None and block.size in _rows_sizes(shapes, True)
+        what = "the shifted copy logits[:, :-1].contiguous()" if shifted else "a copy of the logits"
+        return True, f"{dtype} [N, V] made by {site.op} in forward ({what})"
+    if is_opaque_generated(site.op, site.via) and phase == "forward":
+        return True, f"{dtype} [N, V] allocated by torch.compile's generated forward (the lm_head)"
     if before or site.node is not None and is_matmul(site.op, None):
         return False, ""
     # Exactly [N, V], made and freed inside backward, no matmul: the logits' gradient.

@@ -1,8 +1,9 @@
 """Attribute the difference between two snapshots' peaks: by category and by source line.
 
-Each peak's live bytes are grouped by (the user's line, op, category); a contributor's
-delta is its bytes at B's peak minus at A's. Sorted by delta, largest growth first, so
-"context 512 → 1024" names the line whose tensors grew.
+Each peak's live bytes are grouped by (the user's line, its caller, op, category), so
+two call sites of one helper stay apart; a contributor's delta is its bytes at B's
+peak minus at A's. Sorted by delta, largest growth first, so "context 512 → 1024"
+names the line whose tensors grew.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class Contributor:
     category: str
     bytes_a: int
     bytes_b: int
+    caller: Frame | None = None  # told in the text; the --json schema has no place for it
 
     @property
     def delta_bytes(self) -> int:
@@ -60,8 +62,10 @@ def diff_findings(a: Findings, b: Findings) -> PeakDiff:
     by_site: dict[tuple[Any, ...], list[int]] = {}
     for which, findings in ((0, a), (1, b)):
         for s in findings.peak_sites:
-            by_site.setdefault((s.frame, s.op, s.category), [0, 0])[which] += s.bytes
-    contributors = [Contributor(f, op, c, x, y) for (f, op, c), (x, y) in by_site.items()]
+            by_site.setdefault((s.frame, s.caller, s.op, s.category), [0, 0])[which] += s.bytes
+    contributors = [
+        Contributor(f, op, c, x, y, caller) for (f, caller, op, c), (x, y) in by_site.items()
+    ]
     contributors.sort(key=lambda c: (-c.delta_bytes, -c.bytes_b))
     cat_a: Counter[str] = Counter(dict(a.breakdown))
     cat_b: Counter[str] = Counter(dict(b.breakdown))

@@ -18,7 +18,7 @@ from typing import Any
 from memprobe.attribute.allocator_view import AllocatorView, allocator_view, oom_verdict
 from memprobe.attribute.categories import CATEGORIES, Verdict, classify
 from memprobe.attribute.explain import Explanation
-from memprobe.attribute.ops import is_matmul
+from memprobe.attribute.ops import is_matmul, is_opaque_generated
 from memprobe.attribute.records import (
     BlockFinding,
     BlockGroup,
@@ -86,6 +86,9 @@ class Findings:
     allocator: AllocatorView
     timeline: Timeline | None
     notes: tuple[str, ...]
+    # "measured": the trace's time_us are the recording's clock; "none": it has none;
+    # "simulated": memprobe synthesized it on meta, its times are dropped (all None).
+    times: str = "measured"
 
     @property
     def logits_family(self) -> tuple[BlockFinding, ...]:
@@ -173,8 +176,9 @@ def _check_positive(name: str, value: int | None) -> None:
 class _Context:
     """Sites, phases and verdicts of one device's replay, computed once per block."""
 
-    def __init__(self, rep: Replay, shapes_hints: Hints) -> None:
+    def __init__(self, rep: Replay, shapes_hints: Hints, *, simulated: bool = False) -> None:
         self.rep = rep
+        self.simulated = simulated
         self.sites = SiteCache()
         self.phases: Phases = resolve_phases(rep.entries, self.sites)
         self.shapes = self._infer(shapes_hints)
@@ -188,6 +192,10 @@ class _Context:
         # Only its free was recorded: its stack describes the free, its label the block.
         free = b.free_entry or {}
         return self.sites.site({"user_metadata": free.get("user_metadata", "")})
+
+    def time_at(self, pos: int | None) -> int | None:
+        """The entry's time, or None when the clock timed a simulation, not a device."""
+        return None if self.simulated else self.rep.time_at(pos)
 
     def _infer(self, hints: Hints) -> ShapeInference:
         sizes: Counter[int] = Counter()
@@ -205,10 +213,18 @@ class _Context:
         loss_sites = [(size, self.site(b)) for size, group in by_size.items() for b in group]
         loss_sizes = {size for size, s in loss_sites if s.loss}
         labelled = {s.label_shape for _, s in loss_sites if s.loss and s.label_shape}
+        # Forward matmul outputs (the lm_head is one), and buffers torch.compile's
+        # generated code allocated with no op named (its matmuls write into them).
         matmuls = {
-            size for size, s in loss_sites if is_matmul(s.op, s.node) and s.phase == "forward"
+            size
+            for size, s in loss_sites
+            if s.phase == "forward"
+            and (is_matmul(s.op, s.node) or is_opaque_generated(s.op, s.via))
         }
-        return infer_shapes(sizes, loss_sizes, hints, labelled, matmuls)
+        collective = next(
+            (s.collective for _, s in loss_sites if s.collective and (s.loss or s.node)), None
+        )
+        return infer_shapes(sizes, loss_sizes, hints, labelled, matmuls, collective=collective)
 
     def verdict(self, b: ReplayBlock) -> Verdict:
         key = id(b)
@@ -276,7 +292,7 @@ def _attribute_normalized(
     for name, value in (("vocab", vocab), ("tokens", tokens), ("batch", batch), ("top", top)):
         _check_positive(name, value)
     rep = replay(snap, device=device)
-    ctx = _Context(rep, Hints(vocab, tokens, batch))
+    ctx = _Context(rep, Hints(vocab, tokens, batch), simulated=simulated_clock(snap))
     live_peak = _largest(rep.live_at(rep.peak_pos))
     oom_live = [_largest(rep.live_at(m.pos)) for m in rep.ooms]
 
@@ -284,9 +300,7 @@ def _attribute_normalized(
     for group in (live_peak, *oom_live):
         for b in group[:top]:
             chosen.setdefault(id(b), b)
-    family_sizes = {size for size, _ in ctx.shapes.family}
-    if ctx.shapes.known:
-        family_sizes |= {ctx.shapes.tokens * ctx.shapes.vocab * k for k in (2, 4)}  # type: ignore[operator]
+    family_sizes = {size for size, _ in ctx.shapes.family} | ctx.shapes.family_sizes()
     for b in rep.blocks:
         if (b.size in family_sizes or ctx.site(b).label_shape) and ctx.verdict(b).logits:
             chosen.setdefault(id(b), b)
@@ -320,7 +334,9 @@ def _attribute_normalized(
         rep.entries[rep.peak_pos] if rep.peak_pos is not None and rep.peak_pos >= 0 else None
     )
     peak_site = ctx.sites.site(peak_entry) if peak_entry else None
-    start = next((e["time_us"] for e in rep.entries if "time_us" in e), None)
+    start = (
+        None if ctx.simulated else next((e["time_us"] for e in rep.entries if "time_us" in e), None)
+    )
     return Findings(
         path=path,
         source=rep.source,
@@ -329,13 +345,13 @@ def _attribute_normalized(
         trace_start_us=start,
         peak_allocated_bytes=rep.peak_allocated_bytes,
         peak_index=rep.peak_pos,
-        peak_time_us=rep.time_at(rep.peak_pos),
+        peak_time_us=ctx.time_at(rep.peak_pos),
         peak_phase=_peak_phase(rep, ctx, peak_site),
         peak_op=peak_site.op if peak_site else None,
         peak_frame=peak_site.frame if peak_site else None,
         peak_reserved_bytes=rep.peak_reserved_bytes,
         peak_reserved_index=rep.peak_reserved_pos,
-        peak_reserved_time_us=rep.time_at(rep.peak_reserved_pos),
+        peak_reserved_time_us=ctx.time_at(rep.peak_reserved_pos),
         reserved_at_snapshot_bytes=rep.reserved_at_end_bytes,
         live_at_peak_count=len(live_peak),
         vocab=vocab,
@@ -350,7 +366,15 @@ def _attribute_normalized(
         allocator=view,
         timeline=_timeline(rep, ctx) if timeline else None,
         notes=rep.notes + _provenance_notes(snap, rep),
+        times="simulated" if ctx.simulated else ("measured" if start is not None else "none"),
     )
+
+
+def simulated_clock(snap: dict[str, Any]) -> bool:
+    """Whether the trace's times are memprobe's simulation clock (a meta run): they
+    time Python on the host, not the device, and must never read as measured."""
+    meta = snap.get("memprobe")
+    return isinstance(meta, dict) and meta.get("clock") == "simulation"
 
 
 def _peak_phase(rep: Replay, ctx: _Context, site: Site | None) -> str | None:
@@ -384,10 +408,11 @@ def _peak_sites(live: list[ReplayBlock], ctx: _Context) -> tuple[SiteBytes, ...]
     sites: dict[tuple[Any, ...], list[int]] = defaultdict(lambda: [0, 0])
     for b in live:
         s = ctx.site(b)
-        acc = sites[(s.frame, s.op, ctx.verdict(b).category)]
+        caller = s.chain[1] if len(s.chain) > 1 else None
+        acc = sites[(s.frame, caller, s.op, ctx.verdict(b).category)]
         acc[0] += b.size
         acc[1] += 1
-    out = [SiteBytes(f, op, c, n, k) for (f, op, c), (n, k) in sites.items()]
+    out = [SiteBytes(f, op, c, n, k, caller) for (f, caller, op, c), (n, k) in sites.items()]
     out.sort(key=lambda s: -s.bytes)
     return tuple(out)
 
@@ -443,14 +468,19 @@ def _largest(blocks: Any) -> list[ReplayBlock]:
     return sorted(blocks, key=lambda b: (-b.size, b.alloc_pos))
 
 
-def _explanation(b: ReplayBlock, dtype: str, shapes: ShapeInference, reason: str) -> Explanation:
-    n, v = shapes.tokens or 0, shapes.vocab or 0
+def _explanation(b: ReplayBlock, shapes: ShapeInference, reason: str) -> Explanation | None:
+    fit = shapes.fit(b.size)
+    if fit is None:
+        return None
+    dtype, rows = fit
     split = shapes.batch is not None and shapes.seq is not None
+    # A shifted loss's blocks have S − 1 positions per sequence: [B, S−1, V].
+    seq = (shapes.seq or 0) - (1 if rows != shapes.tokens else 0)
     return Explanation(
         dtype=dtype,
         batch=shapes.batch if split else 1,  # type: ignore[arg-type]
-        tokens=shapes.seq if split else n,  # type: ignore[arg-type]
-        vocab=v,
+        tokens=seq if split else rows,
+        vocab=shapes.vocab or 0,
         exact=True,
         score=0,
         reasons=(reason, *shapes.evidence),
@@ -461,7 +491,7 @@ def _explanation(b: ReplayBlock, dtype: str, shapes: ShapeInference, reason: str
 def _finding(
     b: ReplayBlock, ctx: _Context, live_at_peak: bool, oom_ids: list[set[int]]
 ) -> BlockFinding:
-    site, verdict, rep = ctx.site(b), ctx.verdict(b), ctx.rep
+    site, verdict = ctx.site(b), ctx.verdict(b)
     origin = b.alloc_entry or b.segment_block or b.free_entry or {}
     label_text = origin.get("user_metadata", "")
     label_text = label_text if isinstance(label_text, str) else ""
@@ -476,20 +506,14 @@ def _finding(
                     (f"memprobe's label records {site.label_dtype} [{bb}, {ss}, {vv}]",),
                 ),
             )  # fmt: skip
-    elif verdict.logits:
-        dtype = (
-            "float32"
-            if b.size == (ctx.shapes.tokens or 0) * (ctx.shapes.vocab or 0) * 4
-            else "bfloat16"
-        )
-        e = _explanation(b, dtype, ctx.shapes, verdict.logits_reason)
+    elif verdict.logits and (e := _explanation(b, ctx.shapes, verdict.logits_reason)):
         explanations = (e,)
-        dtype, shape, dtype_source = dtype, e.shape, "inferred"
+        dtype, shape, dtype_source = e.dtype, e.shape, "inferred"
     else:
         dtype = shape = dtype_source = None
     alloc_index = None if b.alloc_pos == BEFORE_TRACE else b.alloc_pos
-    alloc_time = rep.time_at(alloc_index)
-    free_time = rep.time_at(b.free_pos)
+    alloc_time = ctx.time_at(alloc_index)
+    free_time = ctx.time_at(b.free_pos)
     numbers = tuple(n for n, ids in enumerate(oom_ids) if id(b) in ids)
     return BlockFinding(
         address=b.addr,
@@ -555,7 +579,7 @@ def _oom(
     return OomFinding(
         number=number,
         index=moment.pos,
-        time_us=e.get("time_us"),
+        time_us=None if ctx.simulated else e.get("time_us"),
         requested_bytes=e["size"],
         device_free_bytes=e.get("device_free"),
         allocated_bytes=moment.allocated_bytes,

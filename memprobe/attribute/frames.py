@@ -55,18 +55,23 @@ def clean_frames(raw: Any) -> tuple[Frame, ...]:
     for f in raw:
         if not isinstance(f, dict):
             continue
-        key = (f.get("name"), f.get("filename"), f.get("line"))
+        # Only strings and ints are read: a name that is a list (or a list nested a
+        # thousand deep) is neither hashable nor safe to str(), so it reads as "??".
+        key = (_text(f.get("name")), _text(f.get("filename")), _line(f.get("line")))
         frame = _FRAMES.get(key)
         if frame is None:
-            line = key[2]
-            frame = Frame(
-                name=str(f.get("name", "??")),
-                filename=str(f.get("filename", "??")),
-                line=line if isinstance(line, int) and not isinstance(line, bool) else 0,
-            )
+            frame = Frame(name=key[0], filename=key[1], line=key[2])
             _FRAMES[key] = frame
         out.append(frame)
     return tuple(out)
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "??"
+
+
+def _line(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -21,6 +21,8 @@ from memprobe.records import Frame
 _LOSS_WORDS = ("softmax", "logsumexp", "crossentropy", "nllloss", "logprob", "lmhead", "logits")
 _MATMUL = re.compile(r"(?:^|[.:_])(linear|mm|addmm|matmul|bmm|baddbmm|einsum)(?:\b|_|$)")
 # Integer results: indices, counts, masks. A [B,S,V]-sized integer block is never logits.
+# Copies: ``logits.float()``, HF's ``logits[:, :-1].contiguous()``.
+_COPY = re.compile(r"(?:^|[.:_])(clone|contiguous|_to_copy|copy|to)(?:\b|_|$)")
 _INT_OPS = re.compile(r"arange|randint|argmax|argmin|nonzero|one_hot|topk|sort|bincount|cumsum")
 _OPTIMIZER_NAMES = frozenset(
     {"step", "_multi_tensor_adam", "_single_tensor_adam", "_fused_adam", "adam", "adamw", "sgd"}
@@ -42,6 +44,16 @@ def is_matmul(op: str | None, node: str | None) -> bool:
     if node is not None:
         return False
     return bool(op) and bool(_MATMUL.search(op.lower().removeprefix("aten::")))
+
+
+def is_opaque_generated(op: str | None, via: Sequence[str]) -> bool:
+    """A buffer torch.compile's generated code allocated with no op named: its fused
+    kernels and matmuls write into it (the lm_head's output among them)."""
+    return op is None and any(v.startswith("generated") for v in via)
+
+
+def is_copy(op: str | None) -> bool:
+    return bool(op) and bool(_COPY.search(op.lower().removeprefix("aten::")))
 
 
 def is_int_op(op: str | None) -> bool:
@@ -78,6 +90,22 @@ def _in_attention(frames: Sequence[Frame]) -> bool:
 def _attention_frame(frame: Frame) -> bool:
     name = frame.name.lower()
     return not is_cpp(frame) and ("attention" in name or "attn" in name)
+
+
+# Collectives and tensor-parallel layers: on the logits path they mean each rank holds
+# a shard of the vocabulary (Megatron's vocab-parallel cross entropy all_reduces its max).
+_COLLECTIVE_WORDS = ("allreduce", "allgather", "reducescatter", "vocabparallel",
+                     "columnparallel", "tensorparallel")  # fmt: skip
+
+
+def collective_evidence(frames: Sequence[Frame]) -> str | None:
+    """The frame name that says a collective / vocab-parallel layer made this, or None."""
+    for frame in frames:
+        name = _squash(frame.name)
+        path = _squash(normalized_path(frame.filename))
+        if any(w in name or w in path for w in _COLLECTIVE_WORDS):
+            return frame.name
+    return None
 
 
 def is_optimizer(frames: Sequence[Frame]) -> bool:

@@ -110,17 +110,20 @@ class BlockGroup:
 
 @dataclass(frozen=True)
 class SiteBytes:
-    """Bytes live at the peak made by one (line, op, category): what ``diff`` compares."""
+    """Bytes live at the peak made by one (line, its caller, op, category): what ``diff``
+    compares. The caller tells two call sites of one helper apart."""
 
     frame: Frame | None
     op: str | None
     category: str
     bytes: int
     count: int
+    caller: Frame | None = None  # the user frame that called ``frame``'s function
 
     def to_json(self) -> dict[str, Any]:
         return {
             "frame": frame_json(self.frame),
+            "caller": frame_json(self.caller),
             "op": self.op,
             "category": self.category,
             "bytes": self.bytes,
@@ -129,7 +132,13 @@ class SiteBytes:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SiteBytes:
-        return cls(**{**d, "frame": frame_from_json(d["frame"])})
+        return cls(
+            **{
+                **d,
+                "frame": frame_from_json(d["frame"]),
+                "caller": frame_from_json(d.get("caller")),
+            }
+        )
 
 
 @dataclass(frozen=True)

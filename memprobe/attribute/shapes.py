@@ -15,6 +15,19 @@ softmax / loss over the vocabulary (or their backward nodes) are the candidates 
 B and S are split only when attention-shaped ``[B, h, S, S]`` blocks and a mask or
 position block of that S are there too; otherwise the answer is ``[N=B·S, V]``.
 The user's ``--vocab/--tokens/--batch`` override whatever they fix.
+
+Three shapes real jobs have besides the plain ``[N, V]`` loss:
+
+- *Shifted loss* (Hugging Face): the loss runs on ``logits[:, :-1]`` against
+  ``labels[:, 1:]``, so its blocks are ``[B·(S−1), V]`` while activations, the
+  lm_head output and the token ids are ``[B·S, …]``. A reading ``N' = N − B`` is
+  scored on the activations of ``N`` and, when it wins, B and S follow from it.
+- *Forward only*: no loss in the trace, but the lm_head's forward matmul made
+  ``[N, V]`` from a ``[V, H]`` weight, with ``[N, H]`` activations beside it.
+  A per-layer weight (dozens of blocks of one size) is never read as the head's.
+- *Vocabulary-parallel*: each rank holds ``[N, V/k]``. With ``--vocab V`` and no
+  block fitting V, the readings ``V/k`` are tried; frames of collectives on the
+  loss path (all_reduce, vocab-parallel) say a read V is likely per rank.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 MIN_VOCAB = 256  # a classifier over fewer classes is not a language model's head
@@ -35,7 +48,18 @@ PLAUSIBLE_HIDDEN = 256
 _ACTIVATION_RATIOS = frozenset(
     {2, 4, 6, 8, 12, 16}
 )  # language models' hidden sizes are at least this
+_WIDTHS = frozenset({1, 2, 3, 4, 8})  # [N, rH] outputs of attention / MLP projections
 MAX_CANDIDATE_SIZES = 8  # loss-made sizes tried as N·V·itemsize (largest first)
+MAX_SHIFT_BATCH = 1024  # B of a shifted reading N' = B·(S−1): micro-batches are small
+MIN_SHIFT_SEQ = 16  # a shifted reading's S: shorter "sequences" are coincidences
+SHIFT_PENALTY = 1.0  # a shifted reading must out-argue the plain one
+# Embedding + lm_head weights, their gradients, two Adam states, float32 master copies
+# and autocast's bfloat16 casts: a [V, H] size with more blocks than this is a
+# per-layer weight (an MLP's [4H, H] in every layer), not the vocabulary's.
+MAX_VOCAB_WEIGHTS = 12
+MAX_ID_BLOCKS = 16  # int64 [N] blocks a step makes (ids, targets, labels, positions)
+MAX_SHARDS = 64  # vocabulary-parallel ranks tried for a given --vocab
+SHARD_MARGIN = 2.0  # how much better V/k must read than the given V
 ITEMSIZES = ((4, "float32"), (2, "bfloat16"))
 COMMON_VOCABS = frozenset(
     {32000, 32064, 32768, 50257, 50304, 65536, 100352, 128000, 128256, 131072, 151936,
@@ -59,17 +83,51 @@ class ShapeInference:
     confidence: str  # "given" | "high" | "medium" | "low" | "none"
     evidence: tuple[str, ...]
     alternatives: tuple[str, ...]
+    # Rows of the loss's blocks when they differ from ``tokens``: B·(S−1) for a loss
+    # on shifted logits (Hugging Face), the lm_head's output staying [B·S, V].
+    loss_tokens: int | None = None
+    forward_only: bool = False  # the lm_head's output only: no loss in the trace
+    shards: int | None = None  # vocabulary-parallel ranks: ``vocab`` is full_vocab / shards
+    full_vocab: int | None = None
+    per_rank: bool = False  # collectives on the logits path: ``vocab`` is likely a shard
 
     @property
     def known(self) -> bool:
         return self.tokens is not None and self.vocab is not None
 
+    def rows(self) -> tuple[int, ...]:
+        """Row counts of the logits family: B·S, and B·(S−1) for a shifted loss."""
+        if self.tokens is None:
+            return ()
+        return (self.tokens,) + ((self.loss_tokens,) if self.loss_tokens else ())
+
+    def family_sizes(self) -> frozenset[int]:
+        v = self.vocab or 0
+        return frozenset(n * v * k for n in self.rows() for k, _ in ITEMSIZES)
+
+    def fit(self, size: int) -> tuple[str, int] | None:
+        """(dtype, rows) of an ``[rows, V]`` block of ``size`` bytes, or None."""
+        if not self.known:
+            return None
+        v = self.vocab or 0
+        for n in self.rows():
+            for itemsize, name in ITEMSIZES:
+                if size == n * v * itemsize:
+                    return name, n
+        return None
+
     def shape_text(self) -> str:
         if not self.known:
             return "[B, S, V] unknown"
+        vocab = f"V={self.vocab:,}"
+        if self.shards:
+            vocab += f" per rank (V={self.full_vocab:,} / {self.shards} ranks)"
+        elif self.per_rank:
+            vocab += " per rank?"
+        shifted = f" (loss on {self.loss_tokens:,})" if self.loss_tokens else ""
         if self.batch is not None and self.seq is not None:
-            return f"[B={self.batch:,}, S={self.seq:,}, V={self.vocab:,}]"
-        return f"[N=B·S={self.tokens:,}, V={self.vocab:,}]"
+            return f"[B={self.batch:,}, S={self.seq:,}{shifted}, {vocab}]"
+        return f"[N=B·S={self.tokens:,}{shifted}, {vocab}]"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +142,11 @@ class ShapeInference:
             "confidence": self.confidence,
             "evidence": list(self.evidence),
             "alternatives": list(self.alternatives),
+            "loss_tokens": self.loss_tokens,
+            "forward_only": self.forward_only,
+            "shards": self.shards,
+            "full_vocab": self.full_vocab,
+            "per_rank": self.per_rank,
         }
 
     @classmethod
@@ -107,12 +170,33 @@ class Hints:
 
 @dataclass
 class _Reading:
-    n: int
+    n: int  # rows of the candidate block: N, or N' = N − B for a shifted loss
     v: int
     score: float
     reasons: list[str]
     hidden: int | None
     family: list[tuple[int, str]]
+    shift: int | None = None  # B when the rows are B·(S−1) and activations B·S
+    weight_itemsizes: tuple[int, ...] = ()  # dtypes of the [V, H] weight found
+
+    @property
+    def tokens(self) -> int:
+        """B·S: the activations' rows."""
+        return self.n + (self.shift or 0)
+
+    def text(self) -> str:
+        if self.shift:
+            return f"[N={self.tokens:,} (loss on {self.n:,}), V={self.v:,}]"
+        return f"[N={self.n:,}, V={self.v:,}]"
+
+
+@dataclass(frozen=True)
+class _Hidden:
+    size: int | None
+    score: float
+    reasons: list[str]
+    weight_itemsizes: tuple[int, ...]
+    itemsize: int | None  # the activations' dtype
 
 
 def _divisors(n: int) -> list[int]:
@@ -133,42 +217,78 @@ def infer_shapes(
     hints: Hints = Hints(),
     labelled: Iterable[tuple[int, ...]] = (),
     matmul_sizes: Iterable[int] = (),
+    *,
+    collective: str | None = None,
 ) -> ShapeInference:
     """``sizes``: how many blocks of each byte count the trace holds; ``loss_sizes``:
     byte counts of blocks made by a softmax/loss over V (or their backward);
     ``labelled``: shapes memprobe's own labels record for such blocks (exact);
-    ``matmul_sizes``: byte counts of forward matmul outputs (the lm_head is one)."""
+    ``matmul_sizes``: byte counts of forward matmul outputs (the lm_head is one);
+    ``collective``: what names a collective on the logits path (``all_reduce``)."""
     matmuls = frozenset(matmul_sizes)
     candidates = sorted({s for s in loss_sizes if s >= MIN_LOSS_BLOCK}, reverse=True)
-    if not candidates:
-        return _without_logits_path(hints)
-    readings: dict[tuple[int, int], _Reading] = {}
+    labelled = tuple(labelled)
+    for forward_only, sources in ((False, candidates), (True, sorted(matmuls, reverse=True))):
+        sources = [s for s in sources if s >= MIN_LOSS_BLOCK]
+        if not sources:
+            continue
+        found = _infer_from(sources, sizes, hints, labelled, matmuls, forward_only)
+        if hints.vocab is not None:
+            found = _sharded(sources, sizes, hints, matmuls, forward_only, found) or found
+        if found is not None:
+            return _with_collective(found[0], collective, hints)
+    return _without_logits_path(hints, found_loss=bool(candidates))
+
+
+def _infer_from(
+    sources: list[int],
+    sizes: Counter[int],
+    hints: Hints,
+    labelled: tuple[tuple[int, ...], ...],
+    matmuls: frozenset[int],
+    forward_only: bool,
+) -> tuple[ShapeInference, float] | None:
+    """The best reading of ``sources`` (loss-made sizes, or forward matmul outputs when
+    ``forward_only``) as ``[N, V]``, with its score; None when none is a reading at all."""
+    readings: dict[tuple[int, int, int | None], _Reading] = {}
     recorded: dict[tuple[int, int], tuple[int, ...]] = {}
-    for shape in labelled:
+    for shape in () if forward_only else labelled:
         if len(shape) >= 2 and _vocab_ok(shape[-1], hints):
             n = 1
             for d in shape[:-1]:
                 n *= d
             recorded[(n, shape[-1])] = shape
     for (n, v), shape in recorded.items():
-        reading = _score(n, v, sizes, candidates, matmuls)
+        reading = _score(n, v, sizes, sources, matmuls)
         reading.score += 10
         reading.reasons.insert(0, f"memprobe's label records {list(shape)}")
-        readings[(n, v)] = reading
+        readings[(n, v, None)] = reading
     small_sizes = [s for s in sizes if s % 4 == 0]
-    for x in candidates[:MAX_CANDIDATE_SIZES]:
+    tokens = _token_set(small_sizes, hints)
+    for x in sources[:MAX_CANDIDATE_SIZES]:
         for itemsize, _ in ITEMSIZES:
             if x % itemsize:
                 continue
             elements = x // itemsize
             for n in _token_candidates(elements, small_sizes, hints):
                 v = elements // n
-                if (n, v) in readings or not _vocab_ok(v, hints):
+                if (n, v, None) in readings or not _vocab_ok(v, hints):
                     continue
-                readings[(n, v)] = _score(n, v, sizes, candidates, matmuls)
+                readings[(n, v, None)] = _score(n, v, sizes, sources, matmuls, None, forward_only)
+            if forward_only:
+                continue  # the lm_head's output has all the rows; only a loss shifts
+            for n, b in _shifted_candidates(elements, tokens, hints):
+                v = elements // n
+                if (n, v, b) in readings or not _vocab_ok(v, hints):
+                    continue
+                shifted = _score(n, v, sizes, sources, matmuls, shift=b)
+                if shifted.hidden is not None:  # a shift is only argued by activations
+                    readings[(n, v, b)] = shifted
+    if forward_only:
+        readings = {k: r for k, r in readings.items() if _lm_head_ok(r)}
     if not readings:
-        return _without_logits_path(hints, found_loss=True)
-    ranked = sorted(readings.values(), key=lambda r: (-r.score, -r.v))
+        return None
+    ranked = sorted(readings.values(), key=lambda r: (-r.score, -r.v, r.shift or 0))
     best = ranked[0]
     margin = best.score - ranked[1].score if len(ranked) > 1 else best.score
     given = hints.vocab is not None and hints.tokens is not None and hints.batch is not None
@@ -180,14 +300,22 @@ def infer_shapes(
         confidence = "medium"
     else:
         confidence = "low"
-    shape = recorded.get((best.n, best.v))
-    if shape is not None and len(shape) == 3 and hints.batch is None and hints.tokens is None:
+    if forward_only and confidence in ("high", "given"):
+        confidence = "medium"  # no loss confirms that the matmul's output is over V
+    shape = recorded.get((best.n, best.v)) if best.shift is None else None
+    if best.shift:
+        batch, seq = best.shift, best.tokens // best.shift
+        split_reasons = [
+            f"B = {batch:,}, S = {seq:,}: the loss's rows are B·(S−1) = {best.n:,} and the "
+            f"activations' B·S = {best.tokens:,} (the loss on logits[:, :-1], labels[:, 1:])"
+        ]
+    elif shape is not None and len(shape) == 3 and hints.batch is None and hints.tokens is None:
         batch, seq, split_reasons = shape[0], shape[1], []
     else:
         batch, seq, split_reasons = _split(best.n, sizes, hints, best.hidden)
     family = sorted(best.family, key=lambda f: f[0])
-    return ShapeInference(
-        tokens=best.n,
+    found = ShapeInference(
+        tokens=best.tokens,
         vocab=best.v,
         hidden=best.hidden,
         batch=batch,
@@ -197,8 +325,59 @@ def infer_shapes(
         logits_path=True,
         confidence=confidence,
         evidence=tuple(best.reasons + split_reasons),
-        alternatives=tuple(f"[N={r.n:,}, V={r.v:,}] (score {r.score:g})" for r in ranked[1:4]),
+        alternatives=tuple(f"{r.text()} (score {r.score:g})" for r in ranked[1:4]),
+        loss_tokens=best.n if best.shift else None,
+        forward_only=forward_only,
     )
+    return found, best.score
+
+
+def _lm_head_ok(r: _Reading) -> bool:
+    """A forward matmul's [N, V] is the lm_head's only with [N, H] activations and a
+    [V, H] weight that is not a per-layer weight."""
+    return r.hidden is not None and bool(r.weight_itemsizes)
+
+
+def _sharded(
+    sources: list[int],
+    sizes: Counter[int],
+    hints: Hints,
+    matmuls: frozenset[int],
+    forward_only: bool,
+    whole: tuple[ShapeInference, float] | None,
+) -> tuple[ShapeInference, float] | None:
+    """The best reading of V/k, one rank's vocabulary shard, when V fits nothing or V/k
+    reads clearly better (bytes of float32 [N, V/2] are bfloat16 [N, V] too: the dtypes
+    of activations, weights and the loss decide)."""
+    full = hints.vocab
+    assert full is not None
+    best: tuple[float, int, ShapeInference] | None = None
+    for k in range(2, MAX_SHARDS + 1):
+        if full % k or full // k < MIN_VOCAB:
+            continue
+        local = Hints(full // k, hints.tokens, hints.batch)
+        found = _infer_from(sources, sizes, local, (), matmuls, forward_only)
+        if found is not None and (best is None or found[1] > best[0]):
+            best = (found[1], k, found[0])
+    if best is None or (whole is not None and best[0] < whole[1] + SHARD_MARGIN):
+        return None
+    score, k, found = best
+    fits = "nothing fits it" if whole is None else "it reads worse"
+    why = (
+        f"V = {full:,} as given, but {fits}; V/{k} = {full // k:,} fits: one rank's shard "
+        f"of a vocabulary-parallel lm_head and loss ({k} ranks)"
+    )
+    return replace(found, shards=k, full_vocab=full, evidence=(why, *found.evidence)), score
+
+
+def _with_collective(found: ShapeInference, collective: str | None, hints: Hints) -> ShapeInference:
+    if collective is None or found.shards or hints.vocab is not None:
+        return found
+    why = (
+        f"{collective} on the logits path: V = {found.vocab:,} is likely this rank's shard "
+        "of a vocabulary-parallel head (pass --vocab with the full vocabulary to settle it)"
+    )
+    return replace(found, per_rank=True, evidence=(*found.evidence, why))
 
 
 def _without_logits_path(hints: Hints, *, found_loss: bool = False) -> ShapeInference:
@@ -207,7 +386,7 @@ def _without_logits_path(hints: Hints, *, found_loss: bool = False) -> ShapeInfe
         f"{MIN_VOCAB} (a classifier, not a language model's head?)"
         if found_loss
         else "no softmax / log_softmax / cross_entropy / nll_loss (or their backward) "
-        "made a block in the trace"
+        "made a block in the trace, and no forward matmul made [N, V] from a [V, H] weight"
     )
     n = hints.batch * hints.tokens if hints.batch and hints.tokens else None
     return ShapeInference(
@@ -231,6 +410,13 @@ def _vocab_ok(v: int, hints: Hints) -> bool:
     return MIN_VOCAB <= v <= MAX_VOCAB
 
 
+def _token_set(sizes: list[int], hints: Hints) -> set[int]:
+    """Token counts the trace names: int64 / float32 [N] blocks (ids, per-token loss)."""
+    if hints.batch is not None and hints.tokens is not None:
+        return {hints.batch * hints.tokens}
+    return {s // w for s in sizes for w in (8, 4) if s % w == 0 and s // w > 1}
+
+
 def _token_candidates(elements: int, sizes: list[int], hints: Hints) -> list[int]:
     """N values worth scoring: given by the hints, or the token count of an int64 /
     float32 [N] block in the trace that divides the [N, V] element count."""
@@ -242,13 +428,7 @@ def _token_candidates(elements: int, sizes: list[int], hints: Hints) -> list[int
             return []
         n = elements // hints.vocab
         return [n] if _n_ok(n, hints) else []
-    out = set()
-    for s in sizes:
-        for width in (8, 4):
-            if s % width == 0:
-                n = s // width
-                if n > 1 and elements % n == 0 and _n_ok(n, hints):
-                    out.add(n)
+    out = {n for n in _token_set(sizes, hints) if elements % n == 0 and _n_ok(n, hints)}
     if not out:
         # No [N]-sized block: every split of the element count with a plausible V.
         out = {
@@ -256,6 +436,38 @@ def _token_candidates(elements: int, sizes: list[int], hints: Hints) -> list[int
             for n in _divisors(elements)
             if MIN_VOCAB <= elements // n <= MAX_VOCAB and _n_ok(n, hints)
         }
+    return sorted(out)
+
+
+def _shifted_candidates(elements: int, tokens: set[int], hints: Hints) -> list[tuple[int, int]]:
+    """(N' = B·(S−1), B) pairs whose N' divides the element count: from the given B and
+    S, from N' = elements / V for a given V, or from a token count N = B·S the trace
+    names (token ids [B, S] stay unshifted) and each B dividing it."""
+    if hints.batch is not None and hints.tokens is not None:
+        n = hints.batch * (hints.tokens - 1)
+        return [(n, hints.batch)] if n > 0 and elements % n == 0 else []
+    out: set[tuple[int, int]] = set()
+    if hints.vocab is not None:
+        if elements % hints.vocab:
+            return []
+        n = elements // hints.vocab
+        batches = [hints.batch] if hints.batch else _divisors(n)
+        for b in batches:
+            if b <= MAX_SHIFT_BATCH and n % b == 0 and n // b + 1 >= MIN_SHIFT_SEQ:
+                out.add((n, b))
+        return sorted(out)
+    # N' = N − B must leave V = elements / N' in range: only those N are tried.
+    low, high = elements // MAX_VOCAB, elements // MIN_VOCAB + MAX_SHIFT_BATCH
+    for total in tokens:
+        if not low <= total <= high:
+            continue
+        for b in range(1, min(MAX_SHIFT_BATCH, total // MIN_SHIFT_SEQ) + 1):
+            if total % b or elements % (total - b):
+                continue
+            if (hints.batch is None or b == hints.batch) and (
+                hints.tokens is None or total // b == hints.tokens
+            ):
+                out.add((total - b, b))
     return sorted(out)
 
 
@@ -269,49 +481,96 @@ def _score(
     sizes: Counter[int],
     loss_sizes: list[int],
     matmuls: frozenset[int] = frozenset(),
+    shift: int | None = None,
+    forward_only: bool = False,
 ) -> _Reading:
+    """Score the reading "the blocks are [n, V]"; with ``shift`` = B, the loss's rows are
+    B·(S−1) = n and everything else (activations, lm_head output, ids) has n + B."""
     score = 0.0
     reasons: list[str] = []
-    family = [(n * v * k, name) for k, name in ITEMSIZES if n * v * k in set(loss_sizes)]
-    names = " and ".join(f"{name} ({n * v * k:,} B)" for k, name in ITEMSIZES
-                         if n * v * k in set(loss_sizes))  # fmt: skip
-    reasons.append(f"loss/softmax blocks of N·V = {n:,}·{v:,} elements in {names}")
-    if len(family) > 1:
+    tokens = n + (shift or 0)
+    made = set(loss_sizes)
+    rows = (n, tokens) if shift else (n,)
+    family = [(r * v * k, name) for r in rows for k, name in ITEMSIZES if r * v * k in made]
+    names = " and ".join(f"{name} ({b:,} B)" for b, name in family)
+    if forward_only:
+        reasons.append(
+            f"a forward matmul made [N, V] = {n:,}·{v:,} elements in {names} (the lm_head; "
+            "forward only: no softmax / loss over V in the trace)"
+        )
+    else:
+        reasons.append(f"loss/softmax blocks of N·V = {n:,}·{v:,} elements in {names}")
+    if len({name for _, name in family}) > 1:
         score += 2
         reasons.append("the same [N, V] in two dtypes (logits and a float32 copy)")
-    if 8 * n in sizes:
-        score += 3
-        reasons.append(f"{sizes[8 * n]} int64 [N] block(s) of {8 * n:,} B (targets / token ids)")
+    ids = [r for r in rows if 8 * r in sizes]
+    if ids:
+        r = ids[-1]
+        # Ids, targets, masks: a few per step; hundreds of such blocks are per-layer
+        # float32 statistics of twice the rows, which say less.
+        score += 3 if sizes[8 * r] <= MAX_ID_BLOCKS else 1.5
+        reasons.append(f"{sizes[8 * r]} int64 [N] block(s) of {8 * r:,} B (targets / token ids)")
     if 4 * n in sizes:
         score += 1.5
-        reasons.append(f"{sizes[4 * n]} float32 [N] block(s) of {4 * n:,} B (per-token loss)")
-    lm_head = [n * v * k for k, _ in ITEMSIZES if n * v * k in matmuls]
-    if lm_head:
+        what = "per-token values" if forward_only else "per-token loss"
+        reasons.append(f"{sizes[4 * n]} float32 [N] block(s) of {4 * n:,} B ({what})")
+    # The lm_head's output has the activations' rows (a shifted loss slices it after).
+    lm_head = [r * v * k for r in reversed(rows) for k, _ in ITEMSIZES if r * v * k in matmuls]
+    if lm_head and not forward_only:  # forward only: every reading is a matmul's
         score += 2
         reasons.append(f"a forward matmul made a [N, V] block of {lm_head[0]:,} B (the lm_head)")
-    hidden, h_score, h_reasons, weight_itemsize = _hidden(n, v, sizes)
-    score += h_score
-    reasons += h_reasons
+    head_itemsizes = frozenset(k for r in rows for k, _ in ITEMSIZES if r * v * k in lm_head)
+    h = _hidden(
+        tokens,
+        v,
+        sizes,
+        {b for b, _ in family} | {r * v * k for r in rows for k, _ in ITEMSIZES},
+        head_itemsizes,
+    )
+    score += h.score
+    reasons += h.reasons
     # A matmul's output has its weight's dtype: the lm_head's [N, V] and the [V, H]
     # weight agree in a consistent reading (fp32 [N, V] from a bf16 weight does not).
-    if lm_head and weight_itemsize and lm_head[0] == n * v * weight_itemsize:
+    # Autocast keeps a bfloat16 copy of a float32 weight: either dtype agrees.
+    if lm_head and lm_head[0] in {r * v * k for r in rows for k in h.weight_itemsizes}:
         score += 2
         reasons.append("the lm_head output and the [V, H] weight have the same dtype")
-    if family and family[-1][1] == "float32":
+    if lm_head and h.itemsize and lm_head[0] in {r * v * h.itemsize for r in rows}:
+        score += 1
+        reasons.append("the lm_head output has the activations' dtype")
+    if family and family[-1][1] == "float32" and not forward_only:
         score += 1
         reasons.append("the loss's largest block read as float32 (loss math runs in float32)")
     if v in COMMON_VOCABS:
         score += 1
         reasons.append(f"V = {v:,} is a common tokenizer size")
-    if n % 64 == 0:
+    if tokens % 64 == 0:
         score += 0.5
-    return _Reading(n, v, score, reasons, hidden, family)
+    if forward_only and h.size and v % h.size == 0 and v // h.size in _WIDTHS:
+        # An MLP's up-projection is a forward matmul from an [rH, H] weight too.
+        score -= 2
+        reasons.append(f"V = {v // h.size}·H, an MLP's width as much as a vocabulary")
+    if shift:
+        score -= SHIFT_PENALTY
+        reasons.insert(
+            1,
+            f"the loss's rows N' = {n:,} are B·(S−1) for B = {shift:,}: activations and the "
+            f"lm_head output have N = B·S = {tokens:,} rows (a loss on shifted logits)",
+        )
+    return _Reading(n, v, score, reasons, h.size, family, shift, h.weight_itemsizes)
 
 
-def _hidden(n: int, v: int, sizes: Counter[int]) -> tuple[int | None, float, list[str], int | None]:
-    """The hidden size H best supported by [N, H] / [N, 4H] activations and [V, H] weights."""
+def _hidden(
+    n: int,
+    v: int,
+    sizes: Counter[int],
+    family: set[int],
+    head_itemsizes: frozenset[int] = frozenset(),
+) -> _Hidden:
+    """The hidden size H best supported by [N, H] / [N, 4H] activations and [V, H] weights.
+    Bytes read as float32 [N, H] also read as bfloat16 [N, 2H]: where they tie, the
+    dtype of the lm_head's output (``head_itemsizes``) decides."""
     activations: Counter[tuple[int, int]] = Counter()  # (H, itemsize) -> blocks
-    family = {n * v * k for k, _ in ITEMSIZES}
     for s, count in sizes.items():
         if s in family:
             continue
@@ -320,7 +579,7 @@ def _hidden(n: int, v: int, sizes: Counter[int]) -> tuple[int | None, float, lis
                 h = s // (n * itemsize)
                 if MIN_HIDDEN <= h <= MAX_HIDDEN and h % HIDDEN_STEP == 0:
                     activations[(h, itemsize)] += count
-    best: tuple[float, int, list[str], int | None] | None = None
+    best: _Hidden | None = None
     for (h, itemsize), count in activations.items():
         if count < 2:
             continue
@@ -331,23 +590,35 @@ def _hidden(n: int, v: int, sizes: Counter[int]) -> tuple[int | None, float, lis
         if wide in sizes and wide not in family:
             score += 1
             reasons.append(f"{sizes[wide]} MLP block(s) of [N, 4H] ({wide:,} B)")
+        other = 2 if itemsize == 4 else 4
+        mixed = n * h * other
+        if activations[(h, other)] >= 2 and mixed not in family:
+            # Mixed precision keeps float32 copies beside bfloat16 ones at the same H.
+            score += 1
+            reasons.append(f"activations of [N, H] in both dtypes ({mixed:,} B too)")
+        # A per-layer weight (dozens of blocks of one size) is not the vocabulary's.
         weights = [
-            (k, name) for k, name in ITEMSIZES if v * h * k in sizes and v * h * k not in family
+            (k, name)
+            for k, name in ITEMSIZES
+            if 0 < sizes[v * h * k] <= MAX_VOCAB_WEIGHTS and v * h * k not in family
         ]
-        weight_itemsize = weights[0][0] if weights else None
         if weights:
             k, name = weights[0]
+            count = sizes[v * h * k]
             # Embedding and lm_head weight, grads, Adam state: several; one is a coincidence.
-            score += (3 if sizes[v * h * k] >= 2 else 1) + (1 if k == itemsize else 0)
+            same = any(k2 == itemsize for k2, _ in weights)  # autocast's copy counts
+            score += (3 if count >= 2 else 1) + (1 if same else 0)
             reasons.append(
-                f"{sizes[v * h * k]} {name} [V, H] block(s) of {v * h * k:,} B "
+                f"{count} {name} [V, H] block(s) of {v * h * k:,} B "
                 "(embedding / lm_head weight, its gradient, optimizer state)"
             )
-        if best is None or score > best[0]:
-            best = (score, h, reasons, weight_itemsize)
+        tie_break = 0.25 if itemsize in head_itemsizes else 0.0
+        score += tie_break
+        if best is None or score > best.score:
+            best = _Hidden(h, score, reasons, tuple(k for k, _ in weights), itemsize)
     if best is None:
-        return None, 0.0, [], None
-    return best[1], min(best[0], 10.0), best[2], best[3]
+        return _Hidden(None, 0.0, [], (), None)
+    return replace(best, score=min(best.score, 10.0))
 
 
 def _heads_ok(per_batch: int, hidden: int | None) -> bool:
@@ -382,7 +653,9 @@ def _split(
         for size, count in sizes.items():
             if hidden and size % (n * hidden) == 0 and size // (n * hidden) in _ACTIVATION_RATIOS:
                 continue  # an activation [N, H] / [N, 3H] / [N, 4H], whatever else it divides into
-            if size % (s * s) == 0:
+            # Every layer makes its attention scores: a size seen once (a cuBLAS workspace)
+            # is not them.
+            if count >= 2 and size % (s * s) == 0:
                 q = size // (s * s)
                 if q % b == 0 and _heads_ok(q // b, hidden):
                     attention += count

@@ -24,6 +24,7 @@ from memprobe.attribute.frames import (
     user_chain,
 )
 from memprobe.attribute.ops import (
+    collective_evidence,
     is_autotune,
     is_optimizer,
     is_parameter_setup,
@@ -56,6 +57,7 @@ class Site:
     has_frames: bool
     label_dtype: str | None
     label_shape: tuple[int, ...] | None
+    collective: str | None = None  # a frame naming a collective / vocab-parallel layer
 
     @property
     def frame(self) -> Frame | None:
@@ -96,6 +98,7 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
         has_frames=bool(frames),
         label_dtype=dtype,
         label_shape=parse_shape(label.get("shape")),
+        collective=collective_evidence(frames),
     )
 
 

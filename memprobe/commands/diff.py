@@ -37,6 +37,8 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
     out += ["", f"by source line and op (the {min(top, len(d.contributors))} largest changes):"]
     for c in d.contributors[:top]:
         where = describe_frame(c.frame) if c.frame else "no user frame"
+        if c.caller is not None:
+            where += f" <- {describe_frame(c.caller)}"
         out.append(
             f"  {_signed(c.delta_bytes):>13}  {where}  op {c.op or '?'}  {c.category}  "
             f"({format_bytes(c.bytes_a)} -> {format_bytes(c.bytes_b)})"

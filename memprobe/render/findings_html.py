@@ -147,6 +147,7 @@ def write_findings_page(findings: Findings, path: str | Path, *, title: str) -> 
             ("read from", d.source),
             ("device", d.device),
             ("trace entries", f"{d.trace_entries:,}" if d.trace_entries is not None else None),
+            ("times", "simulated: no times" if d.times == "simulated" else d.times),
             (
                 "vocab / tokens / batch given",
                 " / ".join("-" if v is None else f"{v:,}" for v in given),

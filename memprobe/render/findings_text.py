@@ -137,6 +137,8 @@ def _shape_lines(findings: Findings) -> list[str]:
     dtypes = " / ".join(dict.fromkeys(t for _, t in reversed(inf.family))) or "?"
     hidden = f", H = {inf.hidden:,}" if inf.hidden else ""
     head = f"shapes: logits {inf.shape_text()}{hidden}, {dtypes}"
+    if inf.forward_only:
+        head += " (forward only, no loss)"
     lines = [f"{head}; confidence {inf.confidence}"]
     for reason in inf.evidence[:EVIDENCE_SHOWN]:
         lines.append(f"  - {reason}")
@@ -154,7 +156,8 @@ def _breakdown_text(breakdown: tuple[tuple[str, int], ...], total: int) -> str:
 def _header_lines(findings: Findings) -> list[str]:
     out: list[str] = []
     if findings.source == "trace":
-        out.append(f"device {findings.device}: {findings.trace_entries:,} trace entries")
+        simulated = " (simulated: no times)" if findings.times == "simulated" else ""
+        out.append(f"device {findings.device}: {findings.trace_entries:,} trace entries{simulated}")
     else:
         out.append(f"device {findings.device}: no trace; what the segments hold at snapshot time")
     peak_moment = _moment(findings, findings.peak_index, findings.peak_time_us)

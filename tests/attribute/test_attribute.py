@@ -40,7 +40,8 @@ def test_headline_names_every_float32_bsv_block() -> None:
     peak_entry = fx.unchunked_snapshot()["device_traces"][0][findings.peak_index]
     assert peak_entry["action"] == "alloc"
     assert "op=aten.scatter_add.default" in peak_entry["user_metadata"]
-    assert findings.peak_time_us == peak_entry["time_us"]
+    # A meta run's clock timed the simulation: its times are never reported.
+    assert findings.times == "simulated" and findings.peak_time_us is None
 
     blocks = _fp32_bsv(findings)
     assert {f.op for f in blocks} == FP32_OPS_FORWARD | FP32_OPS_BACKWARD
@@ -48,7 +49,7 @@ def test_headline_names_every_float32_bsv_block() -> None:
         assert f.dtype == "float32" and f.shape == (fx.B, fx.S, fx.V) and f.dtype_source == "label"
         assert f.explanations[0].shape == (1, 20000, 131072) and f.explanations[0].exact
         assert f.phase == ("forward" if f.op in FP32_OPS_FORWARD else "backward")
-        assert f.lifetime_us is not None and f.lifetime_us > 0
+        assert f.lifetime_us is None and f.lifetime_entries and f.lifetime_entries > 0
     by_op = {f.op: f for f in blocks}
     # Live at the peak: the log_softmax output (saved for backward), the gather's
     # zero grad and the scatter_add grad; the float32 copy is gone, the softmax grad to come.

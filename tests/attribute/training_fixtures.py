@@ -338,3 +338,85 @@ def two_devices_oom_on_1() -> dict[str, Any]:
                          "state": "inactive", "frames": []}]}
         )  # fmt: skip
     return snap
+
+
+HF = f"{SITE}/transformers/models/llama/modeling_llama.py"
+NOTEBOOK = "/home/me/ipykernel_123/3105878423.py"
+
+
+def hf_shifted_step(batch: int = 1, seq: int = 1000, vocab: int = 32000, hidden: int = 768,
+                    layers: int = 8) -> dict[str, Any]:  # fmt: skip
+    """A Hugging Face causal-LM step: the loss runs on logits[:, :-1] against labels[:, 1:],
+    so its blocks are [B·(S−1), V] while activations and the lm_head output are [B·S, ·];
+    the shifted slice is made contiguous first. float32 weights, as a notebook's."""
+    tr = Trace()
+    n, loss_n, v, h, f32 = batch * seq, batch * (seq - 1), vocab, hidden, 4
+    for w in [v * h, v * h] + [4 * h * h, 3 * h * h, 3 * h * h, 3 * h * h] * layers:
+        tr.before_trace(w * f32)
+    cell = [_f("<module>", NOTEBOOK, 21)]
+    model = [_f("forward", HF, 1180), _f("new_forward", f"{SITE}/accelerate/hooks.py", 170),
+             _f("forward", f"{SITE}/peft/peft_model.py", 1430)] + cell  # fmt: skip
+    ids = tr.alloc(8 * n, _cpp("to") + cell)  # input_ids [B, S]
+    labels = tr.alloc(8 * n, _cpp("to") + cell)  # labels [B, S]
+    saved = []
+    for _ in range(layers):
+        for width in (1, 1, 3, 1, 3, 3):
+            saved.append(tr.alloc(width * n * h * f32, _cpp("mm") + model))
+    logits = tr.alloc(n * v * f32, _cpp("mm") + model)  # lm_head: [B, S, V]
+    shifted = tr.alloc(loss_n * v * f32, _cpp("clone") + model)  # logits[:, :-1].contiguous()
+    lsm = tr.alloc(loss_n * v * f32, _cpp("_log_softmax") + [
+        _f("cross_entropy", f"{SITE}/torch/nn/functional.py", 3104)] + model)  # fmt: skip
+    nll = tr.alloc(loss_n * v * f32, _backward("nll_loss_backward", "NllLossBackward0"))
+    lsm_grad = tr.alloc(loss_n * v * f32, _backward("_log_softmax_backward_data",
+                                                    "LogSoftmaxBackward0"))  # fmt: skip
+    tr.free(nll)
+    tr.free(lsm)
+    tr.free(shifted)
+    full_grad = tr.alloc(n * v * f32, _backward("empty_memory_format", "SliceBackward0"))
+    tr.free(lsm_grad)
+    tr.free(full_grad)
+    for b in (*saved, logits, ids, labels):
+        tr.free(b)
+    return snapshot_of(tr)
+
+
+def forward_only(cfg: Gpt = Gpt(layers=16), lm_head_op: str = "bmm") -> dict[str, Any]:
+    """A benchmark's forward pass under no_grad: no loss, the lm_head through einops.
+    Sixteen layers, as a real model has: each per-layer weight size has 16+ blocks."""
+    tr = Trace()
+    n, v, h, f32 = cfg.tokens, cfg.vocab, cfg.hidden, 4
+    weights = [v * h, v * h] + [3 * h * h, h * h, 4 * h * h, 4 * h * h] * cfg.layers
+    for w in weights:
+        tr.before_trace(w * f32)
+    ids = tr.alloc(8 * n, _cpp("to") + TRAIN_STEP)
+    einsum = [_f("einsum", f"{SITE}/einops/_backends.py", 288),
+              _f("einsum", f"{SITE}/einops/einops.py", 907)]  # fmt: skip
+    x = tr.alloc(n * h * f32, _forward("embedding", 72, py_fn="embedding"))
+    for _ in range(cfg.layers):
+        for width, op, line in ((3, "bmm", 41), (1, "bmm", 45), (4, "bmm", 50), (4, "gelu", 51),
+                                (1, "bmm", 52)):  # fmt: skip
+            b = tr.alloc(width * n * h * f32, _forward(op, line, extra=einsum))
+            tr.free(b)
+    logits = tr.alloc(n * v * f32, _forward(lm_head_op, 39, extra=einsum))
+    for b in (x, logits, ids):
+        tr.free(b)
+    return snapshot_of(tr)
+
+
+def vocab_parallel_step(ranks: int = 2, cfg: Gpt = Gpt()) -> dict[str, Any]:
+    """One rank of a tensor-parallel job: the lm_head and loss hold V/ranks columns, and
+    the vocab-parallel cross entropy all_reduces across ranks (Megatron-style frames)."""
+    local = Gpt(cfg.batch, cfg.seq, cfg.vocab // ranks, cfg.hidden, cfg.heads, cfg.layers)
+    snap = gpt_snapshot(local)
+    parallel = [_f("all_reduce", f"{SITE}/torch/distributed/distributed_c10d.py", 2500),
+                _f("forward", f"{SITE}/megatron/core/tensor_parallel/cross_entropy.py", 40),
+                _f("vocab_parallel_cross_entropy",
+                   f"{SITE}/megatron/core/tensor_parallel/cross_entropy.py", 230)]  # fmt: skip
+
+    def fn(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if any(f["name"] == "cross_entropy" for f in frames):
+            return [f for f in frames if f["line"] == 0] + parallel + [
+                f for f in frames if f["filename"] == TRAIN]  # fmt: skip
+        return frames
+
+    return _map_frames(snap, fn)

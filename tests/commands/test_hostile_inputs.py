@@ -308,3 +308,59 @@ def test_report_leaves_a_users_own_png_alone(run_cli, tmp_path: Path) -> None:
     code, _, err = run_cli("report", str(run), "--out", str(tmp_path / "pages" / "report.html"))
     assert code == 0, err
     assert mine.read_bytes() == b"\x89PNG\r\n\x1a\n my own plot"
+
+
+# -- snapshots: a frame whose name or filename is not a string reads as "??" ----
+
+_SENTINEL = "MEMPROBE_TEST_FRAME_SENTINEL"
+
+
+def _nested_list_opcodes(depth: int) -> bytes:
+    # MARK ... LIST, nested: [[[...]]] built without recursion, by pickle opcodes.
+    return b"(" * depth + b"l" * depth
+
+
+def _odd_frame_snapshot(tmp_path: Path, field: str, value: object) -> Path:
+    import pickle
+    import struct
+
+    user = {"name": "train_step", "filename": "/home/me/train.py", "line": 61}
+    odd = {**user, field: _SENTINEL if value == "deep" else value}
+    frames = [{"name": "at::_ops::mm::call", "filename": "??", "line": 0}, odd, user]
+    trace = []
+    for i, size in enumerate((1 << 20, 2 << 20, 3 << 20)):
+        addr = 0x7F00_0000_0000 + i * (4 << 20)
+        trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0,
+                      "time_us": 10 + i, "frames": frames})  # fmt: skip
+    trace.append({"action": "free_completed", "addr": trace[0]["addr"], "size": 1 << 20,
+                  "stream": 0, "time_us": 20, "frames": frames})  # fmt: skip
+    # Protocol 2 has no frames whose lengths the splice below would break.
+    protocol = 2 if value == "deep" else 4
+    data = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=protocol)
+    if value == "deep":  # a list nested far past the recursion limit, where a name was
+        text = _SENTINEL.encode()
+        data = data.replace(b"X" + struct.pack("<I", len(text)) + text, _nested_list_opcodes(5000))
+    path = tmp_path / "odd.pickle"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("field", ["name", "filename"])
+@pytest.mark.parametrize("value", ["deep", 7, None, [1, [2]], {"a": 1}, b"bytes", 1.5])
+def test_frames_that_are_not_strings_read_as_unknown(
+    run_cli, tmp_path: Path, field: str, value: object
+) -> None:
+    path = _odd_frame_snapshot(tmp_path, field, value)
+    code, out, err = run_cli("attribute", str(path), "--top", "3")
+    assert code == 0, err
+    assert "peak allocated: 6.00 MiB" in out
+    if field == "name":
+        assert "train.py:61 in ??" in out
+    code, out, err = run_cli("attribute", str(path), "--json")
+    assert code == 0, err
+    json.loads(out)
+    html = tmp_path / "odd.html"
+    assert run_cli("attribute", str(path), "--html", str(html))[0] == 0
+    code, out, err = run_cli("diff", str(path), str(path), "--json")
+    assert code == 0, err
+    assert json.loads(out)["peak_a_bytes"] == 6 << 20
