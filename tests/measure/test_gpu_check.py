@@ -50,7 +50,8 @@ def test_on_a_fake_gpu_every_check_runs_and_passes(
     from memprobe.kernels import kernel_names
 
     singles = kernel_names(distributed=False)  # every single-device logits kernel
-    assert len(summary["cases"]) == len(singles) and all(c["tolerance_bytes"] > 0 for c in summary["cases"])
+    assert len(summary["cases"]) == len(singles)
+    assert all(c["tolerance_bytes"] > 0 for c in summary["cases"])
     assert summary["oom"]["status"] == "oom" and summary["oom"]["ooms"]
     assert "PASS" in (tmp_path / "summary.md").read_text()
     assert capsys.readouterr().out.startswith("gpu_check: PASS")
