@@ -97,3 +97,49 @@ def test_the_cli_starts_without_torch_or_matplotlib() -> None:
     code = "import sys, memprobe.cli; print('torch' in sys.modules, 'matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """Module → the memprobe modules it imports (inside functions too)."""
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = ("memprobe", *path.relative_to(ROOT).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                targets = [f"{base}.{node.module}" if node.module else base]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            edges[name] |= {t for t in targets if t in modules and t != name}
+    return edges
+
+
+def test_no_import_circle() -> None:
+    edges = _module_imports()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(edges.get(module, ())):
+            # A package's __init__ re-exporting its own modules is not a circle.
+            if module.startswith(target + "."):
+                continue
+            if state.get(target) == 1:
+                cycles.append([*path[path.index(target) :], target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = 2
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []

@@ -42,14 +42,8 @@ from memprobe.kernels.local_tiled import (
     local_tiled_inplace_logprobs,
     local_tiled_logprobs,
 )
-from memprobe.kernels.registry import (
-    INPUT_PROTOCOLS,
-    KERNELS,
-    KernelSpec,
-    get_kernel,
-    get_spec,
-    kernel_names,
-)
+from memprobe.kernels.registry import KERNELS, get_kernel, get_spec, kernel_names
+from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
 from memprobe.kernels.torch_linear_ce import (
     torch_linear_ce_accurate_logprobs,
     torch_linear_ce_logprobs,

@@ -37,7 +37,7 @@ from functools import cache
 from typing import Any
 
 from memprobe.errors import UserError
-from memprobe.kernels.registry import INPUT_PROTOCOLS, KernelSpec
+from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
 _SIGNATURES = {

@@ -8,13 +8,13 @@ the machine down.
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import time
 
 import torch
 
 from memprobe.io.sizes import format_bytes
+from memprobe.measure.cpu_limits import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
 from memprobe.measure.meta_backend import simulate
 from memprobe.measure.step import (
     StepInputs,
@@ -25,21 +25,6 @@ from memprobe.measure.step import (
 )
 from memprobe.measure.traced import run_from_trace, traced_step
 from memprobe.records import Case, Run
-
-SAFE_RAM_SHARE = 0.5
-REPEATS = 3
-
-
-def available_ram_bytes() -> int:
-    """MemAvailable from /proc/meminfo, else physical RAM."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def cpu_bytes_needed(case: Case) -> int:

@@ -17,7 +17,7 @@ import torch
 
 from memprobe.io.sizes import format_bytes
 from memprobe.kernels import KernelUnavailable, get_spec
-from memprobe.measure.cpu_backend import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
+from memprobe.measure.cpu_limits import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
 from memprobe.measure.hidden import (
     HiddenInputs,
     HiddenShape,
