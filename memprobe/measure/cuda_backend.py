@@ -345,4 +345,5 @@ def _big_fp32_blocks(case: Case, snapshot: dict[str, Any] | None) -> int | None:
     from memprobe.snapshot import normalize_snapshot, replay
 
     history = replay(normalize_snapshot(snapshot))
-    return sum(1 for b in history.live_at(history.peak_pos) if b.size == case.fp32_bsv_bytes)
+    live = history.live_at(history.peak_pos)
+    return sum(1 for b in live if case.is_fp32_bsv(b.size, None))

@@ -43,8 +43,7 @@ def traced_step(case: Case, inputs: StepInputs, *, capture_frames: bool = True) 
 
 def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:
     """Live float32 allocations the size of a whole [B, S, V] on this rank."""
-    size = case.fp32_bsv_bytes
-    return sum(1 for e in live if e.dtype == "torch.float32" and e.nbytes == size)
+    return sum(1 for e in live if case.is_fp32_bsv(e.nbytes, e.dtype))
 
 
 def run_from_trace(case: Case, trace: StepTrace, **extra: object) -> Run:

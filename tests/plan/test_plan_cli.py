@@ -107,7 +107,7 @@ def test_docs_show_what_the_command_prints(run_cli):
     """The README's long-context example is this command's output, answer included."""
     from pathlib import Path
 
-    doc = (Path(__file__).parent.parent / "README.md").read_text()
+    doc = (Path(__file__).parents[2] / "README.md").read_text()
     code, out, err = run_cli(
         "plan", "--vocab", "131072", "--budget", "80GiB", "--other", "54GiB", "--jobs", "1"
     )
