@@ -11,6 +11,7 @@ allocator's state. ``Findings`` is a frozen record with a plain JSON form.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from typing import Any
@@ -292,7 +293,13 @@ def _attribute_normalized(
     for name, value in (("vocab", vocab), ("tokens", tokens), ("batch", batch), ("top", top)):
         _check_positive(name, value)
     rep = replay(snap, device=device)
-    ctx = _Context(rep, Hints(vocab, tokens, batch), simulated=simulated_clock(snap))
+    recorded = recorded_case_hints(snap)
+    hints = Hints(
+        vocab if vocab is not None else recorded.vocab,
+        tokens if tokens is not None else recorded.tokens,
+        batch if batch is not None else recorded.batch,
+    )
+    ctx = _Context(rep, hints, simulated=simulated_clock(snap))
     live_peak = _largest(rep.live_at(rep.peak_pos))
     oom_live = [_largest(rep.live_at(m.pos)) for m in rep.ooms]
 
@@ -449,13 +456,30 @@ def _timeline(rep: Replay, ctx: _Context) -> Timeline:
     return Timeline(tuple(positions), tuple(series))
 
 
+_CASE_SHAPE = re.compile(r"-b(\d+)-s(\d+)-v(\d+)-[a-z0-9]+-c(?:\d+|none)-tp(\d+)-cp(\d+)-")
+
+
+def recorded_case_hints(snap: dict[str, Any]) -> Hints:
+    """The shapes a memprobe run recorded for its own snapshot (one rank's B, S, V), so
+    a chunked kernel's per-chunk blocks are never mistaken for the whole sequence."""
+    meta = snap.get("memprobe")
+    case = meta.get("case") if isinstance(meta, dict) else None
+    match = _CASE_SHAPE.search(case) if isinstance(case, str) else None
+    if match is None:
+        return Hints()
+    b, s, v, tp, cp = (int(g) for g in match.groups())
+    if tp < 1 or cp < 1:
+        return Hints()
+    return Hints(vocab=v // tp, tokens=s // cp, batch=b)
+
+
 def _provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
     notes = []
     meta = snap.get("memprobe")
     if isinstance(meta, dict) and meta.get("synthesized"):
         notes.append(
-            "synthesized by memprobe from a tracked (simulated) run: allocated bytes are "
-            "exact; reserved bytes model an allocator without caching"
+            "synthesized by memprobe from a tracked run: allocated bytes are exact; "
+            "segments and reserved bytes are memprobe's model of the CUDA caching allocator"
         )
     others = [d for d, t in enumerate(snap["device_traces"]) if t and d != rep.device]
     if others:

@@ -236,8 +236,34 @@ def infer_shapes(
         if hints.vocab is not None:
             found = _sharded(sources, sizes, hints, matmuls, forward_only, found) or found
         if found is not None:
-            return _with_collective(found[0], collective, hints)
+            return _with_collective(_as_given(found[0], hints), collective, hints)
     return _without_logits_path(hints, found_loss=bool(candidates))
+
+
+def _as_given(found: ShapeInference, hints: Hints) -> ShapeInference:
+    """``--tokens`` and ``--batch`` fix N = B·S whatever the loss blocks' rows are: a
+    chunked kernel makes its loss blocks one chunk of tokens at a time."""
+    if hints.tokens is None or hints.batch is None or found.loss_tokens:
+        return found
+    n = hints.tokens * hints.batch
+    if found.tokens == n:
+        return found
+    chunk = (
+        [f"the loss blocks cover {found.tokens:,} of the {n:,} tokens at a time (a chunked loop)"]
+        if found.tokens and found.tokens < n
+        else []
+    )
+    return replace(
+        found,
+        tokens=n,
+        batch=hints.batch,
+        seq=hints.tokens,
+        evidence=(
+            f"N = B·S = {n:,} as given (by --tokens/--batch, or the memprobe run's record)",
+            *chunk,
+            *found.evidence,
+        ),
+    )
 
 
 def _infer_from(

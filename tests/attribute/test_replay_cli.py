@@ -89,3 +89,20 @@ def test_alloc_conf_needs_replay(run_cli, tmp_path) -> None:
     assert code == 2 and "--alloc-conf applies to --replay" in err
     code, _, err = run_cli("attribute", str(snap), "--replay", "--alloc-conf", "bogus:1")
     assert code == 2 and "bogus" in err
+
+
+def test_a_chunked_kernels_own_snapshot_reads_the_whole_sequence(run_cli, tmp_path) -> None:
+    """A chunk loop's loss blocks are one chunk each: the run's record and --tokens fix S."""
+    snap = sweep_snapshot(run_cli, tmp_path)  # naive_chunked, 4096 tokens, chunk 1024
+    code, out, err = run_cli("attribute", str(snap))
+    assert code == 0, err
+    shapes = next(line for line in out.splitlines() if line.startswith("shapes:"))
+    assert "[B=1, S=4,096, V=32,768]" in shapes
+    snap_dict = load_snapshot(snap)
+    snap_dict.pop("memprobe")  # a stranger's file: the flags fix it
+    path = write_snapshot(snap_dict, tmp_path / "bare.pickle")
+    code, out, err = run_cli(
+        "attribute", str(path), "--vocab", "32768", "--tokens", "4096", "--batch", "1"
+    )
+    assert code == 0, err
+    assert "[B=1, S=4,096, V=32,768]" in out
