@@ -24,8 +24,10 @@ def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list
     """One aligned line per case, largest shape last within each kernel block.
 
     ``peak vs unchunked`` is this kernel's peak over unchunked's at the same shape
-    (0.30x: 70% less memory). With a budget, ``fits`` says whether the peak is
-    within it. Times show only where measured (cpu, cuda): a simulation has none.
+    (0.30x: 70% less memory). ``reserved`` is what the caching allocator holds; ``~``
+    marks memprobe's model of it (meta, cpu) rather than a measurement. With a budget,
+    ``fits`` says whether the peak is within it. Times show only where measured (cpu,
+    cuda): a simulation has none.
     """
     if frame.empty:
         return ["(no cases)"]
@@ -43,6 +45,7 @@ def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list
         "cp",
         "status",
         "peak",
+        "reserved",
         "floor",
         "peak/floor",
         "peak vs unchunked",
@@ -68,6 +71,7 @@ def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list
             str(r.cp),
             r.status,
             format_bytes(None if missing(r.peak_bytes) else r.peak_bytes),
+            _reserved(r.reserved_peak_bytes, r.reserved_source),
             format_bytes(None if missing(r.floor_bytes) else r.floor_bytes),
             _times(r.peak_over_floor),
             _times(None if missing(r.saving_vs_unchunked) else 1 / r.saving_vs_unchunked),
@@ -80,9 +84,7 @@ def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list
             cells.insert(1, "-" if missing(r.hidden) else f"{int(r.hidden):,}")
         body.append(cells)
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    right = {1, 2, 3, 5, 6, 7, 9, 10, 11, 12, 13, 14}
-    if with_hidden:
-        right = {1, *(i + 1 for i in right)}
+    right = {i for i, h in enumerate(header) if h not in ("kernel", "dtype", "status", "fits")}
 
     def fmt(cells: list[str]) -> str:
         padded = zip(cells, widths, strict=True)
@@ -98,6 +100,13 @@ def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list
         if r.status != "ok" and r.note
     ]
     return lines + notes
+
+
+def _reserved(value: Any, source: Any) -> str:
+    """Reserved bytes; ``~`` marks the caching-allocator model's figure (meta/cpu)."""
+    if missing(value):
+        return "-"
+    return ("~" if source == "modelled" else "") + format_bytes(value)
 
 
 def _fits(status: str, peak: Any, budget_bytes: int) -> str:
