@@ -31,6 +31,7 @@ class PlanRequest:
     from_run: Path | None = None
     out: Path | None = None
     jobs: int = 1
+    reserved: bool = True  # also plan on the allocator model's reserved peak
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,19 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
         cp=request.cp,
         hidden=request.hidden,
     )
-    plans = plan.run_plans(targets, budget, jobs=request.jobs, alloc_conf=request.alloc_conf)
+    plans = plan.run_plans(
+        targets,
+        budget,
+        jobs=request.jobs,
+        alloc_conf=request.alloc_conf,
+        reserved=request.reserved,
+    )
     choices = plan.chunk_choices(plans, rows)
-    notes = [plan.reserved_status(request.alloc_conf)]
+    notes = [
+        plan.reserved_status(request.alloc_conf)
+        if request.reserved
+        else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
+    ]
     if request.kernels is None:
         slow = plan.left_out_by_default(request.tp, request.hidden)
         if slow:
@@ -173,6 +184,13 @@ def command(
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the plans as a JSON list of rows.")
     ] = False,
+    reserved: Annotated[
+        bool,
+        typer.Option(
+            help="Also find the tokens that fit on the allocator model's reserved peak "
+            "(about 2-4x the simulations); --no-reserved plans on allocated bytes only."
+        ),
+    ] = True,
     jobs: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(
@@ -213,6 +231,7 @@ def command(
         from_run=from_run,
         out=out,
         jobs=jobs if jobs is not None else 1,
+        reserved=reserved,
     )
     outcome = run_plan_job(request)
     if as_json:

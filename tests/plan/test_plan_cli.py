@@ -113,3 +113,12 @@ def test_docs_show_what_the_command_prints(run_cli):
     )
     assert code == 0, err
     assert out.strip() in doc
+
+
+def test_no_reserved_plans_on_allocated_bytes_only(run_cli):
+    code, out, err = run_cli(
+        "plan", *SMALL, "--budget", "32MiB", "--kernel", "local_chunked", "--no-reserved"
+    )
+    assert code == 0, err
+    assert "reserved: not planned (--no-reserved)" in out
+    assert "tokens (reserved)" not in out
