@@ -21,7 +21,13 @@ from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.measure import measure, resolve_device
-from memprobe.measure.parallel import agree, current_layout, gather_row, share_cases, under_torchrun
+from memprobe.measure.parallel import (
+    RankLayout,
+    agree,
+    gather_row,
+    share_cases,
+    under_torchrun,
+)
 from memprobe.measure.rank_agreement import run_agreed
 from memprobe.records import DTYPES, Case, Grid, Run, normalize_dtype
 
@@ -186,13 +192,14 @@ def run_sweep(
     resume: bool = False,
     snapshots: bool = True,
     alloc_conf: AllocConf | None = None,
+    layout: RankLayout | None = None,
 ) -> pd.DataFrame:
     """Measure every case not already in ``out_dir`` and return all rows.
 
     With ``resume`` the directory must hold a run; otherwise it is created
-    (and must not already hold one).
+    (and must not already hold one). ``layout``: this process's rank in a torchrun
+    job (from :func:`memprobe.measure.parallel.start_ranks`), None for one process.
     """
-    layout = current_layout()
     lead = layout is None or layout.rank == 0
     rows: list[dict[str, Any]] = []
     todo: list[Case] = []
@@ -212,7 +219,7 @@ def run_sweep(
     elif error is not None:
         raise error
     for i, case in enumerate(todo, start=1):
-        run = _with_reserved(_measure_one(case, verify=verify), alloc_conf)
+        run = _with_reserved(_measure_one(case, verify=verify, layout=layout), alloc_conf)
         if snapshots and lead:
             run = _with_snapshot(run, out_dir, alloc_conf)
         row: dict[str, Any] | None = run.row()
@@ -253,21 +260,22 @@ def _open_run(
     return list(done), [c for c in cases if results.case_key(asdict(c)) not in finished]
 
 
-def _measure_one(case: Case, *, verify: bool) -> Run:
+def _measure_one(case: Case, *, verify: bool, layout: RankLayout | None) -> Run:
     # Under torchrun every rank agrees to run the case, stops it when a peer fails
     # mid-step, and learns every rank's status, so none waits on a collective forever.
-    run, every_rank_ok = run_agreed(case, _measure_or_error, _unfit)
+    run, every_rank_ok = run_agreed(case, lambda c: _measure_or_error(c, layout), _unfit, layout)
     if verify and run.status == "ok" and every_rank_ok:
         from memprobe.measure.numerics import verify as verify_numerics
 
-        err_fwd, err_bwd = verify_numerics(case.kernel, case.dtype)  # both gradients for hidden
+        # Both gradients for the hidden family; one rank's whole vocabulary under torchrun.
+        err_fwd, err_bwd = verify_numerics(case.kernel, case.dtype, layout=layout)
         run = replace(run, max_abs_err_fwd=err_fwd, max_abs_err_bwd=err_bwd)
     return run
 
 
-def _measure_or_error(case: Case) -> Run:
+def _measure_or_error(case: Case, layout: RankLayout | None) -> Run:
     try:
-        return measure(case)
+        return measure(case, layout=layout)
     except UserError:
         raise
     except torch.cuda.OutOfMemoryError as exc:  # a backend that does not catch its own

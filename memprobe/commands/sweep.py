@@ -48,7 +48,7 @@ class SweepOutcome:
 
 def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> SweepOutcome:
     from memprobe.measure import resolve_device
-    from memprobe.measure.parallel import current_layout, start_ranks, stop_ranks, under_torchrun
+    from memprobe.measure.parallel import start_ranks, stop_ranks, under_torchrun
     from memprobe.render import write_report
     from memprobe.sweep import plan_cases, run_sweep
 
@@ -60,17 +60,20 @@ def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> Sw
     if conf is not None and request.resume is None:
         # The real allocator reads it at its first allocation: set before any CUDA call.
         os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
-    if under_torchrun():
+    # This process's rank in a torchrun job, handed down explicitly (None: one process).
+    layout = (
         start_ranks(
             resolve_device(request.grid.device), list(request.grid.tp), list(request.grid.cp)
         )
+        if under_torchrun()
+        else None
+    )
     try:
         if request.resume is not None:
             cases, run_dir = [], request.resume
         else:
             cases = plan_cases(request.grid)
             run_dir = request.out if request.out is not None else default_run_dir()
-        layout = current_layout()
         lead = layout is None or layout.rank == 0
         frame = run_sweep(
             cases,
@@ -80,6 +83,7 @@ def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> Sw
             progress=progress if lead else None,
             command=request.command,
             resume=request.resume is not None,
+            layout=layout,
         )
         report = write_report(run_dir, budget_bytes=request.budget_bytes) if lead else None
         return SweepOutcome(frame, run_dir, lead, report)

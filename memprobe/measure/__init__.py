@@ -7,10 +7,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from memprobe.errors import UserError
 from memprobe.records import Case, Run
+
+if TYPE_CHECKING:
+    from memprobe.measure.parallel import RankLayout
 
 DEVICES = ("auto", "meta", "cpu", "cuda")
 
@@ -28,8 +33,9 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def measure(case: Case) -> Run:
-    """Measure one case on ``case.device`` (meta, cpu or cuda)."""
+def measure(case: Case, *, layout: RankLayout | None = None) -> Run:
+    """Measure one case on ``case.device`` (meta, cpu or cuda). ``layout`` is this
+    process's place in a torchrun job (None: one process; meta never has one)."""
     from memprobe.kernels import get_spec
 
     if get_spec(case.kernel).inputs == "hidden":
@@ -43,11 +49,11 @@ def measure(case: Case) -> Run:
     if case.device == "cpu":
         from memprobe.measure.cpu_backend import measure_cpu
 
-        return measure_cpu(case)
+        return measure_cpu(case, layout=layout)
     if case.device == "cuda":
         from memprobe.measure.cuda_backend import measure_cuda
 
-        return measure_cuda(case)
+        return measure_cuda(case, layout=layout)
     raise UserError(f"unknown device {case.device!r}", "use meta, cpu or cuda")
 
 

@@ -16,6 +16,7 @@ import torch
 from memprobe.io.sizes import format_bytes
 from memprobe.measure.cpu_limits import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
 from memprobe.measure.meta_backend import simulate
+from memprobe.measure.parallel import RankLayout
 from memprobe.measure.step import (
     StepInputs,
     floor_bytes,
@@ -32,7 +33,13 @@ def cpu_bytes_needed(case: Case) -> int:
     return simulate(case, capture_frames=False).peak_bytes
 
 
-def measure_cpu(case: Case, *, repeats: int = REPEATS, ram_bytes: int | None = None) -> Run:
+def measure_cpu(
+    case: Case,
+    *,
+    repeats: int = REPEATS,
+    ram_bytes: int | None = None,
+    layout: RankLayout | None = None,
+) -> Run:
     need = cpu_bytes_needed(case)
     budget = int(SAFE_RAM_SHARE * (available_ram_bytes() if ram_bytes is None else ram_bytes))
     if need > budget:
@@ -46,9 +53,9 @@ def measure_cpu(case: Case, *, repeats: int = REPEATS, ram_bytes: int | None = N
             ),
         )
     with process_group_for(case):
-        inputs = make_inputs(case, "cpu")
-        trace = traced_step(case, inputs)
-        fwd_times, bwd_times = timed_steps(case, inputs, repeats)
+        inputs = make_inputs(case, "cpu", layout=layout)
+        trace = traced_step(case, inputs, layout=layout)
+        fwd_times, bwd_times = timed_steps(case, inputs, repeats, layout)
         del inputs
     gc.collect()
     return run_from_trace(
@@ -59,9 +66,11 @@ def measure_cpu(case: Case, *, repeats: int = REPEATS, ram_bytes: int | None = N
     )
 
 
-def timed_steps(case: Case, inputs: StepInputs, repeats: int) -> tuple[list[float], list[float]]:
+def timed_steps(
+    case: Case, inputs: StepInputs, repeats: int, layout: RankLayout | None = None
+) -> tuple[list[float], list[float]]:
     """Wall times of forward and backward, untracked (the tracker would slow them)."""
-    call = kernel_call(case)
+    call = kernel_call(case, layout=layout)
     fwd: list[float] = []
     bwd: list[float] = []
     for _ in range(repeats):

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from memprobe.errors import UserError
+from memprobe.measure.parallel import RankLayout
 from memprobe.measure.step import (
     StepInputs,
     describe_filters,
@@ -139,7 +140,13 @@ def _first_line(exc: BaseException, default: str) -> str:
     return text.splitlines()[0] if text else default
 
 
-def measure_cuda(case: Case, *, repeats: int = REPEATS, history: bool = True) -> Run:
+def measure_cuda(
+    case: Case,
+    *,
+    repeats: int = REPEATS,
+    history: bool = True,
+    layout: RankLayout | None = None,
+) -> Run:
     global _sticky_error
     require_cuda()
     sticky = sticky_error_note()
@@ -149,7 +156,7 @@ def measure_cuda(case: Case, *, repeats: int = REPEATS, history: bool = True) ->
         )
     try:
         with process_group_for(case):
-            return _measure(case, repeats=repeats, history=history)
+            return _measure(case, repeats=repeats, history=history, layout=layout)
     except Exception as exc:
         if not is_cuda_oom(exc) and _context_broken():
             _sticky_error = _first_line(exc, type(exc).__name__)
@@ -183,10 +190,10 @@ def warm_up_device() -> None:
     torch.cuda.synchronize()
 
 
-def _warm_up(case: Case, call: Callable[..., torch.Tensor]) -> None:
+def _warm_up(case: Case, call: Callable[..., torch.Tensor], layout: RankLayout | None) -> None:
     warm_up_device()
     tokens = case.cp * min(case.local_tokens, WARM_UP_TOKENS)
-    small = make_inputs(dataclasses.replace(case, tokens=tokens), DEVICE)
+    small = make_inputs(dataclasses.replace(case, tokens=tokens), DEVICE, layout=layout)
     out = call(small.logits, small.targets)
     # Labelled, so the device thread never carries an earlier case's label into this one.
     with _backward_labelled(case, out, "warm-up"):
@@ -211,18 +218,18 @@ def _backward_labelled(case: Case, out: torch.Tensor, phase: str = "backward") -
             handle.remove()
 
 
-def _measure(case: Case, *, repeats: int, history: bool) -> Run:
+def _measure(case: Case, *, repeats: int, history: bool, layout: RankLayout | None) -> Run:
     gc.collect()
     torch.cuda.empty_cache()
-    call = kernel_call(case)
+    call = kernel_call(case, layout=layout)
     snapshot: dict[str, Any] | None = None
     inputs: StepInputs | None = None
     try:
-        _warm_up(case, call)
+        _warm_up(case, call, layout)
         torch.cuda.empty_cache()
         before_reserved = torch.cuda.memory_reserved()
         before_allocated = torch.cuda.memory_allocated()
-        inputs = make_inputs(case, DEVICE)
+        inputs = make_inputs(case, DEVICE, layout=layout)
         torch.cuda.synchronize()
         _check_statistics(inputs, before_allocated)
         try:

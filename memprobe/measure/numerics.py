@@ -6,6 +6,7 @@ from functools import cache
 
 import torch
 
+from memprobe.measure.parallel import RankLayout
 from memprobe.measure.step import kernel_call, process_group_for, torch_dtype
 from memprobe.records import Case
 
@@ -72,6 +73,7 @@ def verify(
     *,
     scale: float = VERIFY_SCALE,
     offset: float = 0.0,
+    layout: RankLayout | None = None,
 ) -> tuple[float, float]:
     """(max |forward error|, max |backward error|) against float64, on CPU.
 
@@ -99,7 +101,7 @@ def verify(
         ref_out, ref_grad = float64_reference(logits, targets, grad_outputs)
     x = logits.clone().requires_grad_()
     with process_group_for(case):  # one rank: the whole vocabulary
-        out = kernel_call(case, whole_vocab=True)(x, targets)
+        out = kernel_call(case, whole_vocab=True, layout=layout)(x, targets)
         (grad,) = torch.autograd.grad(out, x, grad_outputs)
     err_fwd = (out.double() - ref_out).abs().max().item()
     err_bwd = (grad.double() - ref_grad).abs().max().item()

@@ -53,7 +53,6 @@ __all__ = [
     "RankLayout",
     "agree",
     "count_collectives",
-    "current_layout",
     "fake_process_group",
     "gather_row",
     "run_ranks",
@@ -234,14 +233,6 @@ class RankLayout:
         return self.rank // self.tp
 
 
-_layout: RankLayout | None = None
-
-
-def current_layout() -> RankLayout | None:
-    """The rank layout of this process, or None outside a torchrun sweep."""
-    return _layout
-
-
 def under_torchrun() -> bool:
     """torchrun (and torch.distributed.launch) set WORLD_SIZE and RANK for every rank."""
     return "WORLD_SIZE" in os.environ and "RANK" in os.environ
@@ -249,7 +240,6 @@ def under_torchrun() -> bool:
 
 def start_ranks(device: str, tp: list[int], cp: list[int]) -> RankLayout:
     """Join the torchrun job and build the tensor-parallel groups."""
-    global _layout
     world = int(os.environ["WORLD_SIZE"])
     if len(tp) != 1 or len(cp) != 1:
         raise UserError(
@@ -274,8 +264,8 @@ def start_ranks(device: str, tp: list[int], cp: list[int]) -> RankLayout:
     groups = [dist.new_group(list(range(c * tp[0], (c + 1) * tp[0]))) for c in range(cp[0])]
     # new_group is collective: every rank makes every singleton, keeps its own.
     solos = [dist.new_group([r]) for r in range(world)]
-    _layout = RankLayout(rank, world, tp[0], cp[0], groups[rank // tp[0]], solos[rank])
-    return _layout
+    # Handed to the sweep and down to each measurement: no module keeps it.
+    return RankLayout(rank, world, tp[0], cp[0], groups[rank // tp[0]], solos[rank])
 
 
 # How long a collective may wait for its peers before it fails (torch's default is
@@ -298,8 +288,6 @@ def init_options(device: str) -> dict[str, Any]:
 
 
 def stop_ranks() -> None:
-    global _layout
-    _layout = None
     if dist.is_initialized():
         dist.destroy_process_group()
 

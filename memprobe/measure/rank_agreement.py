@@ -28,7 +28,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memprobe.measure.parallel import COLLECTIVE_TIMEOUT, current_layout
+from memprobe.measure.parallel import COLLECTIVE_TIMEOUT, RankLayout
 from memprobe.records import Case, Run
 
 # Namespaces of the c10d collective ops, and ops there that are not collectives.
@@ -111,7 +111,10 @@ def read_failure(store: Any, prefix: str) -> tuple[str, int, str] | None:
 
 
 def run_agreed(
-    case: Case, measure: Callable[[Case], Run], unfit: Callable[[Case], str | None]
+    case: Case,
+    measure: Callable[[Case], Run],
+    unfit: Callable[[Case], str | None],
+    layout: RankLayout | None,
 ) -> tuple[Run, bool]:
     """``(run, every rank ok)``: ``measure(case)`` on every rank, agreed as above.
 
@@ -119,7 +122,6 @@ def run_agreed(
     cannot run the case at all (or None). Outside torchrun it is ``measure(case)``.
     """
     global _case_number
-    layout = current_layout()
     if layout is None:
         run = measure(case)
         return run, run.status == "ok"

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from memprobe.kernels import get_spec
-from memprobe.measure.parallel import current_layout, fake_process_group
+from memprobe.measure.parallel import RankLayout, fake_process_group
 from memprobe.records import Case, torch_dtype_name
 
 # The sweep measures the filtered kernel with a typical sampling setting;
@@ -36,7 +36,9 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, torch_dtype_name(name))
 
 
-def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
+def make_inputs(
+    case: Case, device: str, *, seed: int = 0, layout: RankLayout | None = None
+) -> StepInputs:
     """Logits (a leaf that requires grad), targets and the upstream gradient.
 
     In a torchrun sweep each rank draws its own logits shard, while the
@@ -50,7 +52,6 @@ def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
         targets = torch.empty(shape[:2], dtype=torch.long, device="meta")
         grad_outputs = torch.empty(shape[:2], dtype=torch.float32, device="meta")
         return StepInputs(logits.requires_grad_(), targets, grad_outputs)
-    layout = current_layout()
     rank, token_shard = (layout.rank, layout.cp_rank) if layout else (0, 0)
     gen = torch.Generator(device=device).manual_seed(seed + 1000 * token_shard)
     targets = torch.randint(0, case.vocab, shape[:2], generator=gen, device=device)
@@ -63,14 +64,13 @@ def make_inputs(case: Case, device: str, *, seed: int = 0) -> StepInputs:
 
 
 def kernel_call(
-    case: Case, *, whole_vocab: bool = False
+    case: Case, *, whole_vocab: bool = False, layout: RankLayout | None = None
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The case's kernel as ``f(logits, targets)``. Under torchrun a vocabulary-parallel
     kernel gets this rank's shard; ``whole_vocab`` runs it on this rank alone over
     the whole vocabulary instead (a one-rank check inside a multi-rank job)."""
     spec = get_spec(case.kernel)
     extra: dict[str, Any] = dict(SWEEP_FILTERS.get(case.kernel, {}))
-    layout = current_layout()
     if spec.distributed and layout is not None and whole_vocab:
         extra.update(group=layout.solo_group, vocab_start=0, vocab_end=case.vocab)
     elif spec.distributed and layout is not None:

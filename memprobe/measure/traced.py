@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memprobe.measure.parallel import count_collectives
+from memprobe.measure.parallel import RankLayout, count_collectives
 from memprobe.measure.step import StepInputs, describe_filters, floor_bytes, kernel_call
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Case, Event, Run
@@ -21,13 +21,19 @@ class StepTrace:
     bwd_collectives: int
 
 
-def traced_step(case: Case, inputs: StepInputs, *, capture_frames: bool = True) -> StepTrace:
+def traced_step(
+    case: Case,
+    inputs: StepInputs,
+    *,
+    capture_frames: bool = True,
+    layout: RankLayout | None = None,
+) -> StepTrace:
     """Forward and backward once, every storage and collective recorded.
 
     Inputs are released by the caller; the step's own tensors are dropped
     before returning.
     """
-    call = kernel_call(case)
+    call = kernel_call(case, layout=layout)
     tracker = AllocationTracker(capture_frames=capture_frames)
     tracker.track(inputs.logits, op="input: logits")
     with tracker:

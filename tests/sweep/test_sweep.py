@@ -109,10 +109,10 @@ def test_a_failing_case_is_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch)
 
     real = sweep.measure
 
-    def flaky(case):
+    def flaky(case, *, layout=None):
         if case.kernel == "unchunked" and case.tokens == 1024:
             raise RuntimeError("boom\nsecond line")
-        return real(case)
+        return real(case, layout=layout)
 
     monkeypatch.setattr(sweep, "measure", flaky)
     frame = run_sweep(small_cases(), tmp_path / "run")
