@@ -19,7 +19,7 @@ from memprobe.records import Case, Run
 from memprobe.render.gate_text import format_verdict
 from memprobe.render.junit import write_junit
 from memprobe.render.markdown import append_step_summary
-from memprobe.results import read_rows, run_inputs, write_baseline
+from memprobe.results import read_rows, results_file, run_inputs, write_baseline
 
 Progress = Callable[[int, int, Case, Run], None]
 
@@ -57,6 +57,9 @@ def run_gate(req: GateRequest) -> GateOutcome:
     Usage and config errors raise UserError before anything is measured or written.
     """
 
+    if req.results is not None and not results_file(req.results).exists():
+        # The first thing to say about a mistyped path, before any config question.
+        raise UserError(f"no results at {req.results}", "give a run directory or its results.json")
     if req.junit_xml is not None:
         # Checked before anything runs: the report must not replace an input.
         inputs = [*(run_inputs(req.results) if req.results else []), *filter(None, [req.baseline])]

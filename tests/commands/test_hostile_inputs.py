@@ -364,3 +364,9 @@ def test_frames_that_are_not_strings_read_as_unknown(
     code, out, err = run_cli("diff", str(path), str(path), "--json")
     assert code == 0, err
     assert json.loads(out)["peak_a_bytes"] == 6 << 20
+
+
+def test_gate_names_a_missing_results_path_first(run_cli, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml here: the path is still the first problem
+    code, _, err = run_cli("gate", str(tmp_path / "nosuchdir"))
+    assert code == 2 and "no results at" in err
