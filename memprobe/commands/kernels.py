@@ -1,8 +1,16 @@
-"""``memprobe kernels``: what ``memprobe.kernels`` ships, one line each."""
+"""``memprobe kernels``: what ``memprobe.kernels`` ships, one line each, by input protocol."""
 
 from __future__ import annotations
 
 import typer
+
+HEADINGS = {
+    "logits": "logits kernels: fn(logits [B,S,V], targets [B,S], *, chunk_size=None)",
+    "hidden": (
+        "hidden family (sweep/plan --hidden H): "
+        "fn(hidden [B,S,H], weight [V,H], targets [B,S], *, chunk_size=None)"
+    ),
+}
 
 
 def command() -> None:
@@ -10,5 +18,12 @@ def command() -> None:
     from memprobe.kernels import KERNELS
 
     width = max(len(n) for n in KERNELS)
-    for name, spec in KERNELS.items():
-        typer.echo(f"{name:<{width}}  {spec.summary}")
+    for protocol, heading in HEADINGS.items():
+        names = [n for n, spec in KERNELS.items() if spec.inputs == protocol]
+        if protocol != "logits":
+            typer.echo("")
+        typer.echo(heading)
+        for name in names:
+            typer.echo(f"  {name:<{width}}  {KERNELS[name].summary}")
+    typer.echo("")
+    typer.echo("your own: --kernel package.module:function (either protocol)")

@@ -13,8 +13,12 @@ def test_version_and_kernels(run_cli):
     assert code == 0 and out.strip() == f"memprobe {__version__}"
     code, out, _ = run_cli("kernels")
     assert code == 0
-    lines = out.strip().splitlines()
-    assert [line.split()[0] for line in lines] == list(KERNELS)
+    # One indented line per kernel, grouped under its input protocol's heading.
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
+    assert listed == [n for n, s in KERNELS.items() if s.inputs == "logits"] + [
+        n for n, s in KERNELS.items() if s.inputs == "hidden"
+    ]
+    assert "hidden family (sweep/plan --hidden H)" in out
 
 
 def test_sweep_prints_a_table_and_writes_the_run(run_cli, tmp_path):
