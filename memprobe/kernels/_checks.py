@@ -46,6 +46,17 @@ def _check_target_range(targets: torch.Tensor, vocab: int) -> None:
             )
 
 
+def no_grad_wanted(logits: object, targets: object) -> bool:
+    """Whether an autograd Function may skip saving for backward (no gradient wanted).
+
+    Full validation happens once, inside ``forward`` (``apply`` is public too); only
+    the type is checked here, since ``requires_grad`` needs a tensor.
+    """
+    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise ValueError("logits and targets must be torch tensors")
+    return not (torch.is_grad_enabled() and logits.requires_grad)
+
+
 def check_chunk_size(chunk_size: int | None) -> None:
     # A float (2.5) or a string ("8") is a caller's mistake, not a size to round.
     if chunk_size is not None and (

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs
+from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
 
 DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE = 1024
 
@@ -174,12 +174,7 @@ def _apply(
     targets: torch.Tensor,
     chunk_size: int | None,
 ) -> torch.Tensor:
-    # Validation happens once, inside forward (``apply`` is public too); only the
-    # type is checked here, since ``requires_grad`` below needs a tensor.
-    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise ValueError("logits and targets must be torch tensors")
-    inference_only = not (torch.is_grad_enabled() and logits.requires_grad)
-    return fn.apply(logits, targets, chunk_size, inference_only)
+    return fn.apply(logits, targets, chunk_size, no_grad_wanted(logits, targets))
 
 
 def local_chunked_logprobs(

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs
+from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
 
 # Tokens per chunk and vocabulary columns per tile. 1024 x 1024 float32 is a
 # 4 MiB tile: 1.6 % of the smallest floor the sweep targets even for the
@@ -213,8 +213,7 @@ def _apply(
     chunk_size: int | None,
     tile_size: int | None,
 ) -> torch.Tensor:
-    inference_only = not (torch.is_grad_enabled() and logits.requires_grad)
-    return fn.apply(logits, targets, chunk_size, tile_size, inference_only)
+    return fn.apply(logits, targets, chunk_size, tile_size, no_grad_wanted(logits, targets))
 
 
 def local_tiled_logprobs(

@@ -236,7 +236,9 @@ def test_kernels_refuse_non_integer_chunk_sizes(name: str, bad: object) -> None:
         get_kernel(name)(logits, torch.zeros(1, 4, dtype=torch.long), chunk_size=bad)
 
 
-@pytest.mark.parametrize("name", ["unchunked", "local_chunked", "local_chunked_inplace"])
+@pytest.mark.parametrize(
+    "name", ["unchunked", "local_chunked", "local_chunked_inplace", "local_tiled"]
+)
 def test_kernels_refuse_a_python_list(name: str) -> None:
     import torch
 
