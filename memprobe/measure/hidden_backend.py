@@ -20,24 +20,13 @@ from memprobe.kernels import KernelUnavailable, get_spec
 from memprobe.measure.cpu_limits import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
 from memprobe.measure.hidden import (
     HiddenInputs,
-    HiddenShape,
     make_hidden_inputs,
     traced_hidden_step,
 )
-from memprobe.measure.step import torch_dtype
-from memprobe.measure.traced import count_big_fp32_blocks
+from memprobe.measure.step import floor_bytes, hidden_shape
+from memprobe.measure.traced import StepTrace, run_from_trace
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Case, Run
-
-
-def hidden_shape(case: Case) -> HiddenShape:
-    if case.hidden is None:
-        raise ValueError(f"{case.kernel} takes hidden states: the case needs hidden=H")
-    return HiddenShape(case.batch, case.tokens, case.hidden, case.vocab, torch_dtype(case.dtype))
-
-
-def hidden_floor_bytes(case: Case) -> int:
-    return hidden_shape(case).floor_bytes
 
 
 def simulate_hidden_case(case: Case, *, capture_frames: bool = True) -> AllocationTracker:
@@ -51,7 +40,7 @@ def measure_hidden(case: Case) -> Run:
     """One hidden-family case on ``case.device``: meta or cpu (cuda is not wired yet)."""
     if case.tp > 1 or case.cp > 1:
         return Run(case, "skipped", note="the hidden family runs on one device (tp = cp = 1)")
-    floor = hidden_floor_bytes(case)
+    floor = floor_bytes(case)
     if case.device == "cuda":
         return Run(
             case,
@@ -75,19 +64,8 @@ def measure_hidden(case: Case) -> Run:
         inputs = make_hidden_inputs(hidden_shape(case), "cpu")
         tracker = traced_hidden_step(get_spec(case.kernel).fn, inputs, chunk_size=case.chunk_size)
         times = _timed(case, inputs)
-    return Run(
-        case=case,
-        status="ok",
-        peak_bytes=tracker.peak_bytes,
-        forward_peak_bytes=tracker.phase_peaks.get("forward"),
-        backward_peak_bytes=tracker.phase_peaks.get("backward"),
-        floor_bytes=floor,
-        big_fp32_blocks=count_big_fp32_blocks(case, tracker.live_at_peak()),
-        fwd_collectives=0,
-        bwd_collectives=0,
-        events=tuple(tracker.events),
-        **times,  # type: ignore[arg-type]
-    )
+    # Single-device: no collectives. The same Run as a logits case's, from its tracker.
+    return run_from_trace(case, StepTrace(tracker, 0, 0), **times)
 
 
 def _timed(case: Case, inputs: HiddenInputs) -> dict[str, float]:

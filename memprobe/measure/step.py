@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from memprobe.kernels import get_spec
+from memprobe.measure.hidden import HiddenShape
 from memprobe.measure.parallel import RankLayout, fake_process_group
 from memprobe.records import Case, torch_dtype_name
 
@@ -98,6 +99,16 @@ def describe_filters(case: Case) -> str:
     return ", ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""
 
 
+def hidden_shape(case: Case) -> HiddenShape:
+    """A hidden-family case's shapes: hidden [B,S,H], weight [V,H]."""
+    if case.hidden is None:
+        raise ValueError(f"{case.kernel} takes hidden states: the case needs hidden=H")
+    return HiddenShape(case.batch, case.tokens, case.hidden, case.vocab, torch_dtype(case.dtype))
+
+
 def floor_bytes(case: Case) -> int:
-    """What must be resident: the logits and their gradient (0 when written in place)."""
+    """What must be resident: the logits and their gradient (0 when written in place);
+    for the hidden family, hidden, weight and both their gradients."""
+    if case.hidden is not None:
+        return hidden_shape(case).floor_bytes
     return case.logits_bytes * (1 if get_spec(case.kernel).consumes_logits else 2)
