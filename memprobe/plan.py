@@ -662,13 +662,24 @@ def plan_one(
     chunk_size: int | None = 1024,
     tp: int = 1,
     cp: int = 1,
+    hidden: int | None = None,
     alloc_conf: str | None = None,
+    reserved: bool = True,
 ) -> TokenPlan:
-    """The whole answer for one kernel and layout (see :class:`TokenPlan`)."""
+    """The whole answer for one kernel and layout (see :class:`TokenPlan`); ``reserved``
+    False skips the search on the modelled reserved peak."""
     target = make_target(
-        kernel, vocab=vocab, batch=batch, dtype=dtype, chunk_size=chunk_size, tp=tp, cp=cp
+        kernel,
+        vocab=vocab,
+        batch=batch,
+        dtype=dtype,
+        chunk_size=chunk_size,
+        tp=tp,
+        cp=cp,
+        hidden=hidden,
     )
-    return run_plans([target], make_budget(budget, other), alloc_conf=alloc_conf)[0]
+    budget_ = make_budget(budget, other)
+    return run_plans([target], budget_, alloc_conf=alloc_conf, reserved=reserved)[0]
 
 
 def max_tokens(
@@ -682,6 +693,7 @@ def max_tokens(
     chunk_size: int | None = 1024,
     tp: int = 1,
     cp: int = 1,
+    hidden: int | None = None,
 ) -> int:
     """The largest token count per GPU (each rank's share of the sequence) whose simulated
     allocated peak fits ``budget − other``; 0 when not even one token fits.
@@ -698,6 +710,8 @@ def max_tokens(
         chunk_size=chunk_size,
         tp=tp,
         cp=cp,
+        hidden=hidden,
+        reserved=False,  # the allocated answer alone: no reserved search to throw away
     )
     return plan.max_tokens
 
@@ -714,6 +728,7 @@ def fits(
     chunk_size: int | None = 1024,
     tp: int = 1,
     cp: int = 1,
+    hidden: int | None = None,
 ) -> bool:
     """Whether ``tokens`` per GPU fit ``budget − other`` on the simulated allocated peak:
     one simulation, no search."""
@@ -723,6 +738,13 @@ def fits(
     if tokens == 0:
         return True
     target = make_target(
-        kernel, vocab=vocab, batch=batch, dtype=dtype, chunk_size=chunk_size, tp=tp, cp=cp
+        kernel,
+        vocab=vocab,
+        batch=batch,
+        dtype=dtype,
+        chunk_size=chunk_size,
+        tp=tp,
+        cp=cp,
+        hidden=hidden,
     )
     return simulated_peak(target.case(tokens)) <= limit

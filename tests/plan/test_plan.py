@@ -210,3 +210,12 @@ def test_fits_checks_its_arguments():
         memprobe.fits("local_chunked", tokens=-1, vocab=VOCAB, budget=BUDGET)
     assert memprobe.fits("local_chunked", tokens=0, vocab=VOCAB, budget=0)
     assert get_spec("local_chunked").uses_chunk_size
+
+
+def test_library_calls_take_the_hidden_family():
+    top = plan.max_tokens("fused_linear_chunked", vocab=4096, budget="64MiB", hidden=256)
+    assert top > 0
+    assert memprobe.fits("fused_linear_chunked", tokens=top, vocab=4096, budget="64MiB", hidden=256)
+    assert not memprobe.fits(
+        "fused_linear_chunked", tokens=top + 1, vocab=4096, budget="64MiB", hidden=256
+    )
