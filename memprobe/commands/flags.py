@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import ParamSpec
+from typing import Annotated, ParamSpec
 
 import typer
 
 from memprobe.errors import UserError
 
 P = ParamSpec("P")
+
+# The parallel layout flags, worded once for every command that takes them.
+TpOption = Annotated[
+    str, typer.Option(help="Tensor-parallel sizes (vocabulary shards), comma list.")
+]
+CpOption = Annotated[str, typer.Option(help="Context-parallel sizes (token shards), comma list.")]
 
 
 def user_errors(command: Callable[P, None]) -> Callable[P, None]:

@@ -10,7 +10,14 @@ from typing import Annotated, Any, Optional
 import typer
 
 from memprobe.allocator import parse_alloc_conf
-from memprobe.commands.flags import int_list, name_list, positive_ints, user_errors
+from memprobe.commands.flags import (
+    CpOption,
+    TpOption,
+    int_list,
+    name_list,
+    positive_ints,
+    user_errors,
+)
 from memprobe.errors import UserError
 
 
@@ -152,12 +159,8 @@ def command(
             "(default: those --from-run timed, else 1024)"
         ),
     ] = None,
-    tp: Annotated[
-        str, typer.Option(help="Tensor-parallel sizes (vocabulary shards), comma list.")
-    ] = "1",
-    cp: Annotated[
-        str, typer.Option(help="Context-parallel sizes (token shards), comma list.")
-    ] = "1",
+    tp: TpOption = "1",
+    cp: CpOption = "1",
     hidden: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(
@@ -169,8 +172,8 @@ def command(
     alloc_conf: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
-            help="PYTORCH_ALLOC_CONF settings for the allocator model's reserved peak "
-            "(when memprobe.allocator is installed)."
+            help="Caching-allocator settings (PYTORCH_ALLOC_CONF syntax) for the allocator "
+            "model's reserved answer, e.g. expandable_segments:True."
         ),
     ] = None,
     from_run: Annotated[

@@ -15,7 +15,15 @@ import pandas as pd
 import typer
 
 from memprobe.allocator import parse_alloc_conf
-from memprobe.commands.flags import given_flags, int_list, name_list, positive_ints, user_errors
+from memprobe.commands.flags import (
+    CpOption,
+    TpOption,
+    given_flags,
+    int_list,
+    name_list,
+    positive_ints,
+    user_errors,
+)
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_size
 from memprobe.records import Case, Grid, Run
@@ -130,12 +138,8 @@ def command(
     chunk_size: Annotated[
         str, typer.Option(help="Chunk sizes for chunked kernels, comma list.")
     ] = "1024",
-    tp: Annotated[
-        str, typer.Option(help="Tensor-parallel sizes (vocabulary shards), comma list.")
-    ] = "1",
-    cp: Annotated[
-        str, typer.Option(help="Context-parallel sizes (token shards), comma list.")
-    ] = "1",
+    tp: TpOption = "1",
+    cp: CpOption = "1",
     device: Annotated[
         str,
         typer.Option(
