@@ -2,58 +2,77 @@
 
 ``fused_linear_chunked_logprobs(hidden [B,S,H], weight [V,H], targets [B,S])``
 returns float32 ``[B, S]`` target log-probs of ``softmax(hidden @ weight.T / T)``
-and backpropagates into ``hidden`` and ``weight``.
+and backpropagates into ``hidden`` and ``weight``. ``N = B·S`` tokens.
 
-Everything runs on float32 blocks of a token chunk (``c`` rows of the
-flattened ``[N, H]`` hidden states, ``N = B·S``) and a vocabulary tile (``t``
-rows of the weight):
+* forward: token chunks (``c`` rows of the flattened hidden states) against
+  vocabulary tiles (``t`` rows of the weight), on float32 copies of both; the
+  float32 logits ``[c, t]`` of each tile feed an online logsumexp (running max
+  and running sum of exps) and pick the target logit and each row's argmax.
+  Nothing is rounded to the inputs' dtype.
+* backward recomputes the logits in the inputs' dtype, **centered on each
+  token's max**: the matmul gets ``-T·max`` (rounded to that dtype, so exact)
+  as its bias, accumulates in float32 and rounds once, so a logit's rounding
+  error scales with its distance below the max, not with its size: the logits
+  that carry the probability come back almost exact. The softmax (float32)
+  turns them into ``dlogits = (onehot - softmax) · grad_output / T``, the input
+  of one matmul per gradient, in the inputs' dtype:
 
-* forward: for each token chunk, the float32 logits ``[c, t]`` of each tile
-  (``hidden_c.float() @ weight_t.float().T``) feed an online logsumexp (running
-  max and running sum of exps) and pick the target logit.
-* backward, pass 1 (hidden gradient): for each token chunk, recompute each
-  tile's logits, turn them into ``dlogits = (onehot - softmax) * grad_output``
-  and accumulate ``dlogits @ weight_t`` in a float32 ``[c, H]`` block; cast it
-  once into the hidden gradient.
-* backward, pass 2 (weight gradient): for each vocabulary tile, recompute
-  against every token chunk and accumulate ``dlogits.T @ hidden_c`` in a
-  float32 ``[t, H]`` block; cast it once into the weight gradient.
+  - pass 1 (hidden gradient): ``[c', V]`` blocks, all of the vocabulary for
+    ``c'`` tokens; ``dlogits @ weight`` writes each gradient row once;
+  - pass 2 (weight gradient): ``[N, t']`` blocks, all tokens for ``t'``
+    vocabulary rows; ``dlogits.T @ hidden`` writes each gradient row once.
+
+  Rounding ``dlogits`` to the inputs' dtype would add an error the size of
+  the final rounding wherever one entry dominates a sum: each row's target
+  and argmax entries. Their rounding residuals go back in as the matmul's
+  bias, so each gradient element is, to within a small fraction of its last
+  bit, one float32 sum over the whole vocabulary (hidden) or all tokens
+  (weight), rounded once.
 
 Memory contract:
 
-* saved for backward: ``hidden`` and ``weight`` (no copy), the targets, and two
-  float32 values per token (row max and log-sum ``log Σ exp(x - max)``, kept
-  apart for precision), 8·N bytes;
-* workspace, per pass (allocated once, reused for every step): a float32
-  hidden chunk ``[c, H]``, a float32 weight tile ``[t, H]``, a float32
-  ``[c, t]`` logits tile, and in backward one float32 accumulator (``[c, H]``
-  or ``[t, H]``), plus per-token vectors. Never a ``[N, V]`` tensor in any dtype,
-  never a float32 ``[V, H]`` or ``[N, H]``;
-* the gradients are new tensors in the inputs' dtype, each element written
-  once from a float32 sum over the whole vocabulary (hidden) or all tokens
-  (weight): the final rounding is the only low-precision step.
+* saved for backward: ``hidden`` and ``weight`` (no copy), the targets, and per
+  token the row max and log-sum ``log Σ exp(x - max)`` (float32, kept apart
+  for precision) and the argmax (int64): 16·N bytes;
+* workspace, one phase at a time, each allocated once and reused: forward, a
+  float32 hidden chunk ``[c, H]``, weight tile ``[t, H]`` and logits tile
+  ``[c, t]``; backward, one block in the inputs' dtype (``[c', V]`` in pass 1,
+  ``[N, t']`` in pass 2, each at most :data:`BACKWARD_BLOCK_BYTES`), a float32
+  scratch of :data:`SCRATCH_ELEMENTS` for its softmax, and the bias rows
+  (``[c', H]`` or ``[t', H]``, inputs' dtype). Never an ``[N, V]`` tensor in
+  any dtype, never a float32 ``[V, H]`` or ``[N, H]``;
+* the gradients are new tensors in the inputs' dtype.
 
-So the peak is the floor (hidden, weight, and their gradients) plus that
-workspace. By default ``c`` and ``t`` make each float32 ``[., H]`` block 8 MiB
-(``2**21 / H`` rows, 512 at H = 4096): about 25 MiB, 1.1 % of the floor at
-20,000 tokens × 4096 × 131,072 bf16.
+So the peak is the floor (hidden, weight, and their gradients) plus a few
+tens of MiB: 1.008 × the floor at 20,000 tokens × 4096 × 131,072 bf16.
 
-The matmuls run in float32 on upcast blocks (on every device, so the meta
-simulation is exact for any of them): five ``N·V·H`` matmuls in all (one
-forward, two per backward pass) against three for the unfused route.
+Cost: five ``N·V·H`` matmuls (one forward, two per backward pass) against
+three for the unfused route. The forward's are float32: on CPU with bf16
+inputs they run in oneDNN's bf16 math mode, exact here because the float32
+blocks are copies of bf16 values (twice a bf16 matmul's time on a CPU with
+bf16 units, against four or more for float32). The backward's run in the
+inputs' dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from memprobe.kernels._checks import check_chunk_size, check_hidden_inputs
 
-# Each float32 [rows, H] block (hidden chunk, weight tile, accumulator) holds
+# Each float32 [rows, H] block of the forward (hidden chunk, weight tile) holds
 # at most this many elements by default: 8 MiB.
 DEFAULT_BLOCK_ELEMENTS = 2**21
+# The backward's block of recomputed logits ([c', V] or [N, t'], inputs' dtype)
+# holds at most this many bytes: 16 MiB. Pass 1's matmul has c' rows, and CPU
+# GEMMs lose speed below about 256 rows, which this allows up to V = 32,768 in bf16.
+BACKWARD_BLOCK_BYTES = 2**24
+# Float32 scratch for the softmax of a slice of that block: 4 MiB.
+SCRATCH_ELEMENTS = 2**20
 _MIN_ROWS, _MAX_ROWS = 64, 4096
 _LOWEST = torch.finfo(torch.float32).min
 
@@ -64,6 +83,35 @@ def default_rows(hidden_size: int) -> int:
     rows = max(1, DEFAULT_BLOCK_ELEMENTS // max(1, hidden_size))
     rows = 1 << (rows.bit_length() - 1)
     return min(max(rows, _MIN_ROWS), _MAX_ROWS)
+
+
+def _rows_within(budget: int, row_bytes: int, cap: int) -> int:
+    """Rows of ``row_bytes`` each within ``budget``: a power of two in ``[1, cap]``."""
+    rows = max(1, budget // max(1, row_bytes))
+    return max(1, min(cap, 1 << (rows.bit_length() - 1)))
+
+
+@contextlib.contextmanager
+def _bf16_valued_matmuls(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+    """Let CPU float32 matmuls of bf16-valued blocks run on bf16 units (oneDNN's
+    bf16 math mode), restored on exit.
+
+    The forward's float32 blocks are copies of bf16 tensors, so rounding them to
+    bf16 loses nothing; the matmul still accumulates and returns float32, about
+    twice as fast as a float32 GEMM. The setting is process-wide while the
+    forward runs. Elsewhere (other dtypes or devices, a torch without the
+    setting) this does nothing.
+    """
+    matmul = getattr(torch.backends.mkldnn, "matmul", None)
+    if dtype != torch.bfloat16 or device.type != "cpu" or not hasattr(matmul, "fp32_precision"):
+        yield
+        return
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "bf16"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
 
 
 def _resolve(
@@ -108,29 +156,10 @@ class _Blocks:
         return out if inv_t == 1.0 else out.mul_(inv_t)
 
 
-def _dlogits_(
-    logits: torch.Tensor,
-    row_max: torch.Tensor,
-    logsum: torch.Tensor,
-    neg_g: torch.Tensor,
-    local_target: torch.Tensor,
-    owned_g: torch.Tensor,
-    inv_t: float,
-) -> torch.Tensor:
-    """Turn a logits tile, in place, into d(logprob · g)/d(raw logits).
-
-    ``(onehot - softmax) * g / T`` with softmax = ``exp((x - max) - logsum)``.
-    """
-    logits.sub_(row_max).sub_(logsum).exp_().mul_(neg_g)
-    logits.scatter_add_(-1, local_target, owned_g)
-    return logits if inv_t == 1.0 else logits.mul_(inv_t)
-
-
-def _in_tile(targets: torch.Tensor, v0: int, v1: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per token ``(column in the tile, [c, 1]; owned, [c, 1] bool)``; others point at 0."""
-    owned = (targets >= v0) & (targets < v1)
-    local = (targets - v0).masked_fill_(~owned, 0)
-    return local.unsqueeze(-1), owned.unsqueeze(-1)
+def _in_tile(columns: torch.Tensor, v0: int, v1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(column in the tile, inside)`` for vocabulary columns; those outside point at 0."""
+    inside = (columns >= v0) & (columns < v1)
+    return (columns - v0).masked_fill_(~inside, 0), inside
 
 
 def _forward(
@@ -140,18 +169,20 @@ def _forward(
     chunk: int,
     tile: int,
     inv_t: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(target log-probs, row max, log-sum), float32 ``[N]`` each."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target log-probs, row max, log-sum), float32 ``[N]`` each, and each row's argmax."""
     tokens, vocab = h2.shape[0], weight.shape[0]
     out = h2.new_empty(tokens, dtype=torch.float32)
     row_max = h2.new_empty(tokens, dtype=torch.float32)
     logsum = h2.new_empty(tokens, dtype=torch.float32)
+    argmax = h2.new_empty(tokens, dtype=torch.long)
     blocks = _Blocks(h2, weight, chunk, tile)
     for r0 in range(0, tokens, chunk):
         r1 = min(r0 + chunk, tokens)
         h_chunk = blocks.load_hidden(h2, r0, r1)
-        tgt = targets[r0:r1]
+        tgt = targets[r0:r1].unsqueeze(-1)
         m = h2.new_full((r1 - r0,), _LOWEST, dtype=torch.float32)
+        arg = h2.new_zeros((r1 - r0,), dtype=torch.long)
         total = h2.new_zeros((r1 - r0,), dtype=torch.float32)
         target_logit = h2.new_zeros((r1 - r0,), dtype=torch.float32)
         for v0 in range(0, vocab, tile):
@@ -160,7 +191,9 @@ def _forward(
             local, owned = _in_tile(tgt, v0, v1)
             # Each token's target sits in exactly one tile.
             target_logit.add_(logits.gather(-1, local).mul_(owned).squeeze(-1))
-            new_m = torch.maximum(m, logits.amax(dim=-1))
+            tile_max, tile_arg = logits.max(dim=-1)
+            arg = torch.where(tile_max > m, tile_arg + v0, arg)
+            new_m = torch.maximum(m, tile_max)
             total.mul_(m.sub_(new_m).exp_())
             total.add_(logits.sub_(new_m.unsqueeze(-1)).exp_().sum(dim=-1))
             m = new_m
@@ -168,78 +201,161 @@ def _forward(
         out[r0:r1] = target_logit.sub_(m).sub_(chunk_logsum)
         row_max[r0:r1] = m
         logsum[r0:r1] = chunk_logsum
-    return out, row_max, logsum
+        argmax[r0:r1] = arg
+    return out, row_max, logsum, argmax
+
+
+def _centering(
+    row_max: torch.Tensor, logsum: torch.Tensor, inv_t: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token ``(bias [N, 1] in dtype, shift [N, 1] float32)`` for the recomputed logits.
+
+    The bias is ``-T·max`` rounded to ``dtype``, exact as a matmul bias; the
+    shift completes the log-softmax in raw-logit units:
+    ``x/T - max - logsum = ((x - T·max') - T·shift) / T``.
+    """
+    ref = row_max.div(inv_t).to(dtype)
+    shift = (row_max + logsum).div_(inv_t).sub_(ref.float())
+    return ref.neg_().unsqueeze(-1), shift.unsqueeze(-1)
+
+
+def _dlogits_(
+    x: torch.Tensor,
+    scratch: torch.Tensor,
+    shift: torch.Tensor,
+    g: torch.Tensor,
+    largest: torch.Tensor,
+    exact: torch.Tensor,
+    distinct: torch.Tensor,
+    v0: int,
+    inv_t: float,
+) -> torch.Tensor:
+    """Overwrite ``x`` (centered logits of vocabulary rows ``v0:``, inputs' dtype)
+    with ``(onehot - softmax) · g / T``, computed in the float32 ``scratch``.
+
+    ``largest`` holds each row's argmax and target columns (``[rows, 2]``), the
+    entries that dominate the gradient matmuls; ``exact`` their values times T,
+    from the forward rather than the recomputed logits. Returns what rounding
+    them to ``x``'s dtype lost (``[rows, 2]`` float32; 0 outside these columns,
+    and for a target that is also the argmax), for the gradient passes to add
+    back as their matmul's bias.
+    """
+    z = torch.sub(x, shift, out=scratch)
+    if inv_t != 1.0:
+        z.mul_(inv_t)
+    z.exp_().mul_(g.neg())
+    local, inside = _in_tile(largest, v0, v0 + x.shape[1])
+    keep = inside & distinct
+    z.scatter_add_(-1, local, exact.sub(z.gather(-1, local)).mul_(keep))
+    if inv_t != 1.0:
+        z.mul_(inv_t)
+    x.copy_(z)
+    return z.gather(-1, local).sub_(x.gather(-1, local)).mul_(keep)
 
 
 def _grad_hidden(
     h2: torch.Tensor,
     weight: torch.Tensor,
-    targets: torch.Tensor,
-    row_max: torch.Tensor,
-    logsum: torch.Tensor,
+    largest: torch.Tensor,
+    exact: torch.Tensor,
+    distinct: torch.Tensor,
+    bias: torch.Tensor,
+    shift: torch.Tensor,
     g: torch.Tensor,
-    chunk: int,
-    tile: int,
+    rows: int,
     inv_t: float,
 ) -> torch.Tensor:
-    """Pass 1: token chunks outside, vocabulary tiles inside, a float32 ``[c, H]`` sum."""
+    """Pass 1: ``[rows, V]`` blocks; one matmul per block writes its rows of the gradient."""
     tokens, vocab = h2.shape[0], weight.shape[0]
     grad = torch.empty_like(h2, memory_format=torch.contiguous_format)
-    blocks = _Blocks(h2, weight, chunk, tile)
-    accumulator = torch.empty_like(blocks.hidden)
-    for r0 in range(0, tokens, chunk):
-        r1 = min(r0 + chunk, tokens)
-        h_chunk = blocks.load_hidden(h2, r0, r1)
-        acc = accumulator[: r1 - r0].zero_()
-        m, ls = row_max[r0:r1].unsqueeze(-1), logsum[r0:r1].unsqueeze(-1)
-        gc = g[r0:r1].unsqueeze(-1)
-        neg_g = gc.neg()
-        for v0 in range(0, vocab, tile):
-            v1 = min(v0 + tile, vocab)
-            w_tile = blocks.load_weight(weight, v0, v1)
-            local, owned = _in_tile(targets[r0:r1], v0, v1)
-            logits = blocks.logits_of(h_chunk, w_tile, inv_t)
-            acc.addmm_(_dlogits_(logits, m, ls, neg_g, local, gc * owned, inv_t), w_tile)
-        grad[r0:r1].copy_(acc)
+    rows = min(rows, tokens)
+    block = h2.new_empty((rows, vocab))
+    cols = max(1, min(vocab, SCRATCH_ELEMENTS // rows))
+    scratch = h2.new_empty((rows, cols), dtype=torch.float32)
+    for r0 in range(0, tokens, rows):
+        r1 = min(r0 + rows, tokens)
+        x = torch.addmm(bias[r0:r1], h2[r0:r1], weight.t(), out=block[: r1 - r0])
+        lost = torch.zeros_like(largest[r0:r1], dtype=torch.float32)
+        for v0 in range(0, vocab, cols):
+            v1 = min(v0 + cols, vocab)
+            lost += _dlogits_(
+                x[:, v0:v1],
+                scratch[: r1 - r0, : v1 - v0],
+                shift[r0:r1],
+                g[r0:r1],
+                largest[r0:r1],
+                exact[r0:r1],
+                distinct[r0:r1],
+                v0,
+                inv_t,
+            )
+        # Bias: the residuals times their weight rows. They are 2**-8 of the
+        # entries at most, so computing them in the inputs' dtype costs nothing.
+        out, lost = grad[r0:r1], lost.to(h2.dtype)
+        torch.index_select(weight, 0, largest[r0:r1, 0], out=out).mul_(lost[:, :1])
+        out.addcmul_(weight[largest[r0:r1, 1]], lost[:, 1:])
+        out.addmm_(x, weight)
     return grad
 
 
 def _grad_weight(
     h2: torch.Tensor,
     weight: torch.Tensor,
-    targets: torch.Tensor,
-    row_max: torch.Tensor,
-    logsum: torch.Tensor,
+    largest: torch.Tensor,
+    exact: torch.Tensor,
+    distinct: torch.Tensor,
+    bias: torch.Tensor,
+    shift: torch.Tensor,
     g: torch.Tensor,
-    chunk: int,
-    tile: int,
+    cols: int,
     inv_t: float,
 ) -> torch.Tensor:
-    """Pass 2: vocabulary tiles outside, token chunks inside, a float32 ``[t, H]`` sum."""
+    """Pass 2: ``[N, cols]`` blocks; one matmul per block writes its rows of the gradient."""
     tokens, vocab = h2.shape[0], weight.shape[0]
     grad = torch.empty_like(weight, memory_format=torch.contiguous_format)
-    neg_g = g.neg().unsqueeze(-1)
-    blocks = _Blocks(h2, weight, chunk, tile)
-    accumulator = torch.empty_like(blocks.weight)
-    for v0 in range(0, vocab, tile):
-        v1 = min(v0 + tile, vocab)
-        w_tile = blocks.load_weight(weight, v0, v1)
-        acc = accumulator[: v1 - v0].zero_()
-        for r0 in range(0, tokens, chunk):
-            r1 = min(r0 + chunk, tokens)
-            h_chunk = blocks.load_hidden(h2, r0, r1)
-            local, owned = _in_tile(targets[r0:r1], v0, v1)
-            dlogits = _dlogits_(
-                blocks.logits_of(h_chunk, w_tile, inv_t),
-                row_max[r0:r1].unsqueeze(-1),
-                logsum[r0:r1].unsqueeze(-1),
-                neg_g[r0:r1],
-                local,
-                g[r0:r1].unsqueeze(-1) * owned,
+    cols = min(cols, vocab)
+    # Flat storage, so the narrower last tile is a contiguous view too.
+    storage = h2.new_empty(tokens * cols)
+    rows = max(1, min(tokens, SCRATCH_ELEMENTS // cols))
+    scratch = h2.new_empty((rows, cols), dtype=torch.float32)
+    lost = torch.zeros_like(largest, dtype=torch.float32)
+    columns = largest.flatten()
+    token_of = torch.arange(tokens, device=h2.device).repeat_interleave(largest.shape[1])
+    for v0 in range(0, vocab, cols):
+        v1 = min(v0 + cols, vocab)
+        x = storage[: tokens * (v1 - v0)].view(tokens, v1 - v0)
+        torch.addmm(bias, h2, weight[v0:v1].t(), out=x)
+        for r0 in range(0, tokens, rows):
+            r1 = min(r0 + rows, tokens)
+            lost[r0:r1] = _dlogits_(
+                x[r0:r1],
+                scratch[: r1 - r0, : v1 - v0],
+                shift[r0:r1],
+                g[r0:r1],
+                largest[r0:r1],
+                exact[r0:r1],
+                distinct[r0:r1],
+                v0,
                 inv_t,
             )
-            acc.addmm_(dlogits.t(), h_chunk)
-        grad[v0:v1].copy_(acc)
+        # The (token, column) pairs sorted by column, this tile's first: the
+        # pairs of row v0 + i sit at [first[i], first[i + 1]) of ``order``, and
+        # one bag sum per row adds their residuals times the tokens' hidden states.
+        key = (columns - v0).remainder_(vocab)
+        order = torch.argsort(key, stable=True)
+        first = torch.searchsorted(key[order], torch.arange(v1 - v0 + 1, device=h2.device))
+        out = grad[v0:v1]
+        out.copy_(
+            torch.nn.functional.embedding_bag(
+                token_of[order],
+                h2,
+                first,
+                mode="sum",
+                per_sample_weights=lost.flatten()[order].to(h2.dtype),
+                include_last_offset=True,
+            )
+        )
+        out.addmm_(x.t(), h2)
     return grad
 
 
@@ -269,11 +385,12 @@ class FusedLinearChunkedLogprob(torch.autograd.Function):
         # A view for contiguous hidden states (the usual case): no copy.
         h2 = hidden.reshape(batch * seq, size)
         flat_targets = targets.reshape(batch * seq).long()
-        out, row_max, logsum = _forward(h2, weight, flat_targets, chunk, tile, inv_t)
+        with _bf16_valued_matmuls(hidden.dtype, hidden.device):
+            out, row_max, logsum, argmax = _forward(h2, weight, flat_targets, chunk, tile, inv_t)
         ctx.sizes = (chunk, tile, inv_t)
         ctx.saved_nothing = inference_only or not any(ctx.needs_input_grad[:2])
         if not ctx.saved_nothing:
-            ctx.save_for_backward(hidden, weight, targets, row_max, logsum)
+            ctx.save_for_backward(hidden, weight, targets, row_max, logsum, argmax, out)
         return out.view(batch, seq)
 
     @staticmethod
@@ -283,17 +400,30 @@ class FusedLinearChunkedLogprob(torch.autograd.Function):
                 "FusedLinearChunkedLogprob ran with inference_only=True (or without grad) "
                 "and saved nothing: run it again with gradients enabled"
             )
-        hidden, weight, targets, row_max, logsum = ctx.saved_tensors
+        hidden, weight, targets, row_max, logsum, argmax, logprobs = ctx.saved_tensors
         chunk, tile, inv_t = ctx.sizes
         batch, seq, size = hidden.shape
         h2 = hidden.reshape(batch * seq, size)
         flat_targets = targets.reshape(batch * seq).long()
-        g = grad_output.reshape(batch * seq).float()
-        args = (h2, weight, flat_targets, row_max, logsum, g, chunk, tile, inv_t)
-        grad_hidden = (
-            _grad_hidden(*args).view(batch, seq, size) if ctx.needs_input_grad[0] else None
+        g = grad_output.reshape(batch * seq, 1).float()
+        tokens, vocab = h2.shape[0], weight.shape[0]
+        bias, shift = _centering(row_max, logsum, inv_t, hidden.dtype)
+        largest = torch.stack((argmax, flat_targets), dim=-1)
+        # Their dlogits (times T), exact from the forward: p(argmax) = exp(-logsum),
+        # p(target) = exp(logprob).
+        is_target = (argmax == flat_targets).float()
+        exact = torch.stack((is_target - logsum.neg().exp(), 1 - logprobs.exp()), -1).mul_(g)
+        distinct = torch.stack(
+            (torch.ones_like(argmax, dtype=torch.bool), argmax != flat_targets), -1
         )
-        grad_weight = _grad_weight(*args) if ctx.needs_input_grad[1] else None
+        args = (h2, weight, largest, exact, distinct, bias, shift, g)
+        grad_hidden = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            rows = min(chunk, _rows_within(BACKWARD_BLOCK_BYTES, vocab * h2.element_size(), tokens))
+            grad_hidden = _grad_hidden(*args, rows, inv_t).view(batch, seq, size)
+        if ctx.needs_input_grad[1]:
+            cols = min(tile, _rows_within(BACKWARD_BLOCK_BYTES, tokens * h2.element_size(), vocab))
+            grad_weight = _grad_weight(*args, cols, inv_t)
         return grad_hidden, grad_weight, None, None, None, None, None
 
 

@@ -136,7 +136,7 @@ KERNELS: dict[str, KernelSpec] = {
         KernelSpec(
             "fused_linear_chunked",
             fused_linear_chunked_logprobs,
-            "fused lm_head + logprob: float32 tiles, float32-accumulated grads, no logits",
+            "fused lm_head + logprob: float32 forward, recompute centered on the max, no logits",
             casts_per_chunk=True,
             inputs="hidden",
         ),

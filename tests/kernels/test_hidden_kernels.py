@@ -172,3 +172,33 @@ def test_unfused_routes_hold_the_logits():
     # Inputs, bf16 logits and their gradient, and local_chunked's float32 chunk
     # (all 1024 tokens: twice the bytes of the bf16 logits).
     assert chunked.peak_bytes > SHAPE.hidden_bytes + SHAPE.weight_bytes + 4 * bsv
+
+
+@pytest.mark.parametrize("logit_scale", [30.0, 300.0])
+def test_fused_gradients_keep_their_precision_at_large_logits(logit_scale):
+    # The backward recomputes bf16 logits centered on each row's max: uncentered,
+    # logits near 100 would round by 0.25 and the softmax by 20%.
+    shape = HiddenShape(1, 64, 32, 500, torch.bfloat16)
+    for seed in range(3):
+        inputs = make_hidden_inputs(shape, "cpu", seed=seed, logit_scale=logit_scale)
+        ref = hidden_float64_reference(inputs)
+        got = _run(fused_linear_chunked_logprobs, inputs)
+        errs = [(g.double() - r).abs().max().item() for g, r in zip(got, ref, strict=True)]
+        # float32 logits of size |x| carry |x| * 2**-24 each: the forward's bound.
+        logit_size = (inputs.hidden.double() @ inputs.weight.double().t()).abs().max().item()
+        assert errs[0] <= 4 * logit_size * 2**-24
+        assert errs[1] <= bwd_tolerance(torch.bfloat16, ref[1])
+        assert errs[2] <= bwd_tolerance(torch.bfloat16, ref[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fused_leaves_the_cpu_matmul_precision_as_it_found_it(dtype):
+    matmul = torch.backends.mkldnn.matmul
+    before = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "ieee"
+        inputs = make_hidden_inputs(HiddenShape(1, 8, 16, 40, dtype), "cpu")
+        _run(fused_linear_chunked_logprobs, inputs)
+        assert matmul.fp32_precision == "ieee"
+    finally:
+        matmul.fp32_precision = before
