@@ -1,4 +1,4 @@
-"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s bench`."""
+"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s bench`, `nox -s hidden`."""
 
 from __future__ import annotations
 
@@ -30,3 +30,11 @@ def bench(session: nox.Session) -> None:
     session.install(TORCH, "-e", ".")
     for script in sorted(Path("benchmarks").glob("bench_*.py")):
         session.run("python", str(script))
+
+
+@nox.session
+def hidden(session: nox.Session) -> None:
+    """The hidden family's memory, numerics and CPU speed; local_tiled's speed."""
+    session.install(TORCH, "-e", ".")
+    for script in ("hidden_memory", "hidden_numerics", "hidden_speed", "tiled_speed"):
+        session.run("python", f"benchmarks/{script}.py")

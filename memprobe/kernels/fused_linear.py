@@ -39,8 +39,10 @@ Memory contract:
   ``[c, t]``; backward, one block in the inputs' dtype (``[c', V]`` in pass 1,
   ``[N, t']`` in pass 2, each at most :data:`BACKWARD_BLOCK_BYTES`), a float32
   scratch of :data:`SCRATCH_ELEMENTS` for its softmax, and the bias rows
-  (``[c', H]`` or ``[t', H]``, inputs' dtype). Never an ``[N, V]`` tensor in
-  any dtype, never a float32 ``[V, H]`` or ``[N, H]``;
+  (``[c', H]`` or ``[t', H]``, inputs' dtype). Logits never take more than
+  that block: an ``[N, V]`` tensor only when it fits in
+  :data:`BACKWARD_BLOCK_BYTES` (short sequences, small vocabularies), never a
+  float32 one, and never a float32 ``[V, H]`` or ``[N, H]``;
 * the gradients are new tensors in the inputs' dtype.
 
 So the peak is the floor (hidden, weight, and their gradients) plus a few
