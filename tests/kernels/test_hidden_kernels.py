@@ -202,3 +202,16 @@ def test_fused_leaves_the_cpu_matmul_precision_as_it_found_it(dtype):
         assert matmul.fp32_precision == "ieee"
     finally:
         matmul.fp32_precision = before
+
+
+@pytest.mark.parametrize("b, s, h, v", [(1, 1, 8, 1), (1, 1, 8, 5), (3, 2, 4, 7), (1, 40, 8, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_fused_edge_shapes(b, s, h, v, dtype):
+    # One vocabulary entry (softmax 1, gradient 0), one token, more tokens than vocabulary.
+    for seed in range(2):
+        (e_out, e_h, e_w), ref, _ = _errors(
+            fused_linear_chunked_logprobs, HiddenShape(b, s, h, v, dtype), seed
+        )
+        assert e_out <= HIDDEN_FWD_TOL
+        assert e_h <= bwd_tolerance(dtype, ref[1])
+        assert e_w <= bwd_tolerance(dtype, ref[2])
