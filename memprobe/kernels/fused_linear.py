@@ -221,6 +221,31 @@ def _centering(
     return ref.neg_().unsqueeze(-1), shift.unsqueeze(-1)
 
 
+def _dominant_entries(
+    argmax: torch.Tensor,
+    targets: torch.Tensor,
+    logsum: torch.Tensor,
+    logprobs: torch.Tensor,
+    g: torch.Tensor,
+    inv_t: float,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's argmax and target entries of ``dlogits``, ``[N, 2]`` float32 each:
+    their exact values (from the forward: p(argmax) = exp(-logsum),
+    p(target) = exp(logprob)) and what rounding them to ``dtype`` loses.
+
+    They dominate the gradient matmuls, so the passes add the loss back as the
+    matmul's bias. A target that is also the argmax counts once, in the first
+    column.
+    """
+    is_target = (argmax == targets).float()
+    exact = torch.stack((is_target - logsum.neg().exp(), 1 - logprobs.exp()), -1)
+    exact.mul_(g).mul_(inv_t)
+    lost = exact - exact.to(dtype).float()
+    lost[:, 1].mul_(1 - is_target)
+    return exact, lost
+
+
 def _dlogits_(
     x: torch.Tensor,
     scratch: torch.Tensor,
@@ -228,31 +253,29 @@ def _dlogits_(
     g: torch.Tensor,
     largest: torch.Tensor,
     exact: torch.Tensor,
-    distinct: torch.Tensor,
     v0: int,
     inv_t: float,
-) -> torch.Tensor:
+) -> None:
     """Overwrite ``x`` (centered logits of vocabulary rows ``v0:``, inputs' dtype)
     with ``(onehot - softmax) · g / T``, computed in the float32 ``scratch``.
 
-    ``largest`` holds each row's argmax and target columns (``[rows, 2]``), the
-    entries that dominate the gradient matmuls; ``exact`` their values times T,
-    from the forward rather than the recomputed logits. Returns what rounding
-    them to ``x``'s dtype lost (``[rows, 2]`` float32; 0 outside these columns,
-    and for a target that is also the argmax), for the gradient passes to add
-    back as their matmul's bias.
+    ``largest`` holds each row's argmax and target columns (``[rows, 2]``), whose
+    entries ``exact`` replaces with the forward's values: the one-hot lands with
+    them, and both passes round exactly the same numbers.
     """
     z = torch.sub(x, shift, out=scratch)
     if inv_t != 1.0:
         z.mul_(inv_t)
     z.exp_().mul_(g.neg())
-    local, inside = _in_tile(largest, v0, v0 + x.shape[1])
-    keep = inside & distinct
-    z.scatter_add_(-1, local, exact.sub(z.gather(-1, local)).mul_(keep))
     if inv_t != 1.0:
         z.mul_(inv_t)
+    local, inside = _in_tile(largest, v0, v0 + x.shape[1])
+    # One column at a time: a target that is also the argmax is written twice
+    # with the same value, and a column outside the tile gets its own value back.
+    for j in range(largest.shape[1]):
+        at = local[:, j : j + 1]
+        z.scatter_(-1, at, torch.where(inside[:, j : j + 1], exact[:, j : j + 1], z.gather(-1, at)))
     x.copy_(z)
-    return z.gather(-1, local).sub_(x.gather(-1, local)).mul_(keep)
 
 
 def _grad_hidden(
@@ -260,7 +283,7 @@ def _grad_hidden(
     weight: torch.Tensor,
     largest: torch.Tensor,
     exact: torch.Tensor,
-    distinct: torch.Tensor,
+    lost: torch.Tensor,
     bias: torch.Tensor,
     shift: torch.Tensor,
     g: torch.Tensor,
@@ -277,25 +300,23 @@ def _grad_hidden(
     for r0 in range(0, tokens, rows):
         r1 = min(r0 + rows, tokens)
         x = torch.addmm(bias[r0:r1], h2[r0:r1], weight.t(), out=block[: r1 - r0])
-        lost = torch.zeros_like(largest[r0:r1], dtype=torch.float32)
         for v0 in range(0, vocab, cols):
             v1 = min(v0 + cols, vocab)
-            lost += _dlogits_(
+            _dlogits_(
                 x[:, v0:v1],
                 scratch[: r1 - r0, : v1 - v0],
                 shift[r0:r1],
                 g[r0:r1],
                 largest[r0:r1],
                 exact[r0:r1],
-                distinct[r0:r1],
                 v0,
                 inv_t,
             )
-        # Bias: the residuals times their weight rows. They are 2**-8 of the
-        # entries at most, so computing them in the inputs' dtype costs nothing.
-        out, lost = grad[r0:r1], lost.to(h2.dtype)
-        torch.index_select(weight, 0, largest[r0:r1, 0], out=out).mul_(lost[:, :1])
-        out.addcmul_(weight[largest[r0:r1, 1]], lost[:, 1:])
+        # The matmul's bias: the residuals times their weight rows.
+        out = grad[r0:r1]
+        residual = lost[r0:r1].to(h2.dtype)
+        torch.index_select(weight, 0, largest[r0:r1, 0], out=out).mul_(residual[:, :1])
+        out.addcmul_(weight[largest[r0:r1, 1]], residual[:, 1:])
         out.addmm_(x, weight)
     return grad
 
@@ -305,7 +326,7 @@ def _grad_weight(
     weight: torch.Tensor,
     largest: torch.Tensor,
     exact: torch.Tensor,
-    distinct: torch.Tensor,
+    lost: torch.Tensor,
     bias: torch.Tensor,
     shift: torch.Tensor,
     g: torch.Tensor,
@@ -314,50 +335,37 @@ def _grad_weight(
 ) -> torch.Tensor:
     """Pass 2: ``[N, cols]`` blocks; one matmul per block writes its rows of the gradient."""
     tokens, vocab = h2.shape[0], weight.shape[0]
-    grad = torch.empty_like(weight, memory_format=torch.contiguous_format)
+    # The matmuls' bias first: each residual times its token's hidden state,
+    # added into the row of its column.
+    grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+    rows = max(1, min(tokens, SCRATCH_ELEMENTS // h2.shape[1]))
+    for r0 in range(0, tokens, rows):
+        r1 = min(r0 + rows, tokens)
+        for j in range(largest.shape[1]):
+            residual = lost[r0:r1, j : j + 1].to(h2.dtype)
+            grad.index_add_(0, largest[r0:r1, j], h2[r0:r1] * residual)
     cols = min(cols, vocab)
     # Flat storage, so the narrower last tile is a contiguous view too.
     storage = h2.new_empty(tokens * cols)
     rows = max(1, min(tokens, SCRATCH_ELEMENTS // cols))
     scratch = h2.new_empty((rows, cols), dtype=torch.float32)
-    lost = torch.zeros_like(largest, dtype=torch.float32)
-    columns = largest.flatten()
-    token_of = torch.arange(tokens, device=h2.device).repeat_interleave(largest.shape[1])
     for v0 in range(0, vocab, cols):
         v1 = min(v0 + cols, vocab)
         x = storage[: tokens * (v1 - v0)].view(tokens, v1 - v0)
         torch.addmm(bias, h2, weight[v0:v1].t(), out=x)
         for r0 in range(0, tokens, rows):
             r1 = min(r0 + rows, tokens)
-            lost[r0:r1] = _dlogits_(
+            _dlogits_(
                 x[r0:r1],
                 scratch[: r1 - r0, : v1 - v0],
                 shift[r0:r1],
                 g[r0:r1],
                 largest[r0:r1],
                 exact[r0:r1],
-                distinct[r0:r1],
                 v0,
                 inv_t,
             )
-        # The (token, column) pairs sorted by column, this tile's first: the
-        # pairs of row v0 + i sit at [first[i], first[i + 1]) of ``order``, and
-        # one bag sum per row adds their residuals times the tokens' hidden states.
-        key = (columns - v0).remainder_(vocab)
-        order = torch.argsort(key, stable=True)
-        first = torch.searchsorted(key[order], torch.arange(v1 - v0 + 1, device=h2.device))
-        out = grad[v0:v1]
-        out.copy_(
-            torch.nn.functional.embedding_bag(
-                token_of[order],
-                h2,
-                first,
-                mode="sum",
-                per_sample_weights=lost.flatten()[order].to(h2.dtype),
-                include_last_offset=True,
-            )
-        )
-        out.addmm_(x.t(), h2)
+        grad[v0:v1].addmm_(x.t(), h2)
     return grad
 
 
@@ -411,14 +419,8 @@ class FusedLinearChunkedLogprob(torch.autograd.Function):
         tokens, vocab = h2.shape[0], weight.shape[0]
         bias, shift = _centering(row_max, logsum, inv_t, hidden.dtype)
         largest = torch.stack((argmax, flat_targets), dim=-1)
-        # Their dlogits (times T), exact from the forward: p(argmax) = exp(-logsum),
-        # p(target) = exp(logprob).
-        is_target = (argmax == flat_targets).float()
-        exact = torch.stack((is_target - logsum.neg().exp(), 1 - logprobs.exp()), -1).mul_(g)
-        distinct = torch.stack(
-            (torch.ones_like(argmax, dtype=torch.bool), argmax != flat_targets), -1
-        )
-        args = (h2, weight, largest, exact, distinct, bias, shift, g)
+        exact, lost = _dominant_entries(argmax, flat_targets, logsum, logprobs, g, inv_t, h2.dtype)
+        args = (h2, weight, largest, exact, lost, bias, shift, g)
         grad_hidden = grad_weight = None
         if ctx.needs_input_grad[0]:
             rows = min(chunk, _rows_within(BACKWARD_BLOCK_BYTES, vocab * h2.element_size(), tokens))
