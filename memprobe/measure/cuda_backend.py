@@ -20,6 +20,10 @@ One case runs as:
 The allocator's per-allocation metadata is thread-local, and CUDA runs backward
 on autograd's device thread: the backward label is set by a pre-hook of the
 step's output node, which runs on that thread before anything else of backward.
+
+A hidden-family case runs the same way, with hidden states and the lm_head
+weight for inputs and both their gradients in backward (:class:`DeviceStep`);
+its peaks count hidden and weight from the start, as meta's do.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from typing import Any
 import torch
 
 from memprobe.errors import UserError
+from memprobe.kernels import get_spec
+from memprobe.measure.hidden import make_hidden_inputs
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.step import (
-    StepInputs,
     describe_filters,
     floor_bytes,
+    hidden_shape,
     kernel_call,
     make_inputs,
     process_group_for,
@@ -65,6 +71,44 @@ _OOM_MARKERS = (
 
 # Set once a CUDA error leaves the context unusable: every later case says so.
 _sticky_error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceStep:
+    """One case's step on the device, whichever inputs its kernel takes.
+
+    ``counted`` are the inputs its peaks include from the start (the logits;
+    hidden and weight): targets and the upstream gradient, the same for every
+    kernel, are left out.
+    """
+
+    make: Callable[[Case], Any]
+    forward: Callable[[Any], torch.Tensor]
+    backward: Callable[[torch.Tensor, Any], object]
+    counted: Callable[[Any], tuple[torch.Tensor, ...]]
+
+
+def device_step(case: Case, layout: RankLayout | None = None) -> DeviceStep:
+    """The step of ``case``'s kernel: the logits protocol, or the hidden family's."""
+    if get_spec(case.kernel).inputs == "hidden":
+        fn = get_spec(case.kernel).fn
+        return DeviceStep(
+            make=lambda c: make_hidden_inputs(hidden_shape(c), DEVICE),
+            forward=lambda i: fn(i.hidden, i.weight, i.targets, chunk_size=case.chunk_size),
+            backward=lambda out, i: torch.autograd.grad(out, (i.hidden, i.weight), i.grad_outputs),
+            counted=lambda i: (i.hidden, i.weight),
+        )
+    call = kernel_call(case, layout=layout)
+    return DeviceStep(
+        make=lambda c: make_inputs(c, DEVICE, layout=layout),
+        forward=lambda i: call(i.logits, i.targets),
+        backward=lambda out, i: torch.autograd.grad(out, i.logits, i.grad_outputs),
+        counted=lambda i: (i.logits,),
+    )
+
+
+def _nbytes(tensors: tuple[torch.Tensor, ...]) -> int:
+    return sum(t.untyped_storage().nbytes() for t in tensors)
 
 
 def require_cuda() -> None:
@@ -190,14 +234,14 @@ def warm_up_device() -> None:
     torch.cuda.synchronize()
 
 
-def _warm_up(case: Case, call: Callable[..., torch.Tensor], layout: RankLayout | None) -> None:
+def _warm_up(case: Case, step: DeviceStep) -> None:
     warm_up_device()
     tokens = case.cp * min(case.local_tokens, WARM_UP_TOKENS)
-    small = make_inputs(dataclasses.replace(case, tokens=tokens), DEVICE, layout=layout)
-    out = call(small.logits, small.targets)
+    small = step.make(dataclasses.replace(case, tokens=tokens))
+    out = step.forward(small)
     # Labelled, so the device thread never carries an earlier case's label into this one.
     with _backward_labelled(case, out, "warm-up"):
-        torch.autograd.grad(out, small.logits, small.grad_outputs)
+        step.backward(out, small)
     del out, small
     torch.cuda.synchronize()
 
@@ -221,19 +265,20 @@ def _backward_labelled(case: Case, out: torch.Tensor, phase: str = "backward") -
 def _measure(case: Case, *, repeats: int, history: bool, layout: RankLayout | None) -> Run:
     gc.collect()
     torch.cuda.empty_cache()
-    call = kernel_call(case, layout=layout)
+    step = device_step(case, layout)
     snapshot: dict[str, Any] | None = None
-    inputs: StepInputs | None = None
+    inputs: Any = None
     try:
-        _warm_up(case, call, layout)
+        _warm_up(case, step)
         torch.cuda.empty_cache()
         before_reserved = torch.cuda.memory_reserved()
         before_allocated = torch.cuda.memory_allocated()
-        inputs = make_inputs(case, DEVICE, layout=layout)
+        inputs = step.make(case)
+        counted = _nbytes(step.counted(inputs))
         torch.cuda.synchronize()
-        _check_statistics(inputs, before_allocated)
+        _check_statistics(counted, before_allocated)
         try:
-            recorded, snapshot = _recorded_step(case, call, inputs, history)
+            recorded, snapshot = _recorded_step(case, step, inputs, history)
         except Exception as exc:
             if history and is_cuda_oom(exc):
                 snapshot = _snapshot()  # the trace ends with the failed request
@@ -241,7 +286,7 @@ def _measure(case: Case, *, repeats: int, history: bool, layout: RankLayout | No
         finally:
             if history:
                 _stop_history()
-        fwd_times, bwd_times = _timed_steps(call, inputs, repeats)
+        fwd_times, bwd_times = _timed_steps(step, inputs, repeats)
     except Exception as exc:
         if not is_cuda_oom(exc):
             raise
@@ -259,7 +304,7 @@ def _measure(case: Case, *, repeats: int, history: bool, layout: RankLayout | No
         gc.collect()
         torch.cuda.empty_cache()
     fwd_peak, bwd_peak, reserved_peak, base = recorded
-    shift = case.logits_bytes - base
+    shift = counted - base
     return Run(
         case=case,
         status="ok",
@@ -277,20 +322,19 @@ def _measure(case: Case, *, repeats: int, history: bool, layout: RankLayout | No
     )
 
 
-def _check_statistics(inputs: StepInputs, before: int) -> None:
+def _check_statistics(made: int, before: int) -> None:
     """The statistics must see the inputs just made, or every figure would be wrong."""
-    made = inputs.logits.untyped_storage().nbytes()
     seen = torch.cuda.memory_allocated() - before
     if seen < made:
         raise UserError(
-            f"the CUDA allocator's statistics do not see the inputs: {made} bytes of logits "
+            f"the CUDA allocator's statistics do not see the inputs: {made} bytes of inputs "
             f"made, memory_allocated() grew by {seen} (caching off, or another allocator?)",
             f"unset {NO_CACHING_ENV} and any custom allocator, or simulate with --device meta",
         )
 
 
 def _recorded_step(
-    case: Case, call: Callable[..., torch.Tensor], inputs: StepInputs, history: bool
+    case: Case, step: DeviceStep, inputs: Any, history: bool
 ) -> tuple[tuple[int, int, int, int], dict[str, Any] | None]:
     """One step with peak statistics per phase and, with ``history``, the allocator trace.
 
@@ -303,7 +347,7 @@ def _recorded_step(
         _start_history()
     _label(case, "forward")
     with torch.autograd.profiler.record_function(f"memprobe:{case.case_id}:forward"):
-        out = call(inputs.logits, inputs.targets)
+        out = step.forward(inputs)
     fwd_peak = torch.cuda.max_memory_allocated()
     reserved_peak = torch.cuda.max_memory_reserved()
     torch.cuda.reset_peak_memory_stats()
@@ -311,7 +355,7 @@ def _recorded_step(
         torch.autograd.profiler.record_function(f"memprobe:{case.case_id}:backward"),
         _backward_labelled(case, out),
     ):
-        grad = torch.autograd.grad(out, inputs.logits, inputs.grad_outputs)
+        grad = step.backward(out, inputs)
     torch.cuda.synchronize()
     bwd_peak = torch.cuda.max_memory_allocated()
     reserved_peak = max(reserved_peak, torch.cuda.max_memory_reserved())
@@ -320,19 +364,17 @@ def _recorded_step(
     return (fwd_peak, bwd_peak, reserved_peak, base), snapshot
 
 
-def _timed_steps(
-    call: Callable[..., torch.Tensor], inputs: StepInputs, repeats: int
-) -> tuple[list[float], list[float]]:
+def _timed_steps(step: DeviceStep, inputs: Any, repeats: int) -> tuple[list[float], list[float]]:
     """GPU times of forward and backward; nothing but launches between the events."""
     fwd: list[float] = []
     bwd: list[float] = []
     for _ in range(repeats):
         start, mid, bwd_start, end = (torch.cuda.Event(enable_timing=True) for _ in range(4))
         start.record()
-        out = call(inputs.logits, inputs.targets)
+        out = step.forward(inputs)
         mid.record()
         bwd_start.record()
-        torch.autograd.grad(out, inputs.logits, inputs.grad_outputs)
+        step.backward(out, inputs)
         end.record()
         del out
         torch.cuda.synchronize()

@@ -40,7 +40,7 @@ class HiddenShape:
 
     @property
     def element_bytes(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     @property
     def hidden_bytes(self) -> int:
@@ -99,10 +99,11 @@ def make_hidden_inputs(
         grad_outputs = torch.empty((b, s), dtype=torch.float32, device="meta")
     else:
         gen = torch.Generator(device=device).manual_seed(seed)
-        hidden = torch.randn((b, s, h), generator=gen, device=device).to(shape.dtype)
-        weight = (torch.randn((v, h), generator=gen, device=device) * (logit_scale / h**0.5)).to(
-            shape.dtype
-        )
+        # Drawn in their own dtype: a float32 draw cast down would hold a float32
+        # staging copy of each (2 GiB for a 131,072 x 4096 weight) during setup.
+        hidden = torch.randn((b, s, h), generator=gen, device=device, dtype=shape.dtype)
+        weight = torch.randn((v, h), generator=gen, device=device, dtype=shape.dtype)
+        weight.mul_(logit_scale / h**0.5)
         targets = torch.randint(0, v, (b, s), generator=gen, device=device)
         grad_outputs = torch.randn((b, s), generator=gen, device=device)
     return HiddenInputs(hidden.requires_grad_(), weight.requires_grad_(), targets, grad_outputs)

@@ -3,7 +3,8 @@
 The hidden-family kernels take hidden states ``[B,S,H]`` and the lm_head weight
 ``[V,H]`` (:mod:`memprobe.measure.hidden` runs one step); this module turns a
 case into that step on meta (exact simulation) or cpu (real tensors, tracked peak
-and wall times), and into a Run with the same columns as a logits case. The
+and wall times), and into a Run with the same columns as a logits case. On cuda
+the cuda backend runs it (:func:`memprobe.measure.cuda_backend.device_step`). The
 floor is hidden + weight + both gradients; ``big_fp32_blocks`` still counts
 float32 ``[B,S,V]`` blocks live at the peak, the block fusing exists to avoid.
 """
@@ -37,18 +38,15 @@ def simulate_hidden_case(case: Case, *, capture_frames: bool = True) -> Allocati
 
 
 def measure_hidden(case: Case) -> Run:
-    """One hidden-family case on ``case.device``: meta or cpu (cuda is not wired yet)."""
+    """One hidden-family case on ``case.device``: meta, cpu or cuda."""
     if case.tp > 1 or case.cp > 1:
         return Run(case, "skipped", note="the hidden family runs on one device (tp = cp = 1)")
     floor = floor_bytes(case)
-    if case.device == "cuda":
-        return Run(
-            case,
-            "skipped",
-            floor_bytes=floor,
-            note="the hidden family is simulated (meta) or measured on cpu; cuda is not wired yet",
-        )
     try:
+        if case.device == "cuda":
+            from memprobe.measure.cuda_backend import measure_cuda
+
+            return measure_cuda(case)
         tracker = simulate_hidden_case(case, capture_frames=case.device == "meta")
     except KernelUnavailable as exc:
         return Run(case, "skipped", floor_bytes=floor, note=str(exc))

@@ -213,3 +213,43 @@ def test_the_pytest_plugin_warms_the_device_up_before_it_measures(fake_cuda) -> 
         measuring.send(None)
     _, peak, _ = done.value.value
     assert peak <= 4 * 512  # the body's own blocks, no workspace
+
+
+# -- the hidden family on the (fake) device ------------------------------------
+HIDDEN_SHAPE = {"batch": 1, "tokens": 256, "vocab": 1024, "dtype": "bf16", "hidden": 128}
+
+
+@pytest.mark.parametrize("kernel", ["fused_linear_chunked", "linear_local_chunked"])
+def test_hidden_family_peaks_equal_the_simulation(fake_cuda, kernel: str) -> None:
+    from memprobe.measure import measure
+
+    case = Case(kernel, **{**HIDDEN_SHAPE, "chunk_size": 64, "device": "cuda"})  # type: ignore[arg-type]
+    sim = measure(meta_of(case))
+    fake = fake_cuda(round_to=1)
+    run = measure(case)
+    assert run.status == "ok", run.note
+    assert (run.peak_bytes, run.forward_peak_bytes, run.backward_peak_bytes) == (
+        sim.peak_bytes,
+        sim.forward_peak_bytes,
+        sim.backward_peak_bytes,
+    )
+    assert run.floor_bytes == sim.floor_bytes and run.fwd_time_s is not None
+    # Backward (both gradients) is labelled on the device thread too.
+    assert fake.state.worker_threads
+    phases = {label.get("phase") for label in labels(run)}
+    assert phases == {"forward", "backward"}
+
+
+def test_hidden_family_oom_is_an_oom_row_with_the_trace(fake_cuda) -> None:
+    from memprobe.measure import measure
+
+    case = Case(
+        "linear_unchunked", **{**HIDDEN_SHAPE, "tokens": 512, "vocab": 4096, "device": "cuda"}
+    )  # type: ignore[arg-type]
+    fake = fake_cuda()
+    assert measure(case).status == "ok"
+    # Room for the inputs and the warm-up, not for the step.
+    fake_cuda(capacity=fake.state.peak_reserved // 2)
+    run = measure(case)
+    assert run.status == "oom" and "out of memory" in run.note
+    assert len(replay(normalize_snapshot(run.cuda_snapshot)).ooms) == 1
