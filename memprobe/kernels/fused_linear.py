@@ -24,10 +24,12 @@ and backpropagates into ``hidden`` and ``weight``. ``N = B·S`` tokens.
 
   Rounding ``dlogits`` to the inputs' dtype would add an error the size of
   the final rounding wherever one entry dominates a sum: each row's target
-  and argmax entries. Their rounding residuals go back in as the matmul's
-  bias, so each gradient element is, to within a small fraction of its last
-  bit, one float32 sum over the whole vocabulary (hidden) or all tokens
-  (weight), rounded once.
+  and argmax entries. Those two are written from the forward's exact values
+  and their rounding residuals go back in as the matmul's bias; the other
+  entries are small and their roundings average out. Each gradient element is
+  one float32 sum over the whole vocabulary (hidden) or all tokens (weight),
+  rounded once: against float64, the worst errors match a float32 computation
+  rounded once (``benchmarks/hidden_numerics.py``).
 
 Memory contract:
 
@@ -38,8 +40,9 @@ Memory contract:
   float32 hidden chunk ``[c, H]``, weight tile ``[t, H]`` and logits tile
   ``[c, t]``; backward, one block in the inputs' dtype (``[c', V]`` in pass 1,
   ``[N, t']`` in pass 2, each at most :data:`BACKWARD_BLOCK_BYTES`), a float32
-  scratch of :data:`SCRATCH_ELEMENTS` for its softmax, and the bias rows
-  (``[c', H]`` or ``[t', H]``, inputs' dtype). Logits never take more than
+  scratch of :data:`SCRATCH_ELEMENTS` for its softmax, and the bias's rows
+  (``[c', H]`` in pass 1; in pass 2 the weight gradient itself holds the bias,
+  built from ``[SCRATCH_ELEMENTS / H, H]`` slices). Logits never take more than
   that block: an ``[N, V]`` tensor only when it fits in
   :data:`BACKWARD_BLOCK_BYTES` (short sequences, small vocabularies), never a
   float32 one, and never a float32 ``[V, H]`` or ``[N, H]``;
