@@ -3,7 +3,8 @@
     python benchmarks/gpu_check.py --out gpu-check/
 
 It runs the real ``memprobe sweep`` path on cuda for every single-device kernel at
-4,096 and 20,000 tokens × 131,072 (bf16) and checks each case against the exact meta
+4,096 and 20,000 tokens × 131,072 (bf16), and for the hidden family (lm_head fused
+or not, H = 4096) at 4,096 tokens, and checks each case against the exact meta
 simulation:
 
 * allocated peaks (total, forward, backward): the allocator rounds every block up to
@@ -46,6 +47,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 20000])
     parser.add_argument("--vocab", type=int, default=131072)
     parser.add_argument("--oom-tokens", type=int, default=160_000)
+    parser.add_argument("--hidden", type=int, default=4096, help="0 leaves the hidden family out")
+    parser.add_argument("--hidden-tokens", type=int, default=4096)
     return parser.parse_args(argv)
 
 
@@ -95,6 +98,15 @@ def _sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
         device="cuda",
         ladder=False,
     )
+    if args.hidden:
+        cases += plan_cases(
+            tokens=[args.hidden_tokens],
+            vocab=[args.vocab],
+            dtype=["bf16"],
+            hidden=[args.hidden],
+            device="cuda",
+            ladder=False,
+        )
     run_dir = args.out / "sweep"
     frame = run_sweep(cases, run_dir, verify=False, command="benchmarks/gpu_check.py")
     fields = {f.name for f in dataclasses.fields(Case)}
@@ -106,17 +118,18 @@ def _sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _check_case(case: Any, row: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     from memprobe.measure.compare import rounding_slack
-    from memprobe.measure.meta_backend import simulate_step
-    from memprobe.measure.traced import run_from_trace
+    from memprobe.measure.meta_backend import simulate
+    from memprobe.measure.traced import StepTrace, run_from_trace
 
     meta_case = dataclasses.replace(case, device="meta")
-    trace = simulate_step(meta_case, capture_frames=False)
+    trace = StepTrace(simulate(meta_case, capture_frames=False), 0, 0)
     meta = run_from_trace(meta_case, trace)
     slack = rounding_slack(trace.tracker.events)
     out: dict[str, Any] = {
         "case": case.case_id,
         "kernel": case.kernel,
         "tokens": case.tokens,
+        "hidden": case.hidden,
         "status": row["status"],
         "note": row["note"],
         "tolerance_bytes": slack,

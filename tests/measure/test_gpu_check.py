@@ -43,6 +43,7 @@ def test_on_a_fake_gpu_every_check_runs_and_passes(
     # segment), unchunked at the OOM shape does not.
     fake_cuda(capacity=256 << 20)
     argv = ["--out", str(tmp_path), "--tokens", "256", "--vocab", "1024"]
+    argv += ["--hidden", "64", "--hidden-tokens", "256"]
     code = gpu_check.main([*argv, "--oom-tokens", "32768"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     failed = [(c["kernel"], c["checks"]) for c in summary["cases"] if not c["pass"]]
@@ -50,7 +51,9 @@ def test_on_a_fake_gpu_every_check_runs_and_passes(
     from memprobe.kernels import kernel_names
 
     singles = kernel_names(distributed=False)  # every single-device logits kernel
-    assert len(summary["cases"]) == len(singles)
+    hidden = kernel_names(inputs="hidden")
+    assert len(summary["cases"]) == len(singles) + len(hidden)
+    assert [c["kernel"] for c in summary["cases"] if c["hidden"] == 64] == hidden
     assert all(c["tolerance_bytes"] > 0 for c in summary["cases"])
     assert summary["oom"]["status"] == "oom" and summary["oom"]["ooms"]
     assert "PASS" in (tmp_path / "summary.md").read_text()
