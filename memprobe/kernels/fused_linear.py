@@ -68,6 +68,7 @@ from typing import Any
 import torch
 
 from memprobe.kernels._checks import check_chunk_size, check_hidden_inputs
+from memprobe.kernels._steps import block_starts
 
 # Each float32 [rows, H] block of the forward (hidden chunk, weight tile) holds
 # at most this many elements by default: 8 MiB.
@@ -182,7 +183,7 @@ def _forward(
     logsum = h2.new_empty(tokens, dtype=torch.float32)
     argmax = h2.new_empty(tokens, dtype=torch.long)
     blocks = _Blocks(h2, weight, chunk, tile)
-    for r0 in range(0, tokens, chunk):
+    for r0 in block_starts(tokens, chunk, h2.device):
         r1 = min(r0 + chunk, tokens)
         h_chunk = blocks.load_hidden(h2, r0, r1)
         tgt = targets[r0:r1].unsqueeze(-1)
@@ -190,7 +191,7 @@ def _forward(
         arg = h2.new_zeros((r1 - r0,), dtype=torch.long)
         total = h2.new_zeros((r1 - r0,), dtype=torch.float32)
         target_logit = h2.new_zeros((r1 - r0,), dtype=torch.float32)
-        for v0 in range(0, vocab, tile):
+        for v0 in block_starts(vocab, tile, h2.device):
             v1 = min(v0 + tile, vocab)
             logits = blocks.logits_of(h_chunk, blocks.load_weight(weight, v0, v1), inv_t)
             local, owned = _in_tile(tgt, v0, v1)
@@ -300,10 +301,10 @@ def _grad_hidden(
     block = h2.new_empty((rows, vocab))
     cols = max(1, min(vocab, SCRATCH_ELEMENTS // rows))
     scratch = h2.new_empty((rows, cols), dtype=torch.float32)
-    for r0 in range(0, tokens, rows):
+    for r0 in block_starts(tokens, rows, h2.device):
         r1 = min(r0 + rows, tokens)
         x = torch.addmm(bias[r0:r1], h2[r0:r1], weight.t(), out=block[: r1 - r0])
-        for v0 in range(0, vocab, cols):
+        for v0 in block_starts(vocab, cols, h2.device):
             v1 = min(v0 + cols, vocab)
             _dlogits_(
                 x[:, v0:v1],
@@ -342,7 +343,7 @@ def _grad_weight(
     # added into the row of its column.
     grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     rows = max(1, min(tokens, SCRATCH_ELEMENTS // h2.shape[1]))
-    for r0 in range(0, tokens, rows):
+    for r0 in block_starts(tokens, rows, h2.device):
         r1 = min(r0 + rows, tokens)
         for j in range(largest.shape[1]):
             residual = lost[r0:r1, j : j + 1].to(h2.dtype)
@@ -352,11 +353,11 @@ def _grad_weight(
     storage = h2.new_empty(tokens * cols)
     rows = max(1, min(tokens, SCRATCH_ELEMENTS // cols))
     scratch = h2.new_empty((rows, cols), dtype=torch.float32)
-    for v0 in range(0, vocab, cols):
+    for v0 in block_starts(vocab, cols, h2.device):
         v1 = min(v0 + cols, vocab)
         x = storage[: tokens * (v1 - v0)].view(tokens, v1 - v0)
         torch.addmm(bias, h2, weight[v0:v1].t(), out=x)
-        for r0 in range(0, tokens, rows):
+        for r0 in block_starts(tokens, rows, h2.device):
             r1 = min(r0 + rows, tokens)
             _dlogits_(
                 x[r0:r1],

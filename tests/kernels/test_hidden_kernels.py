@@ -215,3 +215,34 @@ def test_fused_edge_shapes(b, s, h, v, dtype):
         assert e_out <= HIDDEN_FWD_TOL
         assert e_h <= bwd_tolerance(dtype, ref[1])
         assert e_w <= bwd_tolerance(dtype, ref[2])
+
+
+@pytest.mark.parametrize(
+    "shape, chunk",
+    [
+        (HiddenShape(1, 1000, 64, 5000), None),  # no block divides the tokens or vocabulary
+        (HiddenShape(2, 300, 32, 2000, torch.float32), 64),
+        (HiddenShape(1, 4096, 256, 32768), None),
+    ],
+)
+def test_the_shortened_meta_loops_simulate_the_full_step_exactly(monkeypatch, shape, chunk):
+    # On meta each block loop runs its first two blocks and its last: the peaks,
+    # what is live at the peak and the allocator model's reserved peak must be
+    # those of the full loop.
+    import memprobe.kernels.fused_linear as fused
+    from memprobe.measure.reserved import modelled_reserved_peak
+
+    def summary(tracker):
+        live = sorted((e.nbytes, e.dtype, e.op) for e in tracker.live_at_peak())
+        reserved = modelled_reserved_peak(tracker.events)
+        return tracker.peak_bytes, dict(tracker.phase_peaks), live, reserved
+
+    def step():
+        inputs = make_hidden_inputs(shape, "meta")
+        return traced_hidden_step(fused_linear_chunked_logprobs, inputs, chunk_size=chunk)
+
+    short = step()
+    monkeypatch.setattr(fused, "block_starts", lambda stop, step, device: range(0, stop, step))
+    full = step()
+    assert len(short.events) < len(full.events)
+    assert summary(short) == summary(full)

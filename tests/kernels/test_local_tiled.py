@@ -73,3 +73,28 @@ def test_local_chunked_is_twice_its_floor_at_1024_tokens_where_tiled_is_not():
     chunked, floor = _peak("local_chunked", 1024, chunk=1024)
     tiled, _ = _peak("local_tiled", 1024, chunk=1024)
     assert chunked > 1.9 * floor and tiled < 1.02 * floor
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+@pytest.mark.parametrize("tokens, vocab, chunk", [(3000, 50_000, 1024), (700, 9_000, 128)])
+def test_the_shortened_meta_loops_simulate_the_full_step_exactly(
+    monkeypatch, name, tokens, vocab, chunk
+):
+    # On meta each block loop runs its first two blocks and its last (see
+    # memprobe.kernels._steps): peaks, what is live at the peak and the
+    # allocator model's reserved peak must be those of the full loop.
+    import memprobe.kernels.local_tiled as tiled
+    from memprobe.measure.reserved import modelled_reserved_peak
+
+    case = Case(name, 1, tokens, vocab, "bf16", chunk, device="meta")
+
+    def summary(tracker):
+        live = sorted((e.nbytes, e.dtype, e.op) for e in tracker.live_at_peak())
+        reserved = modelled_reserved_peak(tracker.events)
+        return tracker.peak_bytes, dict(tracker.phase_peaks), live, reserved
+
+    short = simulate(case, capture_frames=False)
+    monkeypatch.setattr(tiled, "block_starts", lambda stop, step, device: range(0, stop, step))
+    full = simulate(case, capture_frames=False)
+    assert len(short.events) < len(full.events)
+    assert summary(short) == summary(full)
