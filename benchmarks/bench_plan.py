@@ -19,7 +19,7 @@ import sys
 import time
 
 from memprobe.io.sizes import format_bytes
-from memprobe.kernels import get_spec, kernel_names
+from memprobe.kernels import kernel_names
 from memprobe.plan import make_budget, plan_targets, run_plans, simulated_peak
 from memprobe.records import Case
 
@@ -33,9 +33,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="pool size for the pooled runs")
     args = parser.parse_args()
     tp = tuple(int(t) for t in args.tp.split(","))
-    # The plan's defaults (8 kernels: the vocabulary-tiling ones are planned only by
-    # name; `memprobe plan --kernel local_tiled,...` times them separately).
-    kernels = [k for k in kernel_names(inputs="logits") if not get_spec(k).tiles_vocabulary]
+    # Every logits kernel, as the plan's defaults with tp above 1.
+    kernels = kernel_names(inputs="logits")
     budget = make_budget(args.budget, args.other)
     targets, skipped = plan_targets(kernels, vocab=args.vocab, tp=tp)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")

@@ -588,14 +588,7 @@ def default_kernels(tp: Iterable[int], hidden: int | None = None) -> list[str]:
     with a hidden size, the hidden family."""
     if hidden is not None:
         return kernel_names(inputs="hidden")
-    return [k for k in kernel_names(distributed=max(tp) > 1) if not get_spec(k).tiles_vocabulary]
-
-
-def left_out_by_default(tp: Iterable[int], hidden: int | None = None) -> list[str]:
-    """Kernels the default plan skips: those whose simulation loops over vocabulary tiles."""
-    if hidden is not None:
-        return []
-    return [k for k in kernel_names(distributed=max(tp) > 1) if get_spec(k).tiles_vocabulary]
+    return kernel_names(distributed=max(tp) > 1)
 
 
 def plan_targets(

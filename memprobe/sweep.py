@@ -100,7 +100,7 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     elif hidden:
         kernels = kernel_names(inputs="hidden")
     else:
-        kernels = [k for k in kernel_names(distributed=max(tp) > 1) if k not in slow_kernels(grid)]
+        kernels = kernel_names(distributed=max(tp) > 1)
     for name in kernels:
         try:
             get_spec(name)
@@ -137,14 +137,6 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
             sizes = hidden if get_spec(k).inputs == "hidden" and hidden else [None]
             cases += [Case(k, b, s, v, d, cs, t, c, dev, h) for h in sizes for cs in chunks[k]]
     return list(dict.fromkeys(cases))
-
-
-def slow_kernels(grid: Grid) -> list[str]:
-    """Kernels a default sweep leaves out: those that loop over vocabulary tiles, whose
-    simulation steps through every tile (tens of seconds per case at 20k x 131k)."""
-    if grid.kernel or grid.hidden:
-        return []
-    return [k for k in kernel_names(distributed=max(grid.tp) > 1) if get_spec(k).tiles_vocabulary]
 
 
 def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:

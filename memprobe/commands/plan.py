@@ -110,13 +110,6 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
         if request.reserved
         else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
     ]
-    if request.kernels is None:
-        slow = plan.left_out_by_default(request.tp, request.hidden)
-        if slow:
-            notes.append(
-                f"not planned by default: {', '.join(slow)} (their simulation steps through "
-                "every vocabulary tile, minutes at this size); name them with --kernel"
-            )
     outcome = PlanOutcome(plans, budget, choices, skipped, notes)
     if request.out is not None:
         from memprobe.render.plan_page import write_plan_page

@@ -255,13 +255,5 @@ def command(
         meta = read_run_meta(outcome.run_dir)
         for line in answer_lines(outcome.frame, meta, budget_bytes=request.budget_bytes):
             typer.echo(line)
-        from memprobe.sweep import slow_kernels
-
-        slow = slow_kernels(request.grid) if request.resume is None else []
-        if slow:
-            typer.echo(
-                f"  Not swept by default: {', '.join(slow)} (their simulation steps through "
-                "every vocabulary tile); add them with --kernel."
-            )
         typer.echo(f"report: {outcome.report}")
     typer.echo(f"run directory: {outcome.run_dir}")

@@ -70,7 +70,6 @@ KERNELS: dict[str, KernelSpec] = {
             local_tiled_logprobs,
             "tiled over tokens and vocabulary, online logsumexp: one float32 [B,c,t] tile",
             casts_per_chunk=True,
-            tiles_vocabulary=True,
         ),
         KernelSpec(
             "local_tiled_inplace",
@@ -78,7 +77,6 @@ KERNELS: dict[str, KernelSpec] = {
             "as local_tiled, but backward writes the gradient into the logits (consumes them)",
             casts_per_chunk=True,
             consumes_logits=True,
-            tiles_vocabulary=True,
         ),
         KernelSpec(
             "filtered",

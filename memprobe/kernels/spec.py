@@ -62,10 +62,6 @@ class KernelSpec:
     collectives: Callable[[int, int | None], tuple[int, int]] = no_collectives
     # False when chunk_size changes nothing: a sweep then runs one chunk size, not each.
     uses_chunk_size: bool = True
-    # True when the kernel also loops over vocabulary tiles: its simulation runs one
-    # Python step per tile (tokens/c x V/t of them), seconds to minutes at 100k tokens,
-    # so the planner leaves it out unless asked for by name.
-    tiles_vocabulary: bool = False
     # What fn takes (INPUT_PROTOCOLS): "logits" or "hidden" (hidden states and
     # the lm_head weight; the floor is then hidden + weight + both gradients).
     inputs: str = "logits"

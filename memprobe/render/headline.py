@@ -230,6 +230,11 @@ def times(x: float) -> str:
     return f"{x:,.3g}×" if x < 1000 else f"{x:,.0f}×"
 
 
+def vs_floor(x: float) -> str:
+    """'1.05× its floor', or 'at its floor' when the three digits read 1."""
+    return "at its floor" if times(x) == "1×" else f"{times(x)} its floor"
+
+
 def vs_reference(k: KernelResult) -> str:
     s = k.saving_vs_unchunked
     if k.kernel in (REFERENCE, HIDDEN_REFERENCE):
@@ -257,7 +262,7 @@ def kernel_line_parts(k: KernelResult, h: Headline) -> tuple[str, str]:
         return f"{k.name}: {what}", k.note
     parts = [vs_reference(k)]
     if k.peak_over_floor is not None:
-        parts.append(f"{times(k.peak_over_floor)} its floor ({format_bytes(k.floor_bytes)})")
+        parts.append(f"{vs_floor(k.peak_over_floor)} ({format_bytes(k.floor_bytes)})")
     rest = ", ".join(parts)
     if k.big_fp32_blocks:
         plural = "s" if k.big_fp32_blocks != 1 else ""
@@ -308,9 +313,7 @@ def recommendation(h: Headline) -> list[str]:
             "are not needed after backward."
         )
         if keeping is not None:
-            floor = (
-                f", {times(keeping.peak_over_floor)} its floor" if keeping.peak_over_floor else ""
-            )
+            floor = f", {vs_floor(keeping.peak_over_floor)}" if keeping.peak_over_floor else ""
             out.append(
                 f"Keeping the logits intact: {keeping.name}, {format_bytes(keeping.peak_bytes)} "
                 f"({vs_reference(keeping)}{floor})."
