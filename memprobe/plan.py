@@ -395,9 +395,11 @@ def run_plans(
     jobs: int = 1,
     alloc_conf: str | None = None,
     reserved: bool | None = None,
+    on_done: Callable[[TokenPlan], None] | None = None,
 ) -> list[TokenPlan]:
     """Plan every target. ``jobs`` > 1 runs the simulations in that many forked processes;
-    ``reserved`` (default True) also plans on the modelled reserved peak."""
+    ``reserved`` (default True) also plans on the modelled reserved peak; ``on_done``
+    hears of each plan as it finishes (in any order)."""
     if reserved is None:
         reserved = True
     steps = {i: plan_steps(t, budget, reserved) for i, t in enumerate(targets)}
@@ -408,9 +410,9 @@ def run_plans(
 
     try:
         if pool is None:
-            done = _drive_in_order(steps, evaluate)
+            done = _drive_in_order(steps, evaluate, on_done)
         else:
-            done = _drive_in_pool(steps, targets, pool, alloc_conf)
+            done = _drive_in_pool(steps, targets, pool, alloc_conf, on_done)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -429,7 +431,9 @@ def _pool(jobs: int, targets: Sequence[Target]) -> ProcessPoolExecutor | None:
 
 
 def _drive_in_order(
-    steps: Mapping[int, PlanSteps], evaluate: Callable[[int, Probe], int]
+    steps: Mapping[int, PlanSteps],
+    evaluate: Callable[[int, Probe], int],
+    on_done: Callable[[TokenPlan], None] | None,
 ) -> dict[int, TokenPlan]:
     done: dict[int, TokenPlan] = {}
     for i, gen in steps.items():
@@ -439,6 +443,8 @@ def _drive_in_order(
                 ask = gen.send({p: evaluate(i, p) for p in ask})
         except StopIteration as stop:
             done[i] = stop.value
+            if on_done is not None:
+                on_done(stop.value)
     return done
 
 
@@ -447,6 +453,7 @@ def _drive_in_pool(
     targets: Sequence[Target],
     pool: ProcessPoolExecutor,
     alloc_conf: str | None,
+    on_done: Callable[[TokenPlan], None] | None,
 ) -> dict[int, TokenPlan]:
     """Every plan's pending probes in one pool; a plan moves on as soon as its own are back."""
     done: dict[int, TokenPlan] = {}
@@ -470,6 +477,8 @@ def _drive_in_pool(
                 follow.append((i, steps[i].send(got)))
             except StopIteration as stop:
                 done[i] = stop.value
+                if on_done is not None:
+                    on_done(stop.value)
         submit(follow)
     return done
 

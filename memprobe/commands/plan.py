@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -39,6 +40,7 @@ class PlanRequest:
     out: Path | None = None
     jobs: int = 1
     reserved: bool = True  # also plan on the allocator model's reserved peak
+    progress: bool = True  # a line (or a bar) on stderr as each plan finishes
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,24 @@ def _run_chunk_sizes(rows: list[dict[str, Any]]) -> tuple[int | None, ...]:
     return tuple(sorted(timed)) or (1024,)
 
 
+def _progress(total: int, enabled: bool) -> Callable[[Any], None]:
+    """Report each finished plan on stderr: some take minutes (torch's chunk loop at a
+    million tokens), and the table comes only when all are done."""
+    from memprobe.render.progress import Progress
+
+    progress = Progress(enabled=enabled)
+    finished = 0
+
+    def on_done(done: Any) -> None:
+        nonlocal finished
+        finished += 1
+        t = done.target
+        what = f"{t.kernel} tp={t.tp} cp={t.cp}: {done.max_tokens:,} tokens/GPU"
+        progress.step(finished, total, what)
+
+    return on_done
+
+
 def run_plan_job(request: PlanRequest) -> PlanOutcome:
     from memprobe import plan
     from memprobe.results import read_rows
@@ -103,6 +123,7 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
         jobs=request.jobs,
         alloc_conf=request.alloc_conf,
         reserved=request.reserved,
+        on_done=_progress(len(targets), request.progress),
     )
     choices = plan.chunk_choices(plans, rows)
     notes = [

@@ -122,3 +122,17 @@ def test_no_reserved_plans_on_allocated_bytes_only(run_cli):
     assert code == 0, err
     assert "reserved: not planned (--no-reserved)" in out
     assert "tokens (reserved)" not in out
+
+
+def test_each_finished_plan_is_reported_on_stderr(run_cli):
+    import json
+
+    code, out, err = run_cli(
+        "plan", *SMALL, "--budget", "32MiB", "--kernel", "local_chunked,unchunked", "--json"
+    )
+    assert code == 0, err
+    rows = json.loads(out)  # stdout stays the JSON alone
+    lines = err.strip().splitlines()
+    assert [line.split()[0] for line in lines] == ["[1/2]", "[2/2]"]
+    for row in rows:
+        assert f"{row['kernel']} tp=1 cp=1: {row['max_tokens']:,} tokens/GPU" in err
