@@ -239,11 +239,13 @@ def vs_reference(k: KernelResult) -> str:
     s = k.saving_vs_unchunked
     if k.kernel in (REFERENCE, HIDDEN_REFERENCE):
         return "the reference"
+    # The hidden family's reference is the lm_head matmul, then unchunked.
+    ref = HIDDEN_REFERENCE if (k.row or {}).get("hidden") is not None else REFERENCE
     if s is None:
-        return "no unchunked run to compare with"
+        return f"no {ref} run to compare with"
     if round(s, 2) == 1.0:
-        return "the same as unchunked"
-    return f"{times(s)} below unchunked" if s > 1 else f"{times(1 / s)} above unchunked"
+        return f"the same as {ref}"
+    return f"{times(s)} below {ref}" if s > 1 else f"{times(1 / s)} above {ref}"
 
 
 def shape_text(h: Headline) -> str:
