@@ -148,9 +148,14 @@ def make_target(
         isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0
     ):
         raise UserError(f"hidden must be a positive integer, got {hidden!r}", "e.g. --hidden 4096")
+    if spec.inputs == "logits" and hidden is not None:
+        raise UserError(
+            f"{kernel} takes logits, not hidden states: --hidden plans the hidden family",
+            "drop --hidden for logits kernels, or name hidden-family kernels: "
+            "`memprobe kernels` lists both",
+        )
     chunk = chunk_size if spec.uses_chunk_size else None
-    h = hidden if spec.inputs == "hidden" else None
-    return Target(kernel, vocab, batch, key, chunk, tp, cp, h)
+    return Target(kernel, vocab, batch, key, chunk, tp, cp, hidden)
 
 
 # -- what a plan says --------------------------------------------------------------------

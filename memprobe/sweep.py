@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -109,8 +109,15 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     takes_hidden = [k for k in kernels if get_spec(k).inputs == "hidden"]
     if takes_hidden and not hidden:
         raise UserError(
-            f"{', '.join(takes_hidden)} take hidden states and the lm_head weight, not logits",
+            f"{_names(takes_hidden)} hidden states and the lm_head weight, not logits",
             "give the hidden size with --hidden, e.g. --hidden 4096",
+        )
+    takes_logits = [k for k in kernels if get_spec(k).inputs == "logits"]
+    if takes_logits and hidden:
+        raise UserError(
+            f"{_names(takes_logits)} logits, not hidden states: --hidden runs the hidden family",
+            "drop --hidden for logits kernels, or name hidden-family kernels: "
+            "`memprobe kernels` lists both",
         )
     dtypes = [_dtype(d) for d in grid.dtype]
     dev = resolve_device(grid.device)
@@ -137,6 +144,11 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
             sizes = hidden if get_spec(k).inputs == "hidden" and hidden else [None]
             cases += [Case(k, b, s, v, d, cs, t, c, dev, h) for h in sizes for cs in chunks[k]]
     return list(dict.fromkeys(cases))
+
+
+def _names(kernels: Sequence[str]) -> str:
+    """'a takes' or 'a, b take': the subject of a sentence about what kernels take."""
+    return f"{', '.join(kernels)} {'takes' if len(kernels) == 1 else 'take'}"
 
 
 def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:

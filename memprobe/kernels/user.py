@@ -175,7 +175,8 @@ def _protocol(fn: Any, path: str) -> str:
     if protocol is None:
         names = ", ".join(p.name for p in required) or "none"
         raise UserError(
-            f"kernel {path!r} takes {len(required)} positional arguments ({names}), "
+            f"kernel {path!r} takes {len(required)} positional "
+            f"argument{'' if len(required) == 1 else 's'} ({names}), "
             "expected 2 (logits protocol) or 3 (hidden protocol)",
             _SHAPE_HINT,
         )

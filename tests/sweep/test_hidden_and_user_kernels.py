@@ -42,6 +42,19 @@ def test_hidden_kernels_need_a_hidden_size(run_cli) -> None:
     assert code == 2 and "--hidden" in err
 
 
+@pytest.mark.parametrize("command", ["sweep", "plan"])
+def test_logits_kernels_are_refused_with_a_hidden_size(run_cli, command: str) -> None:
+    # --hidden runs the hidden family: a logits kernel named beside it would be
+    # compared with linear_unchunked, whose inputs and floor differ.
+    sizes = ["--tokens", "1024"] if command == "sweep" else ["--budget", "1GiB"]
+    code, out, err = run_cli(
+        command, *sizes, "--vocab", "16384", "--hidden", "512",
+        "--kernel", "local_chunked,linear_unchunked",
+    )  # fmt: skip
+    assert code == 2 and not out
+    assert "local_chunked takes logits, not hidden states" in err and "\n" not in err.strip()
+
+
 def test_plan_hidden_family(run_cli) -> None:
     code, out, err = run_cli(
         "plan", "--vocab", "4096", "--hidden", "256", "--budget", "64MiB",
