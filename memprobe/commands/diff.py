@@ -34,8 +34,13 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
     ]
     for c, a, b in d.categories:
         out.append(f"  {c:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}")
-    out += ["", f"by source line and op (the {min(top, len(d.contributors))} largest changes):"]
-    for c in d.contributors[:top]:
+    # The N largest changes either way (a fix that frees 9.77 GiB must show), listed
+    # growth first like the --json list; lines that did not change are left out.
+    changed = [c for c in d.contributors if c.delta_bytes]
+    shown = sorted(changed, key=lambda c: -abs(c.delta_bytes))[:top]
+    shown.sort(key=lambda c: -c.delta_bytes)
+    out += ["", f"by source line and op (the {len(shown)} largest changes, growth first):"]
+    for c in shown:
         where = describe_frame(c.frame) if c.frame else "no user frame"
         if c.caller is not None:
             where += f" <- {describe_frame(c.caller)}"

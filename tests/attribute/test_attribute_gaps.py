@@ -147,3 +147,24 @@ def test_vocab_parallel_shard_with_the_full_vocab_given() -> None:
     # A single-GPU run given its own V stays whole.
     whole = attribute(tf.gpt_snapshot(), vocab=10000).inference
     assert whole.shards is None and not whole.per_rank and whole.vocab == 10000
+
+
+def test_diff_text_shows_the_largest_changes_either_way(tmp_path, run_cli) -> None:
+    # A fix that frees far more than anything grows must be among the shown lines;
+    # a line that did not change is not a change.
+    from memprobe.snapshot import write_snapshot
+
+    mib = tf.MiB
+    pa = write_snapshot(_two_callers(512 * mib, 64 * mib), tmp_path / "a.pickle")
+    pb = write_snapshot(_two_callers(64 * mib, 96 * mib), tmp_path / "b.pickle")
+
+    def shown(*args: str) -> list[str]:
+        code, out, _ = run_cli("diff", str(pa), str(pb), *args)
+        assert code == 0
+        return [line.split()[0] for line in out.splitlines() if "helpers.py:12" in line]
+
+    assert shown("--top", "1") == ["-448.00"]
+    assert shown("--top", "5") == ["+32.00", "-448.00"]
+    same = write_snapshot(_two_callers(512 * mib, 64 * mib), tmp_path / "same.pickle")
+    code, out, _ = run_cli("diff", str(pa), str(same))
+    assert "(the 0 largest changes, growth first)" in out
