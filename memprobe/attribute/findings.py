@@ -298,6 +298,7 @@ def _attribute_normalized(
         vocab if vocab is not None else recorded.vocab,
         tokens if tokens is not None else recorded.tokens,
         batch if batch is not None else recorded.batch,
+        recorded.hidden,
     )
     ctx = _Context(rep, hints, simulated=simulated_clock(snap))
     live_peak = _largest(rep.live_at(rep.peak_pos))
@@ -457,6 +458,7 @@ def _timeline(rep: Replay, ctx: _Context) -> Timeline:
 
 
 _CASE_SHAPE = re.compile(r"-b(\d+)-s(\d+)-v(\d+)-[a-z0-9]+-c(?:\d+|none)-tp(\d+)-cp(\d+)-")
+_CASE_HIDDEN = re.compile(r"-h(\d+)-b\d+-s\d+-v\d+-")
 
 
 def recorded_case_hints(snap: dict[str, Any]) -> Hints:
@@ -470,7 +472,9 @@ def recorded_case_hints(snap: dict[str, Any]) -> Hints:
     b, s, v, tp, cp = (int(g) for g in match.groups())
     if tp < 1 or cp < 1:
         return Hints()
-    return Hints(vocab=v // tp, tokens=s // cp, batch=b)
+    hidden = _CASE_HIDDEN.search(case)
+    h = int(hidden.group(1)) if hidden else None
+    return Hints(vocab=v // tp, tokens=s // cp, batch=b, hidden=h)
 
 
 def _provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:

@@ -166,6 +166,7 @@ class Hints:
     vocab: int | None = None
     tokens: int | None = None  # S, as the CLI's --tokens
     batch: int | None = None
+    hidden: int | None = None  # H of a memprobe hidden-family run (its record says so)
 
 
 @dataclass
@@ -407,18 +408,26 @@ def _with_collective(found: ShapeInference, collective: str | None, hints: Hints
 
 
 def _without_logits_path(hints: Hints, *, found_loss: bool = False) -> ShapeInference:
-    why = (
-        "loss/softmax blocks are there, but none fits [N, V] with V >= "
-        f"{MIN_VOCAB} (a classifier, not a language model's head?)"
-        if found_loss
-        else "no softmax / log_softmax / cross_entropy / nll_loss (or their backward) "
-        "made a block in the trace, and no forward matmul made [N, V] from a [V, H] weight"
-    )
+    if hints.hidden is not None:
+        why = (
+            "memprobe's run records a fused step (hidden states [N, H] and the lm_head "
+            f"weight [V, H] in, H = {hints.hidden:,}) whose kernel never makes an [N, V] block"
+        )
+    elif found_loss:
+        why = (
+            "loss/softmax blocks are there, but none fits [N, V] with V >= "
+            f"{MIN_VOCAB} (a classifier, not a language model's head?)"
+        )
+    else:
+        why = (
+            "no softmax / log_softmax / cross_entropy / nll_loss (or their backward) "
+            "made a block in the trace, and no forward matmul made [N, V] from a [V, H] weight"
+        )
     n = hints.batch * hints.tokens if hints.batch and hints.tokens else None
     return ShapeInference(
         tokens=n,
         vocab=hints.vocab,
-        hidden=None,
+        hidden=hints.hidden,
         batch=hints.batch,
         seq=hints.tokens,
         family=(),

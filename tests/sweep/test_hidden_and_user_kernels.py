@@ -35,6 +35,10 @@ def test_sweep_hidden_family_side_by_side(run_cli, tmp_path: Path) -> None:
     # Verified against float64: both gradients, within bf16 rounding.
     assert fused["max_abs_err_fwd"] < 1e-3 and fused["max_abs_err_bwd"] < 0.1
     assert "Fused: " in stdout and "for matmul + local_chunked" in stdout
+    # Its own snapshot reads as a fused step, not as a classifier without logits.
+    code, text, err = run_cli("attribute", str(out / fused["snapshot"]))
+    assert code == 0, err
+    assert "records a fused step" in text and "H = 256" in text and "classifier" not in text
 
 
 def test_hidden_kernels_need_a_hidden_size(run_cli) -> None:
