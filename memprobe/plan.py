@@ -60,8 +60,8 @@ class Budget:
 
 def make_budget(budget: str | int, other: str | int = 0) -> Budget:
     """Sizes as users write them (``"80GiB"``, bytes) → a checked :class:`Budget`."""
-    budget_bytes = _size(budget, "--budget")
-    other_bytes = _size(other, "--other")
+    budget_bytes = parse_size(budget, what="--budget")
+    other_bytes = parse_size(other, what="--other")
     if other_bytes > budget_bytes:
         raise UserError(
             f"--other {format_bytes(other_bytes)} is more than --budget "
@@ -69,12 +69,6 @@ def make_budget(budget: str | int, other: str | int = 0) -> Budget:
             "the budget is the GPU's whole memory; --other is the part the rest of the job holds",
         )
     return Budget(budget_bytes, other_bytes)
-
-
-def _size(value: str | int, flag: str) -> int:
-    if isinstance(value, str) and value.strip().startswith("-"):
-        raise UserError(f"{flag} {value!r} is negative", "give a size of zero or more, e.g. 80GiB")
-    return parse_size(value, what=flag)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
             raise UserError(f"{what} {value!r} is negative", "give a size of zero or more")
         return int(value)
     text = str(value)
+    if text.strip().startswith("-"):
+        raise UserError(f"{what} {value!r} is negative", "give a size of zero or more, e.g. 80GiB")
     if re.match(r"^\s*[0-9]+,[0-9]{1,2}(?![0-9])", text):
         raise UserError(f"{what} {value!r}: a comma is not a decimal point", "write e.g. 1.5 GiB")
     match = _SIZE.match(text)

@@ -56,6 +56,16 @@ def test_size_refuses_numbers(value: float) -> None:
         parse_size(value)
 
 
+@pytest.mark.parametrize("command", [["sweep", "--tokens", "1024", "--vocab", "1024"],
+                                     ["plan", "--vocab", "1024"]])  # fmt: skip
+def test_a_negative_budget_reads_the_same_everywhere(run_cli, command: list[str]) -> None:
+    code, out, err = run_cli(*command, "--budget", "-1GiB")
+    assert code == 2 and not out
+    assert err.strip() == (
+        "memprobe: error: --budget '-1GiB' is negative (give a size of zero or more, e.g. 80GiB)"
+    )
+
+
 def test_size_keeps_thousands_separators() -> None:
     assert parse_size("1,000 MB") == 10**9
     assert parse_size("1_000") == 1000
