@@ -191,7 +191,10 @@ def command(
     ] = None,
     budget: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Option(help="Budget the report marks, e.g. 80GiB (default: the GPU's capacity)."),
+        typer.Option(
+            help="One GPU's memory, e.g. 80GiB: a `fits` column per case, which kernels fit "
+            "in the answer, a line in the report (default: the GPU's capacity on cuda)."
+        ),
     ] = None,
 ) -> None:
     """Peak memory of each kernel across sequence lengths and vocabularies.
