@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from memprobe.kernels.autograd_reference import (
     naive_chunked_logprobs,
     precast_chunked_logprobs,
@@ -170,9 +172,11 @@ def get_spec(name: str) -> KernelSpec:
     try:
         return KERNELS[name]
     except KeyError:
+        close = difflib.get_close_matches(name, KERNELS, n=1)
+        guess = f" (did you mean {close[0]!r}?)" if close else ""
         known = ", ".join(KERNELS)
         raise ValueError(
-            f"unknown kernel {name!r}; known kernels: {known} "
+            f"unknown kernel {name!r}{guess}; known kernels: {known} "
             "(or your own as package.module:function)"
         ) from None
 

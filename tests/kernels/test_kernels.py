@@ -255,3 +255,10 @@ def test_dispatcher_rejects_filters_on_a_chunked_kernel():
     logits, ids, _ = inputs(1, 6, 9, torch.float32, seed=0)
     with pytest.raises(ValueError, match="filtered"):
         next_token_logprobs(logits, ids, top_k=3, kernel="local_chunked")
+
+
+def test_a_misspelt_kernel_name_gets_a_suggestion():
+    from memprobe.kernels import get_spec
+
+    with pytest.raises(ValueError, match=r"'local_chunkd' \(did you mean 'local_chunked'\?\);"):
+        get_spec("local_chunkd")
