@@ -162,6 +162,11 @@ def _category(
             return PARAMETERS, "alive for the whole trace"
         return ACTIVATIONS, "made in forward"
     if phase == "setup":
+        # A memprobe hidden-family step's inputs: the lm_head weight and the hidden states.
+        if site.op == "input:_weight":
+            return PARAMETERS, "the lm_head weight, an input of memprobe's step"
+        if site.op == "input:_hidden":
+            return ACTIVATIONS, "the hidden states, an input of memprobe's step"
         return OTHER, "made while setting up the step"
     return OTHER, "no phase known"
 
