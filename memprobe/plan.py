@@ -28,7 +28,7 @@ from typing import Any
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.kernels.registry import get_spec, kernel_names
+from memprobe.kernels.registry import check_inputs_match, get_spec, kernel_names
 from memprobe.records import DTYPES, Case, normalize_dtype
 
 # Which peak a search plans on: the tracker's allocated bytes, or the reserved
@@ -133,21 +133,11 @@ def make_target(
         )
     if vocab % tp:
         raise UserError(f"--tp {tp} does not divide the vocabulary {vocab}", "pick a tp that does")
-    if spec.inputs == "hidden" and hidden is None:
-        raise UserError(
-            f"{kernel} takes hidden states and the lm_head weight, not logits",
-            "give the hidden size with --hidden, e.g. --hidden 4096",
-        )
     if hidden is not None and (
         isinstance(hidden, bool) or not isinstance(hidden, int) or hidden <= 0
     ):
         raise UserError(f"hidden must be a positive integer, got {hidden!r}", "e.g. --hidden 4096")
-    if spec.inputs == "logits" and hidden is not None:
-        raise UserError(
-            f"{kernel} takes logits, not hidden states: --hidden plans the hidden family",
-            "drop --hidden for logits kernels, or name hidden-family kernels: "
-            "`memprobe kernels` lists both",
-        )
+    check_inputs_match([kernel], hidden)
     chunk = chunk_size if spec.uses_chunk_size else None
     return Target(kernel, vocab, batch, key, chunk, tp, cp, hidden)
 

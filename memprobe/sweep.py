@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from memprobe import results
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
+from memprobe.kernels.registry import check_inputs_match
 from memprobe.measure import measure, resolve_device
 from memprobe.measure.parallel import (
     RankLayout,
@@ -106,19 +107,7 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
             get_spec(name)
         except ValueError as exc:
             raise UserError(str(exc), "see `memprobe kernels`") from None
-    takes_hidden = [k for k in kernels if get_spec(k).inputs == "hidden"]
-    if takes_hidden and not hidden:
-        raise UserError(
-            f"{_names(takes_hidden)} hidden states and the lm_head weight, not logits",
-            "give the hidden size with --hidden, e.g. --hidden 4096",
-        )
-    takes_logits = [k for k in kernels if get_spec(k).inputs == "logits"]
-    if takes_logits and hidden:
-        raise UserError(
-            f"{_names(takes_logits)} logits, not hidden states: --hidden runs the hidden family",
-            "drop --hidden for logits kernels, or name hidden-family kernels: "
-            "`memprobe kernels` lists both",
-        )
+    check_inputs_match(kernels, hidden[0] if hidden else None)
     dtypes = [_dtype(d) for d in grid.dtype]
     dev = resolve_device(grid.device)
     single = [k for k in kernels if not get_spec(k).distributed]
@@ -144,11 +133,6 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
             sizes = hidden if get_spec(k).inputs == "hidden" and hidden else [None]
             cases += [Case(k, b, s, v, d, cs, t, c, dev, h) for h in sizes for cs in chunks[k]]
     return list(dict.fromkeys(cases))
-
-
-def _names(kernels: Sequence[str]) -> str:
-    """'a takes' or 'a, b take': the subject of a sentence about what kernels take."""
-    return f"{', '.join(kernels)} {'takes' if len(kernels) == 1 else 'take'}"
 
 
 def _check_parallel(tokens: int, vocab: int, tp: int, cp: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 
 from memprobe.kernels.autograd_reference import (
     naive_chunked_logprobs,
@@ -179,6 +180,30 @@ def get_spec(name: str) -> KernelSpec:
             f"unknown kernel {name!r}{guess}; known kernels: {known} "
             "(or your own as package.module:function)"
         ) from None
+
+
+def check_inputs_match(kernels: Sequence[str], hidden: int | None) -> None:
+    """One line (``UserError``) when a kernel's input protocol does not match ``--hidden``:
+    the hidden family needs a hidden size, a logits kernel must not get one (it would be
+    compared with the hidden family's reference, whose inputs and floor differ)."""
+    from memprobe.errors import UserError
+
+    def subject(names: list[str]) -> str:
+        return f"{', '.join(names)} {'takes' if len(names) == 1 else 'take'}"
+
+    wrong = [k for k in kernels if (get_spec(k).inputs == "hidden") != (hidden is not None)]
+    if not wrong:
+        return
+    if hidden is None:
+        raise UserError(
+            f"{subject(wrong)} hidden states and the lm_head weight, not logits",
+            "give the hidden size with --hidden, e.g. --hidden 4096",
+        )
+    raise UserError(
+        f"{subject(wrong)} logits, not hidden states: --hidden is for the hidden family",
+        "drop --hidden for logits kernels, or name hidden-family kernels: "
+        "`memprobe kernels` lists both",
+    )
 
 
 def get_kernel(name: str) -> LogprobKernel | HiddenLogprobKernel:
