@@ -457,8 +457,10 @@ def _timeline(rep: Replay, ctx: _Context) -> Timeline:
     return Timeline(tuple(positions), tuple(series))
 
 
-_CASE_SHAPE = re.compile(r"-b(\d+)-s(\d+)-v(\d+)-[a-z0-9]+-c(?:\d+|none)-tp(\d+)-cp(\d+)-")
-_CASE_HIDDEN = re.compile(r"-h(\d+)-b\d+-s\d+-v\d+-")
+# A case id's shapes: "-h4096" only for the hidden family.
+_CASE_SHAPE = re.compile(
+    r"(?:-h(\d+))?-b(\d+)-s(\d+)-v(\d+)-[a-z0-9]+-c(?:\d+|none)-tp(\d+)-cp(\d+)-"
+)
 
 
 def recorded_case_hints(snap: dict[str, Any]) -> Hints:
@@ -469,12 +471,10 @@ def recorded_case_hints(snap: dict[str, Any]) -> Hints:
     match = _CASE_SHAPE.search(case) if isinstance(case, str) else None
     if match is None:
         return Hints()
-    b, s, v, tp, cp = (int(g) for g in match.groups())
+    h, (b, s, v, tp, cp) = match.group(1), (int(g) for g in match.groups()[1:])
     if tp < 1 or cp < 1:
         return Hints()
-    hidden = _CASE_HIDDEN.search(case)
-    h = int(hidden.group(1)) if hidden else None
-    return Hints(vocab=v // tp, tokens=s // cp, batch=b, hidden=h)
+    return Hints(vocab=v // tp, tokens=s // cp, batch=b, hidden=int(h) if h else None)
 
 
 def _provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:

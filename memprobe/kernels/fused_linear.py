@@ -86,9 +86,8 @@ _LOWEST = torch.finfo(torch.float32).min
 def default_rows(hidden_size: int) -> int:
     """Rows of a default token chunk or vocabulary tile: a power of two holding
     at most :data:`DEFAULT_BLOCK_ELEMENTS` float32 values per ``[rows, H]`` block."""
-    rows = max(1, DEFAULT_BLOCK_ELEMENTS // max(1, hidden_size))
-    rows = 1 << (rows.bit_length() - 1)
-    return min(max(rows, _MIN_ROWS), _MAX_ROWS)
+    rows = _rows_within(4 * DEFAULT_BLOCK_ELEMENTS, 4 * max(1, hidden_size), _MAX_ROWS)
+    return max(rows, _MIN_ROWS)
 
 
 def _rows_within(budget: int, row_bytes: int, cap: int) -> int:
