@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -249,49 +250,50 @@ def _dominant_entries(
     return exact, lost
 
 
-def _dlogits_(
-    x: torch.Tensor,
-    scratch: torch.Tensor,
-    shift: torch.Tensor,
-    g: torch.Tensor,
-    largest: torch.Tensor,
-    exact: torch.Tensor,
-    v0: int,
-    inv_t: float,
-) -> None:
-    """Overwrite ``x`` (centered logits of vocabulary rows ``v0:``, inputs' dtype)
-    with ``(onehot - softmax) · g / T``, computed in the float32 ``scratch``.
+@dataclass(frozen=True)
+class _TokenRows:
+    """What the backward knows per token (row i of each tensor), sliced as a whole."""
 
-    ``largest`` holds each row's argmax and target columns (``[rows, 2]``), whose
-    entries ``exact`` replaces with the forward's values: the one-hot lands with
-    them, and both passes round exactly the same numbers.
+    bias: torch.Tensor  # [N, 1] inputs' dtype: -T·max, the recompute's matmul bias
+    shift: torch.Tensor  # [N, 1] float32: the rest of the log-softmax (_centering)
+    g: torch.Tensor  # [N, 1] float32: the upstream gradient
+    largest: torch.Tensor  # [N, 2] int64: argmax and target columns
+    exact: torch.Tensor  # [N, 2] float32: their dlogits, from the forward
+    lost: torch.Tensor  # [N, 2] float32: what rounding those to the inputs' dtype loses
+    inv_t: float
+
+    def __getitem__(self, rows: slice) -> _TokenRows:
+        t = (self.bias, self.shift, self.g, self.largest, self.exact, self.lost)
+        return _TokenRows(*(x[rows] for x in t), inv_t=self.inv_t)
+
+
+def _dlogits_(x: torch.Tensor, scratch: torch.Tensor, tok: _TokenRows, v0: int) -> None:
+    """Overwrite ``x`` (centered logits of vocabulary rows ``v0:`` for ``tok``'s
+    tokens, inputs' dtype) with ``(onehot - softmax) · g / T``, computed in the
+    float32 ``scratch``.
+
+    The argmax and target entries take ``tok.exact``, the forward's values: the
+    one-hot lands with them, and both passes round exactly the same numbers.
     """
-    z = torch.sub(x, shift, out=scratch)
+    inv_t = tok.inv_t
+    z = torch.sub(x, tok.shift, out=scratch)
     if inv_t != 1.0:
         z.mul_(inv_t)
-    z.exp_().mul_(g.neg())
+    z.exp_().mul_(tok.g.neg())
     if inv_t != 1.0:
         z.mul_(inv_t)
-    local, inside = _in_tile(largest, v0, v0 + x.shape[1])
+    local, inside = _in_tile(tok.largest, v0, v0 + x.shape[1])
     # One column at a time: a target that is also the argmax is written twice
     # with the same value, and a column outside the tile gets its own value back.
-    for j in range(largest.shape[1]):
+    for j in range(tok.largest.shape[1]):
         at = local[:, j : j + 1]
-        z.scatter_(-1, at, torch.where(inside[:, j : j + 1], exact[:, j : j + 1], z.gather(-1, at)))
+        keep = inside[:, j : j + 1]
+        z.scatter_(-1, at, torch.where(keep, tok.exact[:, j : j + 1], z.gather(-1, at)))
     x.copy_(z)
 
 
 def _grad_hidden(
-    h2: torch.Tensor,
-    weight: torch.Tensor,
-    largest: torch.Tensor,
-    exact: torch.Tensor,
-    lost: torch.Tensor,
-    bias: torch.Tensor,
-    shift: torch.Tensor,
-    g: torch.Tensor,
-    rows: int,
-    inv_t: float,
+    h2: torch.Tensor, weight: torch.Tensor, tok: _TokenRows, rows: int
 ) -> torch.Tensor:
     """Pass 1: ``[rows, V]`` blocks; one matmul per block writes its rows of the gradient."""
     tokens, vocab = h2.shape[0], weight.shape[0]
@@ -302,39 +304,22 @@ def _grad_hidden(
     scratch = h2.new_empty((rows, cols), dtype=torch.float32)
     for r0 in block_starts(tokens, rows, h2.device):
         r1 = min(r0 + rows, tokens)
-        x = torch.addmm(bias[r0:r1], h2[r0:r1], weight.t(), out=block[: r1 - r0])
+        chunk = tok[r0:r1]
+        x = torch.addmm(chunk.bias, h2[r0:r1], weight.t(), out=block[: r1 - r0])
         for v0 in block_starts(vocab, cols, h2.device):
             v1 = min(v0 + cols, vocab)
-            _dlogits_(
-                x[:, v0:v1],
-                scratch[: r1 - r0, : v1 - v0],
-                shift[r0:r1],
-                g[r0:r1],
-                largest[r0:r1],
-                exact[r0:r1],
-                v0,
-                inv_t,
-            )
+            _dlogits_(x[:, v0:v1], scratch[: r1 - r0, : v1 - v0], chunk, v0)
         # The matmul's bias: the residuals times their weight rows.
         out = grad[r0:r1]
-        residual = lost[r0:r1].to(h2.dtype)
-        torch.index_select(weight, 0, largest[r0:r1, 0], out=out).mul_(residual[:, :1])
-        out.addcmul_(weight[largest[r0:r1, 1]], residual[:, 1:])
+        residual = chunk.lost.to(h2.dtype)
+        torch.index_select(weight, 0, chunk.largest[:, 0], out=out).mul_(residual[:, :1])
+        out.addcmul_(weight[chunk.largest[:, 1]], residual[:, 1:])
         out.addmm_(x, weight)
     return grad
 
 
 def _grad_weight(
-    h2: torch.Tensor,
-    weight: torch.Tensor,
-    largest: torch.Tensor,
-    exact: torch.Tensor,
-    lost: torch.Tensor,
-    bias: torch.Tensor,
-    shift: torch.Tensor,
-    g: torch.Tensor,
-    cols: int,
-    inv_t: float,
+    h2: torch.Tensor, weight: torch.Tensor, tok: _TokenRows, cols: int
 ) -> torch.Tensor:
     """Pass 2: ``[N, cols]`` blocks; one matmul per block writes its rows of the gradient."""
     tokens, vocab = h2.shape[0], weight.shape[0]
@@ -344,9 +329,9 @@ def _grad_weight(
     rows = max(1, min(tokens, SCRATCH_ELEMENTS // h2.shape[1]))
     for r0 in block_starts(tokens, rows, h2.device):
         r1 = min(r0 + rows, tokens)
-        for j in range(largest.shape[1]):
-            residual = lost[r0:r1, j : j + 1].to(h2.dtype)
-            grad.index_add_(0, largest[r0:r1, j], h2[r0:r1] * residual)
+        for j in range(tok.largest.shape[1]):
+            residual = tok.lost[r0:r1, j : j + 1].to(h2.dtype)
+            grad.index_add_(0, tok.largest[r0:r1, j], h2[r0:r1] * residual)
     cols = min(cols, vocab)
     # Flat storage, so the narrower last tile is a contiguous view too.
     storage = h2.new_empty(tokens * cols)
@@ -355,19 +340,10 @@ def _grad_weight(
     for v0 in block_starts(vocab, cols, h2.device):
         v1 = min(v0 + cols, vocab)
         x = storage[: tokens * (v1 - v0)].view(tokens, v1 - v0)
-        torch.addmm(bias, h2, weight[v0:v1].t(), out=x)
+        torch.addmm(tok.bias, h2, weight[v0:v1].t(), out=x)
         for r0 in block_starts(tokens, rows, h2.device):
             r1 = min(r0 + rows, tokens)
-            _dlogits_(
-                x[r0:r1],
-                scratch[: r1 - r0, : v1 - v0],
-                shift[r0:r1],
-                g[r0:r1],
-                largest[r0:r1],
-                exact[r0:r1],
-                v0,
-                inv_t,
-            )
+            _dlogits_(x[r0:r1], scratch[: r1 - r0, : v1 - v0], tok[r0:r1], v0)
         grad[v0:v1].addmm_(x.t(), h2)
     return grad
 
@@ -423,14 +399,14 @@ class FusedLinearChunkedLogprob(torch.autograd.Function):
         bias, shift = _centering(row_max, logsum, inv_t, hidden.dtype)
         largest = torch.stack((argmax, flat_targets), dim=-1)
         exact, lost = _dominant_entries(argmax, flat_targets, logsum, logprobs, g, inv_t, h2.dtype)
-        args = (h2, weight, largest, exact, lost, bias, shift, g)
+        tok = _TokenRows(bias, shift, g, largest, exact, lost, inv_t)
         grad_hidden = grad_weight = None
         if ctx.needs_input_grad[0]:
             rows = min(chunk, _rows_within(BACKWARD_BLOCK_BYTES, vocab * h2.element_size(), tokens))
-            grad_hidden = _grad_hidden(*args, rows, inv_t).view(batch, seq, size)
+            grad_hidden = _grad_hidden(h2, weight, tok, rows).view(batch, seq, size)
         if ctx.needs_input_grad[1]:
             cols = min(tile, _rows_within(BACKWARD_BLOCK_BYTES, tokens * h2.element_size(), vocab))
-            grad_weight = _grad_weight(*args, cols, inv_t)
+            grad_weight = _grad_weight(h2, weight, tok, cols)
         return grad_hidden, grad_weight, None, None, None, None, None
 
 
