@@ -7,6 +7,7 @@ and the ones below, never one above. Imports inside functions count too.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -26,6 +27,8 @@ FLOORS: dict[str, int] = {
     "attribute": 2, "results": 2,
     # 3: the stages over measurement
     "sweep": 3, "gate": 3, "plan": 3,
+    # 3: the page model, built from results and attribution (render/ only formats it)
+    "report": 3,
     # 4: every output format; 5: the front ends; 6: their assembly
     "render": 4, "commands": 5, "cli": 6, "__main__": 7,
 }  # fmt: skip
@@ -143,3 +146,44 @@ def test_no_import_circle() -> None:
         if module not in state:
             visit(module, [module])
     assert cycles == []
+
+
+_HTML_TAG = re.compile(
+    r"<\s*/?\s*(html|head|body|main|div|span|table|thead|tbody|tr|td|th|p|ul|ol|li|a|img|"
+    r"section|figure|figcaption|details|summary|h[1-6]|pre|code|dl|dt|dd|script|style|meta|b|br)"
+    r"[\s>/]",
+    re.IGNORECASE,
+)
+
+
+def _string_literals(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.append((node.lineno, node.value))
+    return out
+
+
+def test_no_html_in_python() -> None:
+    """Markup lives in render/templates/ (autoescaped Jinja2), never in Python strings."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {text[:60]!r}"
+        for path in sorted(ROOT.rglob("*.py"))
+        for line, text in _string_literals(path)
+        if _HTML_TAG.search(text)
+    ]
+    assert found == []
+
+
+def test_every_page_is_a_template_shipped_as_package_data() -> None:
+    from importlib import resources
+
+    templates = resources.files("memprobe.render").joinpath("templates")
+    for name in ("base.html", "report.html", "attribute.html", "plan.html"):
+        text = templates.joinpath(name).read_text(encoding="utf-8")
+        assert name == "base.html" or '{% extends "base.html" %}' in text, name
+    assert "Content-Security-Policy" in templates.joinpath("base.html").read_text("utf-8")
+    for asset in ("report.css", "sort_table.js"):
+        assert templates.joinpath("assets", asset).is_file(), asset
+    pyproject = (ROOT.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert '"templates/*.html"' in pyproject and '"jinja2' in pyproject

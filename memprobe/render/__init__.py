@@ -3,25 +3,26 @@
 - :mod:`~memprobe.render.terminal` — the sweep's end table and ``--json`` summary
 - :mod:`~memprobe.render.progress` — progress over sweep cases, on stderr
 - :mod:`~memprobe.render.html` — the sweep's ``report.html`` (from :mod:`~memprobe.render.page`)
-- :mod:`~memprobe.render.png` — the report's PNG plots (plots, timeline)
-- :mod:`~memprobe.render.findings_html` — one snapshot's attribution as a page
+- :mod:`~memprobe.render.png` — the report's PNG plots (plots, timeline), on one
+  :mod:`~memprobe.render.canvas`
+- :mod:`~memprobe.render.attribute_page`, :mod:`~memprobe.render.plan_page` — the
+  attribute and plan pages; every page is a Jinja2 template (``templates/``) extending
+  one base page (:mod:`~memprobe.render.templating`)
 - :mod:`~memprobe.render.gate_text`, :mod:`~memprobe.render.junit`,
   :mod:`~memprobe.render.markdown` — the gate's verdict for a terminal, CI, a step summary
 
-``write_report(run_dir)`` renders ``report.html`` and its plots from a run's files;
-``write_findings_page(findings, path, title=...)`` renders one snapshot's attribution.
+``write_report(run_dir)`` renders ``report.html`` and its plots from a run's files.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["REPORT_NAME", "write_findings_page", "write_report"]
+__all__ = ["REPORT_NAME", "write_report"]
 
 _ENTRY_POINTS = {
     "REPORT_NAME": "memprobe.render.html",
     "write_report": "memprobe.render.html",
-    "write_findings_page": "memprobe.render.findings_html",
 }
 
 

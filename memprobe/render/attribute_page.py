@@ -1,161 +1,204 @@
 """A self-contained HTML page of ``memprobe attribute`` on a real snapshot.
 
-One page per snapshot: per device, the timeline of allocated bytes by category with
-the peak marked (a PNG embedded as a data URI), what the peak is made of, the
-inferred shapes, identical blocks grouped, every logits-family block, the OOMs and
-the allocator's view. Offline: no scripts, no external links. Every text is escaped.
+It leads with one sentence on the peak and, when the snapshot holds an OOM, the OOM
+moments (device, exact request, free and reserved then) as its first section. Then
+per device: the timeline of allocated bytes by category with the peak marked, what
+the peak is made of, the inferred shapes, identical blocks grouped, every
+logits-family block, and the full text report. The markup is
+``templates/attribute.html`` (extending the base page: its CSP, style and no script).
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from matplotlib.patches import Patch
 
 from memprobe.attribute.findings import Findings
 from memprobe.attribute.frames import describe_frame
 from memprobe.io.files import write_atomic
-from memprobe.io.sizes import format_bytes, gib
+from memprobe.io.sizes import format_bytes
+from memprobe.render.canvas import clean_text, new_figure, styled, to_png, unit_for
 from memprobe.render.findings_text import render_findings
-
-_STYLE = """
-body{font-family:system-ui,sans-serif;margin:2em;max-width:75em;color:#222}
-table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:.25em .6em;
-text-align:left;vertical-align:top}th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.mono{font-family:ui-monospace,monospace;font-size:.9em}pre{background:#f8f8f8;padding:1em;overflow:auto}
-h2{border-bottom:1px solid #ddd;padding-bottom:.2em}
-"""
+from memprobe.render.style import category_style
+from memprobe.render.templating import Cell, Figure, Table, bytes_cell, render_page
+from memprobe.report.attribution import OomSummary, headline, oom_summaries
 
 
-def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
-
-
-def _timeline_png(f: Findings) -> str | None:
-    """The stacked timeline as a base64 PNG, or None when there is nothing to draw."""
+@styled
+def timeline_png(f: Findings) -> bytes | None:
+    """Allocated bytes by category over the trace (stacked), the peak and OOMs marked."""
     t = f.timeline
     if t is None or not t.positions or not t.series:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 3.6), dpi=100)
-    ax.stackplot(
+    fig = new_figure(10.0, 3.9)
+    ax = fig.subplots()
+    scale, unit = unit_for(max(f.peak_allocated_bytes, 1))
+    looks = [category_style(name) for name, _ in t.series]
+    stacks = ax.stackplot(
         t.positions,
-        *[[gib(v) for v in values] for _, values in t.series],
-        labels=[name for name, _ in t.series],
-        alpha=0.85,
+        *[[v / scale for v in values] for _, values in t.series],
+        colors=[look["color"] for look in looks],
+        edgecolor="#333333",
+        linewidth=0.3,
     )
+    for area, look in zip(stacks, looks, strict=True):
+        area.set_hatch(look["hatch"])
+    peak = f.peak_allocated_bytes / scale
+    ax.set_ylim(0, peak * 1.25 if peak else 1)
     if f.peak_index is not None and f.peak_index >= 0:
         ax.axvline(f.peak_index, color="black", linestyle="--", linewidth=1)
+        # Above the stack, on the side with room: never under the legend (which sits
+        # outside the axes) nor off the figure.
+        left = f.peak_index > (t.positions[0] + t.positions[-1]) / 2
         ax.annotate(
             f"peak {format_bytes(f.peak_allocated_bytes)}",
-            (f.peak_index, gib(f.peak_allocated_bytes)),
+            (f.peak_index, peak),
             textcoords="offset points",
-            xytext=(-90, -12),
+            xytext=(-6 if left else 6, 4),
+            ha="right" if left else "left",
+            va="bottom",
             fontsize=8,
+            fontweight="bold",
+            bbox={"boxstyle": "round,pad=0.2", "facecolor": "white", "edgecolor": "none"},
         )
     for o in f.ooms:
-        ax.axvline(o.index, color="red", linewidth=1)
+        ax.axvline(o.index, color="#B2182B", linewidth=1.2)
+    handles = [
+        Patch(
+            facecolor=look["color"],
+            hatch=look["hatch"],
+            edgecolor="#333333",
+            label=clean_text(name),
+        )
+        for (name, _), look in zip(t.series, looks, strict=True)
+    ]
+    if f.ooms:
+        handles.append(Patch(facecolor="#B2182B", label="OOM (failed request)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_xlim(t.positions[0], max(t.positions[-1], t.positions[0] + 1))
     ax.set_xlabel("trace entry")
-    ax.set_ylabel("allocated (GiB)")
-    ax.legend(loc="upper left", fontsize=7, ncol=2)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    ax.set_ylabel(f"allocated ({unit})")
+    ax.set_title(f"Device {f.device}: allocated bytes by category")
+    return to_png(fig)
 
 
-def _table(
-    headers: list[str], rows: list[list[str]], numeric: frozenset[int] | set[int] = frozenset()
-) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="n">{_e(c)}</td>' if i in numeric else f"<td>{_e(c)}</td>"
-            for i, c in enumerate(row)
-        )
-        + "</tr>"
-        for row in rows
+@dataclass(frozen=True)
+class _Oom:
+    s: OomSummary
+    entry: str
+    requested: str
+    device_free: str
+    allocated: str
+    reserved: str
+    free_in_reserved: str
+
+
+def _exact(n: int | None) -> str:
+    return "unknown" if n is None else f"{format_bytes(n)} ({n:,} bytes)"
+
+
+def _oom(s: OomSummary) -> _Oom:
+    return _Oom(
+        s,
+        entry=f"{s.entry:,}",
+        requested=_exact(s.requested_bytes),
+        device_free=_exact(s.device_free_bytes),
+        allocated=_exact(s.allocated_bytes),
+        reserved=_exact(s.reserved_bytes),
+        free_in_reserved=_exact(s.free_in_reserved_bytes),
     )
-    return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _device_section(f: Findings) -> str:
-    parts = [f"<h2>Device {f.device}</h2>"]
-    png = _timeline_png(f)
-    if png:
-        parts.append(
-            f'<img alt="allocated bytes by category over the trace" '
-            f'src="data:image/png;base64,{png}">'
-        )
+@dataclass(frozen=True)
+class _Device:
+    device: int
+    headline: str
+    timeline: Figure
+    breakdown: Table
+    shapes: str
+    confidence: str
+    evidence: tuple[str, ...]
+    groups: Table
+    family: Table | None
+    family_count: int
+    no_family: str
+    report: str
+
+
+def _device(f: Findings) -> _Device:
     total = f.peak_allocated_bytes or 1
-    parts.append("<h3>What the peak is made of</h3>")
-    parts.append(
-        _table(
-            ["category", "bytes", "share"],
-            [[c, format_bytes(b), f"{100 * b / total:.1f}%"] for c, b in f.breakdown],
-            {1, 2},
-        )
+    breakdown = Table(
+        [("category", False), ("bytes", True), ("share", True)],
+        [
+            [Cell(c), bytes_cell(b), Cell(f"{100 * b / total:.1f}%", b / total, numeric=True)]
+            for c, b in f.breakdown
+        ],
     )
-    inf = f.inference
-    parts.append("<h3>Inferred shapes</h3>")
-    parts.append(
-        f"<p>{_e(inf.shape_text())}, confidence {_e(inf.confidence)}</p><ul>"
-        + "".join(f"<li>{_e(r)}</li>" for r in inf.evidence)
-        + "</ul>"
-    )
-    parts.append("<h3>Identical blocks live at the peak</h3>")
-    parts.append(
-        _table(
-            ["count", "size", "total", "category", "op", "line"],
-            [
-                [
-                    str(g.count),
-                    format_bytes(g.size),
-                    format_bytes(g.total_bytes),
-                    g.category,
-                    g.op or "?",
-                    describe_frame(g.frame),
-                ]
-                for g in f.groups[:30]
-            ],  # fmt: skip
-            {0, 1, 2},
-        )
-    )
+    groups = Table(
+        [("count", True), ("size", True), ("total", True), ("category", False), ("op", False),
+         ("line", False)],
+        [
+            [Cell(str(g.count), g.count, numeric=True), bytes_cell(g.size),
+             bytes_cell(g.total_bytes), Cell(g.category), Cell(g.op or "?"),
+             Cell(describe_frame(g.frame), mono=True)]
+            for g in f.groups[:30]
+        ],
+    )  # fmt: skip
     family = f.logits_family
-    parts.append(f"<h3>Logits-family blocks ({len(family)})</h3>")
-    if family:
-        rows = []
-        for b in family:
-            what = b.explanations[0].describe() if b.explanations else f"{b.dtype} {b.shape}"
-            freed = "still live" if b.free_index is None else f"#{b.free_index}"
-            rows.append(
-                [format_bytes(b.size), what, b.phase or "?", b.op or "?",
-                 describe_frame(b.frame), "yes" if b.live_at_peak else "no", freed]
-            )  # fmt: skip
-        parts.append(
-            _table(["size", "shape", "phase", "op", "line", "live at peak", "freed"], rows, {0})
+    rows = []
+    for b in family:
+        what = b.explanations[0].describe() if b.explanations else f"{b.dtype} {b.shape}"
+        freed = "still live" if b.free_index is None else f"#{b.free_index}"
+        rows.append(
+            [bytes_cell(b.size), Cell(what), Cell(b.phase or "?"), Cell(b.op or "?"),
+             Cell(describe_frame(b.frame), mono=True), Cell("yes" if b.live_at_peak else "no"),
+             Cell(freed)]
+        )  # fmt: skip
+    inf = f.inference
+    return _Device(
+        device=f.device,
+        headline=headline(f),
+        timeline=Figure(
+            timeline_png(f),
+            "allocated bytes by category over the trace",
+            missing="No trace over time in this snapshot: no timeline.",
+        ),
+        breakdown=breakdown,
+        shapes=inf.shape_text(),
+        confidence=str(inf.confidence),
+        evidence=tuple(inf.evidence),
+        groups=groups,
+        family=Table(
+            [
+                ("size", True),
+                ("shape", False),
+                ("phase", False),
+                ("op", False),
+                ("line", False),
+                ("live at peak", False),
+                ("freed", False),
+            ],
+            rows,
         )
-    else:
-        parts.append(f"<p>{_e(inf.evidence[0] if not inf.logits_path else 'none found')}</p>")
-    parts.append("<h3>Full report</h3>")
-    parts.append(f'<pre class="mono">{_e(chr(10).join(render_findings(f)))}</pre>')
-    return "\n".join(parts)
+        if rows
+        else None,  # fmt: skip
+        family_count=len(family),
+        no_family=str(inf.evidence[0]) if not inf.logits_path and inf.evidence else "none found",
+        report="\n".join(render_findings(f)),
+    )
 
 
 def attribute_page(all_findings: tuple[Findings, ...], *, title: str) -> str:
-    sections = "\n".join(_device_section(f) for f in all_findings)
-    return (
-        '<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
-        f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>"
-        f"<h1>{_e(title)}</h1>{sections}</body></html>\n"
+    """The page for every device attributed (the device that hit an OOM first)."""
+    return render_page(
+        "attribute.html",
+        title=title,
+        headline=headline(all_findings[0]) if all_findings else "",
+        ooms=[_oom(s) for f in all_findings for s in oom_summaries(f)],
+        devices=[_device(f) for f in all_findings],
     )
 
 
@@ -163,5 +206,4 @@ def write_attribute_page(
     all_findings: tuple[Findings, ...], path: str | os.PathLike[str], *, title: str
 ) -> Path:
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
     return write_atomic(out, attribute_page(all_findings, title=title), what="HTML page")

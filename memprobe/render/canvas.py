@@ -1,4 +1,10 @@
-"""The canvas every report figure is drawn on: Agg, report styling, PNG bytes out."""
+"""The canvas every report figure is drawn on: Agg, report styling, PNG bytes out.
+
+Every PNG memprobe makes (the sweep report's plots, the attribute page's timeline, the
+plan plot) is a :func:`new_figure` turned into bytes by :func:`to_png`: this is the one
+place the Agg canvas is chosen (no pyplot, no ``matplotlib.use``) and the one place
+memprobe's tag is written. Text from data goes through :func:`clean_text`.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +28,12 @@ def made_by_memprobe(png: bytes) -> bool:
     return b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in png[:4096]
 
 
+def clean_text(text: object) -> str:
+    """Data text a figure can draw: a lone surrogate (a tampered kernel name, a frame from
+    a broken file) would raise inside matplotlib's text layout; it shows as "?"."""
+    return str(text).encode("utf-8", "replace").decode("utf-8")
+
+
 def unit_for(nbytes: float) -> tuple[float, str]:
     """The binary unit a figure's axis reads best in: GiB from 1 GiB, else MiB or KiB."""
     for name, scale in (("GiB", 2**30), ("MiB", 2**20)):
@@ -32,7 +44,7 @@ def unit_for(nbytes: float) -> tuple[float, str]:
 
 # Applied only while a report figure is drawn, so a caller's own matplotlib
 # settings are left as they were.
-_RC: dict[str, Any] = {
+_RC: Any = {  # matplotlib's stubs type rc keys as a Literal of every name
     "font.size": 9,
     "axes.titlesize": 10,
     "axes.titleweight": "bold",

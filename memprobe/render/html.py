@@ -1,78 +1,264 @@
 """The sweep's report page: a run directory → ``report.html`` (self-contained) and the
-PNG plots beside it, both rendered from one :class:`~memprobe.render.page.Page`."""
+PNG plots beside it, both rendered from one :class:`~memprobe.render.page.Page`.
+
+This module turns the page model into the plain values ``templates/report.html``
+shows; the markup is the template's.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from memprobe.errors import UserError
+from memprobe.io.files import write_atomic
+from memprobe.io.sizes import format_bytes
+from memprobe.records import Case
 from memprobe.render.canvas import made_by_memprobe
 from memprobe.render.evidence import Evidence
-from memprobe.render.headline import Headline
-from memprobe.render.markup import esc, figure, page, write_bytes, write_text
+from memprobe.render.findings_view import FindingsView, findings_view
+from memprobe.render.headline import (
+    Headline,
+    budget_sentence,
+    kernel_line_parts,
+    other_slices,
+    recommendation,
+    shape_text,
+    why_sentence,
+)
 from memprobe.render.page import Page, build_page
 from memprobe.render.png import PLOT_NAMES, Plots, render_plots
-from memprobe.render.sections import (
-    answer,
-    attribution,
-    evidence_note,
-    kernel_lines,
-    results_table,
-    run_metadata,
+from memprobe.render.templating import (
+    Cell,
+    Figure,
+    Table,
+    bytes_cell,
+    number_cell,
+    relative_href,
+    render_page,
 )
+from memprobe.results import missing
 
 REPORT_NAME = "report.html"
 
 
-def _figures(p: Plots, h: Headline, evidence: tuple[Evidence, ...]) -> str:
-    at = f"{h.tokens:,} tokens × {h.vocab:,} vocabulary"
+def _figures(p: Plots, h: Headline) -> dict[str, Figure]:
     img = p.images
-    return "\n".join(
-        [
-            "<h2>How memory grows</h2>",
-            figure(
-                img["peak_vs_tokens"],
-                "peak memory against tokens",
-                f"Peak per kernel as the sequence grows, at {h.vocab:,} vocabulary. Dashed: the "
-                "floor (what must be resident). Log scales: equal slopes mean equal growth rates.",
-                "Only one token count in this run: no tokens plot.",
-            ),
-            figure(
-                img["peak_vs_vocab"],
-                "peak memory against vocabulary",
-                f"Peak per kernel as the vocabulary grows, at {h.tokens:,} tokens.",
-                "Only one vocabulary size in this run: no vocabulary plot.",
-            ),
-            f"<h2>What makes each peak at {esc(at)}</h2>",
-            figure(
-                img["peak_breakdown"],
-                "what each kernel's peak is made of",
-                "Bytes live at each kernel's peak, by what they are. The input logits and their "
-                "gradient are the floor; float32 [B,S,V] blocks are what chunking removes.",
-                "No trace at the largest case: no breakdown.",
-            ),
-            figure(
-                img["timeline"],
-                "memory timeline per kernel",
-                "Live bytes through forward and backward (shaded), each float32 [B,S,V] block "
-                "as a labelled band with the op that made it. The triangle marks the peak.",
-                "No trace at the largest case: no timeline.",
-            ),
-            evidence_note(evidence),
-        ]
+    return {
+        "peak_vs_tokens": Figure(
+            img["peak_vs_tokens"],
+            "peak memory against tokens",
+            f"Peak per kernel as the sequence grows, at {h.vocab:,} vocabulary. Dashed: the "
+            "floor (what must be resident). Log scales: equal slopes mean equal growth rates.",
+            "Only one token count in this run: no tokens plot.",
+        ),
+        "peak_vs_vocab": Figure(
+            img["peak_vs_vocab"],
+            "peak memory against vocabulary",
+            f"Peak per kernel as the vocabulary grows, at {h.tokens:,} tokens.",
+            "Only one vocabulary size in this run: no vocabulary plot.",
+        ),
+        "peak_breakdown": Figure(
+            img["peak_breakdown"],
+            "what each kernel's peak is made of",
+            "Bytes live at each kernel's peak, by what they are. The input logits and their "
+            "gradient are the floor; float32 [B,S,V] blocks are what chunking removes.",
+            "No trace at the largest case: no breakdown.",
+        ),
+        "timeline": Figure(
+            img["timeline"],
+            "memory timeline per kernel",
+            "Live bytes through forward and backward (shaded), each float32 [B,S,V] block "
+            "as a labelled band with the op that made it. The triangle marks the peak.",
+            "No trace at the largest case: no timeline.",
+        ),
+        "numerics": Figure(
+            img["numerics"],
+            "worst deviation from float64 per kernel and dtype",
+            "The largest absolute difference from a float64 reference, forward (log-probs) and "
+            "backward (gradient), at a small shape on CPU.",
+            "No numerics in this run (swept with --no-verify).",
+        ),
+    }
+
+
+@dataclass(frozen=True)
+class _Answer:
+    shape: str
+    where: str
+    lines: list[str]
+    budget: str
+    why: str | None
+
+
+def _answer(h: Headline, device_name: str, table: pd.DataFrame) -> _Answer:
+    lines = recommendation(h)
+    also = other_slices(table, h)
+    where = (
+        "simulated exactly on meta tensors" if h.device == "meta" else f"measured on {device_name}"
+    )
+    return _Answer(
+        shape=shape_text(h),
+        where=where,
+        lines=[*lines, also] if also else lines,
+        budget=budget_sentence(h),
+        why=why_sentence(h),
     )
 
 
-def _numerics(p: Plots) -> str:
-    return "<h2>Numerics</h2>" + figure(
-        p.images["numerics"],
-        "worst deviation from float64 per kernel and dtype",
-        "The largest absolute difference from a float64 reference, forward (log-probs) and "
-        "backward (gradient), at a small shape on CPU.",
-        "No numerics in this run (swept with --no-verify).",
-    )
+@dataclass(frozen=True)
+class _KernelLine:
+    head: str
+    rest: str
+    ok: bool
+    summary: str
+
+
+def _kernel_lines(h: Headline) -> list[_KernelLine]:
+    out = []
+    for k in h.kernels:
+        head, rest = kernel_line_parts(k, h)
+        out.append(_KernelLine(head, rest, k.ok, k.summary))
+    return out
+
+
+def _evidence(evidence: tuple[Evidence, ...]) -> dict[str, Any]:
+    """Where each kernel's trace came from, and what could not be shown."""
+    snap = [e.kernel for e in evidence if e.snapshot is not None]
+    sources = ""
+    if snap:
+        sources = f"the run's allocator snapshots (snapshots/, one per case) for {', '.join(snap)}"
+    problems = [f"{e.kernel}: {p}" for e in evidence for p in e.problems]
+    return {"sources": sources, "problems": problems}
+
+
+@dataclass(frozen=True)
+class _Attribution:
+    kernel: str
+    flag: str
+    open: bool
+    view: FindingsView
+
+
+def _attribution(evidence: tuple[Evidence, ...], case: Case) -> list[_Attribution]:
+    out = []
+    for e in evidence:
+        if e.findings is None:
+            continue
+        big = any(
+            f.live_at_peak and f.dtype is not None and case.is_fp32_bsv(f.size, f.dtype)
+            for f in e.findings.findings
+        )
+        flag = " — float32 [B,S,V] blocks at the peak" if big else ""
+        out.append(_Attribution(e.kernel, flag, big, findings_view(e.findings)))
+    return out
+
+
+_ORDER = ["batch", "dtype", "tp", "cp", "vocab", "tokens"]
+
+
+def _peak_vs_reference(saving: Any) -> Cell:
+    """This peak over the reference's, the direction the terminal table reads."""
+    if missing(saving) or not saving:
+        return Cell("-", None, numeric=True)
+    ratio = 1 / float(saving)
+    return Cell(f"{ratio:.2f}×", ratio, numeric=True)
+
+
+def _results(results: pd.DataFrame, page_dir: Path, run_dir: Path) -> dict[str, Any]:
+    """Every case; ``results`` has the ratios (the page model's table)."""
+    rows = results.sort_values(_ORDER, kind="stable")
+    cols: list[tuple[str, bool, Any]] = [
+        ("kernel", False, lambda r: Cell(str(r.kernel))),
+        ("tokens", True, lambda r: number_cell(r.tokens, ",")),
+        ("vocab", True, lambda r: number_cell(r.vocab, ",")),
+        ("batch", True, lambda r: number_cell(r.batch, ",")),
+        ("dtype", False, lambda r: Cell(str(r.dtype))),
+        ("chunk", True, lambda r: number_cell(r.chunk_size, ",.0f")),
+        ("tp", True, lambda r: number_cell(r.tp, "d")),
+        ("cp", True, lambda r: number_cell(r.cp, "d")),
+        ("status", False, lambda r: Cell(str(r.status))),
+        ("peak", True, lambda r: bytes_cell(r.peak_bytes)),
+        ("floor", True, lambda r: bytes_cell(r.floor_bytes)),
+        ("peak / floor", True, lambda r: number_cell(r.peak_over_floor, ".2f", "×")),
+        ("peak vs unchunked", True, lambda r: _peak_vs_reference(r.saving_vs_unchunked)),
+        ("fp32 [B,S,V] at peak", True, lambda r: number_cell(r.big_fp32_blocks, ".0f")),
+        ("forward peak", True, lambda r: bytes_cell(r.forward_peak_bytes)),
+        ("backward peak", True, lambda r: bytes_cell(r.backward_peak_bytes)),
+        ("reserved peak", True, lambda r: bytes_cell(r.reserved_peak_bytes)),
+        ("forward s", True, lambda r: number_cell(r.fwd_time_s, ".4f")),
+        ("backward s", True, lambda r: number_cell(r.bwd_time_s, ".4f")),
+        ("max |err| fwd", True, lambda r: number_cell(r.max_abs_err_fwd, ".1e")),
+        ("max |err| bwd", True, lambda r: number_cell(r.max_abs_err_bwd, ".1e")),
+        ("note", False, lambda r: Cell("" if missing(r.note) else str(r.note))),
+        ("snapshot", False, lambda r: _snapshot_cell(r.snapshot, page_dir, run_dir)),
+    ]
+    source = {
+        "chunk": "chunk_size",
+        "reserved peak": "reserved_peak_bytes",
+        "forward s": "fwd_time_s",
+        "backward s": "bwd_time_s",
+        "max |err| fwd": "max_abs_err_fwd",
+        "max |err| bwd": "max_abs_err_bwd",
+        "note": "note",
+        "snapshot": "snapshot",
+        "tp": "tp",
+        "cp": "cp",
+    }
+    dropped = []
+    keep = []
+    for title, numeric, make in cols:
+        column = source.get(title)
+        if column is not None and _uninformative(rows[column], column):
+            dropped.append(title)
+            continue
+        keep.append((title, numeric, make))
+    body = [[make(r) for _, _, make in keep] for r in rows.itertuples(index=False)]
+    classes = ["" if r.status == "ok" else "bad" for r in rows.itertuples(index=False)]
+    table = Table([(t, n) for t, n, _ in keep], body, sortable=True, row_classes=classes)
+    return {"count": f"{len(rows):,}", "dropped": ", ".join(dropped), "table": table}
+
+
+def _uninformative(values: pd.Series, column: str) -> bool:
+    present = values.dropna()
+    present = present[present.astype(str) != ""]
+    if present.empty:
+        return True
+    return column in ("tp", "cp") and set(present.astype(int)) == {1}
+
+
+def _snapshot_cell(value: Any, page_dir: Path, run_dir: Path) -> Cell:
+    if missing(value) or not value:
+        return Cell("")
+    return Cell("pickle", value, href=relative_href(run_dir / value, page_dir))
+
+
+def _run_metadata(
+    meta: dict[str, Any], frame: pd.DataFrame, h: Headline, run_dir: Path
+) -> list[tuple[str, Any]]:
+    planned = len(meta.get("cases") or [])
+    statuses = frame["status"].value_counts().to_dict()
+    counts = ", ".join(f"{n:,} {s}" for s, n in statuses.items())
+    budget = None
+    if h.budget_bytes is not None:
+        budget = f"{format_bytes(h.budget_bytes)} ({h.budget_source})"
+    pairs = [
+        ("run directory", str(run_dir)),
+        ("command", meta.get("command")),
+        ("started", meta.get("started")),
+        ("device", f"{meta.get('device', '?')}: {meta.get('device_name', '?')}"),
+        ("memprobe", meta.get("memprobe_version")),
+        ("torch", meta.get("torch_version")),
+        ("python", meta.get("python_version")),
+        ("cases", f"{len(frame):,} finished of {planned:,} planned ({counts})"),
+        ("memory budget", budget),
+        ("re-render", f"memprobe report {run_dir}"),
+    ]
+    return [(k, v) for k, v in pairs if not missing(v) and v != ""]
 
 
 def _when(started: Any) -> str:
@@ -119,10 +305,10 @@ def write_report(
     for name, path in _plot_paths(target).items():
         png = plots.images[name]
         if png is not None:
-            write_bytes(path, png)
+            write_atomic(path, png)
         else:
             _remove_stale_plot(path)
-    return write_text(target, page(title_of(run_dir), _body(model, plots, target), sortable=True))
+    return write_atomic(target, report_html(model, plots, target))
 
 
 def _remove_stale_plot(path: Path) -> None:
@@ -138,24 +324,23 @@ def title_of(run_dir: Path) -> str:
     return f"memprobe report: {run_dir.name}"
 
 
-def _body(model: Page, plots: Plots, target: Path) -> str:
+def report_html(model: Page, plots: Plots, target: Path) -> str:
     h, meta, table, run_dir = model.headline, model.meta, model.table, model.run_dir
-    device_name = model.device_name
-    title = title_of(run_dir)
-    return "\n".join(
-        [
-            f"<h1>{esc(title)}</h1>",
-            f'<p class="sub">Peak memory of LLM log-prob kernels (logits [B,S,V] → per-token '
-            f"log-probs, forward + backward) · {len(table):,} cases · {esc(device_name)} · "
-            f"{esc(_when(meta.get('started')))}</p>",
-            answer(h, device_name, table),
-            kernel_lines(h),
-            _figures(plots, h, model.evidence),
-            attribution(model.evidence, h.case),
-            _numerics(plots),
-            results_table(table, target.parent, run_dir),
-            run_metadata(meta, table, h, run_dir),
-        ]
+    return render_page(
+        "report.html",
+        title=title_of(run_dir),
+        sortable=True,
+        cases=f"{len(table):,}",
+        device_name=model.device_name,
+        when=_when(meta.get("started")),
+        answer=_answer(h, model.device_name, table),
+        kernel_lines=_kernel_lines(h),
+        at=f"{h.tokens:,} tokens × {h.vocab:,} vocabulary",
+        figures=_figures(plots, h),
+        evidence=_evidence(model.evidence),
+        attribution=_attribution(model.evidence, h.case),
+        results=_results(table, target.parent, run_dir),
+        run=_run_metadata(meta, table, h, run_dir),
     )
 
 

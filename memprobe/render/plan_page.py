@@ -1,28 +1,27 @@
 """``memprobe plan --out DIR``: plan.html (self-contained, offline), plan.png, plan.json.
 
-The plot draws each plan's simulated peaks against tokens per GPU (every point
-the search simulated, joined), the step's share of the budget as a line, and a
-mark at each answer. Every text that comes from data is escaped.
+The plot draws each plan's simulated peaks against tokens per GPU (every point the
+search simulated, joined; reserved peaks dashed where planned), the step's share of
+the budget as a line, and a mark at each answer. The page is
+``templates/plan.html`` on the shared base page; the plot goes through the one canvas.
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from matplotlib.axes import Axes
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from memprobe.io.files import write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.plan import Budget, TokenPlan
-
-_GIB = 2**30
+from memprobe.render.canvas import clean_text, new_figure, styled, to_png
+from memprobe.render.style import BUDGET_STYLE, kernel_looks, power_of_two_ticks
+from memprobe.render.templating import Cell, Figure, Table, bytes_cell, render_page
 
 
 def _label(p: TokenPlan) -> str:
@@ -32,116 +31,133 @@ def _label(p: TokenPlan) -> str:
         parts.append(f"tp{t.tp} cp{t.cp}")
     if t.chunk_size is not None:
         parts.append(f"c{t.chunk_size}")
-    return " ".join(parts)
+    return clean_text(" ".join(parts))
 
 
+def _log2_axis(ax: Axes, which: str, low: float, high: float, label: Any) -> None:
+    """Powers of two, thinned so labels never collide, each labelled in words."""
+    axis = ax.yaxis if which == "y" else ax.xaxis
+    (ax.set_yscale if which == "y" else ax.set_xscale)("log", base=2)
+    (ax.set_ylim if which == "y" else ax.set_xlim)(low / 1.3, high * 1.3)
+    axis.set_major_locator(FixedLocator(power_of_two_ticks(low / 1.3, high * 1.3, max_ticks=8)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: label(v)))
+    axis.set_minor_locator(NullLocator())
+
+
+@styled
 def plot_png(plans: Sequence[TokenPlan], budget: Budget) -> bytes:
-    """Peak (GiB, per rank) against tokens per GPU, log-log, with the limit and the answers."""
-    fig = Figure(figsize=(8, 4.8))
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    limit = budget.limit_bytes / _GIB
+    """Peak per rank against tokens per GPU, log-log, with the limit and the answers."""
+    fig = new_figure(9.0, 4.8)
+    ax = fig.subplots()
+    looks = kernel_looks(list(dict.fromkeys(p.target.kernel for p in plans)))
+    xs: list[float] = []
+    ys: list[float] = []
     for p in plans:
-        pts = [(t, peak) for t, peak in p.allocated.points if t > 0]
-        if not pts:
-            continue
-        (line,) = ax.plot(
-            [t for t, _ in pts], [peak / _GIB for _, peak in pts], marker=".", label=_label(p)
-        )
-        if p.fits_at_all and p.allocated.peak_at_max is not None:
+        look = looks[p.target.kernel]
+        searches = [(p.allocated, "-", "")]
+        if p.reserved is not None:
+            searches.append((p.reserved, ":", " (reserved)"))
+        for search, style, what in searches:
+            pts = [(t, peak) for t, peak in search.points if t > 0 and peak > 0]
+            if not pts:
+                continue
+            xs += [t for t, _ in pts]
+            ys += [peak for _, peak in pts]
             ax.plot(
-                [p.max_tokens], [p.allocated.peak_at_max / _GIB], marker="D", color=line.get_color()
+                [t for t, _ in pts],
+                [peak for _, peak in pts],
+                marker=look.marker,
+                markersize=3.5,
+                color=look.color,
+                linestyle=style,
+                linewidth=1.4,
+                label=_label(p) + what,
             )
+            if search.max_tokens > 0 and search.peak_at_max is not None:
+                ax.plot(
+                    [search.max_tokens],
+                    [search.peak_at_max],
+                    marker="D",
+                    markersize=7,
+                    color=look.color,
+                    markeredgecolor="black",
+                    linestyle="none",
+                )
+    limit = budget.limit_bytes
     if limit > 0:
-        ax.axhline(limit, color="black", linestyle="--", linewidth=1)
+        ys.append(limit)
+        ax.axhline(limit, **BUDGET_STYLE)
         ax.annotate(
-            f"budget - other = {format_bytes(budget.limit_bytes)}",
+            f"budget − other = {format_bytes(limit)}",
             (0.01, limit),
             xycoords=("axes fraction", "data"),
             va="bottom",
             fontsize=8,
+            color=BUDGET_STYLE["color"],
         )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens per GPU")
-    ax.set_ylabel("simulated peak per rank (GiB)")
+    if xs and ys:
+        _log2_axis(ax, "x", min(xs), max(xs), lambda v: f"{v:,.0f}")
+        _log2_axis(ax, "y", min(ys), max(ys), format_bytes)
+        for text in ax.get_xticklabels():
+            text.set_rotation(30)
+            text.set_horizontalalignment("right")
+    ax.grid(True, which="major", color="#E5E5E5", linewidth=0.7)
+    ax.set_xlabel("tokens per GPU, log scale")
+    ax.set_ylabel("simulated peak per rank, log scale")
     ax.set_title("Peak against tokens; diamonds mark the largest count that fits")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    # Kernel names come from data: "$" must print, never start mathtext.
-    for text in ax.get_legend().get_texts():
-        text.set_usetex(False)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    return buf.getvalue()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return to_png(fig)
 
 
-def _cell(value: Any) -> str:
-    return f"<td>{html.escape(str(value))}</td>"
+def _table(plans: Sequence[TokenPlan]) -> Table:
+    with_reserved = any(p.reserved is not None for p in plans)
+    headers = [
+        ("kernel", False), ("tp", True), ("cp", True), ("chunk", True), ("tokens/GPU", True),
+        ("global tokens", True), ("peak at max", True), ("peak at max+1", True),
+        ("per token", True), ("fixed", True), ("line", False),
+    ]  # fmt: skip
+    if with_reserved:
+        headers += [("tokens/GPU (reserved)", True), ("reserved peak at max", True)]
+    rows = []
+    for p in plans:
+        a, t = p.allocated, p.target
+        cells = [
+            Cell(t.kernel),
+            Cell(str(t.tp), t.tp, numeric=True),
+            Cell(str(t.cp), t.cp, numeric=True),
+            Cell("-" if t.chunk_size is None else str(t.chunk_size), t.chunk_size, numeric=True),
+            Cell(f"{p.max_tokens:,}", p.max_tokens, numeric=True),
+            Cell(f"{p.global_tokens:,}", p.global_tokens, numeric=True),
+            bytes_cell(a.peak_at_max),
+            bytes_cell(a.peak_above),
+            bytes_cell(a.line.slope),
+            bytes_cell(a.line.fixed),
+            Cell("exact" if a.predicted == a.max_tokens else f"said {a.predicted}"),
+        ]
+        if with_reserved:
+            r = p.reserved
+            cells += [
+                Cell("-", None, numeric=True)
+                if r is None
+                else Cell(f"{r.max_tokens:,}", r.max_tokens, numeric=True),
+                bytes_cell(None if r is None else r.peak_at_max),
+            ]
+        rows.append(cells)
+    return Table(headers, rows, sortable=True)
 
 
 def page_html(plans: Sequence[TokenPlan], budget: Budget, png: bytes, answer: str) -> str:
-    e = html.escape
-    rows = []
-    for p in plans:
-        a = p.allocated
-        rows.append(
-            "<tr>"
-            + "".join(
-                _cell(v)
-                for v in (
-                    p.target.kernel,
-                    p.target.tp,
-                    p.target.cp,
-                    "-" if p.target.chunk_size is None else p.target.chunk_size,
-                    f"{p.max_tokens:,}",
-                    f"{p.global_tokens:,}",
-                    format_bytes(a.peak_at_max),
-                    format_bytes(a.peak_above),
-                    format_bytes(a.line.slope),
-                    format_bytes(a.line.fixed),
-                    "exact" if a.predicted == a.max_tokens else f"said {a.predicted}",
-                )
-            )
-            + "</tr>"
-        )
-    head = "".join(
-        f"<th>{e(h)}</th>"
-        for h in (
-            "kernel",
-            "tp",
-            "cp",
-            "chunk",
-            "tokens/GPU",
-            "global tokens",
-            "peak at max",
-            "peak at max+1",
-            "per token",
-            "fixed",
-            "line",
-        )
+    return render_page(
+        "plan.html",
+        title="memprobe plan",
+        sortable=True,
+        answer=answer,
+        budget=format_bytes(budget.budget_bytes),
+        other=format_bytes(budget.other_bytes),
+        limit=format_bytes(budget.limit_bytes),
+        plot=Figure(png or None, "simulated peak against tokens per GPU", missing="No plot."),
+        rows=_table(plans),
     )
-    image = base64.b64encode(png).decode("ascii")
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>memprobe plan</title>
-<style>
-body {{ font: 14px/1.4 system-ui, sans-serif; margin: 2em; max-width: 72em; }}
-table {{ border-collapse: collapse; }} td, th {{ padding: 2px 8px; text-align: right; }}
-td:first-child, th:first-child {{ text-align: left; }} tr:nth-child(even) {{ background: #f3f3f3; }}
-.answer {{ font-weight: bold; }}
-</style></head><body>
-<h1>How many tokens per GPU fit</h1>
-<p class="answer">{e(answer)}</p>
-<p>Budget {e(format_bytes(budget.budget_bytes))} minus {e(format_bytes(budget.other_bytes))}
-for the rest of the job leaves {e(format_bytes(budget.limit_bytes))} for the logprob step.
-Peaks are allocated bytes on one rank, simulated exactly on meta tensors; each answer is the
-largest count whose peak fits while one token more does not.</p>
-<img alt="simulated peak against tokens per GPU" src="data:image/png;base64,{image}">
-<table><thead><tr>{head}</tr></thead><tbody>
-{"".join(rows)}
-</tbody></table>
-</body></html>
-"""
 
 
 def write_plan_page(

@@ -194,7 +194,7 @@ def breakdown_bars(parts: list[Breakdown], headline: Headline) -> bytes | None:
         note = f"{format_bytes(b.peak_bytes)}"
         if k is not None and k.ok:
             note += f" · {vs_reference(k)}"
-        ax.text(b.peak_bytes / scale + top / scale * 0.01, y, note, va="center", fontsize=8)
+        ax.text(b.peak_bytes / scale + top / scale * 0.01, float(y), note, va="center", fontsize=8)
     if headline.budget_bytes is not None and headline.budget_bytes < top * 1.6:
         ax.axvline(headline.budget_bytes / scale, **BUDGET_STYLE)
         ax.text(

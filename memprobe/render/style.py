@@ -8,8 +8,19 @@ still read when printed in greyscale. Colours are the Okabe-Ito palette.
 from __future__ import annotations
 
 import math
+import zlib
+from typing import Any
 from dataclasses import dataclass
 
+from memprobe.attribute.categories import (
+    ACTIVATIONS,
+    BACKWARD_TEMP,
+    GRADIENTS,
+    LOGITS,
+    OPTIMIZER,
+    PARAMETERS,
+)
+from memprobe.attribute.categories import CATEGORIES as ATTRIBUTE_CATEGORIES
 from memprobe.render.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER, OTHER_BSV
 
 _COLOURS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#7F7F7F")
@@ -26,19 +37,48 @@ _LINES = (
     (0, (4, 1)),
 )
 
-FLOOR_STYLE = {"color": "#555555", "linestyle": (0, (5, 3)), "linewidth": 1.3}
-BUDGET_STYLE = {"color": "#B2182B", "linestyle": (0, (8, 3, 2, 3)), "linewidth": 1.6}
+FLOOR_STYLE: dict[str, Any] = {"color": "#555555", "linestyle": (0, (5, 3)), "linewidth": 1.3}
+BUDGET_STYLE: dict[str, Any] = {
+    "color": "#B2182B",
+    "linestyle": (0, (8, 3, 2, 3)),
+    "linewidth": 1.6,
+}
 
-# Category look in the breakdown and timeline: luminance and hatching differ too.
+# One look per category, on every page and figure (the sweep report's breakdown and
+# timeline, the attribute page's timeline): luminance and hatching differ too, so the
+# figures read in greyscale. Keyed by name: the sweep report's categories and
+# attribution's (memprobe.attribute.categories) share "other".
 CATEGORY_STYLE: dict[str, dict[str, str]] = {
+    # the sweep report's story of a log-prob step
     INPUT: {"color": "#4D4D4D", "hatch": ""},
     GRADIENT: {"color": "#A6A6A6", "hatch": "//"},
     FP32_BSV: {"color": "#D55E00", "hatch": "xx"},
     OTHER_BSV: {"color": "#F0C27B", "hatch": "\\\\"},
     CHUNK: {"color": "#0072B2", "hatch": ".."},
     OTHER: {"color": "#E8E8E8", "hatch": ""},
+    # attribution's categories of a training step
+    PARAMETERS: {"color": "#332288", "hatch": ""},
+    GRADIENTS: {"color": "#88CCEE", "hatch": "//"},
+    OPTIMIZER: {"color": "#CC79A7", "hatch": "--"},
+    ACTIVATIONS: {"color": "#009E73", "hatch": ""},
+    BACKWARD_TEMP: {"color": "#E69F00", "hatch": ".."},
+    LOGITS: {"color": "#CC3311", "hatch": "xx"},
 }
-assert set(CATEGORY_STYLE) == set(CATEGORIES)
+assert set(CATEGORIES) <= set(CATEGORY_STYLE) and set(ATTRIBUTE_CATEGORIES) <= set(CATEGORY_STYLE)
+# A category added later (attribution grows) still gets one fixed look, from its name.
+_SPARE = ("#44AA99", "#999933", "#882255", "#117733", "#DDCC77", "#6699CC", "#AA4499")
+
+
+def category_style(category: str) -> dict[str, str]:
+    """The category's colour and hatch: the same on every page and figure."""
+    known = CATEGORY_STYLE.get(category)
+    if known is not None:
+        return known
+    return {
+        "color": _SPARE[zlib.crc32(category.encode("utf-8", "replace")) % len(_SPARE)],
+        "hatch": "",
+    }
+
 
 PHASE_SHADE = {"forward": "#E3EEF8", "backward": "#FBEBDD"}
 DPI = 100

@@ -203,7 +203,7 @@ def _draw_timeline(ax: Axes, kernel: str, trace: Trace, case: Case, look: Look) 
 def _place_labels(ax: Axes, labels: list[_Label], renderer: Any) -> None:
     """Each label at its first position that stays in the panel and clear of the others."""
     frame = ax.get_window_extent(renderer)
-    placed = []
+    placed: list[Any] = []  # matplotlib Bbox
     for text, positions in labels:
         for x, y, style in positions:
             style = dict(style)

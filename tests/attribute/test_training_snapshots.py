@@ -202,7 +202,8 @@ def test_cli_json_device_and_html(tmp_path: Path, run_cli) -> None:
     assert code == 0, err
     html = page.read_text()
     assert html.startswith("<!DOCTYPE html>") and "data:image/png;base64," in html
-    assert "Logits-family blocks (4)" in html and "http" not in html
+    assert "Logits-family blocks (4)" in html and "http:" not in html and "https:" not in html
+    assert "default-src 'none'" in html  # the base page's CSP
 
 
 def test_attribute_path_imports_no_torch() -> None:

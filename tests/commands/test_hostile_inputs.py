@@ -303,7 +303,7 @@ def test_report_links_only_to_snapshot_paths(tmp_path: Path) -> None:
     row = {**GOOD_ROW, "snapshot": "javascript:alert(1)"}
     with pytest.raises(UserError, match="is not a path under snapshots/"):
         read_rows(results_file(tmp_path, [row]))
-    from memprobe.render.markup import relative_href
+    from memprobe.render.templating import relative_href
 
     assert relative_href(tmp_path / "javascript:x", tmp_path) == "./javascript:x"
 

@@ -11,7 +11,6 @@ import pytest
 from memprobe.records import Case
 from memprobe.render import write_report
 from memprobe.render.evidence import NO_SNAPSHOT
-from memprobe.render.markup import page
 from memprobe.render.page import build_page
 from memprobe.snapshot.allocator import could_hold
 from memprobe.sweep import plan_cases, run_sweep
@@ -97,9 +96,16 @@ def test_one_float32_bsv_test() -> None:
 def test_style_and_script_are_package_data_inlined_in_the_page() -> None:
     from importlib import resources
 
-    assets = resources.files("memprobe.render").joinpath("assets")
+    from memprobe.render.templating import environment
+
+    assets = resources.files("memprobe.render").joinpath("templates", "assets")
     css = assets.joinpath("report.css").read_text(encoding="utf-8")
     js = assets.joinpath("sort_table.js").read_text(encoding="utf-8")
-    text = page("t", "<p>x</p>", sortable=True)
-    assert f"<style>{css}</style>" in text and f"<script>{js}</script>" in text
-    assert "<script>" not in page("t", "<p>x</p>")
+    child = environment().from_string(
+        '{% extends "base.html" %}{% block body %}<p>{{ x }}</p>{% endblock %}'
+    )
+    text = child.render(title="<t>", sortable=True, x="<b>")
+    assert css.strip() in text and js.strip() in text
+    assert "<title>&lt;t&gt;</title>" in text and "<p>&lt;b&gt;</p>" in text  # autoescaped
+    assert "default-src 'none'" in text
+    assert "<script>" not in child.render(title="t", x="")

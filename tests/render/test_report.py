@@ -15,7 +15,8 @@ from memprobe.io.sizes import format_bytes
 from memprobe.kernels import get_spec
 from memprobe.measure.meta_backend import simulate
 from memprobe.records import Case
-from memprobe.render import write_findings_page, write_report
+from memprobe.render import write_report
+from memprobe.render.attribute_page import write_attribute_page
 from memprobe.render.breakdown import CATEGORIES, FP32_BSV, breakdown
 from memprobe.render.headline import make_headline, times, vs_reference
 from memprobe.render.png import PLOT_NAMES
@@ -297,11 +298,14 @@ def test_findings_page_is_self_contained(tmp_path: Path) -> None:
     findings = attribute(
         synthesize_snapshot(simulate(case).events, case=case), vocab=8192, tokens=1024
     )
-    out = write_findings_page(findings, tmp_path / "f.html", title=f"snapshot {HOSTILE}")
+    out = write_attribute_page((findings,), tmp_path / "f.html", title=f"snapshot {HOSTILE}")
     text = out.read_text(encoding="utf-8")
     assert HOSTILE not in text and "&lt;script&gt;" in text
-    visible = " ".join(parse(text).text)
-    assert "float32 [1, 1,024, 8,192]" in visible and "Peak allocated" in visible
+    parsed = parse(text)
+    visible = " ".join(parsed.text)
+    assert "float32 [1, 1024, 8192]" in visible
+    assert f"Peak {format_bytes(findings.peak_allocated_bytes)} allocated" in visible
+    assert "default-src 'none'" in text and parsed.scripts == 0
     assert not any(r.startswith(("http:", "https:", "//")) for r in parse(text).refs)
 
 
