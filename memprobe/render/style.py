@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from memprobe.attribute.categories import (
     ACTIVATIONS,
