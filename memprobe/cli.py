@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     NoArgsIsHelpError = ()  # type: ignore[assignment,misc]
 
 from memprobe import __version__
-from memprobe.commands import attribute, diff, gate, kernels, plan, report, sweep
+from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, sweep
 
 app = typer.Typer(
     name="memprobe",
@@ -26,7 +26,8 @@ app = typer.Typer(
         "Memory profiling and regression gates for the kernels that turn LLM logits "
         "[B, S, V] into per-token log-probabilities.\n\n"
         "Plan: `memprobe sweep` (simulated exactly on any machine, measured on a GPU). "
-        "Diagnose: `memprobe attribute SNAPSHOT`. Guard: `memprobe gate`."
+        "Diagnose: `memprobe attribute SNAPSHOT`, or `memprobe profile pkg.mod:step` for your "
+        "own training step. Guard: `memprobe gate`."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -59,6 +60,7 @@ app.command("attribute")(attribute.command)
 app.command("diff")(diff.command)
 app.command("report")(report.command)
 app.command("plan")(plan.command)
+app.command("profile")(profile.command)
 
 
 def main() -> None:

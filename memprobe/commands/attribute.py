@@ -48,9 +48,41 @@ def attribute_command(
         # Before anything is read or written: the page must not replace the snapshot.
         check_output(html_path, [Path(snapshot)], flag="--html")
     loaded = load_snapshot(snapshot)
-    found = attribute_devices(
+    return attribution_output(
         loaded,
         path=str(snapshot),
+        vocab=vocab,
+        tokens=tokens,
+        batch=batch,
+        top=top,
+        device=device,
+        as_json=as_json,
+        html_path=html_path,
+        replay=replay,
+        conf=conf,
+    )
+
+
+def attribution_output(
+    loaded: dict,
+    *,
+    path: str,
+    vocab: int | None = None,
+    tokens: int | None = None,
+    batch: int | None = None,
+    top: int = DEFAULT_TOP,
+    device: int | None = None,
+    as_json: bool = False,
+    html_path: str | os.PathLike[str] | None = None,
+    replay: bool = False,
+    conf: object = None,
+) -> str:
+    """The text (or JSON) ``memprobe attribute`` prints for a snapshot dict already in
+    hand (``memprobe profile`` prints the same for the snapshot it made); writes the
+    HTML page first when ``html_path`` is given."""
+    found = attribute_devices(
+        loaded,
+        path=path,
         vocab=vocab,
         tokens=tokens,
         batch=batch,
@@ -62,7 +94,7 @@ def attribute_command(
         # Imported here: matplotlib is only needed for the page.
         from memprobe.render.attribute_page import write_attribute_page
 
-        write_attribute_page(found, html_path, title=f"memprobe attribute: {snapshot}")
+        write_attribute_page(found, html_path, title=f"memprobe attribute: {path}")
     replays = _replays(loaded, conf) if replay else {}
     if as_json:
         devices = []

@@ -58,20 +58,7 @@ def is_import_path(name: str) -> bool:
 @cache
 def resolve_user_kernel(path: str) -> KernelSpec:
     """Import ``package.module:function`` and describe it as a :class:`KernelSpec`."""
-    module_name, attr_path = _split(path)
-    module = _import(module_name, path)
-    fn: Any = module
-    for part in attr_path.split("."):
-        try:
-            fn = getattr(fn, part)
-        except AttributeError:
-            raise UserError(
-                f"kernel {path!r}: module {module_name!r} has no attribute {attr_path!r}",
-                f"check the spelling; {module_name} defines "
-                f"{_public_names(module) or 'no public names'}",
-            ) from None
-    if not callable(fn):
-        raise UserError(f"kernel {path!r} is a {type(fn).__name__}, not a callable", _SHAPE_HINT)
+    fn = import_callable(path, what="kernel", hint=_SHAPE_HINT)
     inputs = _protocol(fn, path)
     doc = inspect.getdoc(fn)
     summary = doc.splitlines()[0] if doc else f"user kernel ({inputs} protocol)"
@@ -86,21 +73,42 @@ def resolve_user_kernel(path: str) -> KernelSpec:
     )
 
 
-def _split(path: str) -> tuple[str, str]:
+def import_callable(path: str, *, what: str, hint: str) -> Any:
+    """Import ``package.module:function`` (the current directory tried as well) and return
+    the callable; ``what`` names it in errors ("kernel", "step"), ``hint`` says what a
+    valid one looks like. Every failure is a :class:`UserError`."""
+    module_name, attr_path = _split(path, what, hint)
+    module = _import(module_name, path, what)
+    fn: Any = module
+    for part in attr_path.split("."):
+        try:
+            fn = getattr(fn, part)
+        except AttributeError:
+            raise UserError(
+                f"{what} {path!r}: module {module_name!r} has no attribute {attr_path!r}",
+                f"check the spelling; {module_name} defines "
+                f"{_public_names(module) or 'no public names'}",
+            ) from None
+    if not callable(fn):
+        raise UserError(f"{what} {path!r} is a {type(fn).__name__}, not a callable", hint)
+    return fn
+
+
+def _split(path: str, what: str, hint: str) -> tuple[str, str]:
     module_name, sep, attr_path = path.partition(":")
     names = [*module_name.split("."), *attr_path.split(".")]
     if not sep or ":" in attr_path or not all(n.isidentifier() for n in names):
-        raise UserError(f"kernel {path!r} is not an import path", _SHAPE_HINT)
+        raise UserError(f"{what} {path!r} is not an import path", hint)
     return module_name, attr_path
 
 
-def _import(module_name: str, path: str) -> Any:
+def _import(module_name: str, path: str, what: str) -> Any:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
     except Exception as exc:  # the module itself raised while importing
-        raise _import_failed(module_name, path, exc) from None
+        raise _import_failed(module_name, path, exc, what) from None
     cwd = os.getcwd()
     if missing.name == module_name.split(".")[0] and cwd not in sys.path and "" not in sys.path:
         # Not installed: try the current directory, as `python -m` would.
@@ -111,16 +119,16 @@ def _import(module_name: str, path: str) -> Any:
             sys.path.remove(cwd)
             missing = exc
         except Exception as exc:
-            raise _import_failed(module_name, path, exc) from None
+            raise _import_failed(module_name, path, exc, what) from None
     raise UserError(
-        f"kernel {path!r}: cannot import {module_name!r} ({missing})",
+        f"{what} {path!r}: cannot import {module_name!r} ({missing})",
         "install the package or run memprobe from the directory that holds it",
     )
 
 
-def _import_failed(module_name: str, path: str, exc: Exception) -> UserError:
+def _import_failed(module_name: str, path: str, exc: Exception, what: str) -> UserError:
     return UserError(
-        f"kernel {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}".replace(
+        f"{what} {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}".replace(
             "\n", " "
         ),
         f"run python -c 'import {module_name}' to see the traceback",

@@ -30,14 +30,20 @@ def _storage_key(tensor: torch.Tensor) -> tuple[int, Any]:
     return storage._cdata, storage
 
 
-def _python_frames(skip: FrameType | None) -> tuple[Frame, ...]:
-    """Innermost-first Python frames of the caller, without the tracker's own."""
+def _python_frames(
+    skip: FrameType | None, skip_files: frozenset[str] = frozenset(), stop: object = None
+) -> tuple[Frame, ...]:
+    """Innermost-first Python frames of the caller, without the tracker's own (nor those of
+    ``skip_files``), ending below the frame running code object ``stop`` when given."""
     frames: list[Frame] = []
     frame = skip
     while frame is not None and len(frames) < _MAX_FRAMES:
         code = frame.f_code
+        if code is stop:
+            break
         if (
             code.co_filename != _THIS_FILE
+            and code.co_filename not in skip_files
             and "torch/utils/_python_dispatch" not in code.co_filename
         ):
             frames.append(Frame(code.co_name, code.co_filename, frame.f_lineno))
@@ -51,11 +57,21 @@ class AllocationTracker(TorchDispatchMode):
     Set ``phase`` to label what follows (``setup``, ``forward``, ``backward``).
     Tensors that exist before the tracker starts but belong to the measured
     step (the logits) are registered with :meth:`track`.
+
+    ``device`` (a device type, ``"meta"``, ``"cpu"``) counts only storages there: a
+    CUDA step's host tensors (an optimizer's step counters) are no device memory.
+    Subclasses name their own files in ``skip_files`` (kept out of the frames) and may
+    set ``stop_code``: frames end below the frame running that code (the caller's
+    harness is not the user's stack).
     """
 
-    def __init__(self, *, capture_frames: bool = True) -> None:
+    skip_files: frozenset[str] = frozenset()
+
+    def __init__(self, *, capture_frames: bool = True, device: str | None = None) -> None:
         super().__init__()
         self.capture_frames = capture_frames
+        self.device = device
+        self.stop_code: object = None
         self.phase = "setup"
         self.events: list[Event] = []
         self._live: dict[int, Event] = {}
@@ -77,7 +93,14 @@ class AllocationTracker(TorchDispatchMode):
         # Memory already held when a phase starts belongs to that phase's peak.
         self._note_phase_level()
 
+    def _frames(self, caller: FrameType) -> tuple[Frame, ...]:
+        if not self.capture_frames:
+            return ()
+        return _python_frames(caller, self.skip_files, self.stop_code)
+
     def _register(self, tensor: torch.Tensor, op: str, frames: tuple[Frame, ...]) -> None:
+        if self.device is not None and tensor.device.type != self.device:
+            return
         key, storage = _storage_key(tensor)
         if key in self._live:
             return
@@ -124,8 +147,7 @@ class AllocationTracker(TorchDispatchMode):
 
     def track(self, tensor: torch.Tensor, op: str = "input") -> None:
         """Count an existing tensor (e.g. the logits) as live from now on."""
-        frames = _python_frames(sys._getframe(1)) if self.capture_frames else ()
-        self._register(tensor, op, frames)
+        self._register(tensor, op, self._frames(sys._getframe(1)))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -140,7 +162,7 @@ class AllocationTracker(TorchDispatchMode):
             if not isinstance(t, torch.Tensor) or t.untyped_storage()._cdata in inputs:
                 continue  # a view or an in-place result: no new storage
             if frames is None:
-                frames = _python_frames(sys._getframe(1)) if self.capture_frames else ()
+                frames = self._frames(sys._getframe(1))
             self._register(t, str(func), frames)
         return out
 

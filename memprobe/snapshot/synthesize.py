@@ -43,6 +43,7 @@ def synthesize_snapshot(
     case: Case | None = None,
     device: int = 0,
     conf: AllocConf | None = None,
+    clock: str | None = None,
 ) -> dict[str, Any]:
     """A torch snapshot dict from tracker events (``alloc`` / ``free``), in index order.
 
@@ -50,7 +51,8 @@ def synthesize_snapshot(
     requested bytes, its frames and a memprobe label in ``user_metadata`` (case,
     phase, op, dtype, shape); segment events come from the allocator model under
     ``conf`` (the defaults when None). Zero-byte storages are skipped: CUDA never
-    allocates for them.
+    allocates for them. ``clock`` says what the times measure (``"simulation"`` for a
+    meta run, ``"tracker"`` otherwise); by default the case's device decides.
     """
     if device < 0:
         raise ValueError("device must be >= 0")
@@ -106,7 +108,8 @@ def synthesize_snapshot(
             "case": case_id,
             "allocator_model": ALLOCATOR_MODEL,
             "alloc_conf": (conf or AllocConf()).to_string(),
-            "clock": "simulation" if case is not None and case.device == "meta" else "tracker",
+            "clock": clock
+            or ("simulation" if case is not None and case.device == "meta" else "tracker"),
         },
     }
 

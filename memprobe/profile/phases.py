@@ -1,0 +1,117 @@
+"""The tracker for a whole training step: phases from autograd and the optimizer.
+
+A kernel's step is split into forward and backward by the harness that calls it. A
+user's step is one callable, so the phase of each allocation is read from torch itself:
+
+- ``setup`` until the step starts computing: building the model and its inputs;
+- ``forward`` from the first module call (a global forward pre-hook), or the first op
+  that records autograd history (a tensor that requires grad, grad mode on), for a step
+  written without ``nn.Module``;
+- ``backward`` while the autograd engine runs a graph task (every op it dispatches,
+  activation-checkpoint recomputation included), and after it until the next phase
+  begins (gradient clipping, all-reduces);
+- ``optimizer`` from an optimizer's step (torch's global step pre-hook) until the next
+  forward.
+
+It also remembers the op that raised, so a step that fails on meta can be reported by op.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from memprobe.errors import UserError
+from memprobe.measure.tracker import AllocationTracker
+
+
+class StepTracker(AllocationTracker):
+    """:class:`AllocationTracker` whose phase follows the step (see the module notes)."""
+
+    skip_files = frozenset({__file__})
+
+    def __init__(self, *, capture_frames: bool = True, device: str | None = None) -> None:
+        super().__init__(capture_frames=capture_frames, device=device)
+        self._handles: list[Any] = []
+        self.failed_op: str | None = None
+        self.failure: BaseException | None = None
+
+    # -- hooks -----------------------------------------------------------
+    def install_hooks(self) -> None:
+        """Register the global module and optimizer hooks; :meth:`remove_hooks` undoes it."""
+        from torch.nn.modules.module import register_module_forward_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._handles = [
+            register_module_forward_pre_hook(self._on_module_forward),
+            register_optimizer_step_pre_hook(self._on_optimizer_step),
+        ]
+
+    def remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _on_module_forward(self, module: Any, args: Any) -> None:
+        if torch._C._current_graph_task_id() == -1:
+            self.set_phase("forward")
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.set_phase("optimizer")
+
+    # -- dispatch --------------------------------------------------------
+    def follow_phase(self, args: Any, kwargs: Any) -> None:
+        """Update the phase before an op runs (see the module notes)."""
+        if torch._C._current_graph_task_id() != -1:
+            if self.phase != "backward":
+                self.set_phase("backward")
+        elif self.phase == "setup" and torch.is_grad_enabled() and _records_history(args, kwargs):
+            self.set_phase("forward")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.follow_phase(args, kwargs)
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        except Exception as exc:
+            # The op that raised: what a failure on meta is reported by.
+            self.failed_op, self.failure = str(func), exc
+            raise
+
+
+def _records_history(args: Any, kwargs: Any) -> bool:
+    return any(
+        isinstance(t, torch.Tensor) and t.requires_grad
+        for t in tree_flatten((args, kwargs or {}))[0]
+    )
+
+
+def step_failed(exc: Exception, tracker: StepTracker, device: str) -> UserError:
+    """The one-line error for a step that raised: the op that raised when the tracker saw
+    it, and on meta why meta may be the cause and what to do."""
+    if isinstance(exc, UserError):
+        return exc
+    what = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if len(what) > 200:
+        what = what[:197] + "..."
+    raised_by_op = tracker.failure is not None and _caused_by(exc, tracker.failure)
+    where = f"at {tracker.failed_op}" if raised_by_op else f"in its {tracker.phase} phase"
+    if device == "meta":
+        return UserError(
+            f"the step failed on meta {where} ({what})",
+            "meta tensors hold no values: data-dependent shapes, .item() and ops without a "
+            "meta kernel cannot run there; try --device cpu at a smaller size",
+        )
+    return UserError(f"the step failed on {device} {where} ({what})", "fix the step and rerun")
+
+
+def _caused_by(exc: BaseException, cause: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if current is cause:
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False

@@ -1,0 +1,129 @@
+"""Run a user's training step under memprobe's tracker and write what torch would have.
+
+A *step* is a callable ``step(device: torch.device)`` that builds its model and inputs
+on the device it is given and runs forward, the loss, backward and (optionally) an
+optimizer step. On ``meta`` nothing real is allocated, so any size runs anywhere; on
+``cpu`` the tensors are real (keep them small); on ``cuda`` torch's own allocator
+history is recorded instead of memprobe's tracker.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from memprobe.allocator import AllocConf
+from memprobe.errors import UserError
+from memprobe.profile.load import Step
+from memprobe.profile.phases import StepTracker, step_failed
+from memprobe.records import Event
+from memprobe.snapshot.synthesize import synthesize_snapshot
+
+PROFILE_DEVICES = ("meta", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class TrackedStep:
+    """The tracker's record of one step: every storage allocated and freed on the device.
+
+    ``peak_bytes``: the most bytes of storage live at once (exact; no allocator
+    rounding); ``peak_index``: the ``alloc`` event that reached it; ``phase_peaks``: the
+    most live in each phase.
+    """
+
+    device: str
+    events: tuple[Event, ...]
+    peak_bytes: int
+    peak_index: int
+    phase_peaks: dict[str, int]
+
+    def live_at_peak(self) -> list[Event]:
+        """Allocations live just after the peak's event, largest first."""
+        live: dict[int, Event] = {}
+        for event in self.events[: self.peak_index + 1]:
+            if event.action == "alloc":
+                live[event.storage] = event
+            else:
+                live.pop(event.storage, None)
+        return sorted(live.values(), key=lambda e: e.nbytes, reverse=True)
+
+
+def trace_step(step: Step, device: str = "meta", *, capture_frames: bool = True) -> TrackedStep:
+    """Run ``step(torch.device(device))`` once under the tracker (``meta`` or ``cpu``).
+
+    Phases (setup / forward / backward / optimizer) come from module, autograd and
+    optimizer hooks (:mod:`memprobe.profile.phases`). Whatever the step returns is
+    dropped before the trace ends, so its frees are recorded too.
+
+    Raises :class:`UserError` when the step fails: on meta, one line naming the op that
+    raised and suggesting ``--device cpu`` at a smaller size.
+    """
+    if device not in ("meta", "cpu"):
+        raise UserError(
+            f"trace_step runs on meta or cpu, not {device!r}", "use profile_step for cuda"
+        )
+    tracker = StepTracker(capture_frames=capture_frames, device=device)
+    tracker.stop_code = _call.__code__
+    tracker.install_hooks()
+    try:
+        with tracker:
+            _call(step, torch.device(device))
+            # Reference cycles (autograd graphs held by closures) die now, as the
+            # step's end would free them in a training loop's next collection.
+            gc.collect()
+    except Exception as exc:
+        raise step_failed(exc, tracker, device) from None
+    finally:
+        tracker.remove_hooks()
+    return TrackedStep(
+        device=device,
+        events=tuple(tracker.events),
+        peak_bytes=tracker.peak_bytes,
+        peak_index=tracker.peak_index,
+        phase_peaks=dict(tracker.phase_peaks),
+    )
+
+
+def profile_step(
+    step: Step,
+    device: str = "meta",
+    *,
+    capture_frames: bool = True,
+    alloc_conf: AllocConf | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
+    """The CUDA-format allocator snapshot of one run of ``step`` on ``device``.
+
+    ``meta`` / ``cpu``: the tracked storages go through memprobe's model of the CUDA
+    caching allocator (under ``alloc_conf``, the defaults when None), as
+    :func:`memprobe.snapshot.synthesize.synthesize_snapshot` does: blocks at the
+    addresses the allocator would give, segment events, final segments, Python frames,
+    and each entry labelled with its phase, op, dtype and shape. ``cuda``: torch's own
+    ``_record_memory_history`` around the step (fails loudly without CUDA).
+
+    The dict is what ``torch.cuda.memory._snapshot()`` returns; write it with
+    :func:`memprobe.snapshot.write.write_snapshot`, read it with
+    :func:`memprobe.attribute.attribute`. ``name`` (the step's import path) is kept in
+    the snapshot's ``memprobe`` record.
+    """
+    if device not in PROFILE_DEVICES:
+        raise UserError(f"unknown device {device!r}", f"use one of: {', '.join(PROFILE_DEVICES)}")
+    if device == "cuda":
+        from memprobe.profile.cuda import record_cuda_step
+
+        snapshot = record_cuda_step(step)
+    else:
+        tracked = trace_step(step, device, capture_frames=capture_frames)
+        clock = "simulation" if device == "meta" else "tracker"
+        snapshot = synthesize_snapshot(tracked.events, conf=alloc_conf, clock=clock)
+        snapshot["memprobe"]["device"] = device
+    snapshot.setdefault("memprobe", {})["step"] = name
+    return snapshot
+
+
+def _call(step: Step, device: torch.device) -> None:
+    # Frames end below this one: the user's stack starts at their step.
+    step(device)

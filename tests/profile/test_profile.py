@@ -1,0 +1,121 @@
+"""``memprobe profile`` and its library API: a user's step on meta equals it on cpu, phases
+come from the hooks, failures are one line and write nothing."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import steps
+
+from memprobe.attribute import attribute
+from memprobe.errors import UserError
+from memprobe.profile import load_step, profile_step, trace_step
+from memprobe.snapshot.load import load_snapshot
+
+
+def _live_signature(tracked):  # type: ignore[no-untyped-def]
+    return sorted((e.nbytes, e.op, e.shape, e.dtype, e.phase) for e in tracked.live_at_peak())
+
+
+@pytest.fixture(scope="module")
+def meta_and_cpu():  # type: ignore[no-untyped-def]
+    return trace_step(steps.gpt_step, "meta"), trace_step(steps.gpt_step, "cpu")
+
+
+def test_meta_equals_a_real_cpu_run_to_the_byte(meta_and_cpu) -> None:  # type: ignore[no-untyped-def]
+    meta, cpu = meta_and_cpu
+    assert meta.peak_bytes == cpu.peak_bytes > 0
+    assert meta.phase_peaks == cpu.phase_peaks
+    assert _live_signature(meta) == _live_signature(cpu)
+    assert [(e.action, e.nbytes, e.op) for e in meta.events] == [
+        (e.action, e.nbytes, e.op) for e in cpu.events
+    ]
+
+
+def test_phases_follow_the_step(meta_and_cpu) -> None:  # type: ignore[no-untyped-def]
+    meta, _ = meta_and_cpu
+    first = {}
+    for e in meta.events:
+        if e.action == "alloc":
+            first.setdefault(e.phase, e.index)
+    assert list(first) == ["setup", "forward", "backward", "optimizer"]
+    ops = {e.phase: set() for e in meta.events}
+    for e in meta.events:
+        ops[e.phase].add(e.op)
+    assert "aten.empty.memory_format" in ops["setup"]  # the parameters
+    assert "aten._log_softmax.default" in ops["forward"]
+    assert "aten._log_softmax_backward_data.default" in ops["backward"]
+    # SGD's momentum buffers are made by the optimizer step.
+    assert "aten.clone.default" in ops["optimizer"]
+    # Every byte is freed once the step has returned.
+    allocs = sum(e.nbytes for e in meta.events if e.action == "alloc")
+    assert allocs == sum(e.nbytes for e in meta.events if e.action == "free")
+
+
+def test_frames_start_at_the_users_step(meta_and_cpu) -> None:  # type: ignore[no-untyped-def]
+    meta, _ = meta_and_cpu
+    for e in meta.events:
+        names = [f.name for f in e.frames]
+        assert names[-1] == "gpt_step", names
+        assert not any("memprobe" in f.filename for f in e.frames)
+
+
+def test_snapshot_reads_as_the_step_it_profiled() -> None:
+    snap = profile_step(steps.gpt_step, "meta", name="steps:gpt_step")
+    tracked = trace_step(steps.gpt_step, "meta")
+    found = attribute(snap)
+    assert found.peak_allocated_bytes == tracked.peak_bytes
+    assert found.peak_phase == "optimizer"
+    assert snap["memprobe"]["step"] == "steps:gpt_step"
+    assert snap["memprobe"]["clock"] == "simulation"
+    assert found.times == "simulated"
+
+
+def test_a_value_read_on_meta_names_the_op_and_suggests_cpu() -> None:
+    with pytest.raises(UserError) as err:
+        trace_step(steps.item_step, "meta")
+    line = err.value.one_line()
+    assert "aten._local_scalar_dense" in line and "--device cpu" in line
+    assert "\n" not in line
+    # The same step runs for real on cpu.
+    assert trace_step(steps.item_step, "cpu").peak_bytes > 0
+
+
+def test_load_step_follows_the_kernel_rules() -> None:
+    assert load_step("steps:gpt_step") is steps.gpt_step
+    with pytest.raises(UserError, match="does not take one argument"):
+        load_step("steps:takes_nothing")
+    with pytest.raises(UserError, match="not an import path"):
+        load_step("steps.gpt_step")
+    with pytest.raises(UserError, match="has no attribute"):
+        load_step("steps:missing")
+
+
+def test_cli_writes_the_snapshot_and_prints_its_attribution(run_cli, tmp_path: Path) -> None:
+    out = tmp_path / "step.pickle"
+    code, text, err = run_cli("profile", "steps:gpt_step", "--out", str(out), "--json")
+    assert code == 0, err
+    assert out.read_bytes()[:2] == b"\x80\x04"  # pickle protocol 4: torch's viewer reads it
+    data = json.loads(text)
+    assert data["peak_allocated_bytes"] == attribute(load_snapshot(out)).peak_allocated_bytes
+    assert data["peak_phase"] == "optimizer"
+    with out.open("rb") as f:
+        assert pickle.load(f)["memprobe"]["step"] == "steps:gpt_step"
+
+
+def test_cli_failures_are_one_line_and_write_nothing(run_cli, tmp_path: Path) -> None:
+    out = tmp_path / "step.pickle"
+    for args in (
+        ("steps:item_step",),
+        ("steps:nope",),
+        ("steps:gpt_step", "--device", "tpu"),
+        ("steps:gpt_step", "--device", "cuda"),  # this build has no CUDA
+    ):
+        code, text, err = run_cli("profile", *args, "--out", str(out))
+        assert code == 2, (args, text, err)
+        assert err.startswith("memprobe: error:") and err.count("\n") == 1, err
+        assert "Traceback" not in err
+        assert not out.exists()
