@@ -187,3 +187,28 @@ def test_every_page_is_a_template_shipped_as_package_data() -> None:
         assert templates.joinpath("assets", asset).is_file(), asset
     pyproject = (ROOT.parent / "pyproject.toml").read_text(encoding="utf-8")
     assert '"templates/*.html"' in pyproject and '"jinja2' in pyproject
+
+
+# What runs analysis: render/ turns the page model's records into a medium, never this.
+_ANALYSIS = {
+    "memprobe.snapshot.load": None,
+    "memprobe.snapshot.replay": None,
+    "memprobe.attribute": {"attribute", "attribute_devices"},
+    "memprobe.attribute.findings": {"attribute", "attribute_devices"},
+}
+
+
+def test_render_neither_loads_snapshots_nor_runs_attribution() -> None:
+    found = []
+    for path in sorted((ROOT / "render").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in _ANALYSIS:
+                banned = _ANALYSIS[node.module]
+                names = {a.name for a in node.names}
+                if banned is None or names & banned:
+                    found.append(f"{path.name}: from {node.module} import {sorted(names)}")
+            elif isinstance(node, ast.Import):
+                found += [
+                    f"{path.name}: import {a.name}" for a in node.names if a.name in _ANALYSIS
+                ]
+    assert found == []

@@ -2,7 +2,7 @@
 
 - :mod:`~memprobe.render.terminal` — the sweep's end table and ``--json`` summary
 - :mod:`~memprobe.render.progress` — progress over sweep cases, on stderr
-- :mod:`~memprobe.render.html` — the sweep's ``report.html`` (from :mod:`~memprobe.render.page`)
+- :mod:`~memprobe.render.html` — the sweep's ``report.html`` (from :mod:`~memprobe.report.page`)
 - :mod:`~memprobe.render.png` — the report's PNG plots (plots, timeline), on one
   :mod:`~memprobe.render.canvas`
 - :mod:`~memprobe.render.attribute_page`, :mod:`~memprobe.render.plan_page` — the

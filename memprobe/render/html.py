@@ -1,5 +1,5 @@
 """The sweep's report page: a run directory → ``report.html`` (self-contained) and the
-PNG plots beside it, both rendered from one :class:`~memprobe.render.page.Page`.
+PNG plots beside it, both rendered from one :class:`~memprobe.report.page.Page`.
 
 This module turns the page model into the plain values ``templates/report.html``
 shows; the markup is the template's.
@@ -19,18 +19,7 @@ from memprobe.io.files import write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
 from memprobe.render.canvas import made_by_memprobe
-from memprobe.render.evidence import Evidence
 from memprobe.render.findings_view import FindingsView, findings_view
-from memprobe.render.headline import (
-    Headline,
-    budget_sentence,
-    kernel_line_parts,
-    other_slices,
-    recommendation,
-    shape_text,
-    why_sentence,
-)
-from memprobe.render.page import Page, build_page
 from memprobe.render.png import PLOT_NAMES, Plots, render_plots
 from memprobe.render.templating import (
     Cell,
@@ -41,6 +30,17 @@ from memprobe.render.templating import (
     relative_href,
     render_page,
 )
+from memprobe.report.evidence import Evidence
+from memprobe.report.headline import (
+    Headline,
+    budget_sentence,
+    kernel_line_parts,
+    other_slices,
+    recommendation,
+    shape_text,
+    why_sentence,
+)
+from memprobe.report.page import Page, build_page
 from memprobe.results import missing
 
 REPORT_NAME = "report.html"

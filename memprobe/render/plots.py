@@ -18,9 +18,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLo
 
 from memprobe.io.sizes import format_bytes
 from memprobe.records import dtype_bytes
-from memprobe.render.breakdown import CATEGORIES, Breakdown
 from memprobe.render.canvas import new_figure, styled, to_png, unit_for
-from memprobe.render.headline import Headline, vs_reference
 from memprobe.render.style import (
     BUDGET_STYLE,
     CATEGORY_STYLE,
@@ -28,6 +26,8 @@ from memprobe.render.style import (
     Look,
     power_of_two_ticks,
 )
+from memprobe.report.breakdown import CATEGORIES, Breakdown
+from memprobe.report.headline import Headline, vs_reference
 from memprobe.results import missing
 
 

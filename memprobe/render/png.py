@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from memprobe.render import plots, timeline
-from memprobe.render.page import Page
 from memprobe.render.style import kernel_looks
+from memprobe.report.page import Page
 
 PLOT_NAMES = ("peak_vs_tokens", "peak_vs_vocab", "peak_breakdown", "timeline", "numerics")
 

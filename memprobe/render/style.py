@@ -18,10 +18,11 @@ from memprobe.attribute.categories import (
     GRADIENTS,
     LOGITS,
     OPTIMIZER,
+    OTHER,
     PARAMETERS,
 )
 from memprobe.attribute.categories import CATEGORIES as ATTRIBUTE_CATEGORIES
-from memprobe.render.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER, OTHER_BSV
+from memprobe.report.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER_BSV
 
 _COLOURS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#7F7F7F")
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")

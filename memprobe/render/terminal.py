@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe.io.sizes import format_bytes
-from memprobe.render.ratios import with_ratios
+from memprobe.report.ratios import with_ratios
 from memprobe.results import missing
 
 
@@ -119,7 +119,7 @@ def answer_lines(
     frame: pd.DataFrame, meta: dict[str, Any], *, budget_bytes: int | None
 ) -> list[str]:
     """The closing lines: at the largest case, what to use and (with a budget) what fits."""
-    from memprobe.render.headline import (
+    from memprobe.report.headline import (
         budget_sentence,
         make_headline,
         other_slices,

@@ -15,11 +15,11 @@ from matplotlib.ticker import FuncFormatter
 
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
-from memprobe.render.breakdown import FP32_BSV, gradient_block, is_fp32_bsv
 from memprobe.render.canvas import new_figure, styled, to_png, unit_for
-from memprobe.render.headline import Headline
 from memprobe.render.style import CATEGORY_STYLE, PHASE_SHADE, Look, short_op
-from memprobe.render.trace import Trace
+from memprobe.report.breakdown import FP32_BSV, gradient_block, is_fp32_bsv
+from memprobe.report.headline import Headline
+from memprobe.report.trace import Trace
 
 
 @styled

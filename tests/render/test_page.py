@@ -10,8 +10,8 @@ import pytest
 
 from memprobe.records import Case
 from memprobe.render import write_report
-from memprobe.render.evidence import NO_SNAPSHOT
-from memprobe.render.page import build_page
+from memprobe.report.evidence import NO_SNAPSHOT
+from memprobe.report.page import build_page
 from memprobe.snapshot.allocator import could_hold
 from memprobe.sweep import plan_cases, run_sweep
 

@@ -17,10 +17,10 @@ from memprobe.measure.meta_backend import simulate
 from memprobe.records import Case
 from memprobe.render import write_report
 from memprobe.render.attribute_page import write_attribute_page
-from memprobe.render.breakdown import CATEGORIES, FP32_BSV, breakdown
-from memprobe.render.headline import make_headline, times, vs_reference
 from memprobe.render.png import PLOT_NAMES
-from memprobe.render.trace import from_events, from_snapshot
+from memprobe.report.breakdown import CATEGORIES, FP32_BSV, breakdown
+from memprobe.report.headline import make_headline, times, vs_reference
+from memprobe.report.trace import from_snapshot
 from memprobe.results import read_results, read_run_meta
 from memprobe.sweep import plan_cases, run_sweep
 
@@ -251,8 +251,10 @@ def test_a_narrow_run_says_what_it_cannot_draw(tmp_path: Path) -> None:
 )
 def test_breakdown_accounts_for_the_whole_peak(kernel: str) -> None:
     case = Case(kernel, 1, 2048, 32768, "bf16", 512)
+    from memprobe.snapshot.synthesize import synthesize_snapshot
+
     tracker = simulate(case, capture_frames=False)
-    b = breakdown(kernel, from_events(tracker.events), case)
+    b = breakdown(kernel, from_snapshot(synthesize_snapshot(tracker.events, case=case)), case)
     assert set(b.parts) == set(CATEGORIES)
     assert b.peak_bytes == tracker.peak_bytes == sum(b.parts.values())
     assert b.parts["input logits"] == case.logits_bytes
@@ -267,17 +269,24 @@ def test_breakdown_accounts_for_the_whole_peak(kernel: str) -> None:
         assert b.parts["chunk workspace"] == 4 * 512 * 32768  # one float32 chunk
 
 
-def test_a_snapshot_and_the_events_give_the_same_trace() -> None:
+def test_the_trace_is_the_snapshot_replay_over_the_step() -> None:
+    from memprobe.snapshot.replay import replay
     from memprobe.snapshot.synthesize import synthesize_snapshot
 
     case = Case("unchunked", 1, 1024, 8192, "bf16", 256)
     tracker = simulate(case)
-    from_snap = from_snapshot(synthesize_snapshot(tracker.events, case=case))
-    from_ev = from_events(tracker.events)
-    assert from_snap.peak_bytes == from_ev.peak_bytes == tracker.peak_bytes
-    assert {p for p in from_snap.phases} == {"setup", "forward", "backward"}
-    shape = case
-    assert breakdown("u", from_snap, shape).parts == breakdown("u", from_ev, shape).parts
+    snapshot = synthesize_snapshot(tracker.events, case=case)
+    trace = from_snapshot(snapshot)
+    rep = replay(snapshot)
+    assert trace.peak_bytes == tracker.peak_bytes == rep.peak_allocated_bytes
+    assert {p for p in trace.phases} == {"setup", "forward", "backward"}
+    # One lifetime per block, the replay's: the blocks live at the peak are its blocks.
+    live = trace.live_at_peak()
+    assert sum(b.nbytes for b in live) == trace.peak_bytes
+    lives = {(b.addr, b.alloc_pos, b.free_pos) for b in rep.live_at(rep.peak_pos)}
+    assert {(b.source.addr, b.source.alloc_pos, b.source.free_pos) for b in live} == lives
+    assert len(trace.blocks) == len(rep.blocks)
+    assert breakdown("u", trace, case).peak_bytes == tracker.peak_bytes
 
 
 def test_ratios_read_as_sentences(run: Path) -> None:

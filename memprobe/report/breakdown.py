@@ -5,14 +5,19 @@ gradient are the floor; float32 ``[B, S, V]`` blocks are what the chunked kernel
 exist to remove; chunk workspace is the bounded cost of chunking; anything else
 the size of a whole ``[B, S, V]`` (full-size slice gradients, int64 sort indices)
 is named apart from the small rest, so no big block hides in "other".
+
+These refine attribution's logits-family (:mod:`memprobe.attribute.categories`) for
+one log-prob step; the rest is attribution's "other" (the same name, the same look
+on every page: :data:`memprobe.render.style.CATEGORY_STYLE`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from memprobe.attribute.categories import OTHER
 from memprobe.records import Case, torch_dtype_name
-from memprobe.render.trace import BEFORE_STEP, Block, Trace
+from memprobe.report.trace import BEFORE_STEP, Block, Trace
 from memprobe.snapshot.allocator import could_hold
 
 INPUT = "input logits"
@@ -20,7 +25,6 @@ GRADIENT = "gradient"
 FP32_BSV = "float32 [B,S,V] blocks"
 OTHER_BSV = "other full [B,S,V] blocks"
 CHUNK = "chunk workspace"
-OTHER = "other"
 CATEGORIES: tuple[str, ...] = (INPUT, GRADIENT, FP32_BSV, OTHER_BSV, CHUNK, OTHER)
 
 

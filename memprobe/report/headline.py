@@ -20,7 +20,7 @@ import pandas as pd
 
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
-from memprobe.render.ratios import HIDDEN_REFERENCE, REFERENCE, has_ratios, with_ratios
+from memprobe.report.ratios import HIDDEN_REFERENCE, REFERENCE, has_ratios, with_ratios
 from memprobe.results import case_of, missing, rows_of
 
 # Columns that define one "configuration" besides tokens and vocab.

@@ -16,8 +16,8 @@ from typing import Any
 
 from memprobe.errors import UserError
 from memprobe.records import Case
-from memprobe.render.breakdown import Breakdown, breakdown
-from memprobe.render.trace import Trace, from_snapshot
+from memprobe.report.breakdown import Breakdown, breakdown
+from memprobe.report.trace import Trace, from_snapshot
 from memprobe.results import case_of
 
 FINDINGS_TOP = 6

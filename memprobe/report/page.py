@@ -1,7 +1,7 @@
 """The page model: everything a sweep report shows, computed once from a run directory.
 
 Built from the results rows, ``run.json`` and the snapshot of each headline case
-(:mod:`memprobe.render.evidence`); the HTML page and every PNG read it and
+(:mod:`memprobe.report.evidence`); the HTML page and every PNG read it and
 compute nothing of their own.
 """
 
@@ -14,9 +14,9 @@ from typing import Any
 import pandas as pd
 
 from memprobe.errors import UserError
-from memprobe.render.evidence import Evidence, gather
-from memprobe.render.headline import Headline, config_slice, make_headline
-from memprobe.render.ratios import with_ratios
+from memprobe.report.evidence import Evidence, gather
+from memprobe.report.headline import Headline, config_slice, make_headline
+from memprobe.report.ratios import with_ratios
 from memprobe.results import read_results, read_run_meta
 
 
