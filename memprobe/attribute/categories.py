@@ -12,6 +12,7 @@ and integer results never are.
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass
 
 from memprobe.attribute.ops import is_copy, is_int_op, is_matmul, is_opaque_generated
@@ -25,8 +26,16 @@ OPTIMIZER = "optimizer state"
 ACTIVATIONS = "forward activations"
 BACKWARD_TEMP = "backward temporaries"
 LOGITS = "logits-family"
+ATTENTION = "attention scores"
+AUTOCAST = "autocast weight copies"
+CHECKPOINT = "checkpointed activations"
+COMMUNICATION = "communication buffers"
 OTHER = "other"
-CATEGORIES = (PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS, BACKWARD_TEMP, LOGITS, OTHER)
+_COLLECTIVE_OP = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|broadcast", re.I)
+CATEGORIES = (
+    PARAMETERS, GRADIENTS, OPTIMIZER, ACTIVATIONS, ATTENTION, AUTOCAST, CHECKPOINT,
+    COMMUNICATION, BACKWARD_TEMP, LOGITS, OTHER,
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +79,8 @@ def classify(
     *,
     trace_length: int,
     segment_site: Site | None = None,
+    free_site: Site | None = None,
+    casts: frozenset[int] = frozenset(),
 ) -> Verdict:
     """Category and logits-family verdict of one block (see module notes)."""
     before = block.alloc_pos == BEFORE_TRACE
@@ -89,7 +100,61 @@ def classify(
     if logits:
         return Verdict(LOGITS, why, True, why, phase, phase_reason)
     category, reason = _category(block, origin, phase, phases, before, trace_length)
+    if category in (OTHER, ACTIVATIONS, PARAMETERS):
+        found = _recognized(block, origin, phase, phases, shapes, before, free_site, casts)
+        if found is not None:
+            category, reason = found
     return Verdict(category, reason, False, "", phase, phase_reason)
+
+
+def _recognized(
+    block: ReplayBlock,
+    site: Site,
+    phase: str | None,
+    phases: Phases,
+    shapes: ShapeInference,
+    before: bool,
+    free_site: Site | None,
+    casts: frozenset[int],
+) -> tuple[str, str] | None:
+    """What a trainer calls a block the plain phase rules leave as activations,
+    parameters or other: checkpointing, communication, attention scores, autocast's
+    weight copies, and an earlier step's optimizer state."""
+    if site.checkpoint:
+        return CHECKPOINT, "made under torch.utils.checkpoint (saved inputs or a recomputation)"
+    if site.collective_buffer or (site.collective and _COLLECTIVE_OP.search(site.collective)):
+        return COMMUNICATION, f"made by {site.collective} (a gradient bucket or collective buffer)"
+    if before:
+        if free_site is not None and free_site.optimizer:
+            return OPTIMIZER, (
+                "an earlier step's optimizer state: alive before the trace, freed under the "
+                "optimizer's step"
+            )
+        if block.free_pos is not None and phases.phase_near(block.free_pos) == "optimizer":
+            return OPTIMIZER, (
+                "an earlier step's optimizer state: alive before the trace, freed among the "
+                "optimizer step's allocations"
+            )
+        return None
+    if phase != "forward":
+        return None
+    if site.attention and _attention_scores(block.size, site, shapes):
+        return ATTENTION, f"made inside attention ({site.op or 'no op named'}): [B, h, S, S]"
+    if block.size in casts and site.op is not None and "to" in site.op.lower():
+        return AUTOCAST, (
+            f"a forward {site.op} at half a float32 parameter's bytes: autocast's bfloat16 "
+            "copy of a weight"
+        )
+    return None
+
+
+def _attention_scores(size: int, site: Site, shapes: ShapeInference) -> bool:
+    """[B, h, S, S]: with S known, a size of B·S² times a head count and itemsize; without
+    it, only the softmax's own output (the one attention block that is surely scores)."""
+    if shapes.seq and shapes.batch:
+        square = shapes.seq * shapes.seq * shapes.batch
+        return size % square == 0 and (size // square) % 2 == 0
+    return bool(site.op) and "softmax" in (site.op or "").lower()
 
 
 def _logits(
@@ -160,6 +225,8 @@ def _category(
     if phase == "forward":
         if block.alloc_pos <= 0 and block.free_pos is None:
             return PARAMETERS, "alive for the whole trace"
+        if block.free_pos is None and any(f.name == "__init__" for f in site.chain):
+            return PARAMETERS, "made in a constructor (__init__) and alive to the end"
         return ACTIVATIONS, "made in forward"
     if phase == "setup":
         # A memprobe hidden-family step's inputs: the lm_head weight and the hidden states.

@@ -19,7 +19,13 @@ from typing import Any
 from memprobe.attribute.allocator_view import AllocatorView, allocator_view, oom_verdict
 from memprobe.attribute.categories import CATEGORIES, Verdict, classify
 from memprobe.attribute.explain import Explanation
-from memprobe.attribute.ops import is_matmul, is_opaque_generated
+from memprobe.attribute.ops import (
+    is_cast,
+    is_matmul,
+    is_opaque_generated,
+    may_hold_ids,
+    shape_op,
+)
 from memprobe.attribute.records import (
     BlockFinding,
     BlockGroup,
@@ -29,7 +35,13 @@ from memprobe.attribute.records import (
     frame_from_json,
     frame_json,
 )
-from memprobe.attribute.shapes import MIN_LOSS_BLOCK, Hints, ShapeInference, infer_shapes
+from memprobe.attribute.shapes import (
+    MIN_LOSS_BLOCK,
+    Direct,
+    Hints,
+    ShapeInference,
+    infer_shapes,
+)
 from memprobe.attribute.sites import Phases, Site, SiteCache, resolve_phases
 from memprobe.errors import UserError
 from memprobe.records import Frame
@@ -182,6 +194,7 @@ class _Context:
         self.simulated = simulated
         self.sites = SiteCache()
         self.phases: Phases = resolve_phases(rep.entries, self.sites)
+        self.direct = Direct()
         self.shapes = self._infer(shapes_hints)
         self._verdicts: dict[int, Verdict] = {}
 
@@ -203,16 +216,61 @@ class _Context:
         by_size: dict[int, list[ReplayBlock]] = defaultdict(list)
         for b in self.rep.blocks:
             sizes[b.size] += 1
-            if b.size >= MIN_LOSS_BLOCK:
-                by_size[b.size].append(b)
+            by_size[b.size].append(b)
         # Samples spread over the whole trace: the first blocks of a size are often
         # another layer's (the lm_head's bmm and the loss's sub share one size).
         for size, group in by_size.items():
             if len(group) > LOSS_SAMPLES_PER_SIZE:
                 stride = len(group) / LOSS_SAMPLES_PER_SIZE
                 by_size[size] = [group[int(i * stride)] for i in range(LOSS_SAMPLES_PER_SIZE)]
-        loss_sites = [(size, self.site(b)) for size, group in by_size.items() for b in group]
-        loss_sizes = {size for size, s in loss_sites if s.loss}
+        samples = [(size, self.site(b)) for size, group in by_size.items() for b in group]
+        # A size made inside attention (scores, their softmax) is [B, h, S, S]: its
+        # backward (SoftmaxBackward0 on the engine's thread, no Python frame to say
+        # "attention") is not a loss over the vocabulary either.
+        attention: Counter[int] = Counter()
+        matmul_share: Counter[int] = Counter()
+        arange, masks, rotary = set(), set(), set()
+        stacks = False
+        # Every block's op (its site is cached per stack; phases read them all already):
+        # which ones a forward matmul made, exactly, and which ones name S.
+        id_sizes: set[int] = set()
+        copies: set[int] = set()
+        persistent: Counter[int] = Counter()
+        for b in self.rep.blocks:
+            s = self.site(b)
+            stacks = stacks or s.op is not None
+            if b.alloc_pos == BEFORE_TRACE or b.free_pos is None:
+                persistent[b.size] += 1
+            if b.size not in id_sizes and may_hold_ids(s.op) and shape_op(s.op) != "arange":
+                id_sizes.add(b.size)
+            if s.phase != "forward":
+                continue
+            if s.attention:
+                attention[b.size] += 1
+            elif is_matmul(s.op, s.node):
+                matmul_share[b.size] += 1
+            if is_cast(s.op):
+                copies.add(b.size)
+            kind = shape_op(s.op)
+            if kind == "arange":
+                arange.add(b.size)
+            elif kind == "mask":
+                masks.add(b.size)
+            elif kind == "rotary":
+                rotary.add(b.size)
+        direct = Direct(
+            arange=frozenset(arange),
+            masks=frozenset(masks),
+            rotary=frozenset(rotary),
+            attention=tuple(attention.items()),
+            matmuls=tuple(matmul_share.items()),
+            stacks=stacks,
+            id_sizes=frozenset(id_sizes),
+            persistent=tuple(persistent.items()),
+            casts=frozenset(c for c in copies if persistent[2 * c]),
+        )
+        loss_sites = [(size, s) for size, s in samples if size >= MIN_LOSS_BLOCK]
+        loss_sizes = {size for size, s in loss_sites if s.loss and size not in attention}
         labelled = {s.label_shape for _, s in loss_sites if s.loss and s.label_shape}
         # Forward matmul outputs (the lm_head is one), and buffers torch.compile's
         # generated code allocated with no op named (its matmuls write into them).
@@ -220,18 +278,29 @@ class _Context:
             size
             for size, s in loss_sites
             if s.phase == "forward"
+            and not s.attention
             and (is_matmul(s.op, s.node) or is_opaque_generated(s.op, s.via))
         }
         collective = next(
             (s.collective for _, s in loss_sites if s.collective and (s.loss or s.node)), None
         )
-        return infer_shapes(sizes, loss_sizes, hints, labelled, matmuls, collective=collective)
+        self.direct = direct
+        return infer_shapes(
+            sizes, loss_sizes, hints, labelled, matmuls, collective=collective, direct=direct
+        )
 
     def verdict(self, b: ReplayBlock) -> Verdict:
         key = id(b)
         found = self._verdicts.get(key)
         if found is None:
             segment_site = self.sites.site(b.segment_block) if b.segment_block is not None else None
+            # With torch's context='all' a free records the stack that freed it: for a
+            # block from before the trace, the only stack there is.
+            free_site = (
+                self.sites.site(b.free_entry)
+                if b.alloc_entry is None and b.free_entry is not None
+                else None
+            )
             found = classify(
                 b,
                 self.site(b),
@@ -239,6 +308,8 @@ class _Context:
                 self.shapes,
                 trace_length=len(self.rep.entries),
                 segment_site=segment_site,
+                free_site=free_site,
+                casts=self.direct.casts,
             )
             self._verdicts[key] = found
         return found

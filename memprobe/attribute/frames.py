@@ -14,7 +14,11 @@ from typing import Any
 
 from memprobe.records import Frame
 
-_CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".cu", ".cuh", ".c", ".h", ".hpp", ".so")
+_CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".cu", ".cuh", ".c", ".h", ".hpp", ".so", ".s", ".asm")
+# The C library and the thread machinery at the outer end of native stacks (glibc's
+# ``clone3.S``, ``start_thread``): never the user's line, whatever path they carry.
+_NATIVE_PATHS = re.compile(r"(?:^|/)(?:sysdeps|nptl|glibc[^/]*|libc[^/]*|csu)/")
+_NATIVE_NAMES = re.compile(r"^(?:__)?(?:clone3?|start_thread|pthread_\w+|__libc_\w+|_start)$")
 # "The user's line" is decided by folder, whatever the OS's path style: installed
 # packages (site-packages, dist-packages), the standard library, torch and its
 # compilers wherever they live, and memprobe's own harness are never it.
@@ -87,6 +91,8 @@ def is_cpp(frame: Frame) -> bool:
     if frame.line == 0 or name in ("", "??"):
         return True
     lowered = name.lower()
+    if _NATIVE_NAMES.match(frame.name) or _NATIVE_PATHS.search(lowered.replace("\\", "/")):
+        return True
     if lowered.endswith(_CPP_SUFFIXES):
         return True
     return (

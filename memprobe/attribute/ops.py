@@ -67,7 +67,7 @@ def loss_evidence(op: str | None, node: str | None, frames: Sequence[Frame]) -> 
     user frame (``cross_entropy_loss`` in the user's training.py). Outer frames are
     not: a ``compute_loss`` that calls the whole model would claim every activation.
     """
-    if is_int_op(op) or _in_attention(frames):
+    if is_int_op(op) or in_attention(frames):
         return None
     if is_loss_name(op):
         return f"op {op}"
@@ -81,7 +81,7 @@ def loss_evidence(op: str | None, node: str | None, frames: Sequence[Frame]) -> 
     return None
 
 
-def _in_attention(frames: Sequence[Frame]) -> bool:
+def in_attention(frames: Sequence[Frame]) -> bool:
     """The softmax inside attention is over [B, h, S, S], not over the vocabulary."""
     return any(_attention_frame(f) for f in frames)
 
@@ -153,3 +153,64 @@ def is_parameter_setup(frames: Sequence[Frame]) -> bool:
         if frame.name in ("reset_parameters", "_init_weights"):
             return True
     return False
+
+
+# Ops whose output shape names a dimension of the step directly.
+_POSITIONS = re.compile(r"(?:^|[.:_])arange(?:\b|_|$)")
+_MASKS = re.compile(r"(?:^|[.:_])(triu|tril|ones|full|new_ones|new_full)(?:\b|_|$)")
+_ROTARY = re.compile(r"(?:^|[.:_])(cos|sin|polar)(?:\b|_|$)")
+
+
+def shape_op(op: str | None) -> str | None:
+    """``"arange"`` (positions), ``"mask"`` (a mask's constructor) or ``"rotary"`` (its
+    tables) for an op that makes those, else None."""
+    if not op:
+        return None
+    name = op.lower().removeprefix("aten::")
+    if _POSITIONS.search(name):
+        return "arange"
+    if _MASKS.search(name):
+        return "mask"
+    if _ROTARY.search(name):
+        return "rotary"
+    return None
+
+
+_ID_MAKERS = re.compile(
+    r"(?:^|[.:_])(empty|empty_strided|randint|arange|to|_to_copy|copy|clone|contiguous|cat|"
+    r"slice|index|index_select|repeat|expand|new_empty|full|zeros|ones)(?:\b|_|$)"
+)
+
+
+def may_hold_ids(op: str | None) -> bool:
+    """Whether ``op`` can make an int64 block of token ids or targets (a copy from the
+    host, an index, an empty buffer); a norm, a sum or a matmul cannot."""
+    return op is None or is_int_op(op) or bool(_ID_MAKERS.search(op.lower().removeprefix("aten::")))
+
+
+def is_cast(op: str | None) -> bool:
+    """A dtype conversion (``aten::_to_copy``): autocast's weight copies are these."""
+    if not op:
+        return False
+    return op.lower().removeprefix("aten::").removeprefix("aten.") in (
+        "_to_copy",
+        "to",
+        "_to_copy.default",
+    )
+
+
+def is_checkpoint(frames: Sequence[Frame]) -> bool:
+    """Under ``torch.utils.checkpoint`` (forward of a checkpointed segment, or its
+    recomputation in backward)."""
+    return any(
+        not is_cpp(f) and "/torch/utils/checkpoint" in normalized_path(f.filename) for f in frames
+    )
+
+
+_COMM_BUFFER = re.compile(r"c10d::|Reducer::|ProcessGroupNCCL|/torch/distributed/|nccl", re.I)
+
+
+def is_comm_buffer(frames: Sequence[Frame]) -> bool:
+    """DDP's gradient buckets (``c10d::Reducer``), FSDP's flat parameters and NCCL's
+    buffers: made by the distributed machinery itself."""
+    return any(_COMM_BUFFER.search(f.name) or _COMM_BUFFER.search(f.filename) for f in frames)

@@ -12,8 +12,14 @@ softmax / loss over the vocabulary (or their backward nodes) are the candidates 
 - the other loss-made sizes the same (N, V) explains (a bf16 and a float32 copy);
 - weak priors: float32 for the loss's own blocks, a known tokenizer size.
 
-B and S are split only when attention-shaped ``[B, h, S, S]`` blocks and a mask or
-position block of that S are there too; otherwise the answer is ``[N=B·S, V]``.
+Evidence before claims. B and S are split only on blocks whose *op* names S (an
+``arange`` of S int64, a ``triu``/``tril`` mask ``[S, S]``), backed by attention scores
+``[B, h, S, S]`` or rotary tables; otherwise the answer is ``[N=B·S, V]``. V needs a
+``[V, H]`` weight (either dtype; autocast's copies count) or a loss over V whose rows
+int64 token ids confirm; a square ``[N, N]`` (a similarity matrix) is never a
+vocabulary. With stacks that name ops, only matmul outputs count as ``[N, H]``
+activations, so a rotary half or a mask of the same bytes argues nothing. "high"
+needs a weight and activations that agree with the reading.
 The user's ``--vocab/--tokens/--batch`` override whatever they fix.
 
 Three shapes real jobs have besides the plain ``[N, V]`` loss:
@@ -41,6 +47,8 @@ from typing import Any
 MIN_VOCAB = 256  # a classifier over fewer classes is not a language model's head
 MAX_VOCAB = 1 << 20
 MIN_LOSS_BLOCK = 1024  # smaller loss-made blocks are scalars and per-row statistics
+MAX_PROJECTION_WIDTH = 8  # [N, rH] with r up to this is a projection's output, not logits
+MIN_LOSS_TOKENS = 16  # without a [V, H] weight, a loss over fewer rows is no LM's
 MIN_HIDDEN, MAX_HIDDEN, HIDDEN_STEP = 64, 65536, 64
 MAX_HEADS = 256
 PLAUSIBLE_HIDDEN = 256
@@ -162,6 +170,41 @@ class ShapeInference:
 
 
 @dataclass(frozen=True)
+class Direct:
+    """Sizes of blocks made by ops that name a shape themselves, read from their stacks.
+
+    These are what B and S may be split on (sizes alone never are), and what keeps
+    coincidences out of the activations' count: a rotary half ``[B, h, S, d/2]`` or a
+    ``[S, S]`` bool mask has the bytes of an ``[N, H]`` block, but no matmul made it.
+    """
+
+    arange: frozenset[int] = frozenset()  # arange: positions [S] int64 (8·S bytes)
+    masks: frozenset[int] = frozenset()  # triu / tril / ones / full: a causal mask [S, S]
+    rotary: frozenset[int] = frozenset()  # cos / sin: rotary tables
+    attention: tuple[tuple[int, int], ...] = ()  # (bytes, blocks) made inside attention
+    matmuls: tuple[tuple[int, int], ...] = ()  # (bytes, blocks) of forward matmul outputs
+    stacks: bool = False  # whether the trace's stacks name ops at all
+    # Sizes some block of which an op that can make integers made (arange, randint, a
+    # copy from the host, an empty buffer): where token ids [N] int64 may come from.
+    id_sizes: frozenset[int] = frozenset()
+    # Blocks alive before the trace or to its end, by bytes: weights and their state,
+    # counted once however many iterations the trace holds.
+    persistent: tuple[tuple[int, int], ...] = ()
+    # Sizes a forward ``_to_copy`` made at half a persistent block's bytes: autocast's
+    # bfloat16 copies of float32 weights (and biases).
+    casts: frozenset[int] = frozenset()
+
+    def ids_ok(self, size: int) -> bool:
+        return not self.stacks or (size in self.id_sizes and size not in self.casts)
+
+    def matmul_counts(self) -> Counter[int] | None:
+        """Forward matmul outputs by bytes, or None when the stacks name no ops."""
+        if not self.stacks or not self.matmuls:
+            return None
+        return Counter(dict(self.matmuls))
+
+
+@dataclass(frozen=True)
 class Hints:
     vocab: int | None = None
     tokens: int | None = None  # S, as the CLI's --tokens
@@ -179,6 +222,9 @@ class _Reading:
     family: list[tuple[int, str]]
     shift: int | None = None  # B when the rows are B·(S−1) and activations B·S
     weight_itemsizes: tuple[int, ...] = ()  # dtypes of the [V, H] weight found
+    ids: bool = False  # int64 [N] blocks (token ids, targets) confirm the rows
+    head_agrees: bool = False  # the lm_head's output has the activations' dtype
+    weight_agrees: bool = False  # ... and the [V, H] weight's (or its autocast copy's)
 
     @property
     def tokens(self) -> int:
@@ -220,12 +266,14 @@ def infer_shapes(
     matmul_sizes: Iterable[int] = (),
     *,
     collective: str | None = None,
+    direct: Direct = Direct(),
 ) -> ShapeInference:
     """``sizes``: how many blocks of each byte count the trace holds; ``loss_sizes``:
     byte counts of blocks made by a softmax/loss over V (or their backward);
     ``labelled``: shapes memprobe's own labels record for such blocks (exact);
     ``matmul_sizes``: byte counts of forward matmul outputs (the lm_head is one);
-    ``collective``: what names a collective on the logits path (``all_reduce``)."""
+    ``collective``: what names a collective on the logits path (``all_reduce``);
+    ``direct``: sizes made by ops that name a shape (positions, masks, attention)."""
     matmuls = frozenset(matmul_sizes)
     candidates = sorted({s for s in loss_sizes if s >= MIN_LOSS_BLOCK}, reverse=True)
     labelled = tuple(labelled)
@@ -233,9 +281,9 @@ def infer_shapes(
         sources = [s for s in sources if s >= MIN_LOSS_BLOCK]
         if not sources:
             continue
-        found = _infer_from(sources, sizes, hints, labelled, matmuls, forward_only)
+        found = _infer_from(sources, sizes, hints, labelled, matmuls, forward_only, direct)
         if hints.vocab is not None:
-            found = _sharded(sources, sizes, hints, matmuls, forward_only, found) or found
+            found = _sharded(sources, sizes, hints, matmuls, forward_only, found, direct) or found
         if found is not None:
             return _with_collective(_as_given(found[0], hints), collective, hints)
     return _without_logits_path(hints, found_loss=bool(candidates))
@@ -274,6 +322,7 @@ def _infer_from(
     labelled: tuple[tuple[int, ...], ...],
     matmuls: frozenset[int],
     forward_only: bool,
+    direct: Direct = Direct(),
 ) -> tuple[ShapeInference, float] | None:
     """The best reading of ``sources`` (loss-made sizes, or forward matmul outputs when
     ``forward_only``) as ``[N, V]``, with its score; None when none is a reading at all."""
@@ -286,7 +335,7 @@ def _infer_from(
                 n *= d
             recorded[(n, shape[-1])] = shape
     for (n, v), shape in recorded.items():
-        reading = _score(n, v, sizes, sources, matmuls)
+        reading = _score(n, v, sizes, sources, matmuls, direct=direct)
         reading.score += 10
         reading.reasons.insert(0, f"memprobe's label records {list(shape)}")
         readings[(n, v, None)] = reading
@@ -301,18 +350,22 @@ def _infer_from(
                 v = elements // n
                 if (n, v, None) in readings or not _vocab_ok(v, hints):
                     continue
-                readings[(n, v, None)] = _score(n, v, sizes, sources, matmuls, None, forward_only)
+                readings[(n, v, None)] = _score(
+                    n, v, sizes, sources, matmuls, None, forward_only, direct
+                )
             if forward_only:
                 continue  # the lm_head's output has all the rows; only a loss shifts
             for n, b in _shifted_candidates(elements, tokens, hints):
                 v = elements // n
                 if (n, v, b) in readings or not _vocab_ok(v, hints):
                     continue
-                shifted = _score(n, v, sizes, sources, matmuls, shift=b)
+                shifted = _score(n, v, sizes, sources, matmuls, shift=b, direct=direct)
                 if shifted.hidden is not None:  # a shift is only argued by activations
                     readings[(n, v, b)] = shifted
     if forward_only:
         readings = {k: r for k, r in readings.items() if _lm_head_ok(r)}
+    if hints.vocab is None:
+        readings = {k: r for k, r in readings.items() if k in recorded or _vocab_argued(r)}
     if not readings:
         return None
     ranked = sorted(readings.values(), key=lambda r: (-r.score, -r.v, r.shift or 0))
@@ -321,7 +374,9 @@ def _infer_from(
     given = hints.vocab is not None and hints.tokens is not None and hints.batch is not None
     if given:
         confidence = "given"
-    elif margin >= 3:
+    elif margin >= 3 and best.weight_itemsizes and best.hidden is not None:
+        # High only when a [V, H] weight and [N, H] activations agree with the reading:
+        # bytes alone fit a float32 [N, V] and a bfloat16 [N, 2V] alike.
         confidence = "high"
     elif margin >= 1:
         confidence = "medium"
@@ -339,7 +394,7 @@ def _infer_from(
     elif shape is not None and len(shape) == 3 and hints.batch is None and hints.tokens is None:
         batch, seq, split_reasons = shape[0], shape[1], []
     else:
-        batch, seq, split_reasons = _split(best.n, sizes, hints, best.hidden)
+        batch, seq, split_reasons = _split(best.n, hints, direct, best.hidden)
     family = sorted(best.family, key=lambda f: f[0])
     found = ShapeInference(
         tokens=best.tokens,
@@ -360,9 +415,12 @@ def _infer_from(
 
 
 def _lm_head_ok(r: _Reading) -> bool:
-    """A forward matmul's [N, V] is the lm_head's only with [N, H] activations and a
-    [V, H] weight that is not a per-layer weight."""
-    return r.hidden is not None and bool(r.weight_itemsizes)
+    """A forward matmul's [N, V] is the lm_head's only with [N, H] activations of its
+    dtype and a [V, H] weight that is not a per-layer weight; V a small multiple of H
+    is an attention or MLP projection's width (qkv is [N, 3H]), not a vocabulary."""
+    if r.hidden is None or not r.weight_agrees or not r.head_agrees:
+        return False
+    return not (r.v % r.hidden == 0 and r.v // r.hidden <= MAX_PROJECTION_WIDTH)
 
 
 def _sharded(
@@ -372,6 +430,7 @@ def _sharded(
     matmuls: frozenset[int],
     forward_only: bool,
     whole: tuple[ShapeInference, float] | None,
+    direct: Direct = Direct(),
 ) -> tuple[ShapeInference, float] | None:
     """The best reading of V/k, one rank's vocabulary shard, when V fits nothing or V/k
     reads clearly better (bytes of float32 [N, V/2] are bfloat16 [N, V] too: the dtypes
@@ -383,7 +442,7 @@ def _sharded(
         if full % k or full // k < MIN_VOCAB:
             continue
         local = Hints(full // k, hints.tokens, hints.batch)
-        found = _infer_from(sources, sizes, local, (), matmuls, forward_only)
+        found = _infer_from(sources, sizes, local, (), matmuls, forward_only, direct)
         if found is not None and (best is None or found[1] > best[0]):
             best = (found[1], k, found[0])
     if best is None or (whole is not None and best[0] < whole[1] + SHARD_MARGIN):
@@ -518,6 +577,7 @@ def _score(
     matmuls: frozenset[int] = frozenset(),
     shift: int | None = None,
     forward_only: bool = False,
+    direct: Direct = Direct(),
 ) -> _Reading:
     """Score the reading "the blocks are [n, V]"; with ``shift`` = B, the loss's rows are
     B·(S−1) = n and everything else (activations, lm_head output, ids) has n + B."""
@@ -526,6 +586,9 @@ def _score(
     tokens = n + (shift or 0)
     made = set(loss_sizes)
     rows = (n, tokens) if shift else (n,)
+    # The lm_head's output belongs to the family too: under autocast it is the bfloat16
+    # one, the loss's copies the float32 ones.
+    made |= {r * v * k for r in rows for k, _ in ITEMSIZES if r * v * k in matmuls}
     family = [(r * v * k, name) for r in rows for k, name in ITEMSIZES if r * v * k in made]
     names = " and ".join(f"{name} ({b:,} B)" for b, name in family)
     if forward_only:
@@ -538,7 +601,9 @@ def _score(
     if len({name for _, name in family}) > 1:
         score += 2
         reasons.append("the same [N, V] in two dtypes (logits and a float32 copy)")
-    ids = [r for r in rows if 8 * r in sizes]
+    # Positions (an arange of S) are not token ids: their count is S, not N (id_sizes
+    # leaves sizes only arange made out).
+    ids = [r for r in rows if 8 * r in sizes and direct.ids_ok(8 * r)]
     if ids:
         r = ids[-1]
         # Ids, targets, masks: a few per step; hundreds of such blocks are per-layer
@@ -561,16 +626,23 @@ def _score(
         sizes,
         {b for b, _ in family} | {r * v * k for r in rows for k, _ in ITEMSIZES},
         head_itemsizes,
+        direct.matmul_counts(),
+        Counter(dict(direct.persistent)) if direct.persistent else None,
+        direct.casts,
     )
     score += h.score
     reasons += h.reasons
     # A matmul's output has its weight's dtype: the lm_head's [N, V] and the [V, H]
     # weight agree in a consistent reading (fp32 [N, V] from a bf16 weight does not).
     # Autocast keeps a bfloat16 copy of a float32 weight: either dtype agrees.
-    if lm_head and lm_head[0] in {r * v * k for r in rows for k in h.weight_itemsizes}:
+    weight_agrees = bool(
+        lm_head and lm_head[0] in {r * v * k for r in rows for k in h.weight_itemsizes}
+    )
+    if weight_agrees:
         score += 2
         reasons.append("the lm_head output and the [V, H] weight have the same dtype")
-    if lm_head and h.itemsize and lm_head[0] in {r * v * h.itemsize for r in rows}:
+    head_agrees = bool(lm_head and h.itemsize and lm_head[0] in {r * v * h.itemsize for r in rows})
+    if head_agrees:
         score += 1
         reasons.append("the lm_head output has the activations' dtype")
     if family and family[-1][1] == "float32" and not forward_only:
@@ -592,7 +664,10 @@ def _score(
             f"the loss's rows N' = {n:,} are B·(S−1) for B = {shift:,}: activations and the "
             f"lm_head output have N = B·S = {tokens:,} rows (a loss on shifted logits)",
         )
-    return _Reading(n, v, score, reasons, h.size, family, shift, h.weight_itemsizes)
+    return _Reading(
+        n, v, score, reasons, h.size, family, shift, h.weight_itemsizes, bool(ids), head_agrees,
+        weight_agrees,
+    )  # fmt: skip
 
 
 def _hidden(
@@ -601,12 +676,16 @@ def _hidden(
     sizes: Counter[int],
     family: set[int],
     head_itemsizes: frozenset[int] = frozenset(),
+    made_by_matmul: Counter[int] | None = None,
+    persistent: Counter[int] | None = None,
+    casts: frozenset[int] = frozenset(),
 ) -> _Hidden:
     """The hidden size H best supported by [N, H] / [N, 4H] activations and [V, H] weights.
     Bytes read as float32 [N, H] also read as bfloat16 [N, 2H]: where they tie, the
-    dtype of the lm_head's output (``head_itemsizes``) decides."""
+    dtype of the lm_head's output (``head_itemsizes``) decides. With stacks that name
+    ops, only blocks a forward matmul made count as activations (``made_by_matmul``)."""
     activations: Counter[tuple[int, int]] = Counter()  # (H, itemsize) -> blocks
-    for s, count in sizes.items():
+    for s, count in (made_by_matmul if made_by_matmul is not None else sizes).items():
         if s in family:
             continue
         for itemsize, _ in ITEMSIZES:
@@ -632,14 +711,19 @@ def _hidden(
             score += 1
             reasons.append(f"activations of [N, H] in both dtypes ({mixed:,} B too)")
         # A per-layer weight (dozens of blocks of one size) is not the vocabulary's.
+        held = persistent if persistent else sizes
         weights = [
             (k, name)
             for k, name in ITEMSIZES
-            if 0 < sizes[v * h * k] <= MAX_VOCAB_WEIGHTS and v * h * k not in family
+            if 0 < held[v * h * k] <= MAX_VOCAB_WEIGHTS and v * h * k not in family
         ]
+        if weights and weights[0][0] == 4 and v * h * 2 in casts:
+            weights.append((2, "bfloat16"))  # autocast's copy of the float32 weight
         if weights:
             k, name = weights[0]
-            count = sizes[v * h * k]
+            count = held[v * h * k]
+            if len(weights) > 1 and weights[1][0] == 2 and v * h * 2 in casts:
+                reasons.append(f"autocast bfloat16 copies of the [V, H] weight ({v * h * 2:,} B)")
             # Embedding and lm_head weight, grads, Adam state: several; one is a coincidence.
             same = any(k2 == itemsize for k2, _ in weights)  # autocast's copy counts
             score += (3 if count >= 2 else 1) + (1 if same else 0)
@@ -670,42 +754,71 @@ def _heads_ok(per_batch: int, hidden: int | None) -> bool:
 
 
 def _split(
-    n: int, sizes: Counter[int], hints: Hints, hidden: int | None = None
+    n: int, hints: Hints, direct: Direct, hidden: int | None = None
 ) -> tuple[int | None, int | None, list[str]]:
-    """(B, S, reasons): given, or supported by attention [B, h, S, S] blocks (whose head
-    count fits H with a head size of 32-256) plus a mask or position block of that S;
-    (None, None) when the evidence does not single one out."""
+    """(B, S, reasons): given, or read off blocks whose op names S directly: positions
+    (``arange`` of S int64) or a mask ``[S, S]`` (``triu``/``tril``/``ones``), backed by
+    attention scores ``[B, h, S, S]`` (a head count that fits H) or rotary tables;
+    (None, None) when no S is singled out. Sizes alone never split N."""
     if hints.tokens is not None and n % hints.tokens == 0:
         return n // hints.tokens, hints.tokens, [f"S = {hints.tokens:,} as given"]
     if hints.batch is not None and n % hints.batch == 0:
         return hints.batch, n // hints.batch, [f"B = {hints.batch:,} as given"]
-    scored: list[tuple[int, int, int]] = []  # (evidence, S, attention blocks)
-    for s in _divisors(n):
-        if s < 16:
+    candidates = {a // 8 for a in direct.arange if a % 8 == 0}
+    for m in direct.masks:
+        for itemsize in (1, 2, 4):
+            root = math.isqrt(m // itemsize)
+            if m % itemsize == 0 and root * root == m // itemsize:
+                candidates.add(root)
+    scored: list[tuple[int, int, int, list[str]]] = []  # (direct, support, S, reasons)
+    for s in sorted(candidates):
+        if s < 2 or n % s or n // s < 1:
             continue
         b = n // s
-        attention = 0
-        for size, count in sizes.items():
-            if hidden and size % (n * hidden) == 0 and size // (n * hidden) in _ACTIVATION_RATIOS:
-                continue  # an activation [N, H] / [N, 3H] / [N, 4H], whatever else it divides into
-            # Every layer makes its attention scores: a size seen once (a cuBLAS workspace)
-            # is not them.
-            if count >= 2 and size % (s * s) == 0:
-                q = size // (s * s)
-                if q % b == 0 and _heads_ok(q // b, hidden):
-                    attention += count
-        extra = sum(x in sizes for x in (s * s, 4 * s * s, 8 * s))
-        if attention >= 2 and extra:
-            scored.append((extra, attention, s))
-    scored.sort(reverse=True)
+        reasons = []
+        if 8 * s in direct.arange:
+            reasons.append(f"an arange of {s:,} int64 ({8 * s:,} B: position ids)")
+        masks = [m for m in direct.masks if m in (s * s, 2 * s * s, 4 * s * s)]
+        if masks:
+            reasons.append(f"a mask [S, S] = [{s:,}, {s:,}] ({masks[0]:,} B)")
+        primary = len(reasons)
+        scores = [
+            (size, count)
+            for size, count in direct.attention
+            if size % (s * s) == 0
+            and (size // (s * s)) % b == 0
+            and _heads_ok(size // (s * s) // b, hidden)
+        ]
+        if scores:
+            size, count = max(scores, key=lambda sc: sc[1])
+            reasons.append(
+                f"{count} attention score block(s) [B, h, S, S] of {size:,} B with B = {b:,}"
+            )
+        if any(r % s == 0 and r // s <= 4 * (hidden or MAX_HIDDEN) for r in direct.rotary):
+            reasons.append("rotary tables (cos / sin) with S rows")
+        if primary:
+            scored.append((primary, len(reasons) - primary, s, reasons))
+    scored.sort(key=lambda t: (t[0], t[1]), reverse=True)
     if not scored or (len(scored) > 1 and scored[0][:2] == scored[1][:2]):
-        return None, None, ["B and S not split: no attention and mask evidence singles out S"]
-    extra, attention, s = scored[0]
-    return (
-        n // s,
-        s,
-        [
-            f"S = {s:,}: {attention} attention [B, h, S, S] block(s) and a [S, S] mask or "
-            "[S] position block"
-        ],
-    )
+        return (
+            None,
+            None,
+            [
+                "B and S not split: no position ids (arange), [S, S] mask or attention scores "
+                "single out S; N = B·S"
+            ],
+        )
+    _, support, s, reasons = scored[0]
+    if support == 0 and len(reasons) < 2:
+        return None, None, [f"B and S not split: only {reasons[0]} names S = {s:,}; N = B·S"]
+    return n // s, s, [f"B = {n // s:,}, S = {s:,}: " + "; ".join(reasons)]
+
+
+def _vocab_argued(r: _Reading) -> bool:
+    """Whether the trace argues V itself: a [V, H] weight (in either dtype), or a loss
+    over V whose rows the token ids [N] confirm. A square [N, N] is a similarity or an
+    attention matrix (retrieval's in-batch negatives), never a vocabulary; and a
+    language model's vocabulary is larger than its hidden size."""
+    if r.v in (r.n, r.tokens) or (r.hidden is not None and r.v <= r.hidden):
+        return False
+    return bool(r.weight_itemsizes) or (r.ids and r.tokens >= MIN_LOSS_TOKENS)

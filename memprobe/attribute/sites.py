@@ -12,6 +12,7 @@ autograd engine's thread, so a run of them between forward and the optimizer ste
 
 from __future__ import annotations
 
+import bisect
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,10 @@ from memprobe.attribute.frames import (
 )
 from memprobe.attribute.ops import (
     collective_evidence,
+    in_attention,
     is_autotune,
+    is_checkpoint,
+    is_comm_buffer,
     is_optimizer,
     is_parameter_setup,
     is_zero_grad,
@@ -58,6 +62,9 @@ class Site:
     label_dtype: str | None
     label_shape: tuple[int, ...] | None
     collective: str | None = None  # a frame naming a collective / vocab-parallel layer
+    attention: bool = False  # made inside an attention function (scores, not the vocabulary)
+    checkpoint: bool = False  # made under torch.utils.checkpoint
+    collective_buffer: bool = False  # a DDP bucket / c10d buffer, not just a collective's op
 
     @property
     def frame(self) -> Frame | None:
@@ -99,6 +106,9 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
         label_dtype=dtype,
         label_shape=parse_shape(label.get("shape")),
         collective=collective_evidence(frames),
+        attention=in_attention(frames),
+        checkpoint=is_checkpoint(frames),
+        collective_buffer=is_comm_buffer(frames),
     )
 
 
@@ -140,6 +150,17 @@ class Phases:
 
     def phase(self, pos: int) -> str | None:
         return self.phase_at.get(pos)
+
+    @functools.cached_property
+    def _alloc_positions(self) -> list[int]:
+        return sorted(self.phase_at)
+
+    def phase_near(self, pos: int) -> str | None:
+        """The phase of the allocation just before trace position ``pos`` (a free's
+        phase is its neighbours')."""
+        allocs = self._alloc_positions
+        i = bisect.bisect_right(allocs, pos) - 1
+        return self.phase_at[allocs[i]] if i >= 0 else None
 
     @functools.cached_property
     def backward_starts(self) -> list[int]:
