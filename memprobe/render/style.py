@@ -14,7 +14,11 @@ from typing import Any
 
 from memprobe.attribute.categories import (
     ACTIVATIONS,
+    ATTENTION,
+    AUTOCAST,
     BACKWARD_TEMP,
+    CHECKPOINT,
+    COMMUNICATION,
     GRADIENTS,
     LOGITS,
     OPTIMIZER,
@@ -64,6 +68,10 @@ CATEGORY_STYLE: dict[str, dict[str, str]] = {
     ACTIVATIONS: {"color": "#009E73", "hatch": ""},
     BACKWARD_TEMP: {"color": "#E69F00", "hatch": ".."},
     LOGITS: {"color": "#CC3311", "hatch": "xx"},
+    ATTENTION: {"color": "#44AA99", "hatch": "\\\\"},
+    AUTOCAST: {"color": "#999933", "hatch": "++"},
+    CHECKPOINT: {"color": "#117733", "hatch": ".."},
+    COMMUNICATION: {"color": "#6699CC", "hatch": "||"},
 }
 assert set(CATEGORIES) <= set(CATEGORY_STYLE) and set(ATTRIBUTE_CATEGORIES) <= set(CATEGORY_STYLE)
 # A category added later (attribution grows) still gets one fixed look, from its name.
