@@ -25,12 +25,13 @@ from torch.utils._pytree import tree_flatten
 
 from memprobe.errors import UserError
 from memprobe.measure.tracker import AllocationTracker
+from memprobe.profile import attention
 
 
 class StepTracker(AllocationTracker):
     """:class:`AllocationTracker` whose phase follows the step (see the module notes)."""
 
-    skip_files = frozenset({__file__})
+    skip_files = frozenset({__file__, attention.__file__})
 
     def __init__(self, *, capture_frames: bool = True, device: str | None = None) -> None:
         super().__init__(capture_frames=capture_frames, device=device)

@@ -9,6 +9,7 @@ history is recorded instead of memprobe's tracker.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ import torch
 
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
+from memprobe.profile.attention import fused_attention_on_meta
 from memprobe.profile.load import Step
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.records import Event
@@ -68,8 +70,9 @@ def trace_step(step: Step, device: str = "meta", *, capture_frames: bool = True)
     tracker = StepTracker(capture_frames=capture_frames, device=device)
     tracker.stop_code = _call.__code__
     tracker.install_hooks()
+    attention = fused_attention_on_meta() if device == "meta" else contextlib.nullcontext()
     try:
-        with tracker:
+        with tracker, attention:
             _call(step, torch.device(device))
             # Reference cycles (autograd graphs held by closures) die now, as the
             # step's end would free them in a training loop's next collection.

@@ -119,3 +119,40 @@ def test_cli_failures_are_one_line_and_write_nothing(run_cli, tmp_path: Path) ->
         assert err.startswith("memprobe: error:") and err.count("\n") == 1, err
         assert "Traceback" not in err
         assert not out.exists()
+
+
+def test_attention_on_meta_runs_the_kernel_cpu_runs() -> None:
+    """Meta's own SDPA choice is the math path ([B, h, S, S] scores, saved for backward);
+    profiling on meta runs the fused kernel a real device picks, so meta equals cpu."""
+    meta, cpu = trace_step(steps.sdpa_step, "meta"), trace_step(steps.sdpa_step, "cpu")
+    assert meta.peak_bytes == cpu.peak_bytes
+    assert [(e.action, e.nbytes, e.op) for e in meta.events] == [
+        (e.action, e.nbytes, e.op) for e in cpu.events
+    ]
+    assert any("flash_attention" in e.op for e in meta.events)
+    assert not any("memprobe" in f.filename for e in meta.events for f in e.frames)
+
+
+def test_equals_torchs_mem_tracker_under_fake_tensors() -> None:
+    """torch's own MemTracker (FakeTensorMode, fake cpu tensors) reads the same peak."""
+    mem_tracker = pytest.importorskip(
+        "torch.distributed._tools.mem_tracker", reason="this torch has no MemTracker"
+    )
+    import torch
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    device = torch.device("cpu")
+    with FakeTensorMode():
+        model = steps.TinyGPT(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        tracker = mem_tracker.MemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            ids = torch.randint(0, steps.VOCAB, (1, steps.TOKENS), device=device)
+            logits = model(ids)
+            loss = F.cross_entropy(logits.float().view(-1, steps.VOCAB), ids.view(-1))
+            loss.backward()
+            optimizer.step()
+        theirs = tracker.get_tracker_snapshot("peak")[device]["Total"]
+    assert trace_step(steps.gpt_step, "meta").peak_bytes == theirs
