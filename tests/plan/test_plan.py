@@ -29,7 +29,7 @@ def _layouts() -> list[tuple[str, int]]:
 
 
 def _run_all() -> dict[tuple[str, int], plan.TokenPlan]:
-    targets = [plan.make_target(k, vocab=VOCAB, chunk_size=CHUNK, tp=tp) for k, tp in _layouts()]
+    targets = [plan.PlanTarget(k, vocab=VOCAB, chunk_size=CHUNK, tp=tp) for k, tp in _layouts()]
     plans = plan.run_plans(targets, plan.make_budget(BUDGET), reserved=False)
     return {(p.target.kernel, p.target.tp): p for p in plans}
 
@@ -63,11 +63,12 @@ def test_the_line_is_exact_where_the_peak_is_one_line(small_plans):
 
 def test_headline_long_context_case():
     """80 GiB, 54 GiB for the rest of the model, 131,072 vocabulary (docs/plan.md)."""
-    kwargs = dict(vocab=131072, budget="80GiB", other="54GiB")
-    best = plan.max_tokens("local_chunked", **kwargs)
+    target = plan.PlanTarget("local_chunked", vocab=131072)
+    budget = plan.make_budget("80GiB", "54GiB")
+    best = plan.max_tokens(target, budget)
     assert best == 52223
-    assert memprobe.fits("local_chunked", tokens=best, **kwargs)
-    assert not memprobe.fits("local_chunked", tokens=best + 1, **kwargs)
+    assert memprobe.fits(target, best, budget)
+    assert not memprobe.fits(target, best + 1, budget)
 
 
 @settings(max_examples=60, deadline=None)
@@ -108,7 +109,7 @@ def test_search_finds_the_boundary_of_any_stepped_line(slope, fixed, step, chunk
 
 
 def test_nothing_fits_is_an_answer():
-    p = plan.plan_one("unchunked", vocab=VOCAB, budget="1GiB", other="1GiB")
+    p = plan.plan_one(plan.PlanTarget("unchunked", VOCAB), plan.make_budget("1GiB", "1GiB"))
     assert p.max_tokens == 0 and not p.fits_at_all and p.allocated.peak_at_max is None
     assert p.allocated.peak_above == plan.simulated_peak(Case("unchunked", 1, 1, VOCAB))
 
@@ -128,8 +129,9 @@ def test_bad_budgets_are_user_errors(budget, other, says):
 
 
 def test_context_parallel_reports_global_tokens():
-    one = plan.plan_one("local_chunked", vocab=VOCAB, budget=BUDGET, chunk_size=CHUNK)
-    eight = plan.plan_one("local_chunked", vocab=VOCAB, budget=BUDGET, chunk_size=CHUNK, cp=8)
+    budget = plan.make_budget(BUDGET)
+    one = plan.plan_one(plan.PlanTarget("local_chunked", VOCAB, chunk_size=CHUNK), budget)
+    eight = plan.plan_one(plan.PlanTarget("local_chunked", VOCAB, chunk_size=CHUNK, cp=8), budget)
     assert eight.max_tokens == one.max_tokens  # each rank holds its share of the sequence
     assert eight.global_tokens == 8 * one.max_tokens
     assert eight.row()["global_tokens"] == eight.global_tokens
@@ -150,14 +152,14 @@ def test_targets_skip_single_device_kernels_at_tp_above_one():
     }
     assert skipped == ["unchunked at tp 2"]
     with pytest.raises(UserError, match="does not divide"):
-        plan.make_target("distributed", vocab=VOCAB, tp=3)
+        plan.PlanTarget("distributed", vocab=VOCAB, tp=3)
     with pytest.raises(UserError, match="shards the vocabulary"):
-        plan.make_target("unchunked", vocab=VOCAB, tp=2)
+        plan.PlanTarget("unchunked", vocab=VOCAB, tp=2)
 
 
 def test_pool_gives_the_same_answers():
     targets = [
-        plan.make_target(k, vocab=VOCAB, chunk_size=CHUNK) for k in ("unchunked", "local_chunked")
+        plan.PlanTarget(k, vocab=VOCAB, chunk_size=CHUNK) for k in ("unchunked", "local_chunked")
     ]
     budget = plan.make_budget(BUDGET)
     in_order = plan.run_plans(targets, budget, jobs=1, reserved=False)
@@ -166,7 +168,7 @@ def test_pool_gives_the_same_answers():
 
 
 def test_chunk_choice_from_measured_times(tmp_path):
-    targets = [plan.make_target("local_chunked", vocab=VOCAB, chunk_size=c) for c in (128, 256)]
+    targets = [plan.PlanTarget("local_chunked", vocab=VOCAB, chunk_size=c) for c in (128, 256)]
     plans = plan.run_plans(targets, plan.make_budget(BUDGET), reserved=False)
     rows = [
         Run(
@@ -188,7 +190,7 @@ def test_chunk_choice_from_measured_times(tmp_path):
 
 
 def test_reserved_plan_uses_the_allocator_model():
-    target = plan.make_target("naive_chunked", vocab=VOCAB, chunk_size=CHUNK)
+    target = plan.PlanTarget("naive_chunked", vocab=VOCAB, chunk_size=CHUNK)
     conf = "expandable_segments:True"
     (p,) = plan.run_plans([target], plan.make_budget(BUDGET), alloc_conf=conf)
     assert p.reserved is not None and 0 < p.reserved.max_tokens <= p.max_tokens
@@ -206,16 +208,41 @@ def test_import_memprobe_stays_cheap():
 
 
 def test_fits_checks_its_arguments():
+    target = plan.PlanTarget("local_chunked", VOCAB)
     with pytest.raises(UserError):
-        memprobe.fits("local_chunked", tokens=-1, vocab=VOCAB, budget=BUDGET)
-    assert memprobe.fits("local_chunked", tokens=0, vocab=VOCAB, budget=0)
+        memprobe.fits(target, -1, plan.make_budget(BUDGET))
+    assert memprobe.fits(target, 0, plan.make_budget(0))
     assert get_spec("local_chunked").uses_chunk_size
 
 
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"kernel": "nope"}, "unknown kernel"),
+        ({"vocab": 0}, "vocab must be a positive integer"),
+        ({"batch": True}, "batch must be a positive integer"),
+        ({"cp": -1}, "cp must be a positive integer"),
+        ({"chunk_size": 0}, "chunk size must be a positive integer"),
+        ({"dtype": "int8"}, "unknown dtype"),
+        ({"kernel": "linear_unchunked"}, "takes hidden states"),
+        ({"hidden": 64}, "takes logits"),
+        ({"kernel": "fused_linear_chunked", "hidden": 0}, "hidden must be a positive integer"),
+    ],
+)
+def test_a_target_checks_itself_when_made(fields, says):
+    with pytest.raises(UserError, match=says):
+        plan.PlanTarget(**{"kernel": "local_chunked", "vocab": VOCAB, **fields})
+
+
+def test_a_target_keeps_canonical_values():
+    t = plan.PlanTarget("unchunked", VOCAB, dtype="BFloat16", chunk_size=256)
+    assert (t.dtype, t.chunk_size) == ("bf16", None)  # unchunked ignores the chunk size
+
+
 def test_library_calls_take_the_hidden_family():
-    top = plan.max_tokens("fused_linear_chunked", vocab=4096, budget="64MiB", hidden=256)
+    target = plan.PlanTarget("fused_linear_chunked", vocab=4096, hidden=256)
+    budget = plan.make_budget("64MiB")
+    top = plan.max_tokens(target, budget)
     assert top > 0
-    assert memprobe.fits("fused_linear_chunked", tokens=top, vocab=4096, budget="64MiB", hidden=256)
-    assert not memprobe.fits(
-        "fused_linear_chunked", tokens=top + 1, vocab=4096, budget="64MiB", hidden=256
-    )
+    assert memprobe.fits(target, top, budget)
+    assert not memprobe.fits(target, top + 1, budget)

@@ -70,11 +70,13 @@ def test_out_writes_an_offline_page(run_cli, tmp_path):
 
 
 def test_page_escapes_text():
-    from memprobe.plan import Budget, Line, Search, Target, TokenPlan
+    from memprobe.plan import Budget, Line, PlanTarget, Search, TokenPlan
     from memprobe.render.plan_page import page_html
 
     search = Search(10, 100, 200, Line(10.0, 0.0), 10, 4, ((10, 100), (11, 200)))
-    p = TokenPlan(Target("<script>x</script>", 64), Budget(150), search)
+    target = PlanTarget("unchunked", 64)
+    object.__setattr__(target, "kernel", "<script>x</script>")  # past the check: text to escape
+    p = TokenPlan(target, Budget(150), search)
     page = page_html([p], Budget(150), b"", "answer: <b>")
     assert "<script>x" not in page and "&lt;script&gt;" in page and "&lt;b&gt;" in page
 

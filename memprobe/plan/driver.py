@@ -1,0 +1,160 @@
+"""The driver: many plans' searches run on the meta simulation, in order or in a process pool.
+
+Each plan is the allocated search, then (with the allocator model) the reserved
+one below it. The driver answers each search's asks with simulated peaks; with
+``jobs`` > 1 every plan's pending probes go into one pool of forked processes,
+the longest first, and a plan moves on as soon as its own are back (the large
+simulations dominate; two cores halve the wall time).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import replace
+
+from memprobe.plan.model import ALLOCATED, RESERVED, Budget, PlanTarget, Search, TokenPlan
+from memprobe.plan.search import SearchSteps, search_max_tokens, seed_tokens
+from memprobe.records import Case
+
+Probe = tuple[str, int]  # (peak kind, local tokens)
+PlanSteps = Generator[list[Probe], Mapping[Probe, int], TokenPlan]
+
+
+def _tagged(kind: str, steps: SearchSteps) -> Generator[list[Probe], Mapping[Probe, int], Search]:
+    try:
+        ask = next(steps)
+        while True:
+            got = yield [(kind, t) for t in ask]
+            ask = steps.send({t: got[(kind, t)] for t in ask})
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
+    """The allocated search, then (with the allocator model) the reserved one below it."""
+    limit = budget.limit_bytes
+    allocated = yield from _tagged(ALLOCATED, search_max_tokens(limit, seed_tokens(target)))
+    on_reserved: Search | None = None
+    if reserved:
+        # Reserved is never below allocated: the allocated answer + 1 cannot fit either.
+        on_reserved = yield from _tagged(
+            RESERVED,
+            search_max_tokens(
+                limit, seed_tokens(target), below=allocated.max_tokens + 1, line=allocated.line
+            ),
+        )
+    return TokenPlan(target, budget, allocated, on_reserved)
+
+
+def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = None) -> int:
+    """The peak of one case on the meta simulation the sweep uses (one rank)."""
+    from memprobe.measure.meta_backend import simulate
+
+    tracker = simulate(case, capture_frames=False)
+    if kind == ALLOCATED:
+        return tracker.peak_bytes
+    from memprobe.measure.reserved import modelled_reserved_peak
+
+    return modelled_reserved_peak(tracker.events, alloc_conf)
+
+
+def _cost(case: Case) -> int:
+    """Rough simulation cost, to start the longest first: one loop turn per chunk."""
+    return case.local_tokens // (case.chunk_size or case.local_tokens or 1)
+
+
+def run_plans(
+    targets: Sequence[PlanTarget],
+    budget: Budget,
+    *,
+    jobs: int = 1,
+    alloc_conf: str | None = None,
+    reserved: bool | None = None,
+    on_done: Callable[[TokenPlan], None] | None = None,
+) -> list[TokenPlan]:
+    """Plan every target. ``jobs`` > 1 runs the simulations in that many forked processes;
+    ``reserved`` (default True) also plans on the modelled reserved peak; ``on_done``
+    hears of each plan as it finishes (in any order)."""
+    if reserved is None:
+        reserved = True
+    steps = {i: plan_steps(t, budget, reserved) for i, t in enumerate(targets)}
+    pool = _pool(jobs, targets)
+
+    def evaluate(i: int, probe: Probe) -> int:
+        return simulated_peak(targets[i].case(probe[1]), probe[0], alloc_conf)
+
+    try:
+        if pool is None:
+            done = _drive_in_order(steps, evaluate, on_done)
+        else:
+            done = _drive_in_pool(steps, targets, pool, alloc_conf, on_done)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return [done[i] for i in range(len(targets))]
+
+
+def _pool(jobs: int, targets: Sequence[PlanTarget]) -> ProcessPoolExecutor | None:
+    # fork keeps the parent's imported, warmed-up torch; elsewhere run in order. Even
+    # one plan gains: each step asks for two counts, simulated side by side.
+    if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    # torch's first call of each op is slow (lazy setup): pay it here, once, not per worker.
+    for target in dict.fromkeys(replace(t, cp=1) for t in targets):
+        simulated_peak(target.case(2 * (target.chunk_size or 1)))
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+
+
+def _drive_in_order(
+    steps: Mapping[int, PlanSteps],
+    evaluate: Callable[[int, Probe], int],
+    on_done: Callable[[TokenPlan], None] | None,
+) -> dict[int, TokenPlan]:
+    done: dict[int, TokenPlan] = {}
+    for i, gen in steps.items():
+        try:
+            ask = next(gen)
+            while True:
+                ask = gen.send({p: evaluate(i, p) for p in ask})
+        except StopIteration as stop:
+            done[i] = stop.value
+            if on_done is not None:
+                on_done(stop.value)
+    return done
+
+
+def _drive_in_pool(
+    steps: Mapping[int, PlanSteps],
+    targets: Sequence[PlanTarget],
+    pool: ProcessPoolExecutor,
+    alloc_conf: str | None,
+    on_done: Callable[[TokenPlan], None] | None,
+) -> dict[int, TokenPlan]:
+    """Every plan's pending probes in one pool; a plan moves on as soon as its own are back."""
+    done: dict[int, TokenPlan] = {}
+    waiting: dict[int, dict[Probe, Future[int]]] = {}
+
+    def submit(batch: Iterable[tuple[int, list[Probe]]]) -> None:
+        jobs = [(i, p) for i, ask in batch for p in ask]
+        for i, p in sorted(jobs, key=lambda j: -_cost(targets[j[0]].case(j[1][1]))):
+            case = targets[i].case(p[1])
+            waiting.setdefault(i, {})[p] = pool.submit(simulated_peak, case, p[0], alloc_conf)
+
+    submit((i, next(gen)) for i, gen in steps.items())
+    while waiting:
+        futures = [f for probes in waiting.values() for f in probes.values()]
+        wait(futures, return_when=FIRST_COMPLETED)
+        ready = [i for i, probes in waiting.items() if all(f.done() for f in probes.values())]
+        follow: list[tuple[int, list[Probe]]] = []
+        for i in ready:
+            got = {p: f.result() for p, f in waiting.pop(i).items()}
+            try:
+                follow.append((i, steps[i].send(got)))
+            except StopIteration as stop:
+                done[i] = stop.value
+                if on_done is not None:
+                    on_done(stop.value)
+        submit(follow)
+    return done

@@ -1,0 +1,208 @@
+"""What is planned and what a plan says: the budget, the target, the fitted line,
+a search's evidence and the answer for one target.
+
+A :class:`PlanTarget` checks itself when made: an unknown kernel, a tp that does
+not divide the vocabulary or a hidden size for a logits kernel is a user error
+before any simulation runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes, parse_size
+from memprobe.kernels.registry import check_inputs_match, get_spec, kernel_names
+from memprobe.records import DTYPES, Case, normalize_dtype
+
+# Which peak a search plans on: the tracker's allocated bytes, or the reserved
+# bytes of the CUDA caching-allocator model when one is installed.
+ALLOCATED = "allocated"
+RESERVED = "reserved"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes a GPU has, and bytes the rest of the job (weights, optimizer, activations) holds."""
+
+    budget_bytes: int
+    other_bytes: int = 0
+
+    @property
+    def limit_bytes(self) -> int:
+        """What the logprob step may use: budget − other."""
+        return self.budget_bytes - self.other_bytes
+
+
+def make_budget(budget: str | int, other: str | int = 0) -> Budget:
+    """Sizes as users write them (``"80GiB"``, bytes) → a checked :class:`Budget`."""
+    budget_bytes = parse_size(budget, what="--budget")
+    other_bytes = parse_size(other, what="--other")
+    if other_bytes > budget_bytes:
+        raise UserError(
+            f"--other {format_bytes(other_bytes)} is more than --budget "
+            f"{format_bytes(budget_bytes)}",
+            "the budget is the GPU's whole memory; --other is the part the rest of the job holds",
+        )
+    return Budget(budget_bytes, other_bytes)
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UserError(f"{name} must be a positive integer, got {value!r}", f"e.g. {name}=1")
+
+
+@dataclass(frozen=True)
+class PlanTarget:
+    """One kernel on one parallel layout at one chunk size: what one plan answers for.
+
+    Checked when made; the dtype is stored by memprobe's name (``bfloat16`` →
+    ``bf16``) and a kernel that ignores the chunk size gets None.
+    """
+
+    kernel: str
+    vocab: int
+    batch: int = 1
+    dtype: str = "bf16"
+    chunk_size: int | None = 1024
+    tp: int = 1
+    cp: int = 1
+    hidden: int | None = None  # H for the hidden family
+
+    def __post_init__(self) -> None:
+        try:
+            spec = get_spec(self.kernel)
+        except ValueError as exc:
+            raise UserError(str(exc), "see `memprobe kernels`") from None
+        for name in ("vocab", "batch", "tp", "cp"):
+            _positive(name, getattr(self, name))
+        chunk = self.chunk_size
+        if chunk is not None and (
+            isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0
+        ):
+            raise UserError(f"chunk size must be a positive integer, got {chunk!r}", "e.g. 1024")
+        key = normalize_dtype(self.dtype) if isinstance(self.dtype, str) else None
+        if key is None:
+            raise UserError(f"unknown dtype {self.dtype!r}", f"use one of: {', '.join(DTYPES)}")
+        if self.tp > 1 and not spec.distributed:
+            sharded = ", ".join(kernel_names(distributed=True))
+            raise UserError(
+                f"tp {self.tp} shards the vocabulary, which {self.kernel} cannot do",
+                f"use tp with: {sharded}",
+            )
+        if self.vocab % self.tp:
+            raise UserError(
+                f"--tp {self.tp} does not divide the vocabulary {self.vocab}", "pick a tp that does"
+            )
+        if self.hidden is not None:
+            _positive("hidden", self.hidden)
+        check_inputs_match([self.kernel], self.hidden)
+        # Normalized in place: the record is frozen, and these are its canonical values.
+        object.__setattr__(self, "dtype", key)
+        object.__setattr__(self, "chunk_size", chunk if spec.uses_chunk_size else None)
+
+    def case(self, local_tokens: int) -> Case:
+        """The simulated case with ``local_tokens`` on each rank (``Case.tokens`` is global)."""
+        return Case(
+            self.kernel,
+            self.batch,
+            local_tokens * self.cp,
+            self.vocab,
+            self.dtype,
+            self.chunk_size,
+            self.tp,
+            self.cp,
+            "meta",
+            self.hidden,
+        )
+
+
+@dataclass(frozen=True)
+class Line:
+    """``peak ≈ slope · tokens + fixed``, fitted through two simulated points."""
+
+    slope: float
+    fixed: float
+
+    @classmethod
+    def through(cls, a: tuple[int, int], b: tuple[int, int]) -> Line:
+        (t1, p1), (t2, p2) = sorted((a, b))
+        slope = (p2 - p1) / (t2 - t1)
+        return cls(slope, p1 - slope * t1)
+
+    def tokens_within(self, limit: int) -> int | None:
+        """The largest token count the line puts at or under ``limit`` (None if flat)."""
+        if self.slope <= 0:
+            return None
+        return max(0, math.floor((limit - self.fixed) / self.slope))
+
+
+@dataclass(frozen=True)
+class Search:
+    """Where a search ended: the boundary and the evidence on both sides of it."""
+
+    max_tokens: int
+    peak_at_max: int | None  # None when nothing fits (max_tokens 0)
+    peak_above: int  # the peak at max_tokens + 1, the first count that does not fit
+    line: Line
+    predicted: int | None  # what the seed line alone said
+    simulations: int
+    points: tuple[tuple[int, int], ...] = ()  # every (tokens, peak) simulated, by tokens
+
+    @property
+    def line_error_bytes(self) -> float | None:
+        """Simulated peak at the answer minus the line's: how far the seed line was off."""
+        if self.peak_at_max is None:
+            return None
+        return self.peak_at_max - (self.line.slope * self.max_tokens + self.line.fixed)
+
+
+@dataclass(frozen=True)
+class TokenPlan:
+    """The answer for one target: tokens per GPU, the peak there, the line that predicted it."""
+
+    target: PlanTarget
+    budget: Budget
+    allocated: Search
+    reserved: Search | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens per GPU (per sequence, each rank's share of it under context parallelism)."""
+        return self.allocated.max_tokens
+
+    @property
+    def global_tokens(self) -> int:
+        """The sequence length across the context-parallel group."""
+        return self.allocated.max_tokens * self.target.cp
+
+    @property
+    def fits_at_all(self) -> bool:
+        return self.allocated.max_tokens > 0
+
+    def row(self) -> dict[str, Any]:
+        """One flat, JSON-ready row (the ``--json`` output)."""
+        a = self.allocated
+        row: dict[str, Any] = {
+            **asdict(self.target),
+            "max_tokens": a.max_tokens,
+            "global_tokens": self.global_tokens,
+            "peak_bytes_at_max": a.peak_at_max,
+            "peak_bytes_above_max": a.peak_above,
+            "budget_bytes": self.budget.budget_bytes,
+            "other_bytes": self.budget.other_bytes,
+            "limit_bytes": self.budget.limit_bytes,
+            "slope_bytes_per_token": a.line.slope,
+            "fixed_bytes": a.line.fixed,
+            "predicted_tokens": a.predicted,
+            "line_exact": a.predicted == a.max_tokens,
+            "line_error_bytes": a.line_error_bytes,
+            "simulations": a.simulations,
+            "peak_kind": ALLOCATED,
+        }
+        r = self.reserved
+        row["reserved_max_tokens"] = r.max_tokens if r else None
+        row["reserved_peak_bytes_at_max"] = r.peak_at_max if r else None
+        return row
