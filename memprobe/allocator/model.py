@@ -352,7 +352,7 @@ class CachingAllocatorModel:
         segment, or per contiguous mapped range of an expandable segment, by address."""
         out = []
         for head in self._segment_heads():
-            blocks = []
+            blocks: list[dict[str, Any]] = []
             allocated = active = requested = 0
             b: _Block | None = head
             while b is not None and b.mapped:

@@ -522,11 +522,11 @@ class _DeviceReplay:
                     if first_mismatch is None:
                         first_mismatch = i
             else:
-                handle = handles.pop(e["addr"], None)
-                if handle is None:
+                freed = handles.pop(e["addr"], None)
+                if freed is None:
                     skipped_frees += 1
                     continue
-                model.free(handle)
+                model.free(freed)
         if shrink_pending:
             model.empty_cache()
             flushes += 1

@@ -80,6 +80,7 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
     if op is None:
         op = op_from_frames(frames)
         op_source = "frames" if op else None
+    phase: str | None
     if label.get("phase") in PHASES:
         phase, reason = label["phase"], "memprobe's label"
     else:

@@ -24,7 +24,7 @@ every pytest start-up in such an environment imports this file.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def parse_marker(args: tuple[Any, ...], kwargs: dict[str, Any]) -> PeakLimit:
+def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> PeakLimit:
     """The marker's arguments → PeakLimit, or UserError saying what is wrong."""
     kwargs = dict(kwargs)
     positional = list(args)

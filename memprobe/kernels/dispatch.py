@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from memprobe.kernels.registry import get_spec
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def _dtensor_type() -> type | None:
+
+def _dtensor_type() -> type[DTensor] | None:
     """``DTensor`` when this torch build has it, else None (import is lazy and optional)."""
     if not torch.distributed.is_available():
         return None
@@ -55,7 +59,7 @@ def _vocab_shard(logits: Any) -> tuple[torch.Tensor, Any, int, int]:
     return local, mesh.get_group(mesh_dim), start, end
 
 
-def _replicated_local(ids: Any, dtensor: type) -> torch.Tensor:
+def _replicated_local(ids: Any, dtensor: type[DTensor]) -> torch.Tensor:
     from torch.distributed.tensor import Replicate
 
     if not isinstance(ids, dtensor):
@@ -130,5 +134,7 @@ def next_token_logprobs(
     if not spec.casts_per_chunk:
         logits = logits.float()
     filters = {"top_k": top_k, "top_p": top_p} if name == "filtered" else {}
-    out = spec.fn(logits, targets, chunk_size=chunk_size, **filters, **shard)
+    # The filters and the shard's keywords are the chosen kernel's own, beyond the protocol.
+    fn: Callable[..., torch.Tensor] = spec.fn
+    out = fn(logits, targets, chunk_size=chunk_size, **filters, **shard)
     return out[:, :-1]

@@ -115,7 +115,7 @@ class LocalChunkedLogprob(torch.autograd.Function):
     writes_grad_into_logits = False
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
@@ -138,7 +138,7 @@ class LocalChunkedLogprob(torch.autograd.Function):
         return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
     @classmethod
-    def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         if ctx.saved_nothing:
             raise RuntimeError(
                 "LocalChunkedLogprob ran with inference_only=True (or without grad) "

@@ -158,7 +158,7 @@ class LocalTiledLogprob(torch.autograd.Function):
     writes_grad_into_logits = False
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
@@ -180,7 +180,7 @@ class LocalTiledLogprob(torch.autograd.Function):
         return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
     @classmethod
-    def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         if ctx.saved_nothing:
             raise RuntimeError(
                 f"{cls.__name__} ran with inference_only=True (or without grad) "
@@ -188,7 +188,8 @@ class LocalTiledLogprob(torch.autograd.Function):
             )
         logits, targets, row_max, logsum = ctx.saved_tensors
         grad = cls._grad_buffer(logits)
-        _tiled_backward(logits, targets, row_max, logsum, grad_output, *ctx.sizes, grad)
+        chunk, tile = ctx.sizes
+        _tiled_backward(logits, targets, row_max, logsum, grad_output, chunk, tile, grad)
         return grad, None, None, None, None
 
 

@@ -23,9 +23,16 @@ _FUSED = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 def _fused_attention(original: Any) -> Any:
-    def attention(  # type: ignore[no-untyped-def]
-        query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs
-    ):
+    def attention(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
         fused = (
             query.device.type == "meta"
             and query.dim() == 4

@@ -71,7 +71,13 @@ class StepTracker(AllocationTracker):
         elif self.phase == "setup" and torch.is_grad_enabled() and _records_history(args, kwargs):
             self.set_phase("forward")
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         self.follow_phase(args, kwargs)
         try:
             return super().__torch_dispatch__(func, types, args, kwargs)

@@ -13,7 +13,7 @@ import math
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
@@ -143,7 +143,7 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

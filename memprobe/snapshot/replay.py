@@ -176,15 +176,15 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
         ):
             addr = e["addr"]
             seen.add(addr)
-            block = live.pop(addr, None)
-            if block is None:
-                block = ReplayBlock(addr, e["size"], BEFORE_TRACE, pos, None, e)
-                blocks.append(block)
-                initial += block.size
+            freed = live.pop(addr, None)
+            if freed is None:
+                freed = ReplayBlock(addr, e["size"], BEFORE_TRACE, pos, None, e)
+                blocks.append(freed)
+                initial += freed.size
                 before_window += 1
             else:
-                block.free_pos, block.free_entry = pos, e
-            delta -= block.size
+                freed.free_pos, freed.free_entry = pos, e
+            delta -= freed.size
         elif action in SEGMENT_GROW:
             segment_events += 1
             r_delta += e["size"]
@@ -202,9 +202,9 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
     # Live at the end per segments but never mentioned by the trace: live throughout.
     untouched = 0
     for addr, sb in end_live.items():
-        block = live.get(addr)
-        if block is not None:
-            block.segment_block = sb
+        tracked = live.get(addr)
+        if tracked is not None:
+            tracked.segment_block = sb
         elif addr not in seen:
             blocks.append(
                 ReplayBlock(addr, sb["requested_size"], BEFORE_TRACE, None, None, None, sb)
