@@ -40,15 +40,6 @@ def segment_size(nbytes: int) -> int:
     return round_up(rounded, ROUND_LARGE)
 
 
-def block_size_in_segment(nbytes: int, seg_bytes: int) -> int:
-    """The block's size once carved from a fresh segment: split off the rest when it is
-    big enough to be useful (small pool: ≥ 512 B; large pool: > 1 MiB), else keep it."""
-    rounded = round_block_size(nbytes)
-    remaining = seg_bytes - rounded
-    threshold_ok = remaining >= MIN_BLOCK if is_small(nbytes) else remaining > SMALL_SIZE
-    return rounded if threshold_ok else seg_bytes
-
-
 def could_hold(block_bytes: int, nbytes: int) -> bool:
     """Whether a block of ``block_bytes`` can be what the allocator gave a request of
     ``nbytes``: the rounded size, or (large pool) up to 1 MiB more, because a cached

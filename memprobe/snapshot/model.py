@@ -23,7 +23,6 @@ ACTIONS: tuple[str, ...] = (
     "oom",
     "snapshot",
 )
-FREE_ACTIONS = ("free_requested", "free_completed")
 # Reserved memory grows with these and shrinks with their opposites.
 SEGMENT_GROW = ("segment_alloc", "segment_map")
 SEGMENT_SHRINK = ("segment_free", "segment_unmap")
@@ -33,7 +32,6 @@ SEGMENT_SHRINK = ("segment_free", "segment_unmap")
 ACTIVE_ALLOCATED = "active_allocated"
 ACTIVE_PENDING_FREE = "active_pending_free"
 INACTIVE = "inactive"
-BLOCK_STATES = (ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE)
 STATE_ALIASES = {"active_awaiting_free": ACTIVE_PENDING_FREE}
 # A block freed by the program but still waiting on another stream still counts
 # as allocated (torch's allocated_bytes drops only when the free completes).
