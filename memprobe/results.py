@@ -172,7 +172,30 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         raise UserError(
             f"{file} is not a memprobe results.json", "point at a run directory"
         ) from None
-    return [validate_row(row, i, file) for i, row in enumerate(rows)]
+    checked = [validate_row(row, i, file) for i, row in enumerate(rows)]
+    check_unique_cases(checked, str(file))
+    return checked
+
+
+def check_unique_cases(rows: Sequence[Row], source: str) -> None:
+    """Results hold each case once: a second row for one case is tampering or a foreign
+    merge, and any reader (the gate's baseline lookup, resume) would have to pick one of
+    them silently. ``source`` names where the rows came from."""
+    first: dict[CaseKey, int] = {}
+    for i, row in enumerate(rows):
+        j = first.setdefault(case_key(row), i)
+        if j != i:
+            raise UserError(
+                f"{source}: rows {j} and {i} are the same case ({row.get('case_id')}); "
+                "a results file holds each case once",
+                "the file is damaged or edited; re-run the sweep",
+            )
+
+
+def unplanned_rows(rows: Sequence[Row], cases: Sequence[Case]) -> list[int]:
+    """Indexes of rows whose case is not one of ``cases`` (those run.json planned)."""
+    planned = {case_key(asdict(c)) for c in cases}
+    return [i for i, r in enumerate(rows) if case_key(r) not in planned]
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
