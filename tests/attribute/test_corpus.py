@@ -11,9 +11,11 @@ from typing import Any
 import corpus
 import pytest
 
-from memprobe.attribute import Findings, attribute
+from memprobe.attribute import Findings, attribute, attribute_devices
 from memprobe.attribute.categories import LOGITS, OPTIMIZER
 from memprobe.attribute.frames import is_internal
+from memprobe.io.sizes import format_bytes
+from memprobe.render.findings_text import render_devices
 
 _CACHE: dict[str, dict[str, Any]] = {}
 
@@ -28,7 +30,7 @@ def reading(name: str) -> Findings:
     return attribute(snapshot(name), top=50)
 
 
-LMS = [p.name for p in corpus.PROGRAMS if p.truth.vocab is not None]
+LMS = [p.name for p in corpus.PROGRAMS if p.truth.vocab is not None and p.oom is None]
 NOT_LMS = [p.name for p in corpus.PROGRAMS if p.truth.vocab is None]
 
 
@@ -110,3 +112,54 @@ def test_without_op_stacks_b_and_s_stay_unsplit() -> None:
     inf = attribute(python_only).inference
     assert inf.batch is None and inf.seq is None
     assert "N=B·S" in inf.shape_text()
+
+
+def test_an_oom_reads_the_allocator_at_that_moment_not_at_snapshot_time() -> None:
+    snap = snapshot("gpt_oom")
+    f = reading("gpt_oom")
+    (oom,) = f.ooms
+    truth = corpus.GPT_OOM
+    assert (oom.requested_bytes, oom.device_free_bytes) == (truth.requested, truth.device_free)
+    assert oom.op == "aten::_log_softmax" and oom.frame and oom.frame.name == "lm_loss"
+    # Reserved then: the segments that existed at that entry (a segment event count).
+    trace = snap["device_traces"][0]
+    grown = sum(e["size"] for e in trace[: oom.index] if e["action"] == "segment_alloc")
+    freed = sum(e["size"] for e in trace[: oom.index] if e["action"] == "segment_free")
+    before = (
+        sum(s["total_size"] for s in snap["segments"])
+        - sum(e["size"] for e in trace if e["action"] == "segment_alloc")
+        + sum(e["size"] for e in trace if e["action"] == "segment_free")
+    )
+    v = oom.verdict
+    assert v.reserved_bytes == before + grown - freed
+    assert v.free_in_reserved_bytes == v.reserved_bytes - oom.allocated_bytes
+    # The activations freed as the exception unwound coalesced into a larger free block
+    # than any the request could have had: the verdict must not read the snapshot's.
+    assert v.largest_free_block is not None
+    assert v.largest_free_block < f.allocator.largest_free_block
+    assert v.largest_free_block < truth.requested <= v.free_in_reserved_bytes
+    assert v.kind == "fragmentation"
+    # It is the fp32 LM's forward: read as one, with no loss to rest on.
+    inf = f.inference
+    t = corpus.GPT_TRUTH
+    assert (inf.batch, inf.seq, inf.vocab, inf.hidden, inf.logits_dtype) == (
+        t.batch, t.seq, t.vocab, t.hidden, t.logits_dtype
+    )  # fmt: skip
+    assert inf.forward_only and inf.confidence != "high"
+
+
+def test_the_oom_comes_first_and_the_failed_device_leads() -> None:
+    found = attribute_devices(corpus.two_devices_oom_on_1(), top=5)
+    assert [f.device for f in found] == [1, 0]
+    lines = render_devices(found, top=5)
+    assert lines[0].startswith("2 devices with a trace (device 1: peak ")
+    oom = found[0].ooms[0]
+    head = next(i for i, line in enumerate(lines) if line.startswith("OOM #1 on device 1 "))
+    assert head < 5  # the first screen, before the peak and the shapes
+    assert head < next(i for i, line in enumerate(lines) if line.startswith("peak allocated"))
+    assert f"requested {corpus.GPT_OOM.requested:,} B (14.65 MiB)" in lines[head]
+    moment = lines[head + 1]
+    assert moment.startswith("  at that moment: 2.00 MiB free on the device, ")
+    assert format_bytes(oom.verdict.reserved_bytes) + " reserved" in moment  # type: ignore[arg-type]
+    assert f"largest free block {format_bytes(oom.verdict.largest_free_block)}" in moment  # type: ignore[arg-type]
+    assert lines[head + 2].startswith("  verdict: fragmentation")
