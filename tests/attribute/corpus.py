@@ -351,6 +351,20 @@ def _gpt_fp32(t: _Tracker) -> Any:
     return model
 
 
+def gpt_program(batch: int, seq: int) -> Program:
+    """The fp32 LM of ``gpt_rotary_fp32`` at another batch and sequence length."""
+
+    def run(t: _Tracker) -> Any:
+        t.set_phase("setup")
+        model = Gpt(10000, 256, 4, 2)
+        t.set_phase("forward")
+        gpt_step(model, batch, seq, 10000)
+        return model
+
+    truth = Truth(batch, seq, 10000, 256, "float32")
+    return Program(f"gpt_b{batch}_s{seq}", f"the fp32 LM at B={batch}, S={seq}", run, truth)
+
+
 def _gpt_autocast(t: _Tracker) -> Any:
     t.set_phase("setup")
     model = Gpt(10000, 256, 4, 2, autocast=True)

@@ -13,7 +13,9 @@ import pytest
 
 from memprobe.attribute import Findings, attribute, attribute_devices
 from memprobe.attribute.categories import LOGITS, OPTIMIZER
+from memprobe.attribute.diff import diff_findings
 from memprobe.attribute.frames import is_internal
+from memprobe.commands.diff import render_diff
 from memprobe.io.sizes import format_bytes
 from memprobe.render.findings_text import render_devices
 
@@ -163,3 +165,36 @@ def test_the_oom_comes_first_and_the_failed_device_leads() -> None:
     assert format_bytes(oom.verdict.reserved_bytes) + " reserved" in moment  # type: ignore[arg-type]
     assert f"largest free block {format_bytes(oom.verdict.largest_free_block)}" in moment  # type: ignore[arg-type]
     assert lines[head + 2].startswith("  verdict: fragmentation")
+
+
+def _differences(a: str | Findings, b: str | Findings) -> dict[str, Any]:
+    fa = reading(a) if isinstance(a, str) else a
+    fb = reading(b) if isinstance(b, str) else b
+    return {d.what: (d.a, d.b) for d in diff_findings(fa, fb).differences}
+
+
+def test_diff_names_autocast_and_the_dtype() -> None:
+    found = _differences("gpt_rotary_fp32", "gpt_rotary_autocast")
+    assert found.pop("logits dtype") == ("float32", "bfloat16")
+    copies = dict(reading("gpt_rotary_autocast").breakdown)["autocast weight copies"]
+    assert found == {"autocast": (0, copies)}
+
+
+def test_diff_names_different_models() -> None:
+    found = _differences("gpt_rotary_fp32", "hf_shifted")
+    assert "model" in found and found["vocabulary"] == (10000, 8000)
+    assert found["batch"] == (4, 2) and found["sequence"] == (96, 160)
+    # A model without an LM head against one with: the models differ, nothing else claimed.
+    assert set(_differences("gpt_rotary_fp32", "encoder_classifier")) == {"model"}
+
+
+def test_diff_names_batch_and_sequence_of_one_model() -> None:
+    one = reading("gpt_rotary_fp32")
+    bigger = attribute(corpus.gpt_program(8, 192).snapshot(), top=50)
+    assert _differences(one, bigger) == {"batch": (4, 8), "sequence": (96, 192)}
+    assert _differences(one, one) == {}
+    text = render_diff(diff_findings(one, bigger))
+    head = text.index("what differs between the runs (from each file's reading):")
+    starts = [next(i for i, x in enumerate(text) if x.startswith(w)) for w in ("by c", "by s")]
+    assert head < starts[0] < starts[1]
+    assert text[head + 1] == "  batch: 4 -> 8 (each file's B, S split)"
