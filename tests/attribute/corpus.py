@@ -448,6 +448,16 @@ def _two_iterations(t: _Tracker) -> Any:
     return _adam_steps(t, steps=2, cut_first=False)
 
 
+def adam_iterations(steps: int) -> Program:
+    """LM + AdamW, ``steps`` whole iterations in one trace (the truth of one)."""
+    return Program(
+        f"iterations_{steps}",
+        f"LM + AdamW, {steps} iterations in one trace",
+        lambda t: _adam_steps(t, steps=steps, cut_first=False),
+        replace(GPT_TRUTH, categories=frozenset({"optimizer state"})),
+    )
+
+
 def _gpt_oom(t: _Tracker) -> Any:
     """The fp32 LM's forward, then the loss's float32 [N, V] log_softmax is refused: the
     step's activations are freed as the exception unwinds."""

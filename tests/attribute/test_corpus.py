@@ -6,6 +6,7 @@ as snapshots a CUDA run could have written: no memprobe labels, torch-style stac
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import corpus
@@ -80,6 +81,18 @@ def test_previous_steps_adam_state_is_optimizer_state_not_other() -> None:
     assert dict(f.breakdown).get("other", 0) == 0
 
 
+@functools.cache
+def _iterations(steps: int) -> Findings:
+    return attribute(corpus.adam_iterations(steps).snapshot(), top=50)
+
+
+def _stable(f: Findings) -> tuple[Any, ...]:
+    """A reading's claims, without the counts that grow with the trace's length."""
+    i = f.inference
+    return (i.tokens, i.batch, i.seq, i.vocab, i.hidden, i.family, i.logits_dtype,
+            i.logits_path, i.confidence, i.loss_tokens, i.forward_only, i.evidence[0])  # fmt: skip
+
+
 def test_two_iterations_read_like_one() -> None:
     one, two = reading("adam_previous_state").inference, reading("two_iterations").inference
     assert (two.batch, two.seq, two.vocab, two.hidden, two.logits_dtype) == (
@@ -89,6 +102,19 @@ def test_two_iterations_read_like_one() -> None:
         one.hidden,
         one.logits_dtype,
     )
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_several_iterations_read_exactly_like_one(steps: int) -> None:
+    one = _iterations(1)
+    many = reading("two_iterations") if steps == 2 else _iterations(steps)
+    assert _stable(many) == _stable(one)
+    assert one.inference.confidence == "high"
+    # Every iteration's logits family is found, each block read the same way.
+    assert len(many.logits_family) == steps * len(one.logits_family)
+    assert {(b.size, b.dtype, b.shape) for b in many.logits_family} == {
+        (b.size, b.dtype, b.shape) for b in one.logits_family
+    }
 
 
 def test_the_users_line_is_never_libc_or_a_thread() -> None:
