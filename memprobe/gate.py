@@ -24,7 +24,7 @@ from typing import Any, TypedDict
 
 from memprobe.config import Rule
 from memprobe.errors import UserError
-from memprobe.results import case_key
+from memprobe.results import case_key, check_unique_cases
 
 # Each limit: the rule attribute, how to read the measured value off a row, its unit.
 LIMIT_UNITS = {"max_peak": "bytes", "max_peak_over_floor": "ratio", "max_big_fp32_blocks": "count"}
@@ -293,9 +293,12 @@ def evaluate(
         raise UserError(
             f"--max-regression {max_regression} is not a percentage of zero or more", "e.g. 5"
         )
+    # With a case twice, which row is checked would depend on the order of the file.
+    check_unique_cases(rows, results)
     checks = check_rules(rows, rules, source=results)
     notes: list[str] = []
     if baseline is not None:
+        check_unique_cases(baseline, baseline_source or "the baseline")
         base_checks, notes = check_baseline(rows, baseline, max_regression=max_regression)
         checks.extend(base_checks)
     return Verdict(

@@ -233,6 +233,15 @@ def _open_run(
             raise UserError(f"cannot resume {out_dir}: no such directory", "give a run directory")
         cases = results.planned_cases(out_dir)
         done = results.read_rows(out_dir) if results.results_file(out_dir).exists() else []
+        stray = results.unplanned_rows(done, cases)
+        if stray:
+            # Resuming would keep them in results.json, where gate and report take them
+            # for cases of this run.
+            raise UserError(
+                f"cannot resume {out_dir}: results row {stray[0]} is a case its "
+                f"{results.RUN_META} did not plan ({len(stray)} such row(s))",
+                "the run directory was edited or mixed with another; start a new run",
+            )
     else:
         device = cases[0].device if cases else "meta"
         # The report names each kernel by its registry line without importing the registry.

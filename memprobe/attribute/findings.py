@@ -16,7 +16,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from typing import Any
 
-from memprobe.attribute.allocator_view import AllocatorView, allocator_view, oom_verdict
+from memprobe.attribute.allocator_view import (
+    AllocatorView,
+    allocator_view,
+    block_bytes,
+    largest_free_block_at,
+    oom_verdict,
+    segments_at,
+)
 from memprobe.attribute.categories import CATEGORIES, Verdict, classify
 from memprobe.attribute.explain import Explanation
 from memprobe.attribute.ops import (
@@ -665,14 +672,21 @@ def _oom(
 ) -> OomFinding:
     e = moment.entry
     site = ctx.sites.site(e)
-    # The segments describe the allocator right after the OOM only when the snapshot
-    # was taken then (torch's OOM observer does that): no allocation after it.
-    later_allocs = any(x["action"] == "alloc" for x in ctx.rep.entries[moment.pos + 1 :])
-    largest = None if later_allocs or not view.segments else view.largest_free_block
+    # The allocator at the OOM moment, not at snapshot time: what was freed after the
+    # failure (the exception unwinding) coalesced into free blocks the request never saw.
+    segments = [s for s in snap["segments"] if s.get("device", 0) == ctx.rep.device]
+    held = segments_at(ctx.rep.entries, moment.pos, segments)
+    reserved, largest = moment.reserved_bytes, None
+    if held is not None:
+        _, largest = largest_free_block_at(
+            held, ((b.addr, block_bytes(b.size, b.segment_block)) for b in live)
+        )
+        if reserved is None:  # no segment events: reserved held still over the window
+            reserved = sum(held.values())
     verdict = oom_verdict(
         e["size"],
         moment.allocated_bytes,
-        moment.reserved_bytes,
+        reserved,
         e.get("device_free"),
         largest,
         bool(view.expandable_segments)

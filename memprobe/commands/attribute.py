@@ -131,6 +131,11 @@ class _Replay:
             "error_pct": self.faithful.error_pct,
             "alloc_conf": shown.alloc_conf,
             "address_mismatches": self.faithful.address_mismatches,
+            "recorded_from": self.faithful.recorded_from,
+            "timeline_mismatches": self.faithful.timeline_mismatches,
+            "first_address_mismatch": None
+            if self.faithful.first_address_mismatch is None
+            else list(self.faithful.first_address_mismatch),
             "requests": self.faithful.requests,
             "notes": list(self.faithful.notes),
         }
@@ -144,13 +149,25 @@ class _Replay:
             f"{r.requests:,} requests): reserved peak {peak}"
         )
         if r.recorded_reserved_peak_bytes is None:
-            head += "; the trace records no segment events to compare with"
+            head += "; the snapshot holds neither segments nor segment events to compare with"
         else:
+            recorded = format_bytes(r.recorded_reserved_peak_bytes)
+            if r.recorded_from == "constant":
+                # No segment events: the final segments were reserved through the window.
+                recorded += " held throughout (no segment events: reserved never changed)"
+            else:
+                recorded += " recorded"
             head += (
-                f" against {format_bytes(r.recorded_reserved_peak_bytes)} recorded "
-                f"({r.error_pct:+.2f}%), {r.predicted_segments} segments against "
-                f"{r.recorded_segments}"
+                f" against {recorded} ({r.error_pct:+.2f}%), {r.predicted_segments} segments "
+                f"against {r.recorded_segments}"
             )
+            if r.recorded_from == "constant" and r.timeline_mismatches is not None:
+                head += (
+                    ", the model's reserved equal to it after every allocation"
+                    if r.timeline_mismatches == 0
+                    else f", the model's reserved off it after {r.timeline_mismatches:,} "
+                    f"allocations (the first at entry #{r.first_mismatch_index})"
+                )
             if r.address_mismatches == 0:
                 head += ", every allocation at its recorded address"
             elif r.address_mismatches:

@@ -41,6 +41,7 @@ class PlanRequest:
     jobs: int = 1
     reserved: bool = True  # also plan on the allocator model's reserved peak
     progress: bool = True  # a line (or a bar) on stderr as each plan finishes
+    other_includes_lm_head: bool = False  # --other holds the lm_head weight
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,8 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
         cp=request.cp,
         hidden=request.hidden,
     )
+    if request.other_includes_lm_head:
+        budget = plan.with_lm_head_in_other(budget, targets)
     plans = plan.run_plans(
         targets,
         budget,
@@ -131,6 +134,8 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
         if request.reserved
         else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
     ]
+    lm_head = plan.lm_head_status(targets, budget)
+    notes += [lm_head] if lm_head else []
     outcome = PlanOutcome(plans, budget, choices, skipped, notes)
     if request.out is not None:
         from memprobe.render.plan_page import write_plan_page
@@ -155,7 +160,10 @@ def command(
     ],
     other: Annotated[
         str,
-        typer.Option(help="What the rest of the job holds on that GPU (weights, optimizer...)."),
+        typer.Option(
+            help="What the rest of the job holds on that GPU (weights, optimizer...); "
+            "with --hidden, not the lm_head weight (see --other-includes-lm-head)."
+        ),
     ] = "0",
     dtype: Annotated[str, typer.Option(help="Logits dtype: bf16, fp16 or fp32.")] = "bf16",
     batch: Annotated[str, typer.Option(help="Sequences per GPU (one value).")] = "1",
@@ -180,9 +188,18 @@ def command(
         typer.Option(
             min=1,
             help="Hidden size H: plan the hidden family (lm_head fused or not with the "
-            "log-prob; hidden [B,S,H] and weight [V,H] count in the peak).",
+            "log-prob; hidden [B,S,H], weight [V,H] and both gradients count in the peak: "
+            "keep the weight out of --other, or see --other-includes-lm-head).",
         ),
     ] = None,
+    other_includes_lm_head: Annotated[
+        bool,
+        typer.Option(
+            "--other-includes-lm-head",
+            help="With --hidden: --other already holds the lm_head weight [V,H]; give it "
+            "back so it counts once (its gradient stays: the step makes it).",
+        ),
+    ] = False,
     alloc_conf: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -249,6 +266,7 @@ def command(
         out=out,
         jobs=jobs if jobs is not None else 1,
         reserved=reserved,
+        other_includes_lm_head=other_includes_lm_head,
     )
     outcome = run_plan_job(request)
     if as_json:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans, simulated_peak
-from memprobe.plan.message import reserved_status
+from memprobe.plan.message import lm_head_status, reserved_status
 from memprobe.plan.model import (
     ALLOCATED,
     RESERVED,
@@ -33,6 +33,7 @@ from memprobe.plan.model import (
     Search,
     TokenPlan,
     make_budget,
+    with_lm_head_in_other,
 )
 from memprobe.plan.search import search_max_tokens, seed_tokens
 from memprobe.plan.targets import default_kernels, plan_targets
@@ -79,9 +80,11 @@ __all__ = [
     "max_tokens",
     "plan_one",
     "plan_targets",
+    "lm_head_status",
     "reserved_status",
     "run_plans",
     "search_max_tokens",
     "seed_tokens",
     "simulated_peak",
+    "with_lm_head_in_other",
 ]

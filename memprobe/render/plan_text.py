@@ -61,9 +61,12 @@ def table_lines(plans: Sequence[TokenPlan]) -> list[str]:
 
 
 def budget_line(budget: Budget) -> str:
+    both = budget.in_step_bytes
+    given_back = f" + lm_head weight in both {format_bytes(both)}" if both else ""
     return (
         f"budget {format_bytes(budget.budget_bytes)} - other {format_bytes(budget.other_bytes)}"
-        f" = {format_bytes(budget.limit_bytes)} for the logprob step (allocated peak, per rank)"
+        f"{given_back} = {format_bytes(budget.limit_bytes)} for the logprob step "
+        "(allocated peak, per rank)"
     )
 
 

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from memprobe.errors import UserError
-from memprobe.io.sizes import format_bytes
+from memprobe.io.files import read_regular
 from memprobe.snapshot.model import (
     ACTIONS,
     ACTIVE_ALLOCATED,
     LIVE_STATES,
     STATE_ALIASES,
 )
+from memprobe.snapshot.nesting import check_tuple_nesting
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 # What normalization will expand to. Real files reach 10^6 trace entries with tens of
@@ -63,26 +64,15 @@ def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_
 
 
 def _read_bytes(p: Path, max_bytes: int) -> bytes:
-    try:
-        size = p.stat().st_size
-    except FileNotFoundError:
-        raise UserError(f"snapshot {p} does not exist", "check the path") from None
-    except OSError as exc:
-        raise UserError(f"cannot read snapshot {p}: {exc.strerror or exc}") from None
-    if p.is_dir():
-        raise UserError(f"snapshot {p} is a directory", "pass the .pickle file inside it")
-    if size == 0:
+    data = read_regular(
+        p,
+        what="snapshot",
+        max_bytes=max_bytes,
+        too_big="record fewer entries (max_entries=...) or raise max_bytes in load_snapshot()",
+    )
+    if not data:
         raise UserError(f"snapshot {p} is empty (0 bytes)", _HINT)
-    if size > max_bytes:
-        raise UserError(
-            f"snapshot {p} is {format_bytes(size)}, over the {format_bytes(max_bytes)} limit",
-            "record fewer entries (max_entries=...) or raise max_bytes in load_snapshot()",
-        )
-    try:
-        with p.open("rb") as fh:
-            return fh.read(max_bytes + 1)
-    except OSError as exc:
-        raise UserError(f"cannot read snapshot {p}: {exc.strerror or exc}") from None
+    return data
 
 
 def _sniff(data: bytes) -> str | None:
@@ -105,6 +95,7 @@ def _unpickle(data: bytes, p: Path) -> Any:
         looks = _sniff(data)
         if looks:
             raise UserError(f"snapshot {p} is {looks}", _HINT)
+    check_tuple_nesting(data, str(p), _HINT)
     # A snapshot is millions of small dicts and lists: the cyclic GC would scan them
     # again and again while they are built (none of them can form a cycle worth it).
     was_enabled = gc.isenabled()

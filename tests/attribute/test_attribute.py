@@ -252,7 +252,8 @@ def test_text_report_mentions_computed_numbers() -> None:
     text = "\n".join(render_findings(findings))
     assert "peak allocated: 34.18 GiB" in text
     assert "float32 [1, 20000, 131072]" in text
-    assert "OOM #1" in text and "requested 9.77 GiB with 3.00 GiB free" in text
+    assert "OOM #1" in text and "requested 10,485,760,000 B (9.77 GiB)" in text
+    assert "at that moment: 3.00 GiB free on the device" in text
     assert "autograd_reference.py:24 in unchunked_logprobs" in text
 
 
