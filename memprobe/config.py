@@ -18,7 +18,7 @@ from typing import Any
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.io.sizes import parse_size
-from memprobe.records import DTYPE_ALIASES, DTYPES, Grid
+from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, Grid
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,7 +29,6 @@ ROOT = "tool.memprobe"
 # Sections of [tool.memprobe] that memprobe reads. Anything else is a typo:
 # `[tool.memprobe.gat]` must not silently turn the gate off.
 SECTIONS = ("sweep", "gate")
-DEVICES = ("auto", "meta", "cpu", "cuda")
 FILTER_KEYS = ("tokens", "vocab", "batch", "dtype", "chunk_size", "tp", "cp", "device")
 LIMIT_KEYS = ("max_peak", "max_peak_over_floor", "max_big_fp32_blocks")
 
@@ -334,7 +333,7 @@ def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _device(value: Any, where: str, *, allow_auto: bool = True) -> str:
-    allowed = DEVICES if allow_auto else tuple(d for d in DEVICES if d != "auto")
+    allowed = DEVICE_CHOICES if allow_auto else DEVICES
     if not isinstance(value, str) or value not in allowed:
         raise UserError(f"{where}: unknown device {value!r}", f"use {', '.join(allowed)}")
     return str(value)

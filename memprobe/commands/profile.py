@@ -15,8 +15,7 @@ from memprobe.commands.attribute import attribution_output
 from memprobe.commands.flags import user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import check_output
-
-DEVICES = ("meta", "cpu", "cuda")
+from memprobe.records import DEVICES
 
 
 def profile_command(
