@@ -39,7 +39,10 @@ CATEGORIES = (
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class Classification:
+    """What :func:`classify` says of one block: its category, whether it is of the
+    logits family, its phase, and why each."""
+
     category: str
     reason: str
     logits: bool
@@ -83,7 +86,7 @@ def classify(
     segment_site: Site | None = None,
     free_site: Site | None = None,
     casts: frozenset[int] = frozenset(),
-) -> Verdict:
+) -> Classification:
     """Category and logits-family verdict of one block (see module notes)."""
     before = block.alloc_pos == BEFORE_TRACE
     # A block from before the trace is described by the stack its segment block kept.
@@ -100,13 +103,13 @@ def classify(
 
     logits, why = _logits(block, origin, phase, phases, shapes, before)
     if logits:
-        return Verdict(LOGITS, why, True, why, phase, phase_reason)
+        return Classification(LOGITS, why, True, why, phase, phase_reason)
     category, reason = _category(block, origin, phase, phases, before, trace_length)
     if category in (OTHER, ACTIVATIONS, PARAMETERS):
         found = _recognized(block, origin, phase, phases, shapes, before, free_site, casts)
         if found is not None:
             category, reason = found
-    return Verdict(category, reason, False, "", phase, phase_reason)
+    return Classification(category, reason, False, "", phase, phase_reason)
 
 
 def _recognized(

@@ -24,7 +24,7 @@ from memprobe.attribute.allocator_view import (
     oom_verdict,
     segments_at,
 )
-from memprobe.attribute.categories import CATEGORIES, Verdict, classify
+from memprobe.attribute.categories import CATEGORIES, Classification, classify
 from memprobe.attribute.explain import Explanation
 from memprobe.attribute.ops import (
     is_cast,
@@ -203,7 +203,7 @@ class _Context:
         self.phases: Phases = resolve_phases(rep.entries, self.sites)
         self.direct = Direct()
         self.shapes = self._infer(shapes_hints)
-        self._verdicts: dict[int, Verdict] = {}
+        self._verdicts: dict[int, Classification] = {}
 
     def site(self, b: ReplayBlock) -> Site:
         if b.alloc_entry is not None:
@@ -296,7 +296,7 @@ class _Context:
             sizes, loss_sizes, hints, labelled, matmuls, collective=collective, direct=direct
         )
 
-    def verdict(self, b: ReplayBlock) -> Verdict:
+    def verdict(self, b: ReplayBlock) -> Classification:
         key = id(b)
         found = self._verdicts.get(key)
         if found is None:

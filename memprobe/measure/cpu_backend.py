@@ -15,7 +15,7 @@ import torch
 
 from memprobe.io.sizes import format_bytes
 from memprobe.measure.cpu_limits import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.step import (
     StepInputs,
@@ -30,7 +30,7 @@ from memprobe.records import Case, Run
 
 def cpu_bytes_needed(case: Case) -> int:
     """Simulated step peak (the inputs are drawn in their own dtype, with no staging copy)."""
-    return simulate(case, capture_frames=False).peak_bytes
+    return simulate_tracker(case, capture_frames=False).peak_bytes
 
 
 def measure_cpu(

@@ -19,7 +19,7 @@ def simulate_step(case: Case, *, capture_frames: bool = True) -> StepTrace:
         return traced_step(case, make_inputs(case, "meta"), capture_frames=capture_frames)
 
 
-def simulate(case: Case, *, capture_frames: bool = True) -> AllocationTracker:
+def simulate_tracker(case: Case, *, capture_frames: bool = True) -> AllocationTracker:
     """The exact tracker of one step, for logits and hidden-family kernels alike."""
     from memprobe.kernels import get_spec
 

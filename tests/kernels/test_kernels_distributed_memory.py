@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch.distributed as dist
 
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.records import Case, Event
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -33,7 +33,7 @@ class Measured:
 
 def measure_rank(name: str, tp: int) -> Measured:
     """One rank of a TP-way run, forward + backward, logits included."""
-    tracker = simulate(Case(name, BATCH, SEQ, VOCAB, "bf16", CHUNK, tp=tp, device="meta"))
+    tracker = simulate_tracker(Case(name, BATCH, SEQ, VOCAB, "bf16", CHUNK, tp=tp, device="meta"))
     live = base = 0
     for event in tracker.events:
         if event.phase == "backward":
