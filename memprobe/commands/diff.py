@@ -51,7 +51,9 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
         out += [f"  {_difference(x)}" for x in d.differences]
     out += ["", "by category (bytes live at each peak):"]
     for category, a, b in d.categories:
-        out.append(f"  {category:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}")
+        out.append(
+            f"  {category:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}"
+        )
     # The N largest changes either way (a fix that frees 9.77 GiB must show), listed
     # growth first like the --json list; lines that did not change are left out.
     changed = [c for c in d.contributors if c.delta_bytes]
