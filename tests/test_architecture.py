@@ -268,3 +268,60 @@ def test_the_package_ships_its_types() -> None:
     assert (ROOT / "py.typed").is_file()
     pyproject = (ROOT.parent / "pyproject.toml").read_text(encoding="utf-8")
     assert re.search(r'^"memprobe" = \[.*"py\.typed".*\]', pyproject, re.MULTILINE)
+
+
+def _module_level_names(path: Path) -> dict[str, ast.expr | None]:
+    """Names a module binds at its top level (assignments, defs, classes) → value."""
+    out: dict[str, ast.expr | None] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign):
+            out |= {t.id: node.value for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = node.value
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out[node.name] = None
+    return out
+
+
+def test_each_allocator_constant_is_defined_once() -> None:
+    """The allocator's size rules and the snapshot format's words live in allocator/;
+    the rest of the package imports them (snapshot/ once re-declared all of them)."""
+    owned = {
+        name: path.relative_to(ROOT).as_posix()
+        for path in sorted((ROOT / "allocator").rglob("*.py"))
+        for name, _ in _module_level_names(path).items()
+        if (name.isupper() and not name.startswith("_"))
+        or name in ("round_up", "round_size", "allocation_size")
+    }
+    again = [
+        f"{path.relative_to(ROOT).as_posix()}: {name} (defined in {owned[name]})"
+        for path in sorted(ROOT.rglob("*.py"))
+        if path.relative_to(ROOT).parts[0] != "allocator"
+        for name in _module_level_names(path)
+        if name in owned
+    ]
+    assert again == []
+
+
+def test_the_snapshot_words_are_grouped_in_one_module() -> None:
+    """Only allocator/snapshot_format.py defines groups of trace actions or block states:
+    a module-level tuple or set of two or more of them elsewhere is a second definition
+    (allocator/replay.py once kept its own live states and segment actions)."""
+    from memprobe.allocator import snapshot_format as fmt
+
+    words = {*fmt.ACTIONS, fmt.FREE, *fmt.LIVE_STATES, fmt.INACTIVE, *fmt.STATE_ALIASES}
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.name == "snapshot_format.py":
+            continue
+        for name, value in _module_level_names(path).items():
+            for node in ast.walk(value) if value is not None else ():
+                if isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+                    listed = {
+                        e.value
+                        for e in node.elts
+                        if isinstance(e, ast.Constant) and e.value in words
+                    }
+                    if len(listed) >= 2:
+                        found.append(f"{path.relative_to(ROOT)}: {name} {sorted(listed)}")
+    assert found == []

@@ -39,7 +39,6 @@ from memprobe.records import Frame
 from memprobe.snapshot.labels import parse_label, parse_shape
 
 PHASES = ("setup", "forward", "backward", "optimizer")
-AUTOGRAD_ENGINE = "backward (autograd engine)"
 
 
 @dataclass(frozen=True, slots=True)

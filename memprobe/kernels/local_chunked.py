@@ -112,8 +112,6 @@ class LocalChunkedLogprob(torch.autograd.Function):
     gradient has the logits' dtype.
     """
 
-    writes_grad_into_logits = False
-
     @staticmethod
     def forward(
         ctx: Any,
@@ -158,8 +156,6 @@ class LocalChunkedInplaceLogprob(LocalChunkedLogprob):
     nothing reads the logits after the backward pass (the usual case when
     they come straight from an lm_head). Peak: logits + one float32 chunk.
     """
-
-    writes_grad_into_logits = True
 
     @classmethod
     def _grad_buffer(cls, logits: torch.Tensor) -> torch.Tensor:

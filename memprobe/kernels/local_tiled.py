@@ -155,8 +155,6 @@ class LocalTiledLogprob(torch.autograd.Function):
     true or no gradient is needed. The gradient has the logits' dtype.
     """
 
-    writes_grad_into_logits = False
-
     @staticmethod
     def forward(
         ctx: Any,
@@ -200,8 +198,6 @@ class LocalTiledInplaceLogprob(LocalTiledLogprob):
     before it is overwritten, and tiles do not overlap). Use it only when
     nothing reads the logits after backward. Peak: logits + one float32 tile.
     """
-
-    writes_grad_into_logits = True
 
     @classmethod
     def _grad_buffer(cls, logits: torch.Tensor) -> torch.Tensor:

@@ -15,14 +15,16 @@ import pickle
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from memprobe.errors import UserError
-from memprobe.io.files import read_regular
-from memprobe.snapshot.model import (
-    ACTIONS,
+from memprobe.allocator.snapshot_format import (
     ACTIVE_ALLOCATED,
+    ADDRESSED_ACTIONS,
+    FREE,
     LIVE_STATES,
+    OOM,
     STATE_ALIASES,
 )
+from memprobe.errors import UserError
+from memprobe.io.files import read_regular
 from memprobe.snapshot.nesting import check_tuple_nesting
 
 DEFAULT_MAX_BYTES = 2 * 2**30
@@ -31,10 +33,10 @@ DEFAULT_MAX_BYTES = 2 * 2**30
 MAX_ENTRIES = 20_000_000
 MAX_FRAMES = 200_000_000
 _HINT = "expected the pickle written by torch.cuda.memory._dump_snapshot() or memprobe"
-# Actions whose entry must name a block or segment address and a size. ``free`` is
-# the single free action of early history files (torch's viewer still reads it).
-_NEEDS_ADDR = frozenset([*(a for a in ACTIONS if a not in ("oom", "snapshot")), "free"])
-_NEEDS_SIZE = _NEEDS_ADDR | {"oom"}
+# Actions whose entry must name a block or segment address and a size (early history
+# files' single free action too).
+_NEEDS_ADDR = frozenset([*ADDRESSED_ACTIONS, FREE])
+_NEEDS_SIZE = _NEEDS_ADDR | {OOM}
 
 
 class _Refused(Exception):
@@ -227,8 +229,7 @@ def _trace(trace: Any, device: int, bad: _Bad) -> list[dict]:
     return [_entry(e, f"device_traces[{device}][{i}]", bad) for i, e in enumerate(trace)]
 
 
-_PLAIN_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "segment_alloc",
-                            "segment_free", "segment_map", "segment_unmap"})  # fmt: skip
+_PLAIN_ACTIONS = frozenset(ADDRESSED_ACTIONS)
 _PLAIN_KEYS = frozenset(
     {"action", "addr", "size", "stream", "time_us", "frames", "user_metadata", "compile_context"}
 )

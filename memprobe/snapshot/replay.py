@@ -21,13 +21,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from memprobe.errors import UserError
-from memprobe.snapshot.model import (
+from memprobe.allocator.snapshot_format import (
     ACTIVE_PENDING_FREE,
+    FREED,
     LIVE_STATES,
     SEGMENT_GROW,
     SEGMENT_SHRINK,
 )
+from memprobe.errors import UserError
 
 BEFORE_TRACE = -1  # position of "before the first recorded entry"
 
@@ -118,7 +119,7 @@ def _unpaired_requests(entries: list[dict[str, Any]], pending_at_end: set[int]) 
             if previous is not None:
                 unpaired.add(previous)
             pending[e["addr"]] = pos
-        elif action in ("free_completed", "free"):
+        elif action in FREED:
             pending.pop(e["addr"], None)
         elif action == "alloc":
             previous = pending.pop(e["addr"], None)
@@ -171,9 +172,7 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
             delta += size
             if delta > max_delta:
                 max_delta, peak_pos, r_at_peak = delta, pos, r_delta
-        elif action in ("free_completed", "free") or (
-            action == "free_requested" and pos in unpaired
-        ):
+        elif action in FREED or (action == "free_requested" and pos in unpaired):
             addr = e["addr"]
             seen.add(addr)
             freed = live.pop(addr, None)
