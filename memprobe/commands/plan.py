@@ -18,6 +18,7 @@ from memprobe.commands.flags import (
     name_list,
     positive_ints,
     user_errors,
+    warn_if_unitless,
 )
 from memprobe.errors import UserError
 
@@ -248,6 +249,8 @@ def command(
 
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs {jobs} must be 1 or more", "e.g. --jobs 2")
+    warn_if_unitless(budget, "--budget")
+    warn_if_unitless(other, "--other")
     request = PlanRequest(
         vocab=_single(vocab, "--vocab"),
         budget=budget,
