@@ -257,14 +257,12 @@ def find_loss_step(
     by_pos = {b.alloc_pos: b for b in rep.blocks if b.alloc_pos != BEFORE_TRACE}
     gradient = by_pos[be]
     before = [
-        b
-        for b in rep.blocks
-        if b.alloc_pos < fs and b.size == gradient.size and b.live_at(fs) and b.live_at(be)
+        b for b in rep.blocks if b.alloc_pos < fs and b.size == gradient.size and b.live_at(fs)
     ]
     if not before:
         raise UserError(
             "the loss step's last backward block is not the size of any logits alive "
-            "through the step: the logits' gradient cannot be told (a fused loss?)",
+            "when the loss began: the logits' gradient cannot be told (a fused loss?)",
             "--what-if cuts a loss that materializes the logits and their gradient",
         )
     logits = max(before, key=lambda b: b.alloc_pos)
@@ -317,6 +315,9 @@ class KernelTrace:
     release_at: int  # where in ``backward`` it let go of its incoming gradient
     forward_escapes: tuple[Event, ...]  # its forward blocks alive after the step (outputs)
     backward_escapes: tuple[Event, ...]  # its backward blocks alive after (the gradient)
+    # Where it let go of the logits (when nothing else held them): ("forward", i) or
+    # ("backward", i), before event i of that list; ("after", 0): with its gradient.
+    logits_release: tuple[str, int] = ("after", 0)
 
 
 def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> KernelTrace:
@@ -350,27 +351,47 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
             tracker.set_phase(_KERNEL_BACKWARD)
             return seed
 
+    class _Head(torch.autograd.Function):
+        """Stands in for the lm_head: makes the logits, and takes their gradient in
+        backward, which the engine frees once it returns (as after the real lm_head's)."""
+
+        @staticmethod
+        def forward(ctx: Any, weight: torch.Tensor) -> torch.Tensor:
+            shape = (case.batch, case.tokens, case.vocab)
+            made = torch.empty(shape, dtype=torch_dtype(case.dtype), device="meta")
+            made_at.append(len(tracker.events) - 1)
+            return made
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            tracker.set_phase(_AFTER)
+            return grad.new_zeros(())
+
+    made_at: list[int] = []
+
     def run() -> None:
-        shape = (case.batch, case.tokens, case.vocab)
-        logits = torch.empty(shape, dtype=torch_dtype(case.dtype), device="meta")
-        logits.requires_grad_()
-        targets = torch.empty(shape[:2], dtype=torch.long, device="meta")
+        weight = torch.empty((), device="meta", requires_grad=True)
+        targets = torch.empty((case.batch, case.tokens), dtype=torch.long, device="meta")
         with tracker:
+            logits = _Head.apply(weight)
             tracker.set_phase(_KERNEL_FORWARD)
             out = call(logits, targets)
+            del logits  # from here only the kernel holds them, if it saved them
             tracker.set_phase(_LOSS)
             loss = _Loss.apply(out)
-            (grad,) = torch.autograd.grad(loss, logits)
+            (grad,) = torch.autograd.grad(loss, weight)
             tracker.set_phase(_AFTER)
             del out, loss, grad
 
     tracker.stop_code = run.__code__
     with process_group_for(case):
         run()
-    return _split(tracker.events, released[0] if released else None)
+    return _split(
+        tracker.events, released[0] if released else None, made_at[0] if made_at else None
+    )
 
 
-def _split(events: list[Event], seed_at: int | None) -> KernelTrace:
+def _split(events: list[Event], seed_at: int | None, logits_at: int | None) -> KernelTrace:
     # Storage ids are reused once freed: a block is known by its id only while live.
     live: dict[int, Event] = {}
     forward: list[Event] = []
@@ -378,7 +399,15 @@ def _split(events: list[Event], seed_at: int | None) -> KernelTrace:
     escapes: list[Event] = []
     release_at: int | None = None
     seed = events[seed_at].storage if seed_at is not None else None
+    logits = events[logits_at].storage if logits_at is not None else None
+    release: tuple[str, int] = ("after", 0)
     for e in events:
+        if logits_at is not None and e.index > logits_at and e.storage == logits:
+            logits_at = None  # its free: where the kernel let the logits go
+            if e.phase in (_KERNEL_FORWARD, _LOSS):
+                release = ("forward", len(forward))
+            elif e.phase == _KERNEL_BACKWARD:
+                release = ("backward", len(backward))
         if e.action == "alloc":
             if e.phase in (_KERNEL_FORWARD, _KERNEL_BACKWARD) and e.nbytes > 0:
                 live[e.storage] = e
@@ -403,6 +432,7 @@ def _split(events: list[Event], seed_at: int | None) -> KernelTrace:
         release_at=len(backward) if release_at is None else release_at,
         forward_escapes=tuple(e for e in escapes if e.phase == _KERNEL_FORWARD),
         backward_escapes=tuple(e for e in escapes if e.phase == _KERNEL_BACKWARD),
+        logits_release=release,
     )
 
 
@@ -426,6 +456,27 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
             if entries[pos]["action"] == "alloc":
                 break
             cut_pos.add(pos)
+
+    # The logits, when only the loss held them, live as long as the kernel holds them.
+    logits_entries: list[dict[str, Any]] = []
+    logits_at: tuple[str, int] | None = None
+    la, lf = step.logits.alloc_pos, step.logits.free_pos
+    if lf is not None and lf <= be:
+        where, k = kt.logits_release
+        at = {"forward": fe, "backward": be}.get(where, step.gradient.free_pos)
+        if at is None or at >= lf:
+            positions = by_addr[step.logits.addr]
+            for pos in positions[bisect.bisect_right(positions, la) :]:
+                if entries[pos]["action"] == "alloc":
+                    break
+                cut_pos.add(pos)
+                logits_entries.append(entries[pos])
+            if where != "after":
+                logits_at = (where, k)
+            elif at is not None:
+                logits_at = ("at", at)
+            else:
+                logits_entries = []  # the gradient (the logits' buffer) lives to the end
 
     def escapes(lo: int, hi: int) -> list[ReplayBlock]:
         return sorted(
@@ -500,6 +551,8 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
             last_time[0] = e["time_us"]
         for ev in frees_at.pop(pos, ()):
             emit(ev, fwd_frames, "backward")
+        if logits_at == ("at", pos):
+            out.extend(logits_entries)
         if pos not in cut_pos:
             keep_free = e["action"] in _FREES
             if keep_free and fs <= pos <= fe:
@@ -509,16 +562,24 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
             else:
                 out.append(e)
         if pos == fe:
-            for ev in kt.forward:
+            for k, ev in enumerate(kt.forward):
+                if logits_at == ("forward", k):
+                    out.extend(logits_entries)
                 emit(ev, fwd_frames, "forward")
+            if logits_at == ("forward", len(kt.forward)):
+                out.extend(logits_entries)
             out.extend(held_fwd)
         if pos == be:
             for k, ev in enumerate(kt.backward):
                 if k == kt.release_at:
                     out.extend(held_bwd)
                     held_bwd = []
+                if logits_at == ("backward", k):
+                    out.extend(logits_entries)
                 emit(ev, bwd_frames, "backward")
             out.extend(held_bwd)
+            if logits_at == ("backward", len(kt.backward)):
+                out.extend(logits_entries)
             for ev in after_backward:
                 emit(ev, bwd_frames, "backward")
 
@@ -622,3 +683,44 @@ def _oom_capacity(rep: Replay) -> tuple[int | None, str | None]:
         if isinstance(free, int) and moment.reserved_bytes is not None:
             return moment.reserved_bytes + free, "reserved + the device's free bytes at the OOM"
     return None, None
+
+
+@dataclass(frozen=True)
+class OtherMemory:
+    """What the rest of the step held while its logprob step ran: one snapshot's reading."""
+
+    tokens: int  # N = B·S of the loss step
+    other_bytes: int  # the most live bytes that were neither the logits nor the step's own
+    at_index: int  # the trace entry where that was
+
+
+def other_memory(
+    snapshot: dict[str, Any], *, device: int | None = None, path: str | None = None
+) -> OtherMemory:
+    """The memory that is not the logprob step, at that step's moment: the most bytes live
+    from the logits' consumer in forward to the logits' gradient in backward that are
+    neither the logits nor a block the step made (what ``memprobe plan`` calls "other").
+    Raises :class:`UserError` where the step cannot be cut (see :func:`find_loss_step`)."""
+    snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
+    found = attribute(snap, device=device, path=path)
+    rep = replay(snap, device=found.device)
+    step = find_loss_step(snap, found, rep)
+    (fs, _), (_, be) = step.forward, step.backward
+    mine = {id(b) for b in step.cut} | {id(step.logits)}
+    live = 0
+    deltas: list[tuple[int, int]] = []
+    for b in rep.blocks:
+        if id(b) in mine:
+            continue
+        if b.live_at(fs):
+            live += b.size
+        elif fs < b.alloc_pos <= be:
+            deltas.append((b.alloc_pos, b.size))
+        if b.free_pos is not None and fs < b.free_pos <= be and b.alloc_pos <= be:
+            deltas.append((b.free_pos, -b.size))
+    most, at = live, fs
+    for pos, delta in sorted(deltas):
+        live += delta
+        if live > most:
+            most, at = live, pos
+    return OtherMemory(step.batch * step.rows, most, at)

@@ -29,11 +29,18 @@ class Budget:
 
     budget_bytes: int
     other_bytes: int = 0
+    # The part of "other" that grows with the step's tokens (activations), fitted from
+    # snapshots by ``--other-from``; the searches add it to each simulated peak.
+    other_per_token: float = 0.0
 
     @property
     def limit_bytes(self) -> int:
-        """What the logprob step may use: budget − other."""
+        """What the logprob step may use: budget − other (its constant part)."""
         return self.budget_bytes - self.other_bytes
+
+    def other_growth(self, target: PlanTarget, local_tokens: int) -> int:
+        """Bytes of "other" beyond its constant at ``local_tokens`` per sequence per rank."""
+        return math.ceil(self.other_per_token * target.batch * local_tokens)
 
 
 def make_budget(budget: str | int, other: str | int = 0) -> Budget:
