@@ -192,11 +192,12 @@ def _where(block: Event, test_file: Path) -> str:
     """The line that made the block: the innermost frame of user or kernel code (not
     torch's, a library's or memprobe's harness), and the test's own line when the block
     was made further in (a kernel the test calls)."""
-    from memprobe.attribute.frames import first_user_frame
+    from memprobe.attribute.frames import user_chain
 
-    made = first_user_frame(block.frames)
-    if made is None:
+    chain, _via = user_chain(block.frames)
+    if not chain:
         return ""
+    made = chain[0]
     text = f"at {Path(made.filename).name}:{made.line} in {made.name}"
     # The outermost frame in the test file: the test's own line.
     in_test = [f for f in block.frames if Path(f.filename) == test_file]

@@ -244,7 +244,7 @@ class FilteredChunkedLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
@@ -265,7 +265,7 @@ class FilteredChunkedLogprob(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         if ctx.saved_nothing:
             raise RuntimeError(
                 "FilteredChunkedLogprob ran with inference_only=True (or without grad) "
