@@ -1,5 +1,5 @@
 """Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s typecheck`, `nox -s bench`,
-`nox -s hidden`."""
+`nox -s hidden`, `nox -s filtered`."""
 
 from __future__ import annotations
 
@@ -49,4 +49,12 @@ def hidden(session: nox.Session) -> None:
     """The hidden family's memory, numerics and CPU speed; local_tiled's speed."""
     session.install(TORCH, "-e", ".")
     for script in ("hidden_memory", "hidden_numerics", "hidden_speed", "tiled_speed"):
+        session.run("python", f"benchmarks/{script}.py")
+
+
+@nox.session
+def filtered(session: nox.Session) -> None:
+    """filtered_chunked's numerics against float64 and its CPU speed against local_chunked."""
+    session.install(TORCH, "-e", ".")
+    for script in ("filtered_numerics", "filtered_speed"):
         session.run("python", f"benchmarks/{script}.py")
