@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memprobe.allocator import replay_snapshot
+from memprobe.allocator.snapshot_format import BLOCK_ACTIONS, FREES
 from memprobe.attribute.findings import Findings, attribute
 from memprobe.attribute.ops import is_matmul, is_opaque_generated
 from memprobe.attribute.sites import SiteCache, resolve_phases
@@ -42,7 +43,6 @@ from memprobe.snapshot.synthesize import frames_to_dicts
 
 # Spliced blocks get addresses far above any device's, so they never collide.
 SPLICE_ADDRESS = 1 << 60
-_FREES = ("free_requested", "free_completed", "free")
 _CONFIDENT = ("given", "high", "medium")
 # Phases of the kernel's simulation (the tracker's labels).
 _KERNEL_FORWARD, _LOSS, _KERNEL_BACKWARD, _AFTER = "kf", "loss", "kb", "after"
@@ -446,7 +446,7 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
     cut_pos: set[int] = set()
     by_addr: dict[int, list[int]] = {}
     for pos, e in enumerate(entries):
-        if e["action"] in ("alloc", *_FREES):
+        if e["action"] in BLOCK_ACTIONS:
             by_addr.setdefault(e["addr"], []).append(pos)
     for b in step.cut:
         positions = by_addr[b.addr]
@@ -554,7 +554,7 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
         if logits_at == ("at", pos):
             out.extend(logits_entries)
         if pos not in cut_pos:
-            keep_free = e["action"] in _FREES
+            keep_free = e["action"] in FREES
             if keep_free and fs <= pos <= fe:
                 held_fwd.append(e)
             elif keep_free and bs <= pos <= be:

@@ -14,7 +14,7 @@ from memprobe.kernels import (
 )
 from memprobe.kernels.filtered import filtered_out_mask
 from memprobe.measure import step
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.step import make_inputs
 from memprobe.measure.traced import traced_step
 from memprobe.records import Case
@@ -137,7 +137,7 @@ def test_meta_peak_equals_a_real_cpu_run_to_the_byte(monkeypatch, dtype, filters
     monkeypatch.setitem(step.SWEEP_FILTERS, "filtered_chunked", filters)
     # Bf16 draws tie often, so the tie fix-ups run on cpu (and are skipped on meta).
     shape, chunk = (1, 150, 2048), 64
-    meta = simulate(Case("filtered_chunked", *shape, dtype, chunk, device="meta"))
+    meta = simulate_tracker(Case("filtered_chunked", *shape, dtype, chunk, device="meta"))
     case = Case("filtered_chunked", *shape, dtype, chunk, device="cpu")
     cpu = traced_step(case, make_inputs(case, "cpu"), capture_frames=False).tracker
     assert meta.peak_bytes == cpu.peak_bytes
@@ -147,8 +147,8 @@ def test_meta_peak_equals_a_real_cpu_run_to_the_byte(monkeypatch, dtype, filters
 def test_headline_peak_within_ten_percent_of_its_floor():
     case = Case("filtered_chunked", 1, 20_000, 131_072, "bf16", 1024, device="meta")
     floor = 2 * case.logits_bytes
-    peak = simulate(case, capture_frames=False).peak_bytes
-    filtered = simulate(
+    peak = simulate_tracker(case, capture_frames=False).peak_bytes
+    filtered = simulate_tracker(
         Case("filtered", 1, 20_000, 131_072, "bf16", None, device="meta"), capture_frames=False
     ).peak_bytes
     # The floor, one float32 chunk and its bool mask, and [B, S] vectors.
