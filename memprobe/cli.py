@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - depends on the installed typer
     NoArgsIsHelpError = ()  # type: ignore[assignment,misc]
 
 from memprobe import __version__
-from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, sweep
+from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, step, sweep
 
 app = typer.Typer(
     name="memprobe",
@@ -61,6 +61,7 @@ app.command("diff")(diff.command)
 app.command("report")(report.command)
 app.command("plan")(plan.command)
 app.command("profile")(profile.command)
+app.command("step")(step.command)
 
 
 def main() -> None:
