@@ -192,3 +192,60 @@ def command(
             as_json=as_json,
         )
     )
+
+
+def plan_step_lines(
+    config: Path | None,
+    *,
+    budget: str,
+    kernel: str | None,
+    batch: int,
+    dtype: str,
+    chunk_size: str | None,
+    checkpointing: bool,
+    optimizer: str,
+    alloc_conf: str | None,
+    reserved: bool,
+    as_json: bool,
+    step: bool,
+) -> list[str]:
+    """``memprobe plan --step --config CONFIG``: the plan table for the whole step."""
+    from memprobe.allocator import parse_alloc_conf
+    from memprobe.commands.flags import name_list, positive_ints
+
+    if not step or config is None:
+        raise UserError("--step and --config go together", "e.g. --step --config config.json")
+    chunk = positive_ints(chunk_size, "--chunk-size") if chunk_size else [1024]
+    if len(chunk) != 1:
+        raise UserError("--step plans one chunk size", "e.g. --chunk-size 1024")
+    from memprobe import plan
+    from memprobe.profile.step import plan_step, step_kernels
+    from memprobe.render.plan_text import answer_line, table_lines
+
+    limit = plan.make_budget(budget)
+    conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    base = build_step(
+        config,
+        tokens=1,
+        batch=batch,
+        chunk_size=chunk[0],
+        checkpointing=checkpointing,
+        optimizer=optimizer,
+        dtype=dtype,
+    )
+    kernels = name_list(kernel, "--kernel") if kernel is not None else step_kernels()
+    for name in kernels:  # every name checked before the first simulation
+        build_step(config, tokens=1, kernel=name, dtype=dtype)
+    plans = plan_step(base, kernels, limit, reserved=reserved, alloc_conf=conf)
+    if as_json:
+        return [json.dumps([p.row() for p in plans], indent=1)]
+    what = (
+        f"whole training step of {base.config.model_type} (batch {batch}, {dtype}, "
+        f"checkpointing {'on' if checkpointing else 'off'}, optimizer {optimizer}): "
+        "tokens per sequence"
+    )
+    head = (
+        f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; "
+        "reserved in the last column)"
+    )
+    return [head, what, *table_lines(plans), answer_line(plans, limit)]

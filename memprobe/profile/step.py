@@ -11,8 +11,8 @@ storage) and marks where its log-prob kernel runs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -317,3 +317,69 @@ def _category(
     if event.phase == "setup":
         return INPUTS
     return OTHER
+
+
+def step_kernels() -> list[str]:
+    """The shipped single-device kernels ``plan --step`` compares by default: every logits
+    kernel, then the hidden family (each on the model's final hidden states)."""
+    from memprobe.kernels.registry import kernel_names
+
+    return [*kernel_names(distributed=False), *kernel_names(inputs="hidden")]
+
+
+def plan_step(
+    base: hf.HFStep,
+    kernels: Sequence[str],
+    budget: Any,
+    *,
+    reserved: bool = True,
+    alloc_conf: AllocConf | None = None,
+    on_done: Callable[[Any], None] | None = None,
+) -> list[Any]:
+    """The largest tokens per sequence whose whole simulated step fits ``budget`` (a
+    :class:`memprobe.plan.Budget`), for ``base`` with each kernel: one
+    :class:`memprobe.plan.TokenPlan` per kernel, from the plan package's own search
+    (allocated, then reserved below it). Each token count is simulated once; both peaks
+    come from that one trace."""
+    from memprobe.measure.reserved import modelled_reserved_peak
+    from memprobe.plan import ALLOCATED, PlanTarget
+    from memprobe.plan.driver import plan_steps
+
+    plans = []
+    for kernel in kernels:
+        step = replace(base, kernel=kernel)
+        target = PlanTarget(
+            kernel,
+            vocab=base.vocab,
+            batch=base.batch,
+            dtype=base.dtype,
+            chunk_size=base.chunk_size,
+            hidden=base.hidden_size if step.hidden_route else None,
+        )
+
+        def peak(
+            kind: str,
+            tokens: int,
+            step: hf.HFStep = step,
+            peaks: dict[int, Any] = {},  # noqa: B006
+        ) -> int:
+            # ``peaks``: this kernel's (allocated, reserved) by token count (bound per kernel).
+            if tokens not in peaks:
+                tracked, _ = trace_hf_step(replace(step, tokens=tokens))
+                peaks[tokens] = (
+                    tracked.peak_bytes,
+                    modelled_reserved_peak(tracked.events, alloc_conf) if reserved else 0,
+                )
+            allocated, on_reserved = peaks[tokens]
+            return allocated if kind == ALLOCATED else on_reserved
+
+        search = plan_steps(target, budget, reserved)
+        try:
+            ask = next(search)
+            while True:
+                ask = search.send({probe: peak(*probe) for probe in ask})
+        except StopIteration as done:
+            plans.append(done.value)
+            if on_done is not None:
+                on_done(done.value)
+    return plans

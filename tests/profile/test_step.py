@@ -214,3 +214,23 @@ def test_cli_prints_the_breakdown_and_writes_a_snapshot(run_cli: Any, tmp_path: 
     assert sum(data["bytes_by_category"].values()) == data["peak_allocated_bytes"]
     code, _, err = run_cli(*args, "--fused", "--kernel", "unchunked")
     assert code == 2 and "--fused and --kernel" in err
+
+
+def test_plan_step_is_the_plan_search_on_the_whole_step(run_cli: Any, tmp_path: Path) -> None:
+    """The answer T fits the budget and T + 1 does not, each checked by its own step."""
+    config = {**CONFIGS["llama"], "num_hidden_layers": 1, "vocab_size": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ("plan", "--step", "--config", str(tmp_path), "--budget", "8MiB")
+    code, text, err = run_cli(*args, "--kernel", "unchunked", "--optimizer", "sgd", "--no-reserved", "--json")
+    assert code == 0, err
+    (row,) = json.loads(text)
+    tokens = row["max_tokens"]
+    assert row["kernel"] == "unchunked" and tokens > 0
+    cfg = config_from_dict(dict(config))
+    fits = simulate_step(HFStep(cfg, tokens=tokens, kernel="unchunked", optimizer="sgd"))
+    over = simulate_step(HFStep(cfg, tokens=tokens + 1, kernel="unchunked", optimizer="sgd"))
+    assert fits.peak_allocated_bytes == row["peak_bytes_at_max"] <= 8 * 2**20
+    assert over.peak_allocated_bytes > 8 * 2**20
+    assert row["reserved_max_tokens"] is None
+    code, _, err = run_cli("plan", "--config", str(tmp_path), "--budget", "8MiB")
+    assert code == 2 and "--step and --config go together" in err
