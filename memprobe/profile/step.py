@@ -338,12 +338,16 @@ def plan_step(
 ) -> list[Any]:
     """The largest tokens per sequence whose whole simulated step fits ``budget`` (a
     :class:`memprobe.plan.Budget`), for ``base`` with each kernel: one
-    :class:`memprobe.plan.TokenPlan` per kernel, from the plan package's own search
-    (allocated, then reserved below it). Each token count is simulated once; both peaks
-    come from that one trace."""
-    from memprobe.measure.reserved import modelled_reserved_peak
-    from memprobe.plan import ALLOCATED, PlanTarget
-    from memprobe.plan.driver import plan_steps
+    :class:`memprobe.plan.TokenPlan` per kernel, found by the plan package's search
+    (:func:`memprobe.plan.search_max_tokens`: allocated, then reserved below it).
+
+    A whole step's peak is the largest of its phases' peaks, and at small token counts
+    that is often the optimizer's, which does not grow with tokens: a line through the
+    overall peaks would be flat. So the search is seeded with the line of the phase
+    that reaches the limit first (each phase's peak is read from the same two seed
+    traces), and the reserved search with that line shifted by the allocator's
+    overhead at the allocated answer. Each token count is traced once."""
+    from memprobe.plan import PlanTarget, TokenPlan, search_max_tokens, seed_tokens
 
     plans = []
     for kernel in kernels:
@@ -356,30 +360,78 @@ def plan_step(
             chunk_size=base.chunk_size,
             hidden=base.hidden_size if step.hidden_route else None,
         )
-
-        def peak(
-            kind: str,
-            tokens: int,
-            step: hf.HFStep = step,
-            peaks: dict[int, Any] = {},  # noqa: B006
-        ) -> int:
-            # ``peaks``: this kernel's (allocated, reserved) by token count (bound per kernel).
-            if tokens not in peaks:
-                tracked, _ = trace_hf_step(replace(step, tokens=tokens))
-                peaks[tokens] = (
-                    tracked.peak_bytes,
-                    modelled_reserved_peak(tracked.events, alloc_conf) if reserved else 0,
-                )
-            allocated, on_reserved = peaks[tokens]
-            return allocated if kind == ALLOCATED else on_reserved
-
-        search = plan_steps(target, budget, reserved)
-        try:
-            ask = next(search)
-            while True:
-                ask = search.send({probe: peak(*probe) for probe in ask})
-        except StopIteration as done:
-            plans.append(done.value)
-            if on_done is not None:
-                on_done(done.value)
+        peaks = _StepPeaks(step, reserved, alloc_conf)
+        seeds = seed_tokens(target)
+        line = peaks.limiting_line(seeds, budget.limit_bytes)
+        allocated = peaks.search(
+            search_max_tokens(budget.limit_bytes, seeds, line=line), reserved=False
+        )
+        on_reserved = None
+        if reserved:
+            overhead = peaks.overhead(allocated.max_tokens)
+            shifted = type(line)(line.slope, line.fixed + overhead)
+            on_reserved = peaks.search(
+                search_max_tokens(
+                    budget.limit_bytes, seeds, below=allocated.max_tokens + 1, line=shifted
+                ),
+                reserved=True,
+            )
+        plan = TokenPlan(target, budget, peaks.with_seeds(allocated, seeds), on_reserved)
+        plans.append(plan)
+        if on_done is not None:
+            on_done(plan)
     return plans
+
+
+class _StepPeaks:
+    """One kernel's whole-step traces by token count: allocated, reserved, phase peaks."""
+
+    def __init__(self, step: hf.HFStep, reserved: bool, conf: AllocConf | None) -> None:
+        self.step, self.reserved, self.conf = step, reserved, conf
+        self.traced: dict[int, tuple[int, int, dict[str, int]]] = {}
+
+    def at(self, tokens: int) -> tuple[int, int, dict[str, int]]:
+        if tokens not in self.traced:
+            from memprobe.measure.reserved import modelled_reserved_peak
+
+            tracked, _ = trace_hf_step(replace(self.step, tokens=tokens))
+            on_reserved = modelled_reserved_peak(tracked.events, self.conf) if self.reserved else 0
+            self.traced[tokens] = (tracked.peak_bytes, on_reserved, dict(tracked.phase_peaks))
+        return self.traced[tokens]
+
+    def limiting_line(self, seeds: tuple[int, int], limit: int) -> Any:
+        """The line through the seeds of the phase whose peak reaches ``limit`` first."""
+        from memprobe.plan import Line
+
+        a, b = (self.at(t) for t in seeds)
+        best = Line.through((seeds[0], a[0]), (seeds[1], b[0]))
+        best_tokens = best.tokens_within(limit)
+        for phase in a[2].keys() & b[2].keys():
+            line = Line.through((seeds[0], a[2][phase]), (seeds[1], b[2][phase]))
+            tokens = line.tokens_within(limit)
+            if tokens is not None and (best_tokens is None or tokens < best_tokens):
+                best, best_tokens = line, tokens
+        return best
+
+    def overhead(self, tokens: int) -> int:
+        """Reserved minus allocated at ``tokens`` (0 when nothing fits)."""
+        if tokens <= 0:
+            return 0
+        allocated, on_reserved, _ = self.at(tokens)
+        return on_reserved - allocated
+
+    def search(self, steps: Any, *, reserved: bool) -> Any:
+        index = 1 if reserved else 0
+        try:
+            ask = next(steps)
+            while True:
+                ask = steps.send({t: self.at(t)[index] for t in ask})
+        except StopIteration as done:
+            return done.value
+
+    def with_seeds(self, search: Any, seeds: tuple[int, int]) -> Any:
+        """The search's record, counting the seed traces it was given as a line."""
+        points = dict(search.points)
+        extra = {t: self.at(t)[0] for t in seeds if t not in points}
+        merged = tuple(sorted({**points, **extra}.items()))
+        return replace(search, simulations=search.simulations + len(extra), points=merged)
