@@ -483,7 +483,18 @@ def _groups(live: list[ReplayBlock], ctx: _Context) -> tuple[BlockGroup, ...]:
         key = (b.size, v.category, s.op, s.frame, v.phase, b.alloc_pos == BEFORE_TRACE, v.logits)
         groups[key].append(b)
     out = [
-        BlockGroup(len(bs), k[0], k[0] * len(bs), k[1], k[2], k[3], k[4], k[5], k[6])
+        BlockGroup(
+            len(bs),
+            k[0],
+            k[0] * len(bs),
+            k[1],
+            k[2],
+            k[3],
+            k[4],
+            k[5],
+            k[6],
+            Counter(ctx.verdict(b).reason for b in bs).most_common(1)[0][0],
+        )  # fmt: skip
         for k, bs in groups.items()
     ]
     out.sort(key=lambda g: (-g.total_bytes, -g.size))

@@ -18,7 +18,7 @@ from memprobe.attribute.diff import diff_findings
 from memprobe.attribute.frames import is_internal
 from memprobe.commands.diff import render_diff
 from memprobe.io.sizes import format_bytes
-from memprobe.render.findings_text import render_devices
+from memprobe.render.findings_text import render_devices, render_findings
 
 _CACHE: dict[str, dict[str, Any]] = {}
 
@@ -224,3 +224,28 @@ def test_diff_names_batch_and_sequence_of_one_model() -> None:
     starts = [next(i for i, x in enumerate(text) if x.startswith(w)) for w in ("by c", "by s")]
     assert head < starts[0] < starts[1]
     assert text[head + 1] == "  batch: 4 -> 8 (each file's B, S split)"
+
+
+@pytest.mark.parametrize("name", ["gpt_rotary_autocast", "adam_previous_state", "cnn"])
+def test_every_reading_states_its_evidence_in_text_and_json(name: str) -> None:
+    f = reading(name)
+    lines = render_findings(f, top=8)
+    shapes = next(line for line in lines if line.startswith("shapes: "))
+    if f.inference.logits_path:
+        # The split is a claim: the line it rests on is printed, however long the list.
+        split = next(e for e in f.inference.evidence if e.startswith("B = "))
+        assert f"  - {split}" in lines
+    else:
+        assert shapes == f"shapes: {f.inference.evidence[0]}"
+        assert shapes.startswith("shapes: no LM logits path found: loss/softmax blocks are ")
+    # Each group at the peak: its line, then why it is that category.
+    start = next(i for i, line in enumerate(lines) if line.startswith("live at the peak: "))
+    end = lines.index("", start)
+    listed = lines[start + 1 : end]
+    assert len(listed) == 2 * min(8, len(f.groups))
+    for line, why, g in zip(listed[::2], listed[1::2], f.groups, strict=False):
+        assert g.category in line and why == f"     why {g.category}: {g.reason}" and g.reason
+    data = f.to_json()
+    assert [row["reason"] for row in data["groups"]] == [g.reason for g in f.groups]
+    for b, row in zip(f.findings, data["findings"], strict=True):
+        assert row["category_reason"] == b.category_reason != ""
