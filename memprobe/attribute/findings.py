@@ -275,6 +275,7 @@ class _Context:
             id_sizes=frozenset(id_sizes),
             persistent=tuple(persistent.items()),
             casts=frozenset(c for c in copies if persistent[2 * c]),
+            steps=max(1, len(set(self.phases.backward_end.values()))),
         )
         loss_sites = [(size, s) for size, s in samples if size >= MIN_LOSS_BLOCK]
         loss_sizes = {size for size, s in loss_sites if s.loss and size not in attention}
