@@ -23,6 +23,7 @@ Two snapshots:
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import subprocess
 import sys
@@ -110,19 +111,21 @@ def corpus_snapshot(entries: int) -> tuple[dict[str, Any], int]:
     return corpus.repeated_training(entries)
 
 
-# The child prints its own peak RSS on exit: RUSAGE_CHILDREN would give the largest
-# child's, not each one's.
+# The child prints its own peak RSS and CPU time on exit: RUSAGE_CHILDREN would give
+# the largest child's, not each one's.
 _CHILD = (
     "import atexit, resource, runpy, sys; "
-    "atexit.register(lambda: print('RSS_KIB', resource.getrusage(resource.RUSAGE_SELF)"
-    ".ru_maxrss, file=sys.stderr)); sys.argv = ['memprobe', *sys.argv[1:]]; "
+    "u = lambda: resource.getrusage(resource.RUSAGE_SELF); "
+    "atexit.register(lambda: print('USAGE', u().ru_maxrss, u().ru_utime + u().ru_stime, "
+    "file=sys.stderr)); sys.argv = ['memprobe', *sys.argv[1:]]; "
     "runpy.run_module('memprobe', run_name='__main__')"
 )
 
 
-def _timed(args: list[str]) -> tuple[float, float, str]:
-    """``memprobe ARGS`` in a fresh process: (seconds from start to exit, its peak RSS in
-    GiB, its stdout)."""
+def _timed(args: list[str]) -> tuple[float, float, float, str]:
+    """``memprobe ARGS`` in a fresh process: (seconds from start to exit, its CPU
+    seconds, its peak RSS in GiB, its stdout). On a shared machine the wall time waits
+    for other processes; the CPU time is what the command itself costs."""
     t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, check=False
@@ -130,8 +133,8 @@ def _timed(args: list[str]) -> tuple[float, float, str]:
     seconds = time.perf_counter() - t0
     if done.returncode:
         raise SystemExit(f"memprobe {' '.join(args)} failed: {done.stderr.strip()}")
-    kib = next(int(x.split()[1]) for x in done.stderr.splitlines() if x.startswith("RSS_KIB"))
-    return seconds, kib / 2**20, done.stdout
+    usage = next(x.split() for x in done.stderr.splitlines() if x.startswith("USAGE"))
+    return seconds, float(usage[2]), int(usage[1]) / 2**20, done.stdout
 
 
 def bench_corpus(entries: int, keep: Path | None = None) -> None:
@@ -142,14 +145,17 @@ def bench_corpus(entries: int, keep: Path | None = None) -> None:
         size = path.stat().st_size
         del snap
         cli = ["attribute", str(path)]
-        t_attr, rss_attr, text = _timed(cli)
-        t_replay, rss_replay, replay_text = _timed([*cli, "--replay"])
+        load = os.getloadavg()[0]
+        t_attr, cpu_attr, rss_attr, text = _timed(cli)
+        t_replay, cpu_replay, rss_replay, replay_text = _timed([*cli, "--replay"])
+        load = max(load, os.getloadavg()[0])
     print(f"corpus trace entries:     {n:,} ({size / MiB:.1f} MiB pickle, one iteration "
           f"{period:,} entries, repeated)")  # fmt: skip
-    print(f"memprobe attribute:       {t_attr:.2f} s, peak RSS {rss_attr:.2f} GiB  "
-          "(target: <= 10 s, <= 2 GB)")  # fmt: skip
-    print(f"memprobe attribute --replay: {t_replay:.2f} s, peak RSS {rss_replay:.2f} GiB  "
-          "(target: <= 12 s, <= 2 GB)")  # fmt: skip
+    print(f"memprobe attribute:          {t_attr:.2f} s wall, {cpu_attr:.2f} s CPU, peak RSS "
+          f"{rss_attr:.2f} GiB  (target: <= 10 s, <= 2 GB)")  # fmt: skip
+    print(f"memprobe attribute --replay: {t_replay:.2f} s wall, {cpu_replay:.2f} s CPU, peak "
+          f"RSS {rss_replay:.2f} GiB  (target: <= 12 s, <= 2 GB)")  # fmt: skip
+    print(f"  load average {load:.1f} on {os.cpu_count()} CPUs (wall time waits for the others)")
     shapes = next((line for line in text.splitlines() if line.startswith("shapes:")), "?")
     print(f"  {shapes}")
     replay = [line for line in replay_text.splitlines() if line.startswith("replay on")]
