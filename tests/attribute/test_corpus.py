@@ -260,3 +260,17 @@ def test_every_reading_states_its_evidence_in_text_and_json(name: str) -> None:
     assert [row["reason"] for row in data["groups"]] == [g.reason for g in f.groups]
     for b, row in zip(f.findings, data["findings"], strict=True):
         assert row["category_reason"] == b.category_reason != ""
+
+
+def test_the_html_page_leads_with_the_oom_at_its_moment() -> None:
+    from memprobe.render.attribute_page import attribute_page
+
+    found = attribute_devices(corpus.two_devices_oom_on_1(), top=5)
+    page = attribute_page(found, title="two devices")
+    v = found[0].ooms[0].verdict
+    largest = f"{format_bytes(v.largest_free_block)} ({v.largest_free_block:,} bytes)"  # type: ignore[arg-type]
+    oom = page.index("<h2>Out of memory</h2>")
+    assert page.index('class="big"') < oom < page.index("<h2>Device 1</h2>")
+    assert page.index("largest free block then</dt><dd>" + largest) > oom
+    assert f"{corpus.GPT_OOM.requested:,} bytes" in page
+    assert "<th" in page and ">why<" in page and found[0].groups[0].reason in page
