@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 
 from memprobe import __version__
-from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, sweep
+from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, step, sweep
 
 app = typer.Typer(
     name="memprobe",
@@ -57,6 +57,7 @@ app.command("diff")(diff.command)
 app.command("report")(report.command)
 app.command("plan")(plan.command)
 app.command("profile")(profile.command)
+app.command("step")(step.command)
 
 
 def main() -> None:

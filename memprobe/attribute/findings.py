@@ -164,7 +164,7 @@ def attribute_file_devices(
     path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES, **options: Any
 ) -> tuple[Findings, ...]:
     snapshot = load_snapshot(path, max_bytes=max_bytes)
-    return attribute_devices(snapshot, path=str(path), **options)
+    return attribute_devices(snapshot, path=str(path), normalized=True, **options)
 
 
 def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
@@ -176,11 +176,20 @@ def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
 
 
 def attribute_devices(
-    snapshot: dict[str, Any], *, device: int | None = None, **options: Any
+    snapshot: dict[str, Any],
+    *,
+    device: int | None = None,
+    normalized: bool = False,
+    **options: Any,
 ) -> tuple[Findings, ...]:
     """Attribute every device with a trace (or only ``device``); the device that hit an
-    OOM comes first, then the others by peak."""
-    snap = normalize_snapshot(snapshot, source=options.get("path") or "<snapshot>")
+    OOM comes first, then the others by peak. ``normalized``: the dict is what
+    ``load_snapshot`` returned (normalising it again costs seconds on 10^6 entries)."""
+    snap = (
+        snapshot
+        if normalized
+        else normalize_snapshot(snapshot, source=options.get("path") or "<snapshot>")
+    )
     if device is not None:
         return (_attribute_normalized(snap, device=device, **options),)
     found = [_attribute_normalized(snap, device=d, **options) for d in devices_with_data(snap)]
@@ -275,6 +284,7 @@ class _Context:
             id_sizes=frozenset(id_sizes),
             persistent=tuple(persistent.items()),
             casts=frozenset(c for c in copies if persistent[2 * c]),
+            steps=max(1, len(set(self.phases.backward_end.values()))),
         )
         loss_sites = [(size, s) for size, s in samples if size >= MIN_LOSS_BLOCK]
         loss_sizes = {size for size, s in loss_sites if s.loss and size not in attention}
@@ -483,7 +493,18 @@ def _groups(live: list[ReplayBlock], ctx: _Context) -> tuple[BlockGroup, ...]:
         key = (b.size, v.category, s.op, s.frame, v.phase, b.alloc_pos == BEFORE_TRACE, v.logits)
         groups[key].append(b)
     out = [
-        BlockGroup(len(bs), k[0], k[0] * len(bs), k[1], k[2], k[3], k[4], k[5], k[6])
+        BlockGroup(
+            len(bs),
+            k[0],
+            k[0] * len(bs),
+            k[1],
+            k[2],
+            k[3],
+            k[4],
+            k[5],
+            k[6],
+            Counter(ctx.verdict(b).reason for b in bs).most_common(1)[0][0],
+        )  # fmt: skip
         for k, bs in groups.items()
     ]
     out.sort(key=lambda g: (-g.total_bytes, -g.size))

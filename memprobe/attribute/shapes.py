@@ -193,6 +193,9 @@ class Direct:
     # Sizes a forward ``_to_copy`` made at half a persistent block's bytes: autocast's
     # bfloat16 copies of float32 weights (and biases).
     casts: frozenset[int] = frozenset()
+    # Iterations the trace holds (its backward passes; 1 without any): counts of what a
+    # step makes (ids, activations) are weighed per step, so two steps read as one.
+    steps: int = 1
 
     def ids_ok(self, size: int) -> bool:
         return not self.stacks or (size in self.id_sizes and size not in self.casts)
@@ -615,7 +618,7 @@ def _score(
         r = ids[-1]
         # Ids, targets, masks: a few per step; hundreds of such blocks are per-layer
         # float32 statistics of twice the rows, which say less.
-        score += 3 if sizes[8 * r] <= MAX_ID_BLOCKS else 1.5
+        score += 3 if sizes[8 * r] <= MAX_ID_BLOCKS * direct.steps else 1.5
         reasons.append(f"{sizes[8 * r]} int64 [N] block(s) of {8 * r:,} B (targets / token ids)")
     if 4 * n in sizes:
         score += 1.5
@@ -636,6 +639,7 @@ def _score(
         direct.matmul_counts(),
         Counter(dict(direct.persistent)) if direct.persistent else None,
         direct.casts,
+        direct.steps,
     )
     score += h.score
     reasons += h.reasons
@@ -686,6 +690,7 @@ def _hidden(
     made_by_matmul: Counter[int] | None = None,
     persistent: Counter[int] | None = None,
     casts: frozenset[int] = frozenset(),
+    steps: int = 1,
 ) -> _Hidden:
     """The hidden size H best supported by [N, H] / [N, 4H] activations and [V, H] weights.
     Bytes read as float32 [N, H] also read as bfloat16 [N, 2H]: where they tie, the
@@ -705,7 +710,8 @@ def _hidden(
         if count < 2:
             continue
         # Each layer makes its own activations: many blocks are worth more than a few.
-        score = min(math.log2(count), 12) / 2 + (1 if h >= PLAUSIBLE_HIDDEN else 0)
+        per_step = max(1.0, count / steps)
+        score = min(math.log2(per_step), 12) / 2 + (1 if h >= PLAUSIBLE_HIDDEN else 0)
         reasons = [f"{count} activation block(s) of [N, H={h:,}] ({n * h * itemsize:,} B)"]
         wide = 4 * h * n * itemsize
         if wide in sizes and wide not in family:

@@ -75,6 +75,7 @@ def attribute_command(
         )
     return attribution_output(
         loaded,
+        normalized=True,
         path=str(snapshot),
         vocab=vocab,
         tokens=tokens,
@@ -103,10 +104,12 @@ def attribution_output(
     replay: bool = False,
     conf: object = None,
     what_if: WhatIf | None = None,
+    normalized: bool = False,
 ) -> str:
     """The text (or JSON) ``memprobe attribute`` prints for a snapshot dict already in
     hand (``memprobe profile`` prints the same for the snapshot it made); writes the
-    HTML page first when ``html_path`` is given."""
+    HTML page first when ``html_path`` is given. ``normalized``: ``loaded`` came from
+    ``load_snapshot``."""
     found = attribute_devices(
         loaded,
         path=path,
@@ -116,6 +119,7 @@ def attribution_output(
         top=top,
         device=device,
         timeline=html_path is not None,
+        normalized=normalized,
     )
     if html_path is not None:
         # Imported here: matplotlib is only needed for the page.

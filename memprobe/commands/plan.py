@@ -157,7 +157,11 @@ def _single(text: str, flag: str) -> int:
 
 @user_errors
 def command(
-    vocab: Annotated[str, typer.Option(help="Vocabulary size (one value), e.g. 131072.")],
+    vocab: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Vocabulary size (one value), e.g. 131072. (--step: the config's)"),
+    ] = None,
+    *,
     budget: Annotated[
         str, typer.Option(help="Memory of one GPU, e.g. 80GiB (KiB/MiB/GiB or KB/MB/GB).")
     ],
@@ -241,6 +245,20 @@ def command(
             help="Simulation processes (forked; helps where cores are free). (default: 1)"
         ),
     ] = None,
+    step: Annotated[
+        bool,
+        typer.Option(
+            "--step", help="Plan the whole training step of --config's model (`memprobe step`)."
+        ),
+    ] = False,
+    config: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="--step: the model's config.json, or the directory holding it."),
+    ] = None,
+    checkpointing: Annotated[
+        bool, typer.Option(help="--step: activation checkpointing of every layer.")
+    ] = False,
+    optimizer: Annotated[str, typer.Option(help="--step: adamw, sgd or none.")] = "adamw",
 ) -> None:
     """The largest token count per GPU whose simulated peak fits BUDGET - OTHER.
 
@@ -260,6 +278,18 @@ def command(
         raise UserError(f"--jobs {jobs} must be 1 or more", "e.g. --jobs 2")
     warn_if_unitless(budget, "--budget")
     warn_if_unitless(other, "--other")
+    if step or config is not None:
+        from memprobe.commands.step import plan_step_lines
+
+        for line in plan_step_lines(
+            config, budget=budget, kernel=kernel, batch=_single(batch, "--batch"), dtype=dtype,
+            chunk_size=chunk_size, checkpointing=checkpointing, optimizer=optimizer,
+            alloc_conf=alloc_conf, reserved=reserved, as_json=as_json, step=step,
+        ):  # fmt: skip
+            typer.echo(line)
+        return
+    if vocab is None:
+        raise UserError("--vocab is missing", "e.g. --vocab 131072 (or --step --config CONFIG)")
     request = PlanRequest(
         vocab=_single(vocab, "--vocab"),
         budget=budget,

@@ -142,8 +142,13 @@ def _shape_lines(findings: Findings) -> list[str]:
     if inf.forward_only:
         head += " (forward only, no loss)"
     lines = [f"{head}; confidence {inf.confidence}"]
-    for reason in inf.evidence[:EVIDENCE_SHOWN]:
+    # The first lines, and always the one a B, S split rests on (a claim's evidence is
+    # never cut); the rest are in --json.
+    shown = [r for k, r in enumerate(inf.evidence) if k < EVIDENCE_SHOWN or r.startswith("B = ")]
+    for reason in shown:
         lines.append(f"  - {reason}")
+    if len(shown) < len(inf.evidence):
+        lines.append(f"  - … {len(inf.evidence) - len(shown)} more (all are in --json)")
     if inf.alternatives and inf.confidence not in ("given", "high"):
         lines.append(f"  other readings: {'; '.join(inf.alternatives)}")
     if inf.confidence in ("low", "medium"):
@@ -252,7 +257,10 @@ def render_findings(findings: Findings, *, top: int | None = None) -> list[str]:
             f"live at the peak: {_plural(findings.live_at_peak_count, 'block')} in "
             f"{_plural(len(findings.groups), 'group')}; the {len(shown)} largest:"
         )
-        out += [_group_line(n, g) for n, g in enumerate(shown, 1)]
+        for n, g in enumerate(shown, 1):
+            out.append(_group_line(n, g))
+            if g.reason:
+                out.append(f"     why {g.category}: {g.reason}")
     n = 0
     family = findings.logits_family
     out.append("")

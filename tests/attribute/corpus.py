@@ -554,6 +554,46 @@ PROGRAMS: tuple[Program, ...] = (
 BY_NAME = {p.name: p for p in PROGRAMS}
 
 
+def repeated_training(entries: int) -> tuple[dict[str, Any], int]:
+    """The AdamW LM, three iterations traced; the third (steady state: it runs in the
+    cache the first two grew, at the same addresses) repeated until the trace holds
+    about ``entries`` entries, cut where an iteration ends (so the final segments are
+    the state the trace ends in), as a long run's trace reads. Returns the snapshot and
+    the entries of one iteration."""
+
+    def program(t: _Tracker) -> Any:
+        t.set_phase("setup")
+        model = Gpt(10000, 256, 4, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        for step in range(3):
+            t.set_phase(f"step{step}")
+            gpt_step(model, 4, 96, 10000)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return model, optimizer
+
+    events, nodes = track(program)
+    snap = synthesize_snapshot(_realistic(events, nodes))
+    trace = snap["device_traces"][0]
+    start = next(i for i, e in enumerate(trace) if "phase=step2" in e.get("user_metadata", ""))
+    head, period = trace[:start], trace[start:]
+    if any(e["action"].startswith("segment") for e in period):
+        raise RuntimeError("the third iteration is not steady: it grew the cache")
+    out = list(head)
+    shift = period[-1]["time_us"] - period[0]["time_us"] + 1
+    for k in range(max(1, (entries - len(head)) // len(period))):
+        for e in period:  # each entry its own dict and frames list, as a loaded file has
+            out.append({**e, "time_us": e["time_us"] + k * shift, "frames": list(e["frames"])})
+    for e in out:
+        e.pop("user_metadata", None)
+    for seg in snap["segments"]:
+        for b in seg["blocks"]:
+            b.pop("user_metadata", None)
+    del snap["memprobe"]
+    snap["device_traces"] = [out]
+    return snap, len(period)
+
+
 if __name__ == "__main__":  # print each program's reading: python tests/attribute/corpus.py
     from memprobe.attribute import attribute
 

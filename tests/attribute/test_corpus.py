@@ -18,7 +18,7 @@ from memprobe.attribute.diff import diff_findings
 from memprobe.attribute.frames import is_internal
 from memprobe.commands.diff import render_diff
 from memprobe.io.sizes import format_bytes
-from memprobe.render.findings_text import render_devices
+from memprobe.render.findings_text import render_devices, render_findings
 
 _CACHE: dict[str, dict[str, Any]] = {}
 
@@ -87,10 +87,12 @@ def _iterations(steps: int) -> Findings:
 
 
 def _stable(f: Findings) -> tuple[Any, ...]:
-    """A reading's claims, without the counts that grow with the trace's length."""
+    """A reading's claims and the scores of the readings it beat, without the counts
+    that grow with the trace's length."""
     i = f.inference
     return (i.tokens, i.batch, i.seq, i.vocab, i.hidden, i.family, i.logits_dtype,
-            i.logits_path, i.confidence, i.loss_tokens, i.forward_only, i.evidence[0])  # fmt: skip
+            i.logits_path, i.confidence, i.loss_tokens, i.forward_only, i.evidence[0],
+            i.alternatives)  # fmt: skip
 
 
 def test_two_iterations_read_like_one() -> None:
@@ -102,6 +104,15 @@ def test_two_iterations_read_like_one() -> None:
         one.hidden,
         one.logits_dtype,
     )
+
+
+def test_a_long_trace_of_one_repeated_iteration_reads_like_one() -> None:
+    """Ten iterations' counts (ids, activations) are weighed per step: the scores, the
+    margin over other readings and so the confidence stay what one iteration gives (at
+    127 iterations, counted whole, the margin fell under "high")."""
+    snap, period = corpus.repeated_training(10 * 800)
+    assert len(snap["device_traces"][0]) > 9 * period
+    assert _stable(attribute(snap, top=5)) == _stable(_iterations(1))
 
 
 @pytest.mark.parametrize("steps", [2, 3])
@@ -224,3 +235,42 @@ def test_diff_names_batch_and_sequence_of_one_model() -> None:
     starts = [next(i for i, x in enumerate(text) if x.startswith(w)) for w in ("by c", "by s")]
     assert head < starts[0] < starts[1]
     assert text[head + 1] == "  batch: 4 -> 8 (each file's B, S split)"
+
+
+@pytest.mark.parametrize("name", ["gpt_rotary_autocast", "adam_previous_state", "cnn"])
+def test_every_reading_states_its_evidence_in_text_and_json(name: str) -> None:
+    f = reading(name)
+    lines = render_findings(f, top=8)
+    shapes = next(line for line in lines if line.startswith("shapes: "))
+    if f.inference.logits_path:
+        # The split is a claim: the line it rests on is printed, however long the list.
+        split = next(e for e in f.inference.evidence if e.startswith("B = "))
+        assert f"  - {split}" in lines
+    else:
+        assert shapes == f"shapes: {f.inference.evidence[0]}"
+        assert shapes.startswith("shapes: no LM logits path found: loss/softmax blocks are ")
+    # Each group at the peak: its line, then why it is that category.
+    start = next(i for i, line in enumerate(lines) if line.startswith("live at the peak: "))
+    end = lines.index("", start)
+    listed = lines[start + 1 : end]
+    assert len(listed) == 2 * min(8, len(f.groups))
+    for line, why, g in zip(listed[::2], listed[1::2], f.groups, strict=False):
+        assert g.category in line and why == f"     why {g.category}: {g.reason}" and g.reason
+    data = f.to_json()
+    assert [row["reason"] for row in data["groups"]] == [g.reason for g in f.groups]
+    for b, row in zip(f.findings, data["findings"], strict=True):
+        assert row["category_reason"] == b.category_reason != ""
+
+
+def test_the_html_page_leads_with_the_oom_at_its_moment() -> None:
+    from memprobe.render.attribute_page import attribute_page
+
+    found = attribute_devices(corpus.two_devices_oom_on_1(), top=5)
+    page = attribute_page(found, title="two devices")
+    v = found[0].ooms[0].verdict
+    largest = f"{format_bytes(v.largest_free_block)} ({v.largest_free_block:,} bytes)"  # type: ignore[arg-type]
+    oom = page.index("<h2>Out of memory</h2>")
+    assert page.index('class="big"') < oom < page.index("<h2>Device 1</h2>")
+    assert page.index("largest free block then</dt><dd>" + largest) > oom
+    assert f"{corpus.GPT_OOM.requested:,} bytes" in page
+    assert "<th" in page and ">why<" in page and found[0].groups[0].reason in page
