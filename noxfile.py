@@ -18,8 +18,9 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", *session.posargs)
 
 
-# The checkers' pinned versions live in pyproject's `lint` extra (CI installs the same).
-LINT = ".[lint]"
+# The checkers' pinned versions live in pyproject's `lint` extra (CI installs the same);
+# `hf` too, so that mypy sees transformers' types where memprobe imports it.
+LINT = ".[hf,lint]"
 
 
 @nox.session
