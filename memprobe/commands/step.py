@@ -225,7 +225,7 @@ def plan_step_lines(
     if len(chunk) != 1:
         raise UserError("--step plans one chunk size", "e.g. --chunk-size 1024")
     from memprobe import plan
-    from memprobe.profile.step import plan_step, step_kernels
+    from memprobe.plan.whole_step import plan_step, step_kernels
     from memprobe.render.plan_text import answer_line, table_lines
 
     limit = plan.make_budget(budget)

@@ -221,7 +221,9 @@ def test_plan_step_is_the_plan_search_on_the_whole_step(run_cli: Any, tmp_path: 
     config = {**CONFIGS["llama"], "num_hidden_layers": 1, "vocab_size": 1024}
     (tmp_path / "config.json").write_text(json.dumps(config))
     args = ("plan", "--step", "--config", str(tmp_path), "--budget", "8MiB")
-    code, text, err = run_cli(*args, "--kernel", "unchunked", "--optimizer", "sgd", "--no-reserved", "--json")
+    code, text, err = run_cli(
+        *args, "--kernel", "unchunked", "--optimizer", "sgd", "--no-reserved", "--json"
+    )
     assert code == 0, err
     (row,) = json.loads(text)
     tokens = row["max_tokens"]
