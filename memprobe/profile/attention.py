@@ -97,7 +97,7 @@ def _cpu_fused_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
 
 def _routed(original: Any, target: str, log: AttentionLog) -> Any:
-    def attention(  # type: ignore[no-untyped-def]
+    def attention(
         query,
         key,
         value,

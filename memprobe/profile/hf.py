@@ -210,7 +210,7 @@ class HFStep:
             else:  # transformers before 5.x
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         model.train()
-        return model  # type: ignore[no-any-return]
+        return model
 
     def __call__(self, device: torch.device) -> None:
         self.run(device)

@@ -43,7 +43,7 @@ class StepTracker(AllocationTracker):
 
     def __enter__(self) -> StepTracker:
         _ACTIVE.append(self)
-        return super().__enter__()  # type: ignore[no-any-return]
+        return super().__enter__()
 
     def __exit__(self, *exc: Any) -> None:
         _ACTIVE.remove(self)
@@ -81,7 +81,13 @@ class StepTracker(AllocationTracker):
         elif self.phase == "setup" and torch.is_grad_enabled() and _records_history(args, kwargs):
             self.set_phase("forward")
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         self.follow_phase(args, kwargs)
         try:
             return super().__torch_dispatch__(func, types, args, kwargs)
