@@ -277,3 +277,11 @@ def test_fused_linear_refuses_a_float_tile(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tile_size must be a positive integer"):
         get_kernel("fused_linear_chunked")(hidden, weight, torch.zeros(1, 4, dtype=torch.long),
                                            tile_size=2.5)  # fmt: skip
+
+
+@pytest.mark.parametrize("limit", [10**400, "9" * 400, "9" * 400 + " GiB", float("inf")])
+def test_the_pytest_marker_refuses_an_impossible_limit(limit: object) -> None:
+    from memprobe.commands.pytest_plugin import parse_marker
+
+    with pytest.raises(UserError):
+        parse_marker((limit,), {})
