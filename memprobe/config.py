@@ -317,7 +317,8 @@ def _dtypes(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
-    from memprobe.kernels import KERNELS, get_spec
+    from memprobe.kernels import KERNELS
+    from memprobe.kernels.user import is_import_path
 
     items = value if isinstance(value, list) else [value]
     if not items:
@@ -325,8 +326,10 @@ def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
     for item in items:
         if not isinstance(item, str):
             raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
-        if ":" in item:
-            get_spec(item)  # your own kernel, by import path: UserError when it does not load
+        if is_import_path(item):
+            # Your own kernel: imported when a sweep runs it, never when the config is
+            # read (`memprobe gate RUN` only reads results; importing would run its code).
+            continue
         elif item not in KERNELS:
             raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
     return tuple(items)

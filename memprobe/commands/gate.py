@@ -14,7 +14,7 @@ from memprobe.commands.flags import user_errors
 from memprobe.config import MemprobeConfig, load_config
 from memprobe.errors import UserError
 from memprobe.gate import Verdict, evaluate
-from memprobe.io.files import check_output
+from memprobe.io.files import guard_outputs
 from memprobe.records import Case, Run
 from memprobe.render.gate_text import format_verdict
 from memprobe.render.junit import write_junit
@@ -60,11 +60,18 @@ def run_gate(req: GateRequest) -> GateOutcome:
     if req.results is not None and not results_file(req.results).exists():
         # The first thing to say about a mistyped path, before any config question.
         raise UserError(f"no results at {req.results}", "give a run directory or its results.json")
-    if req.junit_xml is not None:
-        # Checked before anything runs: the report must not replace an input.
-        inputs = [*(run_inputs(req.results) if req.results else []), *filter(None, [req.baseline])]
-        check_output(req.junit_xml, inputs, flag="--junit-xml")
     cfg = load_config(req.config, start=req.cwd)
+    # Checked before anything runs or is written: no output replaces an input (the config
+    # just read included) or another output; only --update-baseline rewrites the baseline.
+    baseline_input = req.baseline or cfg.gate.baseline
+    guard_outputs(
+        {"--junit-xml": req.junit_xml, "--update-baseline": req.update_baseline},
+        [
+            *(run_inputs(req.results) if req.results else []),
+            *filter(None, [baseline_input, cfg.source, req.config]),
+        ],
+        may_replace={"--update-baseline": [baseline_input] if baseline_input else []},
+    )
     config_name = str(cfg.source) if cfg.source else None
     max_regression = req.max_regression
     if max_regression is None:
