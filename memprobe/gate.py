@@ -20,7 +20,7 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from memprobe.config import Rule
 from memprobe.errors import UserError
@@ -129,6 +129,15 @@ def _measured(kind: str, row: Row) -> float | None:
     return peak / floor
 
 
+class _CaseFields(TypedDict):
+    """The fields every check of one case (and one rule, or the baseline) shares."""
+
+    source: str
+    case: str
+    case_id: str
+    rule: str
+
+
 _MEASURED_FROM = {
     "max_peak": "peak_bytes",
     "max_peak_over_floor": "peak_bytes / floor_bytes",
@@ -138,7 +147,7 @@ _MEASURED_FROM = {
 
 def check_rule(rule: Rule, row: Row) -> list[Check]:
     """The checks of one rule on one case it matches."""
-    common = {
+    common: _CaseFields = {
         "source": rule.name,
         "case": case_label(row),
         "case_id": _case_id(row),
@@ -218,7 +227,12 @@ def check_baseline(
     checks: list[Check] = []
     for base in baseline:
         row = current.get(case_key(base))
-        common = {"source": "baseline", "case": case_label(base), "case_id": _case_id(base)}
+        common: _CaseFields = {
+            "source": "baseline",
+            "case": case_label(base),
+            "case_id": _case_id(base),
+            "rule": "",
+        }
         base_status, base_peak = base.get("status"), base.get("peak_bytes")
         if row is None:
             checks.append(

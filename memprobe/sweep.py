@@ -71,7 +71,10 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     the chunk size runs once, at the first one given.
     """
     if grid is None:
-        grid = Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in values.items()
+        }
+        grid = Grid(**fields)
     tokens = _positive(grid.tokens, "tokens")
     vocab = _positive(grid.vocab, "vocab")
     batch = _positive(grid.batch, "batch")
@@ -210,11 +213,10 @@ def run_sweep(
         run = _with_reserved(_measure_one(case, verify=verify, layout=layout), alloc_conf)
         if snapshots and lead:
             run = _with_snapshot(run, out_dir, alloc_conf)
-        row: dict[str, Any] | None = run.row()
-        if layout is not None:
-            row = gather_row(run.row())
-            if row is None:
-                continue
+        # Under torchrun rank 0 gathers every rank's row; the others get None.
+        row = run.row() if layout is None else gather_row(run.row())
+        if row is None:
+            continue
         rows.append(row)
         results.write_results(out_dir, rows)
         if progress is not None:

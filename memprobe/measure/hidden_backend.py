@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -78,7 +79,8 @@ def measure_hidden(case: Case) -> Run:
 
 def _timed(case: Case, inputs: HiddenInputs) -> dict[str, float]:
     """Median wall times of forward and backward, untracked."""
-    fn = get_spec(case.kernel).fn
+    # The hidden protocol's fn (spec.inputs says which; the union type cannot).
+    fn: Callable[..., torch.Tensor] = get_spec(case.kernel).fn
     fwd: list[float] = []
     bwd: list[float] = []
     for _ in range(REPEATS):

@@ -9,7 +9,7 @@ before any simulation runs.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from memprobe.errors import UserError
@@ -32,11 +32,18 @@ class Budget:
     # The part of ``other`` the step counts itself (the lm_head weight, with
     # --other-includes-lm-head): given back, so it is not counted twice.
     in_step_bytes: int = 0
+    # The part of "other" that grows with the step's tokens (activations), fitted from
+    # snapshots by ``--other-from``; the searches add it to each simulated peak.
+    other_per_token: float = 0.0
 
     @property
     def limit_bytes(self) -> int:
-        """What the logprob step may use: budget − other (+ what both count)."""
+        """What the logprob step may use: budget − other's constant (+ what both count)."""
         return self.budget_bytes - self.other_bytes + self.in_step_bytes
+
+    def other_growth(self, target: PlanTarget, local_tokens: int) -> int:
+        """Bytes of "other" beyond its constant at ``local_tokens`` per sequence per rank."""
+        return math.ceil(self.other_per_token * target.batch * local_tokens)
 
 
 def make_budget(budget: str | int, other: str | int = 0) -> Budget:
@@ -73,7 +80,7 @@ def with_lm_head_in_other(budget: Budget, targets: list[PlanTarget]) -> Budget:
             f"it alone is {format_bytes(weight)}",
             "check --other, --vocab and --hidden, or drop --other-includes-lm-head",
         )
-    return Budget(budget.budget_bytes, budget.other_bytes, weight)
+    return replace(budget, in_step_bytes=weight)
 
 
 def _positive(name: str, value: object) -> None:

@@ -331,14 +331,6 @@ def kernel_line_parts(k: KernelResult, h: Headline) -> tuple[str, str]:
     return f"{k.name}: {format_bytes(k.peak_bytes)}", rest
 
 
-def kernel_line(k: KernelResult, h: Headline) -> str:
-    """'local_chunked: 10.27 GiB, 0.30× unchunked's peak, 1.05× its floor (9.77 GiB); …'."""
-    head, rest = kernel_line_parts(k, h)
-    if not rest:
-        return head
-    return f"{head}, {rest}" if k.ok else f"{head} ({rest})"
-
-
 def fused_sentence(h: Headline) -> str | None:
     """The hidden family's headline: the fused route against matmul + local_chunked."""
     by = {k.kernel: k for k in h.kernels if k.ok}
