@@ -29,6 +29,9 @@ NOT_RUN = {
     "memprobe report RUN_DIR": "a synopsis, not a command",
     "memprobe attribute step_ctx512.pickle": "a public snapshot not in the repository",
     "memprobe diff forward_ctx128.pickle": "public snapshots not in the repository",
+    "memprobe diff fp32.pickle": (
+        "snapshots of two tests/attribute/corpus.py programs, which the README does not make"
+    ),
     "memprobe gate [RESULTS]": "a synopsis, not a command",
 }
 
