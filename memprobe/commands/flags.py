@@ -112,8 +112,8 @@ def warn_if_unitless(text: str | None, flag: str) -> None:
         return
     try:
         value = parse_size(text, what=flag)
-    except UserError:
-        return  # the command reports it as an error
+    except (UserError, OverflowError, ValueError):
+        return  # not a size memprobe reads: the command's own parsing says so
     if 0 < value < _PLAUSIBLE_BYTES:
         typer.echo(
             f"memprobe: warning: {flag} {text.strip()} has no unit, so it is "

@@ -119,6 +119,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
         max_regression=max_regression,
         config=config_name,
     )
+    notes += _failure_evidence(verdict, rows, _run_dir_of(req, source))
     if notes:
         verdict = replace(verdict, notes=(*notes, *verdict.notes))
     written: list[Path] = []
@@ -134,6 +135,48 @@ def run_gate(req: GateRequest) -> GateOutcome:
         written.append(req.update_baseline)
     text = format_verdict(verdict, written=written)
     return GateOutcome(verdict=verdict, text=text, written=tuple(written), warnings=tuple(warnings))
+
+
+# Failing cases whose snapshot is read to name the line behind their peak.
+MAX_EXPLAINED = 5
+
+
+def _run_dir_of(req: GateRequest, source: str) -> Path:
+    """The run directory the rows' snapshot paths are relative to."""
+    if req.results is None:
+        return Path(source)  # the gate's own sweep
+    return req.results if req.results.is_dir() else req.results.parent
+
+
+def _failure_evidence(verdict: Verdict, rows: list[dict[str, Any]], run_dir: Path) -> list[str]:
+    """For each failing case with a snapshot: where the snapshot is, and the line that
+    made the largest block live at its peak (what to look at first)."""
+    from memprobe.attribute import attribute_file
+    from memprobe.attribute.frames import describe_frame
+    from memprobe.io.sizes import format_bytes
+
+    by_id = {r.get("case_id"): r for r in rows}
+    notes: list[str] = []
+    failing = dict.fromkeys((c.case_id, c.case) for c in verdict.failures if c.case_id in by_id)
+    for case_id, label in list(failing)[:MAX_EXPLAINED]:
+        snapshot = by_id[case_id].get("snapshot")
+        path = run_dir / snapshot if snapshot else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            groups = attribute_file(path).groups
+        except UserError as exc:
+            notes.append(f"{label}: snapshot {path} could not be read ({exc.message})")
+            continue
+        if not groups:
+            continue
+        block = max(groups, key=lambda g: g.size)
+        notes.append(
+            f"{label}: its largest block live at the peak, {format_bytes(block.size)} "
+            f"{block.category}, was made at {describe_frame(block.frame)} (op {block.op}); "
+            f"snapshot {path}"
+        )
+    return notes
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -170,9 +213,8 @@ def _run_configured_sweep(
     cases = plan_cases(cfg.sweep)
     root = cfg.source.parent if cfg.source else req.cwd
     out = req.out or default_run_dir(root / "reports" / "gate")
-    frame = run_sweep(
-        cases, out, verify=False, progress=req.progress, command="memprobe gate", snapshots=False
-    )
+    # With snapshots: a failing case's is what to look at (its path is in the report).
+    frame = run_sweep(cases, out, verify=False, progress=req.progress, command="memprobe gate")
     return rows_of(frame), str(out)
 
 
