@@ -127,16 +127,15 @@ BUCKET_CAP = 1024
 
 def _select_top_p(x: torch.Tensor, m: torch.Tensor, top_p: float) -> Selection:
     vocab = x.shape[-1]
-    e = torch.sub(x, m).exp_()
-    total = e.sum(dim=-1, dtype=torch.float64)
-    distance = torch.sub(m, x).mul_(BUCKETS_PER_NAT).clamp_(max=BUCKETS - 1)
-    bucket = distance.long()  # truncation is floor: the distance is >= 0
-    del distance
+    e = torch.sub(x, m)
+    # x - m <= 0; its bucket is floor(-(x - m) · 64), and x - m then becomes exp(x - m).
+    bucket = torch.mul(e, -BUCKETS_PER_NAT).clamp_(max=BUCKETS - 1).long()
+    e.exp_()
     cum = e.new_zeros((*e.shape[:-1], BUCKETS)).scatter_add_(-1, bucket, e).double().cumsum_(-1)
     del e
-    limit = top_p * total
+    limit = top_p * cum[..., -1]  # the row's total mass, summed as the buckets are
     # The first bucket whose cumulative mass reaches the limit, and the mass before it.
-    hit = (cum < limit.unsqueeze(-1)).sum(dim=-1, keepdim=True).clamp_(max=BUCKETS - 1)
+    hit = torch.searchsorted(cum, limit.unsqueeze(-1)).clamp_(max=BUCKETS - 1)
     above = torch.where(hit > 0, cum.gather(-1, (hit - 1).clamp(min=0)), 0.0).squeeze(-1)
     del cum
     candidates = torch.where(bucket == hit, x, float("-inf"))
