@@ -96,6 +96,22 @@ def test_ties_at_the_threshold_are_kept_as_filtered_keeps_them(dtype, filters):
     _check(logits, targets, torch.randn(2, 23, generator=gen), FILTERS[filters], 5)
 
 
+@pytest.mark.parametrize("cap", [1024, 3])
+def test_rows_the_histogram_cannot_settle_are_sorted(monkeypatch, cap):
+    # Two values only: 1,250 logits in a bucket, more than a topk of 1,024 holds
+    # (and with a cap of 3 every row of a normal draw falls back too).
+    import memprobe.kernels.filtered_chunked as fc
+
+    monkeypatch.setattr(fc, "BUCKET_CAP", cap)
+    gen = torch.Generator().manual_seed(5)
+    flat = torch.randint(0, 2, (1, 6, 2500), generator=gen).float()
+    _check(
+        flat, torch.randint(0, 2500, (1, 6), generator=gen), torch.randn(1, 6), {"top_p": 0.6}, 4
+    )
+    logits, targets, grad_out = _draw((2, 9, 263), torch.bfloat16, 3.0, 6)
+    _check(logits, targets, grad_out, {"top_p": 0.9}, 4)
+
+
 def test_ties_by_hand():
     # top-k keeps every logit equal to the k-th; top-p stops inside a run of ties
     # and keeps its first in vocabulary order, as filtered's stable sort does.
