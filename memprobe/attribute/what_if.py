@@ -698,14 +698,16 @@ def other_memory(
     snapshot: dict[str, Any], *, device: int | None = None, path: str | None = None
 ) -> OtherMemory:
     """The memory that is not the logprob step, at that step's moment: the most bytes live
-    from the logits' consumer in forward to the logits' gradient in backward that are
-    neither the logits nor a block the step made (what ``memprobe plan`` calls "other").
+    from the logits' consumer in forward until the logits' gradient is freed (the lm_head's
+    backward makes its weight gradient while it lives) that are neither the logits nor a
+    block the step made (what ``memprobe plan`` calls "other").
     Raises :class:`UserError` where the step cannot be cut (see :func:`find_loss_step`)."""
     snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
     found = attribute(snap, device=device, path=path)
     rep = replay(snap, device=found.device)
     step = find_loss_step(snap, found, rep)
-    (fs, _), (_, be) = step.forward, step.backward
+    fs = step.forward[0]
+    be = step.gradient.free_pos if step.gradient.free_pos is not None else len(rep.entries)
     mine = {id(b) for b in step.cut} | {id(step.logits)}
     live = 0
     deltas: list[tuple[int, int]] = []

@@ -36,10 +36,15 @@ def lm_step(
     hold: int = 1,
 ) -> None:
     """An embedding, MLP layers and an lm_head in bf16; the loss is ``kernel``'s log-probs."""
-    mlp = [nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))]
-    model = nn.Sequential(nn.Embedding(vocab, hidden), *(mlp * layers))
-    model = model.to(device=device, dtype=torch.bfloat16)
-    head = nn.Linear(hidden, vocab, bias=False).to(device=device, dtype=torch.bfloat16)
+    kw = {"device": device, "dtype": torch.bfloat16}
+    mlp = [
+        nn.Sequential(
+            nn.Linear(hidden, 4 * hidden, **kw), nn.GELU(), nn.Linear(4 * hidden, hidden, **kw)
+        )
+        for _ in range(layers)
+    ]
+    model = nn.Sequential(nn.Embedding(vocab, hidden, **kw), *mlp)
+    head = nn.Linear(hidden, vocab, bias=False, **kw)
     opt = torch.optim.AdamW([*model.parameters(), *head.parameters()])
     for _ in range(steps):
         ids = torch.randint(0, vocab, (batch, seq), device=device)
