@@ -256,6 +256,13 @@ def find_loss_step(
     bs, be = step_bwd[0], step_bwd[-1]
     by_pos = {b.alloc_pos: b for b in rep.blocks if b.alloc_pos != BEFORE_TRACE}
     gradient = by_pos[be]
+    oom = next((m.pos for m in rep.ooms if m.pos > bs), None)
+    if oom is not None and (gradient.free_pos is None or gradient.free_pos > oom):
+        raise UserError(
+            f"the trace ends at an OOM (entry #{oom}) inside the loss step's backward: the "
+            "rest of the step was never recorded, so it cannot be cut out",
+            "profile the step at a size that completes (e.g. memprobe profile on meta)",
+        )
     before = [
         b for b in rep.blocks if b.alloc_pos < fs and b.size == gradient.size and b.live_at(fs)
     ]
@@ -266,12 +273,6 @@ def find_loss_step(
             "--what-if cuts a loss that materializes the logits and their gradient",
         )
     logits = max(before, key=lambda b: b.alloc_pos)
-    if gradient.free_pos is None and any(e["action"] == "oom" for e in entries[be:]):
-        raise UserError(
-            "the trace ends at an OOM inside the loss step's backward: the rest of the step "
-            "was never recorded, so it cannot be cut out",
-            "profile the step at a size that completes (e.g. memprobe profile on meta)",
-        )
     cut = tuple(
         b
         for b in rep.blocks

@@ -3,6 +3,7 @@ with another, held to that step's own profile (exact allocated peak, reserved wi
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path
@@ -154,3 +155,29 @@ def test_a_snapshot_without_a_loss_step_is_refused(run_cli, tmp_path: Path) -> N
 def test_several_loss_steps_are_refused() -> None:
     with pytest.raises(UserError, match="several loss steps"):
         what_if(profiled("unchunked", steps=2), "local_chunked", vocab=VOCAB)
+
+
+def test_a_trace_that_ends_at_an_oom_inside_the_step_is_refused() -> None:
+    """The OOM the origin story began with: the rest of backward was never recorded."""
+    snap = copy.deepcopy(profiled("unchunked"))
+    trace = snap["device_traces"][0]
+    found = attribute(snap)
+    backward = [f for f in found.logits_family if f.phase == "backward"]
+    cut = min(f.alloc_index for f in backward if f.alloc_index is not None) + 1
+    size = backward[0].size
+    snap["device_traces"][0] = [*trace[:cut], {"action": "oom", "size": size, "stream": 0,
+                                               "device_free": size // 2, "frames": []}]  # fmt: skip
+    with pytest.raises(UserError, match="ends at an OOM"):
+        what_if(snap, "local_chunked")
+
+
+def test_a_recorded_oom_after_the_step_gives_the_capacity() -> None:
+    snap = copy.deepcopy(profiled("unchunked"))
+    free = 3 << 20
+    snap["device_traces"][0].append(
+        {"action": "oom", "size": 64 << 20, "stream": 0, "device_free": free, "frames": []}
+    )
+    w = what_if(snap, "local_chunked", chunk_size=CHUNK)
+    assert w.capacity_source == "reserved + the device's free bytes at the OOM"
+    assert w.capacity_bytes == attribute(profiled("unchunked")).reserved_at_snapshot_bytes + free
+    assert w.fits == (w.predicted_reserved_peak_bytes <= w.capacity_bytes)
