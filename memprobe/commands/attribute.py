@@ -75,6 +75,7 @@ def attribute_command(
         )
     return attribution_output(
         loaded,
+        normalized=True,
         path=str(snapshot),
         vocab=vocab,
         tokens=tokens,
@@ -103,10 +104,12 @@ def attribution_output(
     replay: bool = False,
     conf: object = None,
     what_if: WhatIf | None = None,
+    normalized: bool = False,
 ) -> str:
     """The text (or JSON) ``memprobe attribute`` prints for a snapshot dict already in
     hand (``memprobe profile`` prints the same for the snapshot it made); writes the
-    HTML page first when ``html_path`` is given."""
+    HTML page first when ``html_path`` is given. ``normalized``: ``loaded`` came from
+    ``load_snapshot``."""
     found = attribute_devices(
         loaded,
         path=path,
@@ -116,6 +119,7 @@ def attribution_output(
         top=top,
         device=device,
         timeline=html_path is not None,
+        normalized=normalized,
     )
     if html_path is not None:
         # Imported here: matplotlib is only needed for the page.
@@ -162,6 +166,11 @@ class _Replay:
             "error_pct": self.faithful.error_pct,
             "alloc_conf": shown.alloc_conf,
             "address_mismatches": self.faithful.address_mismatches,
+            "recorded_from": self.faithful.recorded_from,
+            "timeline_mismatches": self.faithful.timeline_mismatches,
+            "first_address_mismatch": None
+            if self.faithful.first_address_mismatch is None
+            else list(self.faithful.first_address_mismatch),
             "requests": self.faithful.requests,
             "notes": list(self.faithful.notes),
         }
@@ -175,13 +184,25 @@ class _Replay:
             f"{r.requests:,} requests): reserved peak {peak}"
         )
         if r.recorded_reserved_peak_bytes is None:
-            head += "; the trace records no segment events to compare with"
+            head += "; the snapshot holds neither segments nor segment events to compare with"
         else:
+            recorded = format_bytes(r.recorded_reserved_peak_bytes)
+            if r.recorded_from == "constant":
+                # No segment events: the final segments were reserved through the window.
+                recorded += " held throughout (no segment events: reserved never changed)"
+            else:
+                recorded += " recorded"
             head += (
-                f" against {format_bytes(r.recorded_reserved_peak_bytes)} recorded "
-                f"({r.error_pct:+.2f}%), {r.predicted_segments} segments against "
-                f"{r.recorded_segments}"
+                f" against {recorded} ({r.error_pct:+.2f}%), {r.predicted_segments} segments "
+                f"against {r.recorded_segments}"
             )
+            if r.recorded_from == "constant" and r.timeline_mismatches is not None:
+                head += (
+                    ", the model's reserved equal to it after every allocation"
+                    if r.timeline_mismatches == 0
+                    else f", the model's reserved off it after {r.timeline_mismatches:,} "
+                    f"allocations (the first at entry #{r.first_mismatch_index})"
+                )
             if r.address_mismatches == 0:
                 head += ", every allocation at its recorded address"
             elif r.address_mismatches:

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans, simulated_peak
-from memprobe.plan.message import reserved_status
+from memprobe.plan.message import lm_head_status, reserved_status
 from memprobe.plan.model import (
     ALLOCATED,
     RESERVED,
@@ -35,6 +35,7 @@ from memprobe.plan.model import (
     Search,
     TokenPlan,
     make_budget,
+    with_lm_head_in_other,
 )
 from memprobe.plan.other import OtherFit, fit_other, other_from_snapshots
 from memprobe.plan.search import search_max_tokens, seed_tokens
@@ -81,7 +82,9 @@ def budget_from(
         )
     fit = other_from_snapshots(other_from)
     limit = make_budget(budget, fit.at(0))
-    return Budget(limit.budget_bytes, limit.other_bytes, fit.per_token_bytes), fit.describe()
+    return Budget(
+        limit.budget_bytes, limit.other_bytes, other_per_token=fit.per_token_bytes
+    ), fit.describe()
 
 
 __all__ = [
@@ -104,9 +107,11 @@ __all__ = [
     "other_from_snapshots",
     "plan_one",
     "plan_targets",
+    "lm_head_status",
     "reserved_status",
     "run_plans",
     "search_max_tokens",
     "seed_tokens",
     "simulated_peak",
+    "with_lm_head_in_other",
 ]

@@ -29,7 +29,7 @@ def _tagged(kind: str, steps: SearchSteps) -> Generator[list[Probe], Mapping[Pro
             got = yield [(kind, t) for t in ask]
             ask = steps.send({t: got[(kind, t)] for t in ask})
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
 
 
 def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
