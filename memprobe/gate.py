@@ -20,11 +20,11 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from memprobe.config import Rule
 from memprobe.errors import UserError
-from memprobe.results import case_key
+from memprobe.results import case_key, check_unique_cases
 
 # Each limit: the rule attribute, how to read the measured value off a row, its unit.
 LIMIT_UNITS = {"max_peak": "bytes", "max_peak_over_floor": "ratio", "max_big_fp32_blocks": "count"}
@@ -129,6 +129,15 @@ def _measured(kind: str, row: Row) -> float | None:
     return peak / floor
 
 
+class _CaseFields(TypedDict):
+    """The fields every check of one case (and one rule, or the baseline) shares."""
+
+    source: str
+    case: str
+    case_id: str
+    rule: str
+
+
 _MEASURED_FROM = {
     "max_peak": "peak_bytes",
     "max_peak_over_floor": "peak_bytes / floor_bytes",
@@ -138,7 +147,7 @@ _MEASURED_FROM = {
 
 def check_rule(rule: Rule, row: Row) -> list[Check]:
     """The checks of one rule on one case it matches."""
-    common = {
+    common: _CaseFields = {
         "source": rule.name,
         "case": case_label(row),
         "case_id": _case_id(row),
@@ -218,7 +227,12 @@ def check_baseline(
     checks: list[Check] = []
     for base in baseline:
         row = current.get(case_key(base))
-        common = {"source": "baseline", "case": case_label(base), "case_id": _case_id(base)}
+        common: _CaseFields = {
+            "source": "baseline",
+            "case": case_label(base),
+            "case_id": _case_id(base),
+            "rule": "",
+        }
         base_status, base_peak = base.get("status"), base.get("peak_bytes")
         if row is None:
             checks.append(
@@ -279,9 +293,12 @@ def evaluate(
         raise UserError(
             f"--max-regression {max_regression} is not a percentage of zero or more", "e.g. 5"
         )
+    # With a case twice, which row is checked would depend on the order of the file.
+    check_unique_cases(rows, results)
     checks = check_rules(rows, rules, source=results)
     notes: list[str] = []
     if baseline is not None:
+        check_unique_cases(baseline, baseline_source or "the baseline")
         base_checks, notes = check_baseline(rows, baseline, max_regression=max_regression)
         checks.extend(base_checks)
     return Verdict(

@@ -45,13 +45,22 @@ from memprobe.allocator.model import (
     CachingAllocatorModel,
     round_size,
 )
+from memprobe.allocator.snapshot_format import (
+    ACTIVE_PENDING_FREE,
+    BLOCK_ACTIONS,
+    FREED,
+    FREES,
+    LIVE_STATES,
+    SEGMENT_GROW,
+    SEGMENT_SHRINK,
+    SETTINGS_CONF_KEYS,
+    STATE_ALIASES,
+)
 from memprobe.errors import UserError
 
-_LIVE = ("active_allocated", "active_pending_free", "active_awaiting_free")
-_PENDING = ("active_pending_free", "active_awaiting_free")
-_GROW = ("segment_alloc", "segment_map")
-_SHRINK = ("segment_free", "segment_unmap")
-_SETTINGS_KEYS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+# A dict that did not come through the loader may still spell a state the old way.
+_LIVE = (*LIVE_STATES, *STATE_ALIASES)
+_PENDING = (ACTIVE_PENDING_FREE, *STATE_ALIASES)
 _NO_LIMIT = 1 << 63  # torch reports "no max_split_size" as SIZE_MAX
 
 
@@ -96,7 +105,7 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
     """The allocator settings a snapshot was recorded with (``allocator_settings``; older
     files without it: expandable segments when any segment is expandable, else defaults)."""
     settings = snapshot.get("allocator_settings") or {}
-    for key in _SETTINGS_KEYS:
+    for key in SETTINGS_CONF_KEYS:
         text = settings.get(key)
         if isinstance(text, str) and text.strip():
             try:
@@ -161,10 +170,10 @@ def _free_plan(trace: list[dict], final_state: dict[int, str]) -> list[bool]:
     for i in range(len(trace) - 1, -1, -1):
         e = trace[i]
         action = e["action"]
-        if action not in ("alloc", "free_requested", "free_completed", "free"):
+        if action not in BLOCK_ACTIONS:
             continue
         addr = e["addr"]
-        if action in ("free_completed", "free"):
+        if action in FREED:
             effective[i] = True
         elif action == "free_requested":
             later = next_kind.get(addr)
@@ -285,9 +294,7 @@ class _DeviceReplay:
         first: dict[int, tuple[str, dict, int]] = {}
         for i, e in enumerate(self.trace):
             action = e["action"]
-            if action == "alloc" or (
-                action in ("free_requested", "free_completed", "free") and effective[i]
-            ):
+            if action == "alloc" or (action in FREES and effective[i]):
                 first.setdefault(e["addr"], ("alloc" if action == "alloc" else "free", e, i))
         live: list[tuple[int, int | None, int]] = []
         for s in self.segments:
@@ -449,7 +456,7 @@ class _DeviceReplay:
         self.model = model
         installed = self._install(model, effective)
         handles = {a: a for a in installed}
-        has_segment_events = any(e["action"] in _GROW + _SHRINK for e in self.trace)
+        has_segment_events = any(e["action"] in SEGMENT_GROW + SEGMENT_SHRINK for e in self.trace)
         recorded_from = (
             "segment events" if has_segment_events else "constant" if self.segments else None
         )
@@ -473,7 +480,7 @@ class _DeviceReplay:
         streams = set()
         for i, e in enumerate(self.trace):
             action = e["action"]
-            if action in _GROW:
+            if action in SEGMENT_GROW:
                 grew_after_shrink = shrink_pending
                 recorded += e["size"]
                 recorded_peak = max(recorded_peak, recorded)
@@ -481,7 +488,7 @@ class _DeviceReplay:
                     e["addr"]
                 )
                 continue
-            if action in _SHRINK:
+            if action in SEGMENT_SHRINK:
                 recorded -= e["size"]
                 if not shrink_pending:
                     shrinks = 0
@@ -489,7 +496,7 @@ class _DeviceReplay:
                 shrinks += 1
                 shrink_pending = True
                 continue
-            is_free = action in ("free_requested", "free_completed", "free") and effective[i]
+            is_free = action in FREES and effective[i]
             if action != "alloc" and not is_free and action != "oom":
                 continue
             if shrink_pending and (
@@ -536,11 +543,11 @@ class _DeviceReplay:
                     if first_mismatch is None:
                         first_mismatch = i
             else:
-                handle = handles.pop(e["addr"], None)
-                if handle is None:
+                freed = handles.pop(e["addr"], None)
+                if freed is None:
                     skipped_frees += 1
                     continue
-                model.free(handle)
+                model.free(freed)
         if shrink_pending:
             model.empty_cache()
             flushes += 1

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from memprobe.allocator.snapshot_format import INACTIVE, LIVE_STATES, SEGMENT_GROW, SEGMENT_SHRINK
 from memprobe.snapshot.allocator import round_block_size
-from memprobe.snapshot.model import INACTIVE, LIVE_STATES, SEGMENT_GROW, SEGMENT_SHRINK
 
 # Settings worth a line of their own (the rest are printed only when not default).
 _KEY_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments", "max_split_size")

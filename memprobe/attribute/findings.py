@@ -605,7 +605,7 @@ def _explanation(b: ReplayBlock, shapes: ShapeInference, reason: str) -> Explana
     seq = (shapes.seq or 0) - (1 if rows != shapes.tokens else 0)
     return Explanation(
         dtype=dtype,
-        batch=shapes.batch if split else 1,  # type: ignore[arg-type]
+        batch=shapes.batch if split and shapes.batch is not None else 1,
         tokens=seq if split else rows,
         vocab=shapes.vocab or 0,
         exact=True,
@@ -623,6 +623,9 @@ def _finding(
     label_text = origin.get("user_metadata", "")
     label_text = label_text if isinstance(label_text, str) else ""
     explanations: tuple[Explanation, ...] = ()
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    dtype_source: str | None
     if site.label_dtype:
         dtype, shape, dtype_source = site.label_dtype, site.label_shape, "label"
         if verdict.logits and site.label_shape and len(site.label_shape) == 3:

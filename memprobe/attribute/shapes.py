@@ -395,15 +395,22 @@ def _infer_from(
         confidence = "low"
     if forward_only and confidence in ("high", "given"):
         confidence = "medium"  # no loss confirms that the matmul's output is over V
-    shape = recorded.get((best.n, best.v)) if best.shift is None else None
+    logits_shape = recorded.get((best.n, best.v)) if best.shift is None else None
+    batch: int | None
+    seq: int | None
     if best.shift:
         batch, seq = best.shift, best.tokens // best.shift
         split_reasons = [
             f"B = {batch:,}, S = {seq:,}: the loss's rows are B·(S−1) = {best.n:,} and the "
             f"activations' B·S = {best.tokens:,} (the loss on logits[:, :-1], labels[:, 1:])"
         ]
-    elif shape is not None and len(shape) == 3 and hints.batch is None and hints.tokens is None:
-        batch, seq, split_reasons = shape[0], shape[1], []
+    elif (
+        logits_shape is not None
+        and len(logits_shape) == 3
+        and hints.batch is None
+        and hints.tokens is None
+    ):
+        batch, seq, split_reasons = logits_shape[0], logits_shape[1], []
     else:
         batch, seq, split_reasons = _split(best.n, hints, direct, best.hidden)
     family = sorted(best.family, key=lambda f: f[0])
@@ -453,9 +460,9 @@ def _sharded(
         if full % k or full // k < MIN_VOCAB:
             continue
         local = Hints(full // k, hints.tokens, hints.batch)
-        found = _infer_from(sources, sizes, local, (), matmuls, forward_only, direct)
-        if found is not None and (best is None or found[1] > best[0]):
-            best = (found[1], k, found[0])
+        reading = _infer_from(sources, sizes, local, (), matmuls, forward_only, direct)
+        if reading is not None and (best is None or reading[1] > best[0]):
+            best = (reading[1], k, reading[0])
     if best is None or (whole is not None and best[0] < whole[1] + SHARD_MARGIN):
         return None
     score, k, found = best

@@ -40,7 +40,6 @@ from memprobe.records import Frame
 from memprobe.snapshot.labels import parse_label, parse_shape
 
 PHASES = ("setup", "forward", "backward", "optimizer")
-AUTOGRAD_ENGINE = "backward (autograd engine)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +81,7 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
     if op is None:
         op = op_from_frames(frames)
         op_source = "frames" if op else None
+    phase: str | None
     if label.get("phase") in PHASES:
         phase, reason = label["phase"], "memprobe's label"
     else:

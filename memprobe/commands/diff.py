@@ -50,8 +50,10 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
         out += ["", "what differs between the runs (from each file's reading):"]
         out += [f"  {_difference(x)}" for x in d.differences]
     out += ["", "by category (bytes live at each peak):"]
-    for c, a, b in d.categories:
-        out.append(f"  {c:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}")
+    for category, a, b in d.categories:
+        out.append(
+            f"  {category:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}"
+        )
     # The N largest changes either way (a fix that frees 9.77 GiB must show), listed
     # growth first like the --json list; lines that did not change are left out.
     changed = [c for c in d.contributors if c.delta_bytes]

@@ -81,6 +81,14 @@ def run_gate(req: GateRequest) -> GateOutcome:
             # First run of `gate --update-baseline` with the baseline named in the config.
             notes.append(f"baseline {baseline_path} does not exist yet; not compared")
             baseline_path = None
+        elif not results_file(baseline_path).exists():
+            # The first gate run of a project: the baseline is made, not found.
+            where = "the config's baseline" if req.baseline is None else "--baseline"
+            raise UserError(
+                f"{where} {baseline_path} does not exist yet",
+                f"make it once with `memprobe gate RUN --update-baseline {baseline_path}` "
+                "and commit it",
+            )
         else:
             baseline_rows = read_rows(baseline_path)
     rules = cfg.gate.rules

@@ -18,6 +18,7 @@ from memprobe.commands.flags import (
     name_list,
     positive_ints,
     user_errors,
+    warn_if_unitless,
 )
 from memprobe.errors import UserError
 
@@ -39,8 +40,10 @@ class PlanRequest:
     from_run: Path | None = None
     out: Path | None = None
     jobs: int = 1
+    other_from: tuple[str, ...] = ()  # snapshots to read "other" from instead
     reserved: bool = True  # also plan on the allocator model's reserved peak
     progress: bool = True  # a line (or a bar) on stderr as each plan finishes
+    other_includes_lm_head: bool = False  # --other holds the lm_head weight
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,8 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
     from memprobe import plan
     from memprobe.results import read_rows
 
-    budget = plan.make_budget(request.budget, request.other)  # checked before any simulation
+    # Checked before any simulation; --other-from reads the snapshots now.
+    budget, other_note = plan.budget_from(request.budget, request.other, request.other_from)
     if request.alloc_conf is not None:
         parse_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
     rows = read_rows(request.from_run) if request.from_run is not None else None
@@ -117,6 +121,8 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
         cp=request.cp,
         hidden=request.hidden,
     )
+    if request.other_includes_lm_head:
+        budget = plan.with_lm_head_in_other(budget, targets)
     plans = plan.run_plans(
         targets,
         budget,
@@ -130,7 +136,9 @@ def run_plan_job(request: PlanRequest) -> PlanOutcome:
         plan.reserved_status(request.alloc_conf)
         if request.reserved
         else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
-    ]
+    ] + ([other_note] if other_note else [])
+    lm_head = plan.lm_head_status(targets, budget)
+    notes += [lm_head] if lm_head else []
     outcome = PlanOutcome(plans, budget, choices, skipped, notes)
     if request.out is not None:
         from memprobe.render.plan_page import write_plan_page
@@ -149,14 +157,28 @@ def _single(text: str, flag: str) -> int:
 
 @user_errors
 def command(
-    vocab: Annotated[str, typer.Option(help="Vocabulary size (one value), e.g. 131072.")],
+    vocab: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Vocabulary size (one value), e.g. 131072. (--step: the config's)"),
+    ] = None,
+    *,
     budget: Annotated[
         str, typer.Option(help="Memory of one GPU, e.g. 80GiB (KiB/MiB/GiB or KB/MB/GB).")
     ],
     other: Annotated[
         str,
-        typer.Option(help="What the rest of the job holds on that GPU (weights, optimizer...)."),
+        typer.Option(
+            help="What the rest of the job holds on that GPU (weights, optimizer...); "
+            "with --hidden, not the lm_head weight (see --other-includes-lm-head)."
+        ),
     ] = "0",
+    other_from: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Read --other from CUDA snapshots of the whole step, comma list: one gives "
+            "a constant, two or more at different token counts a constant + per-token fit."
+        ),
+    ] = None,
     dtype: Annotated[str, typer.Option(help="Logits dtype: bf16, fp16 or fp32.")] = "bf16",
     batch: Annotated[str, typer.Option(help="Sequences per GPU (one value).")] = "1",
     kernel: Annotated[
@@ -180,9 +202,18 @@ def command(
         typer.Option(
             min=1,
             help="Hidden size H: plan the hidden family (lm_head fused or not with the "
-            "log-prob; hidden [B,S,H] and weight [V,H] count in the peak).",
+            "log-prob; hidden [B,S,H], weight [V,H] and both gradients count in the peak: "
+            "keep the weight out of --other, or see --other-includes-lm-head).",
         ),
     ] = None,
+    other_includes_lm_head: Annotated[
+        bool,
+        typer.Option(
+            "--other-includes-lm-head",
+            help="With --hidden: --other already holds the lm_head weight [V,H]; give it "
+            "back so it counts once (its gradient stays: the step makes it).",
+        ),
+    ] = False,
     alloc_conf: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -214,6 +245,20 @@ def command(
             help="Simulation processes (forked; helps where cores are free). (default: 1)"
         ),
     ] = None,
+    step: Annotated[
+        bool,
+        typer.Option(
+            "--step", help="Plan the whole training step of --config's model (`memprobe step`)."
+        ),
+    ] = False,
+    config: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="--step: the model's config.json, or the directory holding it."),
+    ] = None,
+    checkpointing: Annotated[
+        bool, typer.Option(help="--step: activation checkpointing of every layer.")
+    ] = False,
+    optimizer: Annotated[str, typer.Option(help="--step: adamw, sgd or none.")] = "adamw",
 ) -> None:
     """The largest token count per GPU whose simulated peak fits BUDGET - OTHER.
 
@@ -231,6 +276,20 @@ def command(
 
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs {jobs} must be 1 or more", "e.g. --jobs 2")
+    warn_if_unitless(budget, "--budget")
+    warn_if_unitless(other, "--other")
+    if step or config is not None:
+        from memprobe.commands.step import plan_step_lines
+
+        for line in plan_step_lines(
+            config, budget=budget, kernel=kernel, batch=_single(batch, "--batch"), dtype=dtype,
+            chunk_size=chunk_size, checkpointing=checkpointing, optimizer=optimizer,
+            alloc_conf=alloc_conf, reserved=reserved, as_json=as_json, step=step,
+        ):  # fmt: skip
+            typer.echo(line)
+        return
+    if vocab is None:
+        raise UserError("--vocab is missing", "e.g. --vocab 131072 (or --step --config CONFIG)")
     request = PlanRequest(
         vocab=_single(vocab, "--vocab"),
         budget=budget,
@@ -249,6 +308,8 @@ def command(
         out=out,
         jobs=jobs if jobs is not None else 1,
         reserved=reserved,
+        other_includes_lm_head=other_includes_lm_head,
+        other_from=tuple(name_list(other_from, "--other-from")) if other_from else (),
     )
     outcome = run_plan_job(request)
     if as_json:

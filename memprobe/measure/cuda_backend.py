@@ -91,7 +91,8 @@ class DeviceStep:
 def device_step(case: Case, layout: RankLayout | None = None) -> DeviceStep:
     """The step of ``case``'s kernel: the logits protocol, or the hidden family's."""
     if get_spec(case.kernel).inputs == "hidden":
-        fn = get_spec(case.kernel).fn
+        # The hidden protocol's fn (spec.inputs says which; the union type cannot).
+        fn: Callable[..., torch.Tensor] = get_spec(case.kernel).fn
         return DeviceStep(
             make=lambda c: make_hidden_inputs(hidden_shape(c), DEVICE),
             forward=lambda i: fn(i.hidden, i.weight, i.targets, chunk_size=case.chunk_size),

@@ -7,7 +7,7 @@ from functools import cache
 import torch
 
 from memprobe.measure.parallel import RankLayout
-from memprobe.measure.step import kernel_call, process_group_for, torch_dtype
+from memprobe.measure.step import SWEEP_FILTERS, kernel_call, process_group_for, torch_dtype
 from memprobe.records import Case
 
 # Small enough to run in milliseconds, odd sizes so chunks do not divide S,
@@ -33,9 +33,8 @@ def filtered_reference(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The filtered kernel's float64 reference: the same keep-mask, float64 math."""
     from memprobe.kernels.filtered import filtered_out_mask
-    from memprobe.measure.step import SWEEP_FILTERS
 
-    drop = filtered_out_mask(logits.float(), **SWEEP_FILTERS["filtered"])
+    drop = filtered_out_mask(logits.float(), **SWEEP_FILTERS[case.kernel])
     x = logits.detach().double().requires_grad_()
     masked = x if drop is None else x.masked_fill(drop, float("-inf"))
     out = torch.log_softmax(masked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -90,12 +89,12 @@ def verify(
     gen = torch.Generator().manual_seed(seed)
     logits = (torch.randn(shape, generator=gen) * scale + offset).to(torch_dtype(dtype))
     targets = torch.randint(0, shape[2], shape[:2], generator=gen)
-    if kernel == "filtered":
+    if kernel in SWEEP_FILTERS:
         # Targets outside the kept set have log-prob -inf; take kept ones so
         # the comparison measures arithmetic, not the filter.
         targets = logits.float().argmax(-1)
     grad_outputs = torch.randn(shape[:2], generator=gen)
-    if kernel == "filtered":
+    if kernel in SWEEP_FILTERS:
         ref_out, ref_grad = filtered_reference(case, logits, targets, grad_outputs)
     else:
         ref_out, ref_grad = float64_reference(logits, targets, grad_outputs)

@@ -20,10 +20,12 @@ From Python::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans, simulated_peak
-from memprobe.plan.message import reserved_status
+from memprobe.plan.message import lm_head_status, reserved_status
 from memprobe.plan.model import (
     ALLOCATED,
     RESERVED,
@@ -33,7 +35,9 @@ from memprobe.plan.model import (
     Search,
     TokenPlan,
     make_budget,
+    with_lm_head_in_other,
 )
+from memprobe.plan.other import OtherFit, fit_other, other_from_snapshots
 from memprobe.plan.search import search_max_tokens, seed_tokens
 from memprobe.plan.targets import default_kernels, plan_targets
 
@@ -60,7 +64,27 @@ def fits(target: PlanTarget, tokens: int, budget: Budget) -> bool:
         raise UserError(f"tokens must be a whole number of zero or more, got {tokens!r}", "")
     if tokens == 0:
         return True
-    return simulated_peak(target.case(tokens)) <= budget.limit_bytes
+    peak = simulated_peak(target.case(tokens)) + budget.other_growth(target, tokens)
+    return peak <= budget.limit_bytes
+
+
+def budget_from(
+    budget: str | int, other: str | int = 0, other_from: Sequence[str] = ()
+) -> tuple[Budget, str | None]:
+    """The budget with ``other`` as given, or read from snapshots (``other_from``): a
+    constant from one, a constant + per-token term fitted to several; with the line
+    that says what was read (None when ``other`` was given)."""
+    if not other_from:
+        return make_budget(budget, other), None
+    if other not in (0, "0"):
+        raise UserError(
+            "--other and --other-from both say what the rest of the job holds", "give one"
+        )
+    fit = other_from_snapshots(other_from)
+    limit = make_budget(budget, fit.at(0))
+    return Budget(
+        limit.budget_bytes, limit.other_bytes, other_per_token=fit.per_token_bytes
+    ), fit.describe()
 
 
 __all__ = [
@@ -69,19 +93,25 @@ __all__ = [
     "Budget",
     "ChunkChoice",
     "Line",
+    "OtherFit",
     "PlanTarget",
     "Search",
     "TokenPlan",
     "chunk_choices",
     "default_kernels",
+    "budget_from",
+    "fit_other",
     "fits",
     "make_budget",
     "max_tokens",
+    "other_from_snapshots",
     "plan_one",
     "plan_targets",
+    "lm_head_status",
     "reserved_status",
     "run_plans",
     "search_max_tokens",
     "seed_tokens",
     "simulated_peak",
+    "with_lm_head_in_other",
 ]

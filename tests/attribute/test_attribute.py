@@ -9,10 +9,10 @@ import snapshot_fixtures as fx
 
 from memprobe.attribute import Findings, attribute
 from memprobe.attribute.frames import (
-    first_user_frame,
     is_internal,
     op_from_frames,
     phase_from_frames,
+    user_chain,
 )
 from memprobe.commands.attribute import attribute_command
 from memprobe.errors import UserError
@@ -233,7 +233,7 @@ def test_frame_classification() -> None:
         assert is_internal(frame), frame
     for frame in (user, kernel, notebook, Frame("main", "C:\\Users\\me\\train.py", 3)):
         assert not is_internal(frame), frame
-    assert first_user_frame((cpp, torch_frame, harness, kernel, user)) == kernel
+    assert user_chain((cpp, torch_frame, harness, kernel, user))[0] == (kernel, user)
     assert op_from_frames((cpp, torch_frame)) == "aten::_log_softmax"
     assert op_from_frames((torch_frame, user)) == "torch.nn.functional.log_softmax"
     assert phase_from_frames(()) == (None, "no frames recorded")

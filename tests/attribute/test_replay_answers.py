@@ -12,7 +12,7 @@ from typing import Any
 import corpus
 
 from memprobe.allocator import replay_snapshot
-from memprobe.snapshot.model import SEGMENT_GROW, SEGMENT_SHRINK
+from memprobe.allocator.snapshot_format import SEGMENT_GROW, SEGMENT_SHRINK
 from memprobe.snapshot.write import write_snapshot
 
 _SEGMENT_EVENTS = SEGMENT_GROW + SEGMENT_SHRINK
