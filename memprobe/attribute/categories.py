@@ -145,6 +145,11 @@ def _recognized(
         return None
     if site.attention and _attention_scores(block.size, site, shapes):
         return ATTENTION, f"made inside attention ({site.op or 'no op named'}): [B, h, S, S]"
+    if site.autocast_cast and block.size in casts:
+        return AUTOCAST, (
+            "made by autocast's cast (at::autocast::cached_cast in its stack) at half a "
+            "float32 parameter's bytes: its bfloat16 copy of a weight"
+        )
     if block.size in casts and site.op is not None and "to" in site.op.lower():
         return AUTOCAST, (
             f"a forward {site.op} at half a float32 parameter's bytes: autocast's bfloat16 "

@@ -265,7 +265,7 @@ class _Context:
                 attention[b.size] += 1
             elif is_matmul(s.op, s.node):
                 matmul_share[b.size] += 1
-            if is_cast(s.op):
+            if is_cast(s.op) or s.autocast_cast:
                 copies.add(b.size)
             kind = shape_op(s.op)
             if kind == "arange":
