@@ -33,6 +33,15 @@ NOT_RUN = {
         "snapshots of two tests/attribute/corpus.py programs, which the README does not make"
     ),
     "memprobe gate [RESULTS]": "a synopsis, not a command",
+    "memprobe attribute gnn_3gpu.pickle": "a public snapshot not in the repository",
+    "memprobe step --config llama8b": (
+        "an 8B step at 20,000 tokens, about a minute each: benchmarks/bench_step.py runs it"
+    ),
+    "memprobe plan --step --config llama1b": "a search of whole 1B steps: minutes",
+    "memprobe attribute step.pickle --what-if": (
+        "reads the 20,000-token origin_step snapshot (20 s to make): "
+        "benchmarks/bench_what_if.py checks the prediction at that scale"
+    ),
 }
 
 
