@@ -33,6 +33,14 @@ NOT_RUN = {
         "snapshots of two tests/attribute/corpus.py programs, which the README does not make"
     ),
     "memprobe gate [RESULTS]": "a synopsis, not a command",
+    "memprobe attribute gnn_3gpu.pickle": "a public snapshot not in the repository",
+    "memprobe step --config llama8b/config.json": (
+        "a Hugging Face config.json the README does not write; a whole 8B step on meta"
+    ),
+    "memprobe plan --step --config llama1b/config.json": (
+        "a Hugging Face config.json the README does not write; many whole-step traces"
+    ),
+    "memprobe attribute step.pickle --what-if": "the snapshot of a `memprobe step` not run here",
 }
 
 
