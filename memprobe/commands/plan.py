@@ -12,6 +12,7 @@ import typer
 
 from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.flags import (
+    MAX_COUNT,
     CpOption,
     TpOption,
     int_list,
@@ -179,6 +180,7 @@ def command(
         Optional[int],  # noqa: UP045
         typer.Option(
             min=1,
+            max=MAX_COUNT,
             help="Hidden size H: plan the hidden family (lm_head fused or not with the "
             "log-prob; hidden [B,S,H] and weight [V,H] count in the peak).",
         ),
