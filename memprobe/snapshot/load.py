@@ -349,6 +349,10 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
             raise bad(f"{where}.blocks[{j}]", "overlaps the block before it")
         blocks.append(block)
         offset = block["address"] + block["size"]
+    if not blocks:
+        # torch's allocator always splits a segment into blocks (one inactive at least);
+        # an empty one has no layout the replay could place.
+        raise bad(where, "has no blocks (a segment holds at least one)")
     given = isinstance(total, int) and _is_int(total)
     # Some tools write segments without totals; the blocks tile the segment.
     size: int = total if isinstance(total, int) and given else sum(b["size"] for b in blocks)

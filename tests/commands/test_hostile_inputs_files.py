@@ -419,6 +419,7 @@ def test_a_400_digit_max_peak_in_the_config(tmp_path: Path) -> None:
         ([{"address": 0, "size": 512, "state": "inactive"},
           {"address": 256, "size": 512, "state": "active_allocated"}], "overlaps the block before"),
         ([{"address": 0, "size": 4096, "state": "active_allocated"}], "past its end"),
+        ([], "has no blocks"),
     ],
 )  # fmt: skip
 def test_blocks_that_overlap_or_leave_their_segment(run_cli, tmp_path: Path, blocks, expected):
