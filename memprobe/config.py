@@ -252,9 +252,9 @@ def _parse_rule(value: Any, where: str) -> Rule:
         kwargs["max_peak_over_floor"] = float(ratio)
     if "max_big_fp32_blocks" in table:
         count = table["max_big_fp32_blocks"]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
             raise UserError(
-                f"{where}: max_big_fp32_blocks {count!r} is not a count",
+                f"{where}: max_big_fp32_blocks {str(count)[:40]!r} is not a count",
                 "write a whole number of zero or more",
             )
         kwargs["max_big_fp32_blocks"] = count
@@ -271,7 +271,10 @@ def _parse_rule(value: Any, where: str) -> Rule:
 
 def _finite_number(value: Any) -> bool:
     """An int or float that is not a bool, NaN or infinite (TOML has nan and inf)."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    # An int of 400 digits is finite but no float: math.isfinite would overflow on it.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) < 2**63
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _table(value: Any, where: str) -> Mapping[str, Any]:

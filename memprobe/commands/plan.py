@@ -12,6 +12,7 @@ import typer
 
 from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.flags import (
+    MAX_COUNT,
     CpOption,
     TpOption,
     int_list,
@@ -201,6 +202,7 @@ def command(
         Optional[int],  # noqa: UP045
         typer.Option(
             min=1,
+            max=MAX_COUNT,
             help="Hidden size H: plan the hidden family (lm_head fused or not with the "
             "log-prob; hidden [B,S,H], weight [V,H] and both gradients count in the peak: "
             "keep the weight out of --other, or see --other-includes-lm-head).",

@@ -315,7 +315,9 @@ def _entry(e: Any, where: str, bad: _Bad) -> dict:
     stream = e.get("stream", 0)
     out["stream"] = stream if _is_int(stream) else 0
     t = e.get("time_us")
-    if _is_int(t) or (isinstance(t, float) and math.isfinite(t) and abs(t) < _U64):
+    if isinstance(t, (int, float)) and (
+        _is_int(t) or (isinstance(t, float) and math.isfinite(t) and abs(t) < _U64)
+    ):
         out["time_us"] = int(t)
     frames = e.get("frames")
     out["frames"] = frames if isinstance(frames, list) else []
@@ -339,16 +341,28 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
     if not isinstance(raw_blocks, list):
         raise bad(where, "'blocks' is not a list")
     blocks = []
-    offset = address
+    offset: int = address if isinstance(address, int) else 0  # checked above: an int
     for j, b in enumerate(raw_blocks):
         block = _block(b, offset, f"{where}.blocks[{j}]", bad)
+        if block["address"] < offset:
+            # Blocks tile their segment in address order; an overlap is a tampered file
+            # (the allocator replay would have to place two blocks in one place).
+            raise bad(f"{where}.blocks[{j}]", "overlaps the block before it")
         blocks.append(block)
         offset = block["address"] + block["size"]
-    if not _is_int(total):
-        # Some tools write segments without totals; the blocks tile the segment.
-        total = sum(b["size"] for b in blocks)
-    if total < 0:
-        raise bad(where, f"has a negative 'total_size' ({total})")
+    if not blocks:
+        # torch's allocator always splits a segment into blocks (one inactive at least);
+        # an empty one has no layout the replay could place.
+        raise bad(where, "has no blocks (a segment holds at least one)")
+    given = isinstance(total, int) and _is_int(total)
+    # Some tools write segments without totals; the blocks tile the segment.
+    size: int = total if isinstance(total, int) and given else sum(b["size"] for b in blocks)
+    if size < 0:
+        raise bad(where, f"has a negative 'total_size' ({size})")
+    if given and isinstance(address, int) and offset > address + size:
+        used = offset - address
+        raise bad(where, f"has blocks past its end ({used:,} bytes of blocks in {size:,})")
+    total = size
     out = {k: v for k, v in seg.items()}
     live = [b for b in blocks if b["state"] in LIVE_STATES]
     out.update(

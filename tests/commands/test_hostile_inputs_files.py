@@ -411,3 +411,31 @@ def test_a_400_digit_max_peak_in_the_config(tmp_path: Path) -> None:
     path.write_text(f'[tool.memprobe.gate]\nrules = [{{ kernel = "x", max_peak = {"9" * 400} }}]\n')
     with pytest.raises(UserError, match="beyond the largest size"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "expected"),
+    [
+        ([{"address": 0, "size": 512, "state": "inactive"},
+          {"address": 256, "size": 512, "state": "active_allocated"}], "overlaps the block before"),
+        ([{"address": 0, "size": 4096, "state": "active_allocated"}], "past its end"),
+        ([], "has no blocks"),
+    ],
+)  # fmt: skip
+def test_blocks_that_overlap_or_leave_their_segment(run_cli, tmp_path: Path, blocks, expected):
+    seg = {"address": 0, "total_size": 1024, "blocks": blocks}
+    path = tmp_path / "seg.pickle"
+    path.write_bytes(pickle.dumps({"segments": [seg], "device_traces": [[]]}, protocol=4))
+    code, _, err = run_cli("attribute", str(path), "--replay")
+    assert code == 2 and expected in err
+
+
+@pytest.mark.parametrize("key", ["max_peak_over_floor", "max_big_fp32_blocks"])
+def test_a_400_digit_limit_of_any_kind(tmp_path: Path, key: str) -> None:
+    from memprobe.config import load_config
+    from memprobe.errors import UserError
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text(f'[tool.memprobe.gate]\nrules = [{{ kernel = "x", {key} = {"9" * 400} }}]\n')
+    with pytest.raises(UserError):
+        load_config(path)
