@@ -187,11 +187,19 @@ class _Tokens:
         self.i += 1
 
 
+# torch reads these settings into 64-bit integers (sizes in MB are multiplied by 2^20).
+_MAX_SETTING = 2**43
+
+
 def _int(tokens: _Tokens, key: str, value: str) -> int:
+    shown = value if len(value) <= 24 else f"a number of {len(value)} digits"
     try:
-        return int(value)
+        number = int(value) if len(value) <= 64 else None
     except ValueError:
-        raise tokens.error(f"{key} needs a whole number, not {value!r}") from None
+        raise tokens.error(f"{key} needs a whole number, not {shown!r}") from None
+    if number is None or abs(number) > _MAX_SETTING:
+        raise tokens.error(f"{key} {shown} is beyond what the allocator reads (at most 2^43)")
+    return number
 
 
 def _float(tokens: _Tokens, key: str, value: str) -> float:

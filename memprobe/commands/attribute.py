@@ -14,7 +14,7 @@ from memprobe.allocator import DeviceReplay, parse_alloc_conf, replay_snapshot
 from memprobe.attribute import DEFAULT_TOP, attribute_devices
 from memprobe.attribute.what_if import WhatIf, check_what_if_kernel
 from memprobe.attribute.what_if import what_if as predict_with
-from memprobe.commands.flags import user_errors
+from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import guard_outputs
 from memprobe.io.sizes import format_bytes, parse_size
@@ -232,22 +232,25 @@ def command(
     ],
     vocab: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(min=1, help="Vocabulary size V (overrides what is inferred)."),
+        typer.Option(min=1, max=MAX_COUNT, help="Vocabulary size V (overrides what is inferred)."),
     ] = None,
     tokens: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(min=1, help="Sequence length S (tokens per sequence)."),
+        typer.Option(min=1, max=MAX_COUNT, help="Sequence length S (tokens per sequence)."),
     ] = None,
     batch: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(min=1, help="Batch size B."),
+        typer.Option(min=1, max=MAX_COUNT, help="Batch size B."),
     ] = None,
     top: Annotated[
-        int, typer.Option(min=1, help="Groups / blocks listed at the peak and each OOM.")
+        int,
+        typer.Option(min=1, max=MAX_COUNT, help="Groups / blocks listed at the peak and each OOM."),
     ] = 10,
     device: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(min=0, help="Attribute only this device (default: every device)."),
+        typer.Option(
+            min=0, max=MAX_COUNT, help="Attribute only this device (default: every device)."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     html: Annotated[
@@ -283,7 +286,9 @@ def command(
     ] = None,
     chunk_size: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(min=1, help="With --what-if: the kernel's chunk size. (default: 1024)"),
+        typer.Option(
+            min=1, max=MAX_COUNT, help="With --what-if: the kernel's chunk size. (default: 1024)"
+        ),
     ] = None,
 ) -> None:
     """What the peak is made of: inferred shapes, categories, logits-family blocks, OOMs."""

@@ -12,7 +12,7 @@ import typer
 from memprobe.attribute import attribute_file_devices
 from memprobe.attribute.diff import Difference, PeakDiff, diff_findings
 from memprobe.attribute.frames import describe_frame
-from memprobe.commands.flags import user_errors
+from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.io.sizes import format_bytes
 
 DEFAULT_SHOWN = 10
@@ -94,9 +94,13 @@ def command(
     b: Annotated[Path, typer.Argument(help="Snapshot B (after).")],
     device: Annotated[
         Optional[int],  # noqa: UP045
-        typer.Option(min=0, help="Compare this device (default: each file's lead device)."),
+        typer.Option(
+            min=0, max=MAX_COUNT, help="Compare this device (default: each file's lead device)."
+        ),
     ] = None,
-    top: Annotated[int, typer.Option(min=1, help="Contributors listed.")] = DEFAULT_SHOWN,
+    top: Annotated[
+        int, typer.Option(min=1, max=MAX_COUNT, help="Contributors listed.")
+    ] = DEFAULT_SHOWN,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Attribute the difference between two snapshots' peaks, by category and source line."""

@@ -12,7 +12,7 @@ import typer
 
 from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.attribute import attribution_output
-from memprobe.commands.flags import user_errors
+from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import guard_outputs
 from memprobe.records import DEVICES
@@ -87,7 +87,8 @@ def command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     top: Annotated[
-        int, typer.Option(min=1, help="Groups / blocks listed at the peak and each OOM.")
+        int,
+        typer.Option(min=1, max=MAX_COUNT, help="Groups / blocks listed at the peak and each OOM."),
     ] = 10,
     alloc_conf: Annotated[
         Optional[str],  # noqa: UP045

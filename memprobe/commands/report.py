@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from memprobe.commands.flags import user_errors
+from memprobe.errors import UserError
 
 
 @user_errors
 def command(
     run_dir: Annotated[Path, typer.Argument(help="Run directory made by `memprobe sweep`.")],
     out: Annotated[
-        Optional[Path],  # noqa: UP045
-        typer.Option(help="Page to write (default: RUN_DIR/report.html); PNGs go beside it."),
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Page to write, or a folder for its report.html (default: "
+            "RUN_DIR/report.html); PNGs go beside it."
+        ),
     ] = None,
     budget: Annotated[
         Optional[str],  # noqa: UP045
@@ -31,7 +36,11 @@ def command(
     from memprobe.results import run_inputs
 
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
-    if out is not None:
-        guard_outputs({"--out": out}, run_inputs(run_dir))
-    page = write_report(run_dir, out, budget_bytes=budget_bytes)
+    page_path = Path(out) if out is not None else None
+    if out is not None and out.endswith(("/", os.sep)) and not Path(out).is_dir():
+        # Path() drops the trailing slash: "DIR/" would otherwise become a file named DIR.
+        raise UserError(f"--out {out}: no such folder", "create it first, or name a page file")
+    if page_path is not None:
+        guard_outputs({"--out": page_path}, run_inputs(run_dir))
+    page = write_report(run_dir, page_path, budget_bytes=budget_bytes)
     typer.echo(f"report: {page}")

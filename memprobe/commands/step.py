@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from memprobe.commands.flags import user_errors
+from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
 
@@ -131,8 +131,8 @@ def command(
     config: Annotated[
         Path, typer.Option(help="The model's config.json, or the directory holding it.")
     ],
-    tokens: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")],
-    batch: Annotated[int, typer.Option(min=1, help="Sequences per GPU.")] = 1,
+    tokens: Annotated[int, typer.Option(min=1, max=MAX_COUNT, help="Tokens per sequence.")],
+    batch: Annotated[int, typer.Option(min=1, max=MAX_COUNT, help="Sequences per GPU.")] = 1,
     kernel: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(help="The log-prob kernel (`memprobe kernels`). (default: local_chunked)"),
@@ -144,7 +144,9 @@ def command(
             "states and the lm_head weight): no logits."
         ),
     ] = False,
-    chunk_size: Annotated[int, typer.Option(min=1, help="The kernel's chunk size.")] = 1024,
+    chunk_size: Annotated[
+        int, typer.Option(min=1, max=MAX_COUNT, help="The kernel's chunk size.")
+    ] = 1024,
     checkpointing: Annotated[
         bool, typer.Option(help="Activation (gradient) checkpointing of every layer.")
     ] = False,
