@@ -200,7 +200,7 @@ def command(
     check passes, 1 on any violation, 2 on a config or usage error (a rule that
     matches no case is one).
     """
-    from memprobe.render.progress import CaseProgress
+    from memprobe.render.console import Progress
 
     request = GateRequest(
         results=results,
@@ -210,7 +210,7 @@ def command(
         junit_xml=junit_xml,
         update_baseline=update_baseline,
         out=out,
-        progress=CaseProgress(),
+        progress=Progress().case,
     )
     outcome = run_gate(request)
     for warning in outcome.warnings:

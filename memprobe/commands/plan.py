@@ -81,7 +81,7 @@ def _run_chunk_sizes(rows: list[dict[str, Any]]) -> tuple[int | None, ...]:
 def _progress(total: int, enabled: bool) -> Callable[[Any], None]:
     """Report each finished plan on stderr: some take minutes (torch's chunk loop at a
     million tokens), and the table comes only when all are done."""
-    from memprobe.render.progress import Progress
+    from memprobe.render.console import Progress
 
     progress = Progress(enabled=enabled)
     finished = 0
@@ -221,12 +221,13 @@ def command(
     simulation the sweep uses, seeded by the line peak = slope x tokens + fixed.
     Peaks are allocated bytes on one rank.
     """
+    from memprobe.render.console import show
     from memprobe.render.plan_text import (
         answer_line,
         budget_line,
         chunk_lines,
         line_note,
-        table_lines,
+        plan_table,
     )
 
     if jobs is not None and jobs < 1:
@@ -255,8 +256,7 @@ def command(
         typer.echo(json.dumps(outcome.rows(), indent=1))
         return
     typer.echo(budget_line(outcome.budget))
-    for line in table_lines(outcome.plans):
-        typer.echo(line)
+    show([plan_table(outcome.plans)])
     if outcome.skipped:
         typer.echo(f"not planned (no vocabulary shards): {', '.join(outcome.skipped)}")
     for line in [*chunk_lines(outcome.choices), *outcome.notes]:

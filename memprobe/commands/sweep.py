@@ -203,8 +203,8 @@ def command(
     where there is. Writes results.csv, results.json, run.json and a report
     into the run directory.
     """
-    from memprobe.render.progress import CaseProgress
-    from memprobe.render.terminal import answer_lines, json_summary, table_lines
+    from memprobe.render.console import Progress, show
+    from memprobe.render.terminal import answer_lines, json_summary, sweep_table
     from memprobe.results import default_run_dir, read_run_meta
 
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
@@ -238,7 +238,7 @@ def command(
         command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )
     try:
-        outcome = run_sweep_job(request, CaseProgress(enabled=not quiet and not as_json))
+        outcome = run_sweep_job(request, Progress(enabled=not quiet and not as_json).case)
     except KeyboardInterrupt:
         where = resume or out
         typer.echo(
@@ -251,9 +251,7 @@ def command(
         typer.echo(json.dumps(json_summary(outcome.frame, str(outcome.run_dir)), indent=1))
         return
     if not quiet:
-        budget_for_table = request.budget_bytes
-        for line in table_lines(outcome.frame, budget_bytes=budget_for_table):
-            typer.echo(line)
+        show(sweep_table(outcome.frame, budget_bytes=request.budget_bytes))
         typer.echo("")
         meta = read_run_meta(outcome.run_dir)
         for line in answer_lines(outcome.frame, meta, budget_bytes=request.budget_bytes):
