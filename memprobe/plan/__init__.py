@@ -10,7 +10,8 @@ One facade over the package's concerns, each in its own module:
   sweep uses, in order or in a process pool;
 * :mod:`~memprobe.plan.targets` — which targets a plan covers;
 * :mod:`~memprobe.plan.chunks` — the chunk size to pick, from memory and measured times;
-* :mod:`~memprobe.plan.message` — what the plan says beside its table.
+* :mod:`~memprobe.plan.message` — what the plan says beside its table;
+* :mod:`~memprobe.plan.job` — the job ``memprobe plan`` runs (a request's targets, planned).
 
 From Python::
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans, simulated_peak
+from memprobe.plan.job import PlanOutcome, PlanRequest, run_plan_job
 from memprobe.plan.message import reserved_status
 from memprobe.plan.model import (
     ALLOCATED,
@@ -69,6 +71,8 @@ __all__ = [
     "Budget",
     "ChunkChoice",
     "Line",
+    "PlanOutcome",
+    "PlanRequest",
     "PlanTarget",
     "Search",
     "TokenPlan",
@@ -80,6 +84,7 @@ __all__ = [
     "plan_one",
     "plan_targets",
     "reserved_status",
+    "run_plan_job",
     "run_plans",
     "search_max_tokens",
     "seed_tokens",
