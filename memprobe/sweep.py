@@ -135,7 +135,8 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
         _check_parallel(s, v, t, c)
         for k in kernels:
-            sizes = hidden if get_spec(k).inputs == "hidden" and hidden else [None]
+            # check_inputs_match: with hidden sizes every kernel takes them, else none does.
+            sizes: list[int | None] = list(hidden) if hidden else [None]
             cases += [Case(k, b, s, v, d, cs, t, c, dev, h) for h in sizes for cs in chunks[k]]
     return list(dict.fromkeys(cases))
 
