@@ -84,10 +84,14 @@ def indented(part: Part, by: int = 2) -> list[str]:
     return [" " * by + line if line else line for line in plain_lines(part)]
 
 
+def _terminal_console(stream: TextIO, *, width: int | None = None) -> Console:
+    return Console(file=stream, width=width, highlight=False, markup=False, emoji=False)
+
+
 def show(parts: Iterable[Part], *, file: TextIO | None = None) -> None:
     """Print parts on stdout: drawn by rich on a terminal, plain elsewhere."""
     stream = file if file is not None else sys.stdout
-    console = Console(file=stream, highlight=False, markup=False, emoji=False)
+    console = _terminal_console(stream)
     if console.is_terminal:
         for part in parts:
             if isinstance(part, str):
@@ -95,8 +99,9 @@ def show(parts: Iterable[Part], *, file: TextIO | None = None) -> None:
                 continue
             # A table wider than the terminal is printed whole (the terminal wraps its
             # lines) rather than squeezed into truncated cells.
-            natural = Measurement.get(console, console.options, part).maximum
-            console.print(part, width=max(natural, console.width), crop=False)
+            natural = Measurement.get(console, console.options.update_width(PLAIN_WIDTH), part)
+            wide = _terminal_console(stream, width=max(natural.maximum, console.width))
+            wide.print(part, crop=False)
         return
     for part in parts:
         for line in plain_lines(part):

@@ -46,6 +46,12 @@ def test_on_a_terminal_rich_draws_the_table() -> None:
     assert "─" in text and "local_chunked_inplace" in text  # the header rule of rich's box
 
 
+def test_on_a_narrow_terminal_a_wide_table_is_printed_whole_not_truncated() -> None:
+    out = _Tty()
+    show([table([f"column {i}" for i in range(40)], [[f"{i:,}" for i in range(40)]])], file=out)
+    assert "column 39" in out.getvalue() and "…" not in out.getvalue()
+
+
 def test_indented_keeps_blank_lines_blank() -> None:
     assert indented("a\n\nb") == ["  a", "", "  b"]
 
