@@ -1,4 +1,5 @@
-"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s bench`, `nox -s hidden`."""
+"""Developer sessions: `nox -s tests`, `nox -s lint`, `nox -s typecheck`, `nox -s bench`,
+`nox -s hidden`, `nox -s filtered`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "lint"]
+nox.options.sessions = ["tests", "lint", "typecheck"]
 # The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
 
@@ -17,11 +18,22 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", *session.posargs)
 
 
+# The checkers' pinned versions live in pyproject's `lint` extra (CI installs the same).
+LINT = ".[lint]"
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff>=0.5")
+    session.install(TORCH, "-e", LINT)
     session.run("ruff", "check", "memprobe", "tests", "benchmarks", "noxfile.py")
     session.run("ruff", "format", "--check", "memprobe", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy on the package under [tool.mypy] (0 errors, as in .ci/run)."""
+    session.install(TORCH, "-e", LINT)
+    session.run("mypy")
 
 
 @nox.session
@@ -37,4 +49,12 @@ def hidden(session: nox.Session) -> None:
     """The hidden family's memory, numerics and CPU speed; local_tiled's speed."""
     session.install(TORCH, "-e", ".")
     for script in ("hidden_memory", "hidden_numerics", "hidden_speed", "tiled_speed"):
+        session.run("python", f"benchmarks/{script}.py")
+
+
+@nox.session
+def filtered(session: nox.Session) -> None:
+    """filtered_chunked's numerics against float64 and its CPU speed against local_chunked."""
+    session.install(TORCH, "-e", ".")
+    for script in ("filtered_numerics", "filtered_speed"):
         session.run("python", f"benchmarks/{script}.py")

@@ -1,18 +1,32 @@
 """Time and measure attribution of a snapshot with 1,000,000 trace entries.
 
-    python benchmarks/bench_attribute.py [--entries 1000000] [--frames 16]
+    python benchmarks/bench_attribute.py [--entries 1000000] [--frames 16] [--corpus-only]
 
-Targets (issue 12): a 1,000,000-entry snapshot attributes in ≤ 10 s with ≤ 2 GB
-resident (peak RSS of this process, printed at the end). The snapshot
-imitates a caching allocator's trace of a chunked log-prob loop: addresses reused
-from a pool, C++ and Python frames on every entry, a few float32 [B,S,V] blocks
-among many chunk-sized ones. Loading (the safe unpickler) is timed separately.
+Targets (issues 12 and 22): a 1,000,000-entry snapshot read and attributed in ≤ 10 s,
+``attribute --replay`` in ≤ 12 s, each with ≤ 2 GB resident.
+
+Two snapshots:
+
+- *synthetic*: imitates a caching allocator's trace of a chunked log-prob loop
+  (addresses reused from a pool, C++ and Python frames on every entry, a few float32
+  [B,S,V] blocks among many chunk-sized ones); attributed in this process, peak RSS
+  of this process.
+- *corpus*: a real-style training trace (the AdamW LM program of
+  ``tests/attribute/corpus.py``, run on meta through the tracker: torch-style C++ and
+  Python stacks, segments, the autograd engine's frames), its steady-state iteration
+  repeated until the trace holds ``--entries`` entries, as a long training run's
+  ring buffer would. ``memprobe attribute FILE`` and ``memprobe attribute FILE
+  --replay`` each run as a fresh process, timed from start to exit (interpreter and
+  imports included), with that process's own peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -89,11 +103,75 @@ def build_snapshot(entries: int, depth: int) -> dict[str, Any]:
     return {"segments": [], "device_traces": [trace[:entries]]}
 
 
+def corpus_snapshot(entries: int) -> tuple[dict[str, Any], int]:
+    """The corpus's AdamW LM with its steady iteration repeated to ``entries`` entries."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "attribute"))
+    import corpus  # type: ignore[import-not-found]  # noqa: PLC0415 (needs torch)
+
+    return corpus.repeated_training(entries)
+
+
+# The child prints its own peak RSS and CPU time on exit: RUSAGE_CHILDREN would give
+# the largest child's, not each one's.
+_CHILD = (
+    "import atexit, resource, runpy, sys; "
+    "u = lambda: resource.getrusage(resource.RUSAGE_SELF); "
+    "atexit.register(lambda: print('USAGE', u().ru_maxrss, u().ru_utime + u().ru_stime, "
+    "file=sys.stderr)); sys.argv = ['memprobe', *sys.argv[1:]]; "
+    "runpy.run_module('memprobe', run_name='__main__')"
+)
+
+
+def _timed(args: list[str]) -> tuple[float, float, float, str]:
+    """``memprobe ARGS`` in a fresh process: (seconds from start to exit, its CPU
+    seconds, its peak RSS in GiB, its stdout). On a shared machine the wall time waits
+    for other processes; the CPU time is what the command itself costs."""
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, *args], capture_output=True, text=True, check=False
+    )
+    seconds = time.perf_counter() - t0
+    if done.returncode:
+        raise SystemExit(f"memprobe {' '.join(args)} failed: {done.stderr.strip()}")
+    usage = next(x.split() for x in done.stderr.splitlines() if x.startswith("USAGE"))
+    return seconds, float(usage[2]), int(usage[1]) / 2**20, done.stdout
+
+
+def bench_corpus(entries: int, keep: Path | None = None) -> None:
+    snap, period = corpus_snapshot(entries)
+    n = len(snap["device_traces"][0])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_snapshot(snap, keep or Path(tmp) / "corpus.pickle")
+        size = path.stat().st_size
+        del snap
+        cli = ["attribute", str(path)]
+        load = os.getloadavg()[0]
+        t_attr, cpu_attr, rss_attr, text = _timed(cli)
+        t_replay, cpu_replay, rss_replay, replay_text = _timed([*cli, "--replay"])
+        load = max(load, os.getloadavg()[0])
+    print(f"corpus trace entries:     {n:,} ({size / MiB:.1f} MiB pickle, one iteration "
+          f"{period:,} entries, repeated)")  # fmt: skip
+    print(f"memprobe attribute:          {t_attr:.2f} s wall, {cpu_attr:.2f} s CPU, peak RSS "
+          f"{rss_attr:.2f} GiB  (target: <= 10 s, <= 2 GB)")  # fmt: skip
+    print(f"memprobe attribute --replay: {t_replay:.2f} s wall, {cpu_replay:.2f} s CPU, peak "
+          f"RSS {rss_replay:.2f} GiB  (target: <= 12 s, <= 2 GB)")  # fmt: skip
+    print(f"  load average {load:.1f} on {os.cpu_count()} CPUs (wall time waits for the others)")
+    shapes = next((line for line in text.splitlines() if line.startswith("shapes:")), "?")
+    print(f"  {shapes}")
+    replay = [line for line in replay_text.splitlines() if line.startswith("replay on")]
+    print(f"  {replay[0] if replay else 'no replay line'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", type=int, default=1_000_000)
     parser.add_argument("--frames", type=int, default=16, help="frames per trace entry")
+    parser.add_argument("--corpus-only", action="store_true", help="skip the synthetic run")
+    parser.add_argument("--keep", type=Path, help="also write the corpus snapshot here")
     args = parser.parse_args()
+    bench_corpus(args.entries, keep=args.keep)
+    if args.corpus_only:
+        return
     snap = build_snapshot(args.entries, args.frames)
     n = len(snap["device_traces"][0])
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,15 +10,8 @@ from typing import Annotated, Optional
 
 import typer
 
-try:  # typer ≥ 0.20 vendors click; older ones use the click package
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
-except ImportError:  # pragma: no cover - depends on the installed typer
-    from click.exceptions import UsageError
-
-    NoArgsIsHelpError = ()  # type: ignore[assignment,misc]
-
 from memprobe import __version__
-from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, sweep
+from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, step, sweep
 
 app = typer.Typer(
     name="memprobe",
@@ -29,7 +22,6 @@ app = typer.Typer(
         "Diagnose: `memprobe attribute SNAPSHOT`, or `memprobe profile pkg.mod:step` for your "
         "own training step. Guard: `memprobe gate`."
     ),
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
@@ -41,8 +33,9 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     version: Annotated[
         Optional[bool],  # noqa: UP045 - typer needs Optional on py3.10
         typer.Option(
@@ -50,7 +43,10 @@ def _root(
         ),
     ] = None,
 ) -> None:
-    pass
+    if ctx.invoked_subcommand is None:
+        # `memprobe` alone: the help on stdout, exit 2 like any other usage mistake.
+        typer.echo(ctx.get_help())
+        raise typer.Exit(2)
 
 
 app.command("kernels")(kernels.command)
@@ -61,6 +57,7 @@ app.command("diff")(diff.command)
 app.command("report")(report.command)
 app.command("plan")(plan.command)
 app.command("profile")(profile.command)
+app.command("step")(step.command)
 
 
 def main() -> None:
@@ -68,11 +65,12 @@ def main() -> None:
     like every other user mistake, not a framed box."""
     try:
         code = app(standalone_mode=False)
-    except NoArgsIsHelpError as exc:
-        typer.echo(exc.ctx.get_help() if exc.ctx else str(exc))
-        sys.exit(2)
-    except UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx else "memprobe"
+    except typer.TyperException as exc:
+        # typer's public base of its (vendored, private) click errors; usage errors exit 2.
+        if exc.exit_code != 2:
+            raise
+        # A usage error carries the context of the command it was given to.
+        where: str = getattr(getattr(exc, "ctx", None), "command_path", "memprobe")
         message = " ".join(exc.format_message().split())
         typer.echo(f"memprobe: error: {message} (see `{where} --help`)", err=True)
         sys.exit(2)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
+from memprobe.io.files import read_regular
 from memprobe.io.sizes import parse_size
 from memprobe.records import DTYPE_ALIASES, DTYPES, Grid
 
@@ -105,17 +106,21 @@ def find_pyproject(start: Path) -> Path | None:
     return None
 
 
+# A config is a few KB; the cap only stops a device or a wrong file from being read whole.
+MAX_CONFIG_BYTES = 16 * 2**20
+
+
 def read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
+    if not path.exists():
         raise UserError(
             f"config file {path} does not exist", "give --config an existing TOML file"
         ) from None
+    data = read_regular(path, what="config file", max_bytes=MAX_CONFIG_BYTES)
+    try:
+        return tomllib.loads(data.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path} is not valid TOML: {exc}", "fix the syntax at that line") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (UnicodeDecodeError, RecursionError) as exc:
         raise UserError(
             f"cannot read config {path}: {exc}", "check the path and permissions"
         ) from None

@@ -25,12 +25,19 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from memprobe.config import MemprobeConfig, Rule, load_config
 from memprobe.errors import UserError
 from memprobe.io.files import check_output
-from memprobe.results import case_key, read_rows, results_file, run_inputs, write_baseline
+from memprobe.results import (
+    case_key,
+    check_unique_cases,
+    read_rows,
+    results_file,
+    run_inputs,
+    write_baseline,
+)
 
 if TYPE_CHECKING:
     from memprobe.records import Case, Run
@@ -138,6 +145,15 @@ def _measured(kind: str, row: Row) -> float | None:
     return peak / floor
 
 
+class _CaseFields(TypedDict):
+    """The fields every check of one case (and one rule, or the baseline) shares."""
+
+    source: str
+    case: str
+    case_id: str
+    rule: str
+
+
 _MEASURED_FROM = {
     "max_peak": "peak_bytes",
     "max_peak_over_floor": "peak_bytes / floor_bytes",
@@ -147,7 +163,7 @@ _MEASURED_FROM = {
 
 def check_rule(rule: Rule, row: Row) -> list[Check]:
     """The checks of one rule on one case it matches."""
-    common = {
+    common: _CaseFields = {
         "source": rule.name,
         "case": case_label(row),
         "case_id": _case_id(row),
@@ -227,7 +243,12 @@ def check_baseline(
     checks: list[Check] = []
     for base in baseline:
         row = current.get(case_key(base))
-        common = {"source": "baseline", "case": case_label(base), "case_id": _case_id(base)}
+        common: _CaseFields = {
+            "source": "baseline",
+            "case": case_label(base),
+            "case_id": _case_id(base),
+            "rule": "",
+        }
         base_status, base_peak = base.get("status"), base.get("peak_bytes")
         if row is None:
             checks.append(
@@ -288,9 +309,12 @@ def evaluate(
         raise UserError(
             f"--max-regression {max_regression} is not a percentage of zero or more", "e.g. 5"
         )
+    # With a case twice, which row is checked would depend on the order of the file.
+    check_unique_cases(rows, results)
     checks = check_rules(rows, rules, source=results)
     notes: list[str] = []
     if baseline is not None:
+        check_unique_cases(baseline, baseline_source or "the baseline")
         base_checks, notes = check_baseline(rows, baseline, max_regression=max_regression)
         checks.extend(base_checks)
     return Verdict(
@@ -364,6 +388,14 @@ def run_gate(req: GateRequest) -> GateOutcome:
             # First run of `gate --update-baseline` with the baseline named in the config.
             notes.append(f"baseline {baseline_path} does not exist yet; not compared")
             baseline_path = None
+        elif not results_file(baseline_path).exists():
+            # The first gate run of a project: the baseline is made, not found.
+            where = "the config's baseline" if req.baseline is None else "--baseline"
+            raise UserError(
+                f"{where} {baseline_path} does not exist yet",
+                f"make it once with `memprobe gate RUN --update-baseline {baseline_path}` "
+                "and commit it",
+            )
         else:
             baseline_rows = read_rows(baseline_path)
     rules = cfg.gate.rules

@@ -26,13 +26,15 @@ import pandas as pd
 
 from memprobe import __version__
 from memprobe.errors import UserError
-from memprobe.io.files import write_atomic
+from memprobe.io.files import read_regular, write_atomic
 from memprobe.records import DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 
 RUN_META = "run.json"
 RESULTS_JSON = "results.json"
 RESULTS_CSV = "results.csv"
 SNAPSHOTS = "snapshots"
+# A sweep of thousands of cases writes a few MB; the cap stops /dev/zero, not real runs.
+MAX_JSON_BYTES = 256 * 2**20
 
 # What identifies a case across runs (resume, gate baselines, the report). Not
 # case_id: its hash changes whenever Case grows a field, which would make every
@@ -164,7 +166,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if not file.exists():
         raise UserError(f"no results at {file}", "give a run directory or its results.json")
     try:
-        payload = json.loads(file.read_text(encoding="utf-8"))
+        payload = json.loads(read_regular(file, what="results", max_bytes=MAX_JSON_BYTES))
         rows = payload["rows"]
         if not isinstance(rows, list):
             raise TypeError
@@ -172,7 +174,30 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         raise UserError(
             f"{file} is not a memprobe results.json", "point at a run directory"
         ) from None
-    return [validate_row(row, i, file) for i, row in enumerate(rows)]
+    checked = [validate_row(row, i, file) for i, row in enumerate(rows)]
+    check_unique_cases(checked, str(file))
+    return checked
+
+
+def check_unique_cases(rows: Sequence[Row], source: str) -> None:
+    """Results hold each case once: a second row for one case is tampering or a foreign
+    merge, and any reader (the gate's baseline lookup, resume) would have to pick one of
+    them silently. ``source`` names where the rows came from."""
+    first: dict[CaseKey, int] = {}
+    for i, row in enumerate(rows):
+        j = first.setdefault(case_key(row), i)
+        if j != i:
+            raise UserError(
+                f"{source}: rows {j} and {i} are the same case ({row.get('case_id')}); "
+                "a results file holds each case once",
+                "the file is damaged or edited; re-run the sweep",
+            )
+
+
+def unplanned_rows(rows: Sequence[Row], cases: Sequence[Case]) -> list[int]:
+    """Indexes of rows whose case is not one of ``cases`` (those run.json planned)."""
+    planned = {case_key(asdict(c)) for c in cases}
+    return [i for i, r in enumerate(rows) if case_key(r) not in planned]
 
 
 def read_results(path: str | Path) -> pd.DataFrame:
@@ -182,15 +207,18 @@ def read_results(path: str | Path) -> pd.DataFrame:
 
 def read_run_meta(run_dir: Path) -> dict[str, Any]:
     file = run_dir / RUN_META
+    not_a_run = UserError(
+        f"{run_dir} is not a memprobe run (no readable {RUN_META})", "give a run directory"
+    )
+    if not file.exists():
+        raise not_a_run
     try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
+        meta = json.loads(read_regular(file, what="run file", max_bytes=MAX_JSON_BYTES))
         if not isinstance(meta, dict) or not isinstance(meta.get("cases"), list):
             raise ValueError
         return meta
     except (OSError, ValueError, RecursionError):
-        raise UserError(
-            f"{run_dir} is not a memprobe run (no readable {RUN_META})", "give a run directory"
-        ) from None
+        raise not_a_run from None
 
 
 def planned_cases(run_dir: Path) -> list[Case]:

@@ -76,7 +76,10 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     the chunk size runs once, at the first one given.
     """
     if grid is None:
-        grid = Grid(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in values.items()
+        }
+        grid = Grid(**fields)
     tokens = _positive(grid.tokens, "tokens")
     vocab = _positive(grid.vocab, "vocab")
     batch = _positive(grid.batch, "batch")
@@ -280,11 +283,10 @@ def run_sweep(
         run = _with_reserved(_measure_one(case, verify=verify, layout=layout), alloc_conf)
         if snapshots and lead:
             run = _with_snapshot(run, out_dir, alloc_conf)
-        row: dict[str, Any] | None = run.row()
-        if layout is not None:
-            row = gather_row(run.row())
-            if row is None:
-                continue
+        # Under torchrun rank 0 gathers every rank's row; the others get None.
+        row = run.row() if layout is None else gather_row(run.row())
+        if row is None:
+            continue
         rows.append(row)
         results.write_results(out_dir, rows)
         if progress is not None:
@@ -301,6 +303,15 @@ def _open_run(
             raise UserError(f"cannot resume {out_dir}: no such directory", "give a run directory")
         cases = results.planned_cases(out_dir)
         done = results.read_rows(out_dir) if results.results_file(out_dir).exists() else []
+        stray = results.unplanned_rows(done, cases)
+        if stray:
+            # Resuming would keep them in results.json, where gate and report take them
+            # for cases of this run.
+            raise UserError(
+                f"cannot resume {out_dir}: results row {stray[0]} is a case its "
+                f"{results.RUN_META} did not plan ({len(stray)} such row(s))",
+                "the run directory was edited or mixed with another; start a new run",
+            )
     else:
         device = cases[0].device if cases else "meta"
         # The report names each kernel by its registry line without importing the registry.

@@ -267,14 +267,15 @@ def _comparisons_of_inputs(path: Path) -> list[int]:
     return lines
 
 
-def test_only_the_registry_and_the_protocol_object_branch_on_a_kernels_inputs() -> None:
+def test_measurement_and_the_stages_never_branch_on_a_kernels_inputs() -> None:
     """The logits/hidden difference lives on memprobe.measure.protocol's objects; the
-    backends, the sweep and the plan run any kernel through them."""
-    allowed = {"kernels", "commands/kernels.py"}  # the registry's filters and listing
+    backends, the sweep, the plan and the gate run any kernel through them. (The registry
+    filters by it, and a front end may refuse a kernel of the other protocol.)"""
+    scope = ("measure/", "sweep.py", "plan/", "gate.py")
     found = [
         f"{path.relative_to(ROOT)}:{line}"
         for path in sorted(ROOT.rglob("*.py"))
-        if not any(path.relative_to(ROOT).as_posix().startswith(a) for a in allowed)
+        if path.relative_to(ROOT).as_posix().startswith(scope)
         for line in _comparisons_of_inputs(path)
     ]
     assert found == []
@@ -292,3 +293,116 @@ def test_one_progress() -> None:
                     if isinstance(target, ast.Name) and "Progress" in target.id:
                         found.append(f"{path.relative_to(ROOT)}: {target.id} =")
     assert found == ["render/console.py: class Progress"]
+
+
+def _third_party_imports() -> dict[str, set[str]]:
+    """Top-level name of each non-stdlib, non-memprobe import → the modules importing it."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top != "memprobe" and top not in sys.stdlib_module_names:
+                    found[name].add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_every_imported_package_is_declared() -> None:
+    """What memprobe imports, it declares (numpy came in with pandas, undeclared)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text("utf-8"))["project"]
+    declared = {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in project["dependencies"]}
+    # pytest loads memprobe's plugin itself: the plugin alone may import it.
+    undeclared = {
+        f"{name} ({', '.join(sorted(users))})"
+        for name, users in _third_party_imports().items()
+        if name.split(".")[0] not in declared
+        and not (name.split(".")[0] == "pytest" and users == {"commands/pytest_plugin.py"})
+    }
+    assert undeclared == set()
+
+
+def test_no_private_import_of_a_front_end_library() -> None:
+    """typer, rich, jinja2, pandas, matplotlib and numpy by their public API only (a private
+    module moves in a minor release: typer 0.26 moved click's errors into typer._click).
+    torch's private modules are allowed: tracing on meta needs torch's internals."""
+    libraries = {"typer", "click", "rich", "jinja2", "pandas", "matplotlib", "numpy"}
+    private = {
+        f"{name} ({', '.join(sorted(users))})"
+        for name, users in _third_party_imports().items()
+        if name.split(".")[0] in libraries and any(p.startswith("_") for p in name.split("."))
+    }
+    assert private == set()
+
+
+def test_the_package_ships_its_types() -> None:
+    """PEP 561: py.typed in the package and in its package data."""
+    assert (ROOT / "py.typed").is_file()
+    pyproject = (ROOT.parent / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.search(r'^"memprobe" = \[.*"py\.typed".*\]', pyproject, re.MULTILINE)
+
+
+def _module_level_names(path: Path) -> dict[str, ast.expr | None]:
+    """Names a module binds at its top level (assignments, defs, classes) → value."""
+    out: dict[str, ast.expr | None] = {}
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign):
+            out |= {t.id: node.value for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            out[node.target.id] = node.value
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            out[node.name] = None
+    return out
+
+
+def test_each_allocator_constant_is_defined_once() -> None:
+    """The allocator's size rules and the snapshot format's words live in allocator/;
+    the rest of the package imports them (snapshot/ once re-declared all of them)."""
+    owned = {
+        name: path.relative_to(ROOT).as_posix()
+        for path in sorted((ROOT / "allocator").rglob("*.py"))
+        for name, _ in _module_level_names(path).items()
+        if (name.isupper() and not name.startswith("_"))
+        or name in ("round_up", "round_size", "allocation_size")
+    }
+    again = [
+        f"{path.relative_to(ROOT).as_posix()}: {name} (defined in {owned[name]})"
+        for path in sorted(ROOT.rglob("*.py"))
+        if path.relative_to(ROOT).parts[0] != "allocator"
+        for name in _module_level_names(path)
+        if name in owned
+    ]
+    assert again == []
+
+
+def test_the_snapshot_words_are_grouped_in_one_module() -> None:
+    """Only allocator/snapshot_format.py defines groups of trace actions or block states:
+    a module-level tuple or set of two or more of them elsewhere is a second definition
+    (allocator/replay.py once kept its own live states and segment actions)."""
+    from memprobe.allocator import snapshot_format as fmt
+
+    words = {*fmt.ACTIONS, fmt.FREE, *fmt.LIVE_STATES, fmt.INACTIVE, *fmt.STATE_ALIASES}
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.name == "snapshot_format.py":
+            continue
+        for name, value in _module_level_names(path).items():
+            for node in ast.walk(value) if value is not None else ():
+                if isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+                    listed = {
+                        e.value
+                        for e in node.elts
+                        if isinstance(e, ast.Constant) and e.value in words
+                    }
+                    if len(listed) >= 2:
+                        found.append(f"{path.relative_to(ROOT)}: {name} {sorted(listed)}")
+    assert found == []

@@ -38,6 +38,20 @@ from typing import Any
 
 from memprobe.allocator.config import AllocConf
 
+# The model records what it does on device memory in torch's trace words.
+from memprobe.allocator.snapshot_format import (
+    ACTIVE_ALLOCATED,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    INACTIVE,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+)
+
 MIN_BLOCK = 512  # kMinBlockSize: every block is a multiple of this
 SMALL_SIZE = 1 << 20  # kSmallSize: requests up to 1 MiB use the small pool
 SMALL_BUFFER = 2 << 20  # kSmallBuffer: small segments (and small expandable pages) are 2 MiB
@@ -50,12 +64,6 @@ ADDRESS_BASE = 0x7F0000000000
 # reserves 9/8 of the device memory. Only addresses depend on it, never reserved bytes.
 DEFAULT_VA_BYTES = 1 << 40
 DEFAULT_POOL_ID = (0, 0)
-
-# Events the model performs on device memory, named as in torch's trace.
-SEGMENT_ALLOC = "segment_alloc"
-SEGMENT_FREE = "segment_free"
-SEGMENT_MAP = "segment_map"
-SEGMENT_UNMAP = "segment_unmap"
 
 # address_source(kind, nbytes) -> address, where kind is "cudaMalloc" (a new segment) or
 # "reserve" (the virtual range of a new expandable segment). None: use the next free address.
@@ -288,7 +296,7 @@ class CachingAllocatorModel:
                 block = self._alloc_block(pool, size, alloc_size, True)
             if block is None:
                 self.num_ooms += 1
-                self._record("oom", 0, size, stream)
+                self._record(OOM, 0, size, stream)
                 raise OutOfMemory(nbytes, alloc_size, self.reserved, self.allocated)
         return self._alloc_found_block(block, pool, size, nbytes)
 
@@ -300,8 +308,8 @@ class CachingAllocatorModel:
         block.allocated = False
         self.allocated -= block.size
         if self.trace is not None:
-            self._record("free_requested", block.addr, block.requested, block.pool.stream)
-            self._record("free_completed", block.addr, block.requested, block.pool.stream)
+            self._record(FREE_REQUESTED, block.addr, block.requested, block.pool.stream)
+            self._record(FREE_COMPLETED, block.addr, block.requested, block.pool.stream)
         self._free_block(block)
 
     def empty_cache(self) -> None:
@@ -352,7 +360,7 @@ class CachingAllocatorModel:
         segment, or per contiguous mapped range of an expandable segment, by address."""
         out = []
         for head in self._segment_heads():
-            blocks = []
+            blocks: list[dict[str, Any]] = []
             allocated = active = requested = 0
             b: _Block | None = head
             while b is not None and b.mapped:
@@ -361,7 +369,7 @@ class CachingAllocatorModel:
                         "address": b.addr,
                         "size": b.size,
                         "requested_size": b.requested,
-                        "state": "active_allocated" if b.allocated else "inactive",
+                        "state": ACTIVE_ALLOCATED if b.allocated else INACTIVE,
                         "frames": [],
                     }
                 )
@@ -633,7 +641,7 @@ class CachingAllocatorModel:
         if self.requested > self.requested_peak:
             self.requested_peak = self.requested
         if self.trace is not None:
-            self._record("alloc", addr, nbytes, pool.stream)
+            self._record(ALLOC, addr, nbytes, pool.stream)
         return addr
 
     def _free_block(self, block: _Block) -> None:

@@ -13,7 +13,9 @@ For each device the replay:
    unless the final segments still show that block pending (then it stays live);
 3. compares the modelled reserved bytes with the recorded ones (reserved grows with
    ``segment_alloc``/``segment_map`` and shrinks with ``segment_free``/``segment_unmap``)
-   after every allocation, when the trace has segment entries.
+   after every allocation. A trace with no segment entries but final ``segments`` held
+   those segments, unchanged, over its whole window (torch records every cudaMalloc and
+   cudaFree while it records history): that constant is what the model is held to.
 
 With ``use_recorded_addresses`` a new segment is placed where the real cudaMalloc put it
 (the address of the ``segment_alloc`` the same request recorded), so every allocation
@@ -43,13 +45,22 @@ from memprobe.allocator.model import (
     CachingAllocatorModel,
     round_size,
 )
+from memprobe.allocator.snapshot_format import (
+    ACTIVE_PENDING_FREE,
+    BLOCK_ACTIONS,
+    FREED,
+    FREES,
+    LIVE_STATES,
+    SEGMENT_GROW,
+    SEGMENT_SHRINK,
+    SETTINGS_CONF_KEYS,
+    STATE_ALIASES,
+)
 from memprobe.errors import UserError
 
-_LIVE = ("active_allocated", "active_pending_free", "active_awaiting_free")
-_PENDING = ("active_pending_free", "active_awaiting_free")
-_GROW = ("segment_alloc", "segment_map")
-_SHRINK = ("segment_free", "segment_unmap")
-_SETTINGS_KEYS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+# A dict that did not come through the loader may still spell a state the old way.
+_LIVE = (*LIVE_STATES, *STATE_ALIASES)
+_PENDING = (ACTIVE_PENDING_FREE, *STATE_ALIASES)
 _NO_LIMIT = 1 << 63  # torch reports "no max_split_size" as SIZE_MAX
 
 
@@ -58,10 +69,13 @@ class DeviceReplay:
     """What the model predicts for one device of a snapshot, beside what was recorded.
 
     Reserved figures include the segments that existed before the trace began.
-    ``recorded_*`` reserved figures are None when the trace has no segment entries.
-    ``timeline_mismatches``: allocations after which modelled and recorded reserved differ
-    (None without segment entries). ``address_mismatches``: allocations placed away from
-    their recorded address (only with ``use_recorded_addresses``).
+    ``recorded_from``: "segment events" (reserved over time from the trace), "constant"
+    (no segment entries: the final segments held throughout), or None (neither: the
+    ``recorded_*`` reserved figures are None). ``timeline_mismatches``: allocations after
+    which modelled and recorded reserved differ (None when nothing was recorded).
+    ``address_mismatches``: allocations placed away from their recorded address (only
+    with ``use_recorded_addresses``); ``first_address_mismatch`` is the first one as
+    (trace index, recorded address, placed address).
     """
 
     device: int
@@ -78,6 +92,8 @@ class DeviceReplay:
     first_mismatch_index: int | None
     address_mismatches: int | None
     notes: tuple[str, ...]
+    recorded_from: str | None = None
+    first_address_mismatch: tuple[int, int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -89,7 +105,7 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
     """The allocator settings a snapshot was recorded with (``allocator_settings``; older
     files without it: expandable segments when any segment is expandable, else defaults)."""
     settings = snapshot.get("allocator_settings") or {}
-    for key in _SETTINGS_KEYS:
+    for key in SETTINGS_CONF_KEYS:
         text = settings.get(key)
         if isinstance(text, str) and text.strip():
             try:
@@ -154,10 +170,10 @@ def _free_plan(trace: list[dict], final_state: dict[int, str]) -> list[bool]:
     for i in range(len(trace) - 1, -1, -1):
         e = trace[i]
         action = e["action"]
-        if action not in ("alloc", "free_requested", "free_completed", "free"):
+        if action not in BLOCK_ACTIONS:
             continue
         addr = e["addr"]
-        if action in ("free_completed", "free"):
+        if action in FREED:
             effective[i] = True
         elif action == "free_requested":
             later = next_kind.get(addr)
@@ -278,9 +294,7 @@ class _DeviceReplay:
         first: dict[int, tuple[str, dict, int]] = {}
         for i, e in enumerate(self.trace):
             action = e["action"]
-            if action == "alloc" or (
-                action in ("free_requested", "free_completed", "free") and effective[i]
-            ):
+            if action == "alloc" or (action in FREES and effective[i]):
                 first.setdefault(e["addr"], ("alloc" if action == "alloc" else "free", e, i))
         live: list[tuple[int, int | None, int]] = []
         for s in self.segments:
@@ -442,12 +456,17 @@ class _DeviceReplay:
         self.model = model
         installed = self._install(model, effective)
         handles = {a: a for a in installed}
-        has_segment_events = any(e["action"] in _GROW + _SHRINK for e in self.trace)
+        has_segment_events = any(e["action"] in SEGMENT_GROW + SEGMENT_SHRINK for e in self.trace)
+        recorded_from = (
+            "segment events" if has_segment_events else "constant" if self.segments else None
+        )
+        compared = recorded_from is not None
         recorded = model.reserved
         recorded_peak = recorded
         mismatches = 0
         first_mismatch: int | None = None
         address_mismatches = 0
+        first_address: tuple[int, int, int] | None = None
         requests = 0
         flushes = 0
         retries = 0
@@ -461,7 +480,7 @@ class _DeviceReplay:
         streams = set()
         for i, e in enumerate(self.trace):
             action = e["action"]
-            if action in _GROW:
+            if action in SEGMENT_GROW:
                 grew_after_shrink = shrink_pending
                 recorded += e["size"]
                 recorded_peak = max(recorded_peak, recorded)
@@ -469,7 +488,7 @@ class _DeviceReplay:
                     e["addr"]
                 )
                 continue
-            if action in _SHRINK:
+            if action in SEGMENT_SHRINK:
                 recorded -= e["size"]
                 if not shrink_pending:
                     shrinks = 0
@@ -477,7 +496,7 @@ class _DeviceReplay:
                 shrinks += 1
                 shrink_pending = True
                 continue
-            is_free = action in ("free_requested", "free_completed", "free") and effective[i]
+            is_free = action in FREES and effective[i]
             if action != "alloc" and not is_free and action != "oom":
                 continue
             if shrink_pending and (
@@ -515,18 +534,20 @@ class _DeviceReplay:
                 handles[e["addr"]] = handle
                 if handle != e["addr"]:
                     address_mismatches += 1
+                    if first_address is None:
+                        first_address = (i, e["addr"], handle)
                 self.pending_malloc.clear()
                 self.pending_map.clear()
-                if has_segment_events and model.reserved != recorded:
+                if compared and model.reserved != recorded:
                     mismatches += 1
                     if first_mismatch is None:
                         first_mismatch = i
             else:
-                handle = handles.pop(e["addr"], None)
-                if handle is None:
+                freed = handles.pop(e["addr"], None)
+                if freed is None:
                     skipped_frees += 1
                     continue
-                model.free(handle)
+                model.free(freed)
         if shrink_pending:
             model.empty_cache()
             flushes += 1
@@ -557,8 +578,10 @@ class _DeviceReplay:
                 f"{self.recorded_conf.to_string() or 'defaults'}; the state at the trace's start "
                 "is the recorded one"
             )
+        if address_mismatches and self.recorded_mode:
+            self.notes.append(self._address_note(first_address, address_mismatches))
         stats = model.stats
-        rec_peak = recorded_peak if has_segment_events else None
+        rec_peak = recorded_peak if compared else None
         error = 100.0 * (stats.reserved_peak_bytes - rec_peak) / rec_peak if rec_peak else None
         return DeviceReplay(
             device=self.device,
@@ -567,15 +590,36 @@ class _DeviceReplay:
             predicted_reserved_peak_bytes=stats.reserved_peak_bytes,
             recorded_reserved_peak_bytes=rec_peak,
             predicted_reserved_final_bytes=stats.reserved_bytes,
-            recorded_reserved_final_bytes=recorded if has_segment_events else None,
+            recorded_reserved_final_bytes=recorded if compared else None,
             predicted_segments=stats.segments,
             recorded_segments=len(self.segments),
             error_pct=error,
-            timeline_mismatches=mismatches if has_segment_events else None,
+            timeline_mismatches=mismatches if compared else None,
             first_mismatch_index=first_mismatch,
             address_mismatches=address_mismatches if self.recorded_mode else None,
             notes=tuple(self.notes),
+            recorded_from=recorded_from,
+            first_address_mismatch=first_address if self.recorded_mode else None,
         )
+
+    def _address_note(self, first: tuple[int, int, int] | None, count: int) -> str:
+        """Why allocations left their recorded addresses, as far as the trace shows it."""
+        assert first is not None
+        index, recorded, placed = first
+        where = f"the first at entry #{index}: recorded at {recorded:#x}, placed at {placed:#x}"
+        expandable = any(s.get("is_expandable") for s in self.segments) or any(
+            e["action"] in ("segment_map", "segment_unmap") for e in self.trace
+        )
+        # Facts the trace gives, not a guess at the cause: what the model could not see.
+        if expandable:
+            why = (
+                "with expandable segments the model places blocks in the pages the trace's "
+                "segment_map entries name; torch reserves each range's base without a trace "
+                "entry, so a range the trace never maps is placed by the model's own choice"
+            )
+        else:
+            why = "from there on the model's free blocks differ from the real allocator's"
+        return f"{count:,} allocation(s) away from their recorded address, {where}; {why}"
 
 
 def _runs(pages: Iterable[int], page: int) -> list[tuple[int, int]]:

@@ -9,10 +9,13 @@ blocks round up to 512 B, so reserved − allocated includes that rounding.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from memprobe.snapshot.model import INACTIVE, LIVE_STATES
+from memprobe.allocator.snapshot_format import INACTIVE, LIVE_STATES, SEGMENT_GROW, SEGMENT_SHRINK
+from memprobe.snapshot.allocator import round_block_size
 
 # Settings worth a line of their own (the rest are printed only when not default).
 _KEY_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments", "max_split_size")
@@ -87,6 +90,67 @@ def _settings(settings: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         if key in _KEY_SETTINGS or value not in (None, "", 0, 0.0, False, -1, {}):
             out.append((str(key), str(value)))
     return tuple(out)
+
+
+def segments_at(
+    entries: list[dict[str, Any]], pos: int, segments: list[dict[str, Any]]
+) -> dict[int, int] | None:
+    """The segments (address -> bytes) that existed right after trace entry ``pos``: the
+    snapshot's final segments walked back through the segment events after ``pos``.
+
+    An expandable segment is one address range that grows and shrinks at its end by
+    ``segment_map``/``segment_unmap``. None when nothing is known: no segments and no
+    segment events. Without segment events the final segments held all along (torch
+    records every cudaMalloc and cudaFree while it records history).
+    """
+    if not segments and not any(e["action"] in SEGMENT_GROW + SEGMENT_SHRINK for e in entries):
+        return None
+    held = {s["address"]: s["total_size"] for s in segments}
+    expandable = sorted(s["address"] for s in segments if s.get("is_expandable"))
+    for e in reversed(entries[pos + 1 :]):
+        action = e["action"]
+        if action == "segment_alloc":
+            held.pop(e["addr"], None)
+        elif action == "segment_free":
+            held[e["addr"]] = e["size"]
+        elif action in ("segment_map", "segment_unmap"):
+            i = bisect.bisect_right(expandable, e["addr"]) - 1
+            base = expandable[i] if i >= 0 else e["addr"]
+            grow = e["size"] if action == "segment_unmap" else -e["size"]
+            held[base] = held.get(base, 0) + grow
+            if held[base] <= 0:
+                del held[base]
+    return held
+
+
+def largest_free_block_at(held: dict[int, int], live: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    """(bytes not in live blocks, the largest gap between them) over the ``held`` segments.
+
+    ``live`` is (address, block bytes) of what was allocated then. A gap between two live
+    blocks of one segment is one free block: free neighbours always coalesce.
+    """
+    starts = sorted(held)
+    inside: dict[int, list[tuple[int, int]]] = {a: [] for a in starts}
+    for addr, size in live:
+        i = bisect.bisect_right(starts, addr) - 1
+        if i >= 0 and addr < starts[i] + held[starts[i]]:
+            inside[starts[i]].append((addr, size))
+    free = largest = 0
+    for base in starts:
+        cursor, end = base, base + held[base]
+        for addr, size in sorted(inside[base]) + [(end, 0)]:
+            gap = max(0, addr - cursor)
+            free += gap
+            largest = max(largest, gap)
+            cursor = max(cursor, addr + size)
+    return free, largest
+
+
+def block_bytes(requested: int, segment_block: dict[str, Any] | None) -> int:
+    """A live block's size in its segment: the recorded one, else the 512 B rounding."""
+    if segment_block is not None and isinstance(segment_block.get("size"), int):
+        return int(segment_block["size"])
+    return round_block_size(requested)
 
 
 @dataclass(frozen=True)

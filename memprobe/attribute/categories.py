@@ -64,11 +64,13 @@ def _rows_sizes(shapes: ShapeInference, loss_rows: bool) -> set[int]:
 
 
 def _labelled_bsv(site: Site, shapes: ShapeInference) -> bool:
-    shape = site.label_shape or ()
+    shape = site.label_shape
+    if not shape or shapes.tokens is None or shapes.vocab is None:
+        return False
     elements = 1
     for d in shape:
         elements *= d
-    return bool(shape) and shape[-1] == shapes.vocab and elements == shapes.tokens * shapes.vocab
+    return shape[-1] == shapes.vocab and elements == shapes.tokens * shapes.vocab
 
 
 def classify(

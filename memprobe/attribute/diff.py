@@ -4,6 +4,11 @@ Each peak's live bytes are grouped by (the user's line, its caller, op, category
 two call sites of one helper stay apart; a contributor's delta is its bytes at B's
 peak minus at A's. Sorted by delta, largest growth first, so "context 512 → 1024"
 names the line whose tensors grew.
+
+Before the lines, what differs between the two runs as their readings show it
+(:func:`run_differences`): the models (the parameters' block sizes), H and V, the
+logits' dtype, autocast (weight copies), batch and sequence. A line-by-line table
+between two different models is noise; those words say why.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from memprobe.attribute.categories import AUTOCAST, PARAMETERS
 from memprobe.attribute.findings import Findings
 from memprobe.attribute.records import frame_json
 from memprobe.records import Frame
@@ -42,6 +48,67 @@ class Contributor:
 
 
 @dataclass(frozen=True)
+class Difference:
+    """One way the two runs differ: ``what`` ("model", "hidden", "vocabulary", "logits
+    dtype", "autocast", "batch", "sequence", "tokens"), its value in A and B (for "model"
+    the parameters' bytes, for "autocast" the weight copies' bytes, 0 on the side without
+    autocast), and what in the traces says so."""
+
+    what: str
+    a: int | str | None
+    b: int | str | None
+    evidence: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _parameter_blocks(f: Findings) -> Counter[int]:
+    sizes: Counter[int] = Counter()
+    for g in f.groups:
+        if g.category == PARAMETERS:
+            sizes[g.size] += g.count
+    return sizes
+
+
+def run_differences(a: Findings, b: Findings) -> tuple[Difference, ...]:
+    """What differs between the runs, from each reading (nothing claimed that neither
+    reading holds: an unknown B or S on either side names no batch change)."""
+    out: list[Difference] = []
+    pa, pb = _parameter_blocks(a), _parameter_blocks(b)
+    if pa and pb and pa != pb:
+        only = len(set(pa) ^ set(pb))
+        out.append(
+            Difference(
+                "model",
+                sum(k * n for k, n in pa.items()),
+                sum(k * n for k, n in pb.items()),
+                f"parameter blocks at the peak: {sum(pa.values()):,} -> {sum(pb.values()):,}, "
+                f"{only:,} block size(s) in only one of them",
+            )
+        )
+    ia, ib = a.inference, b.inference
+    for what, x, y in (("hidden", ia.hidden, ib.hidden), ("vocabulary", ia.vocab, ib.vocab)):
+        if x is not None and y is not None and x != y:
+            out.append(Difference(what, x, y, "each file's shape reading"))
+    if ia.logits_dtype and ib.logits_dtype and ia.logits_dtype != ib.logits_dtype:
+        out.append(
+            Difference("logits dtype", ia.logits_dtype, ib.logits_dtype, "each logits family")
+        )
+    ca, cb = dict(a.breakdown).get(AUTOCAST, 0), dict(b.breakdown).get(AUTOCAST, 0)
+    if bool(ca) != bool(cb):
+        out.append(Difference("autocast", ca, cb, "bytes of autocast weight copies at each peak"))
+    split = None not in (ia.batch, ia.seq, ib.batch, ib.seq)
+    if split:
+        for what, x, y in (("batch", ia.batch, ib.batch), ("sequence", ia.seq, ib.seq)):
+            if x != y:
+                out.append(Difference(what, x, y, "each file's B, S split"))
+    elif ia.tokens is not None and ib.tokens is not None and ia.tokens != ib.tokens:
+        out.append(Difference("tokens", ia.tokens, ib.tokens, "N = B·S in each file (unsplit)"))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class PeakDiff:
     path_a: str | None
     path_b: str | None
@@ -49,11 +116,13 @@ class PeakDiff:
     peak_b_bytes: int
     categories: tuple[tuple[str, int, int], ...]  # (category, bytes at A, bytes at B)
     contributors: tuple[Contributor, ...]  # by delta, largest growth first
+    differences: tuple[Difference, ...] = ()  # what differs between the runs
 
     def to_json(self) -> dict[str, Any]:
         return {
             "peak_a_bytes": self.peak_a_bytes,
             "peak_b_bytes": self.peak_b_bytes,
+            "differences": [d.to_json() for d in self.differences],
             "contributors": [c.to_json() for c in self.contributors],
         }
 
@@ -80,4 +149,5 @@ def diff_findings(a: Findings, b: Findings) -> PeakDiff:
         b.peak_allocated_bytes,
         tuple(categories),
         tuple(contributors),
+        run_differences(a, b),
     )

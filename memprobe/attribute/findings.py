@@ -16,7 +16,14 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 from typing import Any
 
-from memprobe.attribute.allocator_view import AllocatorView, allocator_view, oom_verdict
+from memprobe.attribute.allocator_view import (
+    AllocatorView,
+    allocator_view,
+    block_bytes,
+    largest_free_block_at,
+    oom_verdict,
+    segments_at,
+)
 from memprobe.attribute.categories import CATEGORIES, Verdict, classify
 from memprobe.attribute.explain import Explanation
 from memprobe.attribute.ops import (
@@ -157,7 +164,7 @@ def attribute_file_devices(
     path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES, **options: Any
 ) -> tuple[Findings, ...]:
     snapshot = load_snapshot(path, max_bytes=max_bytes)
-    return attribute_devices(snapshot, path=str(path), **options)
+    return attribute_devices(snapshot, path=str(path), normalized=True, **options)
 
 
 def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
@@ -169,11 +176,20 @@ def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
 
 
 def attribute_devices(
-    snapshot: dict[str, Any], *, device: int | None = None, **options: Any
+    snapshot: dict[str, Any],
+    *,
+    device: int | None = None,
+    normalized: bool = False,
+    **options: Any,
 ) -> tuple[Findings, ...]:
     """Attribute every device with a trace (or only ``device``); the device that hit an
-    OOM comes first, then the others by peak."""
-    snap = normalize_snapshot(snapshot, source=options.get("path") or "<snapshot>")
+    OOM comes first, then the others by peak. ``normalized``: the dict is what
+    ``load_snapshot`` returned (normalising it again costs seconds on 10^6 entries)."""
+    snap = (
+        snapshot
+        if normalized
+        else normalize_snapshot(snapshot, source=options.get("path") or "<snapshot>")
+    )
     if device is not None:
         return (_attribute_normalized(snap, device=device, **options),)
     found = [_attribute_normalized(snap, device=d, **options) for d in devices_with_data(snap)]
@@ -268,6 +284,7 @@ class _Context:
             id_sizes=frozenset(id_sizes),
             persistent=tuple(persistent.items()),
             casts=frozenset(c for c in copies if persistent[2 * c]),
+            steps=max(1, len(set(self.phases.backward_end.values()))),
         )
         loss_sites = [(size, s) for size, s in samples if size >= MIN_LOSS_BLOCK]
         loss_sizes = {size for size, s in loss_sites if s.loss and size not in attention}
@@ -476,7 +493,18 @@ def _groups(live: list[ReplayBlock], ctx: _Context) -> tuple[BlockGroup, ...]:
         key = (b.size, v.category, s.op, s.frame, v.phase, b.alloc_pos == BEFORE_TRACE, v.logits)
         groups[key].append(b)
     out = [
-        BlockGroup(len(bs), k[0], k[0] * len(bs), k[1], k[2], k[3], k[4], k[5], k[6])
+        BlockGroup(
+            len(bs),
+            k[0],
+            k[0] * len(bs),
+            k[1],
+            k[2],
+            k[3],
+            k[4],
+            k[5],
+            k[6],
+            Counter(ctx.verdict(b).reason for b in bs).most_common(1)[0][0],
+        )  # fmt: skip
         for k, bs in groups.items()
     ]
     out.sort(key=lambda g: (-g.total_bytes, -g.size))
@@ -577,7 +605,7 @@ def _explanation(b: ReplayBlock, shapes: ShapeInference, reason: str) -> Explana
     seq = (shapes.seq or 0) - (1 if rows != shapes.tokens else 0)
     return Explanation(
         dtype=dtype,
-        batch=shapes.batch if split else 1,  # type: ignore[arg-type]
+        batch=shapes.batch if split and shapes.batch is not None else 1,
         tokens=seq if split else rows,
         vocab=shapes.vocab or 0,
         exact=True,
@@ -595,6 +623,9 @@ def _finding(
     label_text = origin.get("user_metadata", "")
     label_text = label_text if isinstance(label_text, str) else ""
     explanations: tuple[Explanation, ...] = ()
+    dtype: str | None
+    shape: tuple[int, ...] | None
+    dtype_source: str | None
     if site.label_dtype:
         dtype, shape, dtype_source = site.label_dtype, site.label_shape, "label"
         if verdict.logits and site.label_shape and len(site.label_shape) == 3:
@@ -662,14 +693,21 @@ def _oom(
 ) -> OomFinding:
     e = moment.entry
     site = ctx.sites.site(e)
-    # The segments describe the allocator right after the OOM only when the snapshot
-    # was taken then (torch's OOM observer does that): no allocation after it.
-    later_allocs = any(x["action"] == "alloc" for x in ctx.rep.entries[moment.pos + 1 :])
-    largest = None if later_allocs or not view.segments else view.largest_free_block
+    # The allocator at the OOM moment, not at snapshot time: what was freed after the
+    # failure (the exception unwinding) coalesced into free blocks the request never saw.
+    segments = [s for s in snap["segments"] if s.get("device", 0) == ctx.rep.device]
+    held = segments_at(ctx.rep.entries, moment.pos, segments)
+    reserved, largest = moment.reserved_bytes, None
+    if held is not None:
+        _, largest = largest_free_block_at(
+            held, ((b.addr, block_bytes(b.size, b.segment_block)) for b in live)
+        )
+        if reserved is None:  # no segment events: reserved held still over the window
+            reserved = sum(held.values())
     verdict = oom_verdict(
         e["size"],
         moment.allocated_bytes,
-        moment.reserved_bytes,
+        reserved,
         e.get("device_free"),
         largest,
         bool(view.expandable_segments)

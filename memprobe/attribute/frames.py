@@ -123,17 +123,6 @@ def is_internal(frame: Frame) -> bool:
     return bool(_STDLIB.search(path))
 
 
-def first_user_frame(frames: Sequence[Frame]) -> Frame | None:
-    for frame in frames:
-        if not is_internal(frame):
-            return frame
-    return None
-
-
-def is_generated(frame: Frame) -> bool:
-    return bool(_GENERATED.search(normalized_path(frame.filename)))
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def library_of(frame: Frame) -> str | None:
     """The installed package a Python frame belongs to (``einops``), ``inductor-generated

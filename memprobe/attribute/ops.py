@@ -43,7 +43,7 @@ def is_matmul(op: str | None, node: str | None) -> bool:
     """A matmul forward (the lm_head is one); its backward makes weight/hidden grads."""
     if node is not None:
         return False
-    return bool(op) and bool(_MATMUL.search(op.lower().removeprefix("aten::")))
+    return bool(op and _MATMUL.search(op.lower().removeprefix("aten::")))
 
 
 def is_opaque_generated(op: str | None, via: Sequence[str]) -> bool:
@@ -53,11 +53,11 @@ def is_opaque_generated(op: str | None, via: Sequence[str]) -> bool:
 
 
 def is_copy(op: str | None) -> bool:
-    return bool(op) and bool(_COPY.search(op.lower().removeprefix("aten::")))
+    return bool(op and _COPY.search(op.lower().removeprefix("aten::")))
 
 
 def is_int_op(op: str | None) -> bool:
-    return bool(op) and bool(_INT_OPS.search(op.lower()))
+    return bool(op and _INT_OPS.search(op.lower()))
 
 
 def loss_evidence(op: str | None, node: str | None, frames: Sequence[Frame]) -> str | None:

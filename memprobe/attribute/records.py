@@ -97,6 +97,7 @@ class BlockGroup:
     phase: str | None
     before_trace: bool
     logits: bool
+    reason: str = ""  # why the category: the evidence most of the group's blocks rest on
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -193,6 +193,9 @@ class Direct:
     # Sizes a forward ``_to_copy`` made at half a persistent block's bytes: autocast's
     # bfloat16 copies of float32 weights (and biases).
     casts: frozenset[int] = frozenset()
+    # Iterations the trace holds (its backward passes; 1 without any): counts of what a
+    # step makes (ids, activations) are weighed per step, so two steps read as one.
+    steps: int = 1
 
     def ids_ok(self, size: int) -> bool:
         return not self.stacks or (size in self.id_sizes and size not in self.casts)
@@ -384,15 +387,22 @@ def _infer_from(
         confidence = "low"
     if forward_only and confidence in ("high", "given"):
         confidence = "medium"  # no loss confirms that the matmul's output is over V
-    shape = recorded.get((best.n, best.v)) if best.shift is None else None
+    logits_shape = recorded.get((best.n, best.v)) if best.shift is None else None
+    batch: int | None
+    seq: int | None
     if best.shift:
         batch, seq = best.shift, best.tokens // best.shift
         split_reasons = [
             f"B = {batch:,}, S = {seq:,}: the loss's rows are B·(S−1) = {best.n:,} and the "
             f"activations' B·S = {best.tokens:,} (the loss on logits[:, :-1], labels[:, 1:])"
         ]
-    elif shape is not None and len(shape) == 3 and hints.batch is None and hints.tokens is None:
-        batch, seq, split_reasons = shape[0], shape[1], []
+    elif (
+        logits_shape is not None
+        and len(logits_shape) == 3
+        and hints.batch is None
+        and hints.tokens is None
+    ):
+        batch, seq, split_reasons = logits_shape[0], logits_shape[1], []
     else:
         batch, seq, split_reasons = _split(best.n, hints, direct, best.hidden)
     family = sorted(best.family, key=lambda f: f[0])
@@ -442,9 +452,9 @@ def _sharded(
         if full % k or full // k < MIN_VOCAB:
             continue
         local = Hints(full // k, hints.tokens, hints.batch)
-        found = _infer_from(sources, sizes, local, (), matmuls, forward_only, direct)
-        if found is not None and (best is None or found[1] > best[0]):
-            best = (found[1], k, found[0])
+        reading = _infer_from(sources, sizes, local, (), matmuls, forward_only, direct)
+        if reading is not None and (best is None or reading[1] > best[0]):
+            best = (reading[1], k, reading[0])
     if best is None or (whole is not None and best[0] < whole[1] + SHARD_MARGIN):
         return None
     score, k, found = best
@@ -608,7 +618,7 @@ def _score(
         r = ids[-1]
         # Ids, targets, masks: a few per step; hundreds of such blocks are per-layer
         # float32 statistics of twice the rows, which say less.
-        score += 3 if sizes[8 * r] <= MAX_ID_BLOCKS else 1.5
+        score += 3 if sizes[8 * r] <= MAX_ID_BLOCKS * direct.steps else 1.5
         reasons.append(f"{sizes[8 * r]} int64 [N] block(s) of {8 * r:,} B (targets / token ids)")
     if 4 * n in sizes:
         score += 1.5
@@ -629,6 +639,7 @@ def _score(
         direct.matmul_counts(),
         Counter(dict(direct.persistent)) if direct.persistent else None,
         direct.casts,
+        direct.steps,
     )
     score += h.score
     reasons += h.reasons
@@ -679,6 +690,7 @@ def _hidden(
     made_by_matmul: Counter[int] | None = None,
     persistent: Counter[int] | None = None,
     casts: frozenset[int] = frozenset(),
+    steps: int = 1,
 ) -> _Hidden:
     """The hidden size H best supported by [N, H] / [N, 4H] activations and [V, H] weights.
     Bytes read as float32 [N, H] also read as bfloat16 [N, 2H]: where they tie, the
@@ -698,7 +710,8 @@ def _hidden(
         if count < 2:
             continue
         # Each layer makes its own activations: many blocks are worth more than a few.
-        score = min(math.log2(count), 12) / 2 + (1 if h >= PLAUSIBLE_HIDDEN else 0)
+        per_step = max(1.0, count / steps)
+        score = min(math.log2(per_step), 12) / 2 + (1 if h >= PLAUSIBLE_HIDDEN else 0)
         reasons = [f"{count} activation block(s) of [N, H={h:,}] ({n * h * itemsize:,} B)"]
         wide = 4 * h * n * itemsize
         if wide in sizes and wide not in family:

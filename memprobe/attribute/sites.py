@@ -39,7 +39,6 @@ from memprobe.records import Frame
 from memprobe.snapshot.labels import parse_label, parse_shape
 
 PHASES = ("setup", "forward", "backward", "optimizer")
-AUTOGRAD_ENGINE = "backward (autograd engine)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +79,7 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
     if op is None:
         op = op_from_frames(frames)
         op_source = "frames" if op else None
+    phase: str | None
     if label.get("phase") in PHASES:
         phase, reason = label["phase"], "memprobe's label"
     else:
@@ -123,9 +123,21 @@ class SiteCache:
     def __init__(self) -> None:
         self._sites: dict[tuple[tuple[int, ...], str], Site] = {}
         self._keep: list[Any] = []  # the frames objects keyed by id stay alive with us
+        # Each entry is asked for again and again (phases, shapes, categories): its
+        # site by the entry's id, the entry kept alive with it.
+        self._by_entry: dict[int, tuple[dict[str, Any], Site]] = {}
 
     def site(self, entry: dict[str, Any] | None) -> Site:
-        entry = entry or {}
+        if entry is None:
+            entry = {}
+        seen = self._by_entry.get(id(entry))
+        if seen is not None and seen[0] is entry:
+            return seen[1]
+        found = self._read(entry)
+        self._by_entry[id(entry)] = (entry, found)
+        return found
+
+    def _read(self, entry: dict[str, Any]) -> Site:
         frames = entry.get("frames")
         label = entry.get("user_metadata", "")
         label = label if isinstance(label, str) else ""

@@ -12,10 +12,12 @@ import typer
 
 from memprobe.allocator import DeviceReplay, parse_alloc_conf, replay_snapshot
 from memprobe.attribute import DEFAULT_TOP, attribute_devices
+from memprobe.attribute.what_if import WhatIf, check_what_if_kernel
+from memprobe.attribute.what_if import what_if as predict_with
 from memprobe.commands.flags import user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import check_output
-from memprobe.io.sizes import format_bytes
+from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.render.findings_text import render_devices
 from memprobe.snapshot.load import load_snapshot
 
@@ -32,6 +34,9 @@ def attribute_command(
     html_path: str | os.PathLike[str] | None = None,
     replay: bool = False,
     alloc_conf: str | None = None,
+    what_if: str | None = None,
+    budget: str | None = None,
+    chunk_size: int | None = None,
 ) -> str:
     """What ``memprobe attribute`` prints: the text report, or one JSON object (the lead
     device's findings, the other devices under ``other_devices``).
@@ -39,17 +44,38 @@ def attribute_command(
     Writes the HTML page first when ``html_path`` is given. With ``replay`` the trace's
     requests also go through memprobe's model of the caching allocator (under the
     snapshot's own settings, or ``alloc_conf`` for a what-if) and the result is compared
-    with what the real allocator recorded.
+    with what the real allocator recorded. ``what_if`` names a kernel to predict the step
+    with (:mod:`memprobe.attribute.what_if`), against ``budget`` when given.
     """
     if alloc_conf is not None and not replay:
         raise UserError("--alloc-conf applies to --replay", "add --replay")
+    for flag, value in (("--budget", budget), ("--chunk-size", chunk_size)):
+        if value is not None and what_if is None:
+            raise UserError(f"{flag} applies to --what-if", "add --what-if KERNEL")
+    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    if what_if is not None:
+        check_what_if_kernel(what_if)  # before the snapshot is read
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     if html_path is not None:
         # Before anything is read or written: the page must not replace the snapshot.
         check_output(html_path, [Path(snapshot)], flag="--html")
     loaded = load_snapshot(snapshot)
+    predicted = None
+    if what_if is not None:
+        predicted = predict_with(
+            loaded,
+            what_if,
+            budget_bytes=budget_bytes,
+            chunk_size=chunk_size if chunk_size is not None else 1024,
+            device=device,
+            vocab=vocab,
+            tokens=tokens,
+            batch=batch,
+            path=str(snapshot),
+        )
     return attribution_output(
         loaded,
+        normalized=True,
         path=str(snapshot),
         vocab=vocab,
         tokens=tokens,
@@ -60,6 +86,7 @@ def attribute_command(
         html_path=html_path,
         replay=replay,
         conf=conf,
+        what_if=predicted,
     )
 
 
@@ -76,10 +103,13 @@ def attribution_output(
     html_path: str | os.PathLike[str] | None = None,
     replay: bool = False,
     conf: object = None,
+    what_if: WhatIf | None = None,
+    normalized: bool = False,
 ) -> str:
     """The text (or JSON) ``memprobe attribute`` prints for a snapshot dict already in
     hand (``memprobe profile`` prints the same for the snapshot it made); writes the
-    HTML page first when ``html_path`` is given."""
+    HTML page first when ``html_path`` is given. ``normalized``: ``loaded`` came from
+    ``load_snapshot``."""
     found = attribute_devices(
         loaded,
         path=path,
@@ -89,6 +119,7 @@ def attribution_output(
         top=top,
         device=device,
         timeline=html_path is not None,
+        normalized=normalized,
     )
     if html_path is not None:
         # Imported here: matplotlib is only needed for the page.
@@ -105,11 +136,15 @@ def attribution_output(
             devices.append(out)
         lead = devices[0]
         lead["other_devices"] = devices[1:]
+        if what_if is not None:
+            lead["what_if"] = what_if.to_json()
         return json.dumps(lead, indent=1)
     lines = render_devices(found, top=top)
     for f in found:
         if f.device in replays:
             lines += ["", *replays[f.device].lines()]
+    if what_if is not None:
+        lines += ["", *what_if.lines()]
     return "\n".join(lines)
 
 
@@ -131,6 +166,11 @@ class _Replay:
             "error_pct": self.faithful.error_pct,
             "alloc_conf": shown.alloc_conf,
             "address_mismatches": self.faithful.address_mismatches,
+            "recorded_from": self.faithful.recorded_from,
+            "timeline_mismatches": self.faithful.timeline_mismatches,
+            "first_address_mismatch": None
+            if self.faithful.first_address_mismatch is None
+            else list(self.faithful.first_address_mismatch),
             "requests": self.faithful.requests,
             "notes": list(self.faithful.notes),
         }
@@ -144,13 +184,25 @@ class _Replay:
             f"{r.requests:,} requests): reserved peak {peak}"
         )
         if r.recorded_reserved_peak_bytes is None:
-            head += "; the trace records no segment events to compare with"
+            head += "; the snapshot holds neither segments nor segment events to compare with"
         else:
+            recorded = format_bytes(r.recorded_reserved_peak_bytes)
+            if r.recorded_from == "constant":
+                # No segment events: the final segments were reserved through the window.
+                recorded += " held throughout (no segment events: reserved never changed)"
+            else:
+                recorded += " recorded"
             head += (
-                f" against {format_bytes(r.recorded_reserved_peak_bytes)} recorded "
-                f"({r.error_pct:+.2f}%), {r.predicted_segments} segments against "
-                f"{r.recorded_segments}"
+                f" against {recorded} ({r.error_pct:+.2f}%), {r.predicted_segments} segments "
+                f"against {r.recorded_segments}"
             )
+            if r.recorded_from == "constant" and r.timeline_mismatches is not None:
+                head += (
+                    ", the model's reserved equal to it after every allocation"
+                    if r.timeline_mismatches == 0
+                    else f", the model's reserved off it after {r.timeline_mismatches:,} "
+                    f"allocations (the first at entry #{r.first_mismatch_index})"
+                )
             if r.address_mismatches == 0:
                 head += ", every allocation at its recorded address"
             elif r.address_mismatches:
@@ -217,6 +269,22 @@ def command(
             "e.g. expandable_segments:True.",
         ),
     ] = None,
+    what_if: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--what-if",
+            help="Predict the step with this logprob kernel as its loss (`memprobe kernels`): "
+            "peak allocated and reserved, and whether it fits.",
+        ),
+    ] = None,
+    budget: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="With --what-if: the device's memory, e.g. 80GiB."),
+    ] = None,
+    chunk_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(min=1, help="With --what-if: the kernel's chunk size. (default: 1024)"),
+    ] = None,
 ) -> None:
     """What the peak is made of: inferred shapes, categories, logits-family blocks, OOMs."""
 
@@ -231,5 +299,8 @@ def command(
         html_path=html,
         replay=replay,
         alloc_conf=alloc_conf,
+        what_if=what_if,
+        budget=budget,
+        chunk_size=chunk_size,
     )
     typer.echo(text)

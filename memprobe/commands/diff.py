@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from memprobe.attribute import attribute_file_devices
-from memprobe.attribute.diff import PeakDiff, diff_findings
+from memprobe.attribute.diff import Difference, PeakDiff, diff_findings
 from memprobe.attribute.frames import describe_frame
 from memprobe.commands.flags import user_errors
 from memprobe.io.sizes import format_bytes
@@ -22,6 +22,22 @@ def _signed(n: int) -> str:
     return ("+" if n >= 0 else "-") + format_bytes(abs(n))
 
 
+def _difference(x: Difference) -> str:
+    if x.what == "model":
+        return (
+            f"the models differ: parameters {format_bytes(int(x.a or 0))} -> "
+            f"{format_bytes(int(x.b or 0))} ({x.evidence})"
+        )
+    if x.what == "autocast":
+        side = "B" if x.b else "A"
+        return (
+            f"autocast: only {side} runs under it (weight copies at the peak "
+            f"{format_bytes(int(x.a or 0))} -> {format_bytes(int(x.b or 0))})"
+        )
+    a, b = (f"{v:,}" if isinstance(v, int) else str(v) for v in (x.a, x.b))
+    return f"{x.what}: {a} -> {b} ({x.evidence})"
+
+
 def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
     delta = d.peak_b_bytes - d.peak_a_bytes
     out = [
@@ -29,11 +45,15 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
         f"B: {d.path_b}",
         f"peak: {format_bytes(d.peak_a_bytes)} -> {format_bytes(d.peak_b_bytes)} "
         f"({_signed(delta)})",
-        "",
-        "by category (bytes live at each peak):",
     ]
-    for c, a, b in d.categories:
-        out.append(f"  {c:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}")
+    if d.differences:
+        out += ["", "what differs between the runs (from each file's reading):"]
+        out += [f"  {_difference(x)}" for x in d.differences]
+    out += ["", "by category (bytes live at each peak):"]
+    for category, a, b in d.categories:
+        out.append(
+            f"  {category:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}"
+        )
     # The N largest changes either way (a fix that frees 9.77 GiB must show), listed
     # growth first like the --json list; lines that did not change are left out.
     changed = [c for c in d.contributors if c.delta_bytes]

@@ -4,12 +4,14 @@ mistakes turned into one line and exit 2."""
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Annotated, ParamSpec
 
 import typer
 
 from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes, parse_size
 
 P = ParamSpec("P")
 
@@ -85,3 +87,24 @@ def given_flags(ctx: typer.Context, *, exclude: tuple[str, ...] = ()) -> list[st
             else:
                 given.append(max(param.opts, key=len))
     return given
+
+
+# A GPU's memory (or the job's share of it) typed as a bare number below this is
+# almost surely meant in GiB: "--other 58" is 58 bytes.
+_PLAUSIBLE_BYTES = 2**20
+
+
+def warn_if_unitless(text: str | None, flag: str) -> None:
+    """Warn on stderr when a memory size has no unit and is implausibly small."""
+    if text is None or not re.fullmatch(r"\s*[0-9][0-9_,]*(\.[0-9]+)?\s*", text):
+        return
+    try:
+        value = parse_size(text, what=flag)
+    except UserError:
+        return  # the command reports it as an error
+    if 0 < value < _PLAUSIBLE_BYTES:
+        typer.echo(
+            f"memprobe: warning: {flag} {text.strip()} has no unit, so it is "
+            f"{format_bytes(value)}; for gibibytes write {text.strip()}GiB",
+            err=True,
+        )

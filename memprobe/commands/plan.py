@@ -19,6 +19,7 @@ from memprobe.commands.flags import (
     name_list,
     positive_ints,
     user_errors,
+    warn_if_unitless,
 )
 from memprobe.errors import UserError
 
@@ -46,14 +47,28 @@ def _single(text: str, flag: str) -> int:
 
 @user_errors
 def command(
-    vocab: Annotated[str, typer.Option(help="Vocabulary size (one value), e.g. 131072.")],
+    vocab: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Vocabulary size (one value), e.g. 131072. (--step: the config's)"),
+    ] = None,
+    *,
     budget: Annotated[
         str, typer.Option(help="Memory of one GPU, e.g. 80GiB (KiB/MiB/GiB or KB/MB/GB).")
     ],
     other: Annotated[
         str,
-        typer.Option(help="What the rest of the job holds on that GPU (weights, optimizer...)."),
+        typer.Option(
+            help="What the rest of the job holds on that GPU (weights, optimizer...); "
+            "with --hidden, not the lm_head weight (see --other-includes-lm-head)."
+        ),
     ] = "0",
+    other_from: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Read --other from CUDA snapshots of the whole step, comma list: one gives "
+            "a constant, two or more at different token counts a constant + per-token fit."
+        ),
+    ] = None,
     dtype: Annotated[str, typer.Option(help="Logits dtype: bf16, fp16 or fp32.")] = "bf16",
     batch: Annotated[str, typer.Option(help="Sequences per GPU (one value).")] = "1",
     kernel: Annotated[
@@ -77,9 +92,18 @@ def command(
         typer.Option(
             min=1,
             help="Hidden size H: plan the hidden family (lm_head fused or not with the "
-            "log-prob; hidden [B,S,H] and weight [V,H] count in the peak).",
+            "log-prob; hidden [B,S,H], weight [V,H] and both gradients count in the peak: "
+            "keep the weight out of --other, or see --other-includes-lm-head).",
         ),
     ] = None,
+    other_includes_lm_head: Annotated[
+        bool,
+        typer.Option(
+            "--other-includes-lm-head",
+            help="With --hidden: --other already holds the lm_head weight [V,H]; give it "
+            "back so it counts once (its gradient stays: the step makes it).",
+        ),
+    ] = False,
     alloc_conf: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -111,6 +135,20 @@ def command(
             help="Simulation processes (forked; helps where cores are free). (default: 1)"
         ),
     ] = None,
+    step: Annotated[
+        bool,
+        typer.Option(
+            "--step", help="Plan the whole training step of --config's model (`memprobe step`)."
+        ),
+    ] = False,
+    config: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="--step: the model's config.json, or the directory holding it."),
+    ] = None,
+    checkpointing: Annotated[
+        bool, typer.Option(help="--step: activation checkpointing of every layer.")
+    ] = False,
+    optimizer: Annotated[str, typer.Option(help="--step: adamw, sgd or none.")] = "adamw",
 ) -> None:
     """The largest token count per GPU whose simulated peak fits BUDGET - OTHER.
 
@@ -130,6 +168,20 @@ def command(
 
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs {jobs} must be 1 or more", "e.g. --jobs 2")
+    warn_if_unitless(budget, "--budget")
+    warn_if_unitless(other, "--other")
+    if step or config is not None:
+        from memprobe.commands.step import plan_step_lines
+
+        for line in plan_step_lines(
+            config, budget=budget, kernel=kernel, batch=_single(batch, "--batch"), dtype=dtype,
+            chunk_size=chunk_size, checkpointing=checkpointing, optimizer=optimizer,
+            alloc_conf=alloc_conf, reserved=reserved, as_json=as_json, step=step,
+        ):  # fmt: skip
+            typer.echo(line)
+        return
+    if vocab is None:
+        raise UserError("--vocab is missing", "e.g. --vocab 131072 (or --step --config CONFIG)")
     request = PlanRequest(
         vocab=_single(vocab, "--vocab"),
         budget=budget,
@@ -147,6 +199,8 @@ def command(
         from_run=from_run,
         jobs=jobs if jobs is not None else 1,
         reserved=reserved,
+        other_includes_lm_head=other_includes_lm_head,
+        other_from=tuple(name_list(other_from, "--other-from")) if other_from else (),
     )
     outcome = run_plan_job(request, _progress())
     written: tuple[Path, ...] = ()

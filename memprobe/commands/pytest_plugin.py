@@ -24,7 +24,7 @@ every pytest start-up in such an environment imports this file.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,7 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def parse_marker(args: tuple[Any, ...], kwargs: dict[str, Any]) -> PeakLimit:
+def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> PeakLimit:
     """The marker's arguments → PeakLimit, or UserError saying what is wrong."""
     kwargs = dict(kwargs)
     positional = list(args)
@@ -189,11 +189,19 @@ def failure_message(
 
 
 def _where(block: Event, test_file: Path) -> str:
-    """The frame that says most: in the test file if any, else the first outside torch."""
-    frames = block.frames
-    pick = next((f for f in frames if Path(f.filename) == test_file), None)
-    if pick is None:
-        pick = next((f for f in frames if "/torch/" not in f.filename.replace("\\", "/")), None)
-    if pick is None:
+    """The line that made the block: the innermost frame of user or kernel code (not
+    torch's, a library's or memprobe's harness), and the test's own line when the block
+    was made further in (a kernel the test calls)."""
+    from memprobe.attribute.frames import user_chain
+
+    chain, _via = user_chain(block.frames)
+    if not chain:
         return ""
-    return f"at {Path(pick.filename).name}:{pick.line} in {pick.name}"
+    made = chain[0]
+    text = f"at {Path(made.filename).name}:{made.line} in {made.name}"
+    # The outermost frame in the test file: the test's own line.
+    in_test = [f for f in block.frames if Path(f.filename) == test_file]
+    called = in_test[-1] if in_test else None
+    if called is not None and called != made:
+        text += f" (called from {Path(called.filename).name}:{called.line} in {called.name})"
+    return text

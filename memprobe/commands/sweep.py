@@ -19,6 +19,7 @@ from memprobe.commands.flags import (
     name_list,
     positive_ints,
     user_errors,
+    warn_if_unitless,
 )
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_size
@@ -125,6 +126,13 @@ def command(
             "in the answer, a line in the report (default: the GPU's capacity on cuda)."
         ),
     ] = None,
+    other: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="With --budget: what the rest of the job holds on that GPU (weights, "
+            "optimizer...), e.g. 54GiB; cases must fit BUDGET - OTHER, as in `memprobe plan`."
+        ),
+    ] = None,
 ) -> None:
     """Peak memory of each kernel across sequence lengths and vocabularies.
 
@@ -138,9 +146,25 @@ def command(
     from memprobe.sweep import SweepRequest, run_sweep_job
 
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
+    warn_if_unitless(budget, "--budget")
+    warn_if_unitless(other, "--other")
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
     if budget_bytes is not None and budget_bytes <= 0:
         raise UserError(f"--budget {budget!r} must be more than 0 bytes", "e.g. --budget 80GiB")
+    budget_text = None
+    if other is not None:
+        if budget_bytes is None:
+            raise UserError("--other needs --budget", "e.g. --budget 80GiB --other 54GiB")
+        from memprobe.plan import make_budget
+        from memprobe.render.plan_text import budget_line
+
+        with_other = make_budget(budget_bytes, other)  # the plan's checks and wording
+        if with_other.limit_bytes <= 0:
+            raise UserError(
+                f"--other {other!r} leaves nothing of --budget {budget!r}",
+                "--other is the part of the GPU the rest of the job holds",
+            )
+        budget_bytes, budget_text = with_other.limit_bytes, budget_line(with_other)
     if resume is not None:
         check_resume_flags(given_flags(ctx, exclude=("resume", "verify", "as_json", "quiet")))
     elif out is None:
@@ -183,6 +207,8 @@ def command(
     if not quiet:
         show(sweep_table(outcome.frame, budget_bytes=budget_bytes))
         typer.echo("")
+        if budget_text is not None:
+            typer.echo(budget_text)
         meta = read_run_meta(outcome.run_dir)
         for line in answer_lines(outcome.frame, meta, budget_bytes=budget_bytes):
             typer.echo(line)

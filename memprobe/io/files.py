@@ -1,13 +1,16 @@
-"""Write a file whole or not at all: a reader never sees half of it."""
+"""Write a file whole or not at all (a reader never sees half of it); read only regular
+files, and no more of them than a cap."""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
 from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes
 
 
 def _umask() -> int:
@@ -58,3 +61,61 @@ def check_output(path: str | os.PathLike[str], inputs: Iterable[Path], *, flag: 
                 f"{flag} {path} would overwrite {source}, an input of this command",
                 "choose another path",
             )
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_regular(
+    path: str | os.PathLike[str],
+    *,
+    what: str,
+    max_bytes: int,
+    too_big: str = "check that this is the right file",
+) -> bytes:
+    """The bytes of ``path``, which must be a regular file of at most ``max_bytes``.
+
+    A FIFO, a device (``/dev/zero``) or a directory is refused by what ``fstat`` says of
+    the opened file, before a byte is read: reading one would hang, or never end. The
+    file is opened non-blocking (opening a FIFO otherwise waits for a writer) and read by
+    its real size, so a small file costs no more memory than its size.
+    """
+    p = Path(path)
+    label = f"{what} {p}"
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(p, flags)
+    except FileNotFoundError:
+        raise UserError(f"{label} does not exist", "check the path") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {label}: {exc.strerror or exc}", "check the path") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
+            hint = "pass a file inside it" if stat.S_ISDIR(info.st_mode) else "give a regular file"
+            raise UserError(f"{label} is {kind}, not a regular file", hint)
+        if info.st_size > max_bytes:
+            size, cap = format_bytes(info.st_size), format_bytes(max_bytes)
+            raise UserError(f"{label} is {size}, over the {cap} limit", too_big)
+        return _read_all(fd, info.st_size)
+    except OSError as exc:
+        raise UserError(f"cannot read {label}: {exc.strerror or exc}", "check the file") from None
+    finally:
+        os.close(fd)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    data = os.read(fd, size)
+    while len(data) < size:  # one read() stops short of 2 GiB on Linux
+        more = os.read(fd, size - len(data))
+        if not more:  # the file shrank while read: what is left is what it holds
+            break
+        data += more
+    return data

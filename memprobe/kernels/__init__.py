@@ -19,6 +19,7 @@ from memprobe.kernels.distributed import (
     distributed_logprobs,
 )
 from memprobe.kernels.filtered import filter_logits, filtered_logprobs
+from memprobe.kernels.filtered_chunked import FilteredChunkedLogprob, filtered_chunked_logprobs
 from memprobe.kernels.fused_linear import (
     FusedLinearChunkedLogprob,
     fused_linear_chunked_logprobs,
@@ -71,6 +72,8 @@ __all__ = [
     "distributed_logprobs",
     "filter_logits",
     "filtered_logprobs",
+    "FilteredChunkedLogprob",
+    "filtered_chunked_logprobs",
     "fused_linear_chunked_logprobs",
     "get_kernel",
     "get_spec",

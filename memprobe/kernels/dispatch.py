@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from memprobe.kernels.registry import get_spec
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
-def _dtensor_type() -> type | None:
+
+def _dtensor_type() -> type[DTensor] | None:
     """``DTensor`` when this torch build has it, else None (import is lazy and optional)."""
     if not torch.distributed.is_available():
         return None
@@ -55,7 +59,7 @@ def _vocab_shard(logits: Any) -> tuple[torch.Tensor, Any, int, int]:
     return local, mesh.get_group(mesh_dim), start, end
 
 
-def _replicated_local(ids: Any, dtensor: type) -> torch.Tensor:
+def _replicated_local(ids: Any, dtensor: type[DTensor]) -> torch.Tensor:
     from torch.distributed.tensor import Replicate
 
     if not isinstance(ids, dtensor):
@@ -66,8 +70,8 @@ def _replicated_local(ids: Any, dtensor: type) -> torch.Tensor:
 
 
 def select_kernel(top_k: int | None = None, top_p: float | None = None) -> str:
-    """Filtering needs the whole distribution at once; otherwise chunk locally."""
-    return "filtered" if top_k is not None or top_p is not None else "local_chunked"
+    """Chunk locally; with filters, the chunked filtered kernel."""
+    return "filtered_chunked" if top_k is not None or top_p is not None else "local_chunked"
 
 
 def next_token_logprobs(
@@ -82,8 +86,9 @@ def next_token_logprobs(
     """Log-prob of each next token: ``out[b, s] = log p(input_ids[b, s+1] | logits[b, s])``.
 
     Returns float32 ``[B, S-1]``. ``kernel`` overrides the choice (filters need
-    ``filtered``). The whole tensor is cast to float32 first only when the
-    chosen kernel does not cast chunk by chunk itself.
+    ``filtered_chunked``, the default with filters, or ``filtered``). The whole
+    tensor is cast to float32 first only when the chosen kernel does not cast
+    chunk by chunk itself.
 
     ``logits`` may be a DTensor sharded on the vocabulary (``Shard(2)``): its
     local shard, mesh group and vocabulary range go to a distributed kernel
@@ -111,8 +116,10 @@ def next_token_logprobs(
     spec = get_spec(name)
     if spec.inputs != "logits":
         raise ValueError(f"{name!r} takes hidden states and an lm_head weight, not logits")
-    if (top_k is not None or top_p is not None) and name != "filtered":
-        raise ValueError(f"top_k / top_p need the 'filtered' kernel, not {name!r}")
+    if (top_k is not None or top_p is not None) and not spec.filters:
+        raise ValueError(
+            f"top_k / top_p need a filtered kernel ('filtered_chunked' or 'filtered'), not {name!r}"
+        )
     if (
         logits.dim() != 3
         or input_ids.dim() != 2
@@ -129,6 +136,8 @@ def next_token_logprobs(
     targets = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
     if not spec.casts_per_chunk:
         logits = logits.float()
-    filters = {"top_k": top_k, "top_p": top_p} if name == "filtered" else {}
-    out = spec.fn(logits, targets, chunk_size=chunk_size, **filters, **shard)
+    filters = {"top_k": top_k, "top_p": top_p} if spec.filters else {}
+    # The filters and the shard's keywords are the chosen kernel's own, beyond the protocol.
+    fn: Callable[..., torch.Tensor] = spec.fn
+    out = fn(logits, targets, chunk_size=chunk_size, **filters, **shard)
     return out[:, :-1]

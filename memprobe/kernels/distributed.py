@@ -156,7 +156,7 @@ class DistributedLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         vocab_parallel_logits: torch.Tensor,
         targets: torch.Tensor,
@@ -204,7 +204,7 @@ class DistributedLogprob(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         if ctx.saved_nothing:
             raise RuntimeError(
                 "DistributedLogprob ran with inference_only=True (or without grad) "
@@ -348,7 +348,7 @@ class ChunkedDistributedLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         vocab_parallel_logits: torch.Tensor,
         targets: torch.Tensor,
@@ -378,7 +378,7 @@ class ChunkedDistributedLogprob(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         if ctx.saved_nothing:
             raise RuntimeError(
                 "ChunkedDistributedLogprob ran with inference_only=True (or without grad) "

@@ -12,7 +12,7 @@ import torch
 from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs
 
 
-def _check_filters(top_k: int | None, top_p: float | None) -> None:
+def check_filters(top_k: int | None, top_p: float | None) -> None:
     if top_k is not None and (isinstance(top_k, bool) or int(top_k) <= 0):
         raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
     if top_p is not None and not (0.0 < float(top_p) <= 1.0):
@@ -23,7 +23,7 @@ def filter_logits(
     logits: torch.Tensor, *, top_k: int | None = None, top_p: float | None = None
 ) -> torch.Tensor:
     """Return float32 logits with every entry outside top-k / top-p set to -inf."""
-    _check_filters(top_k, top_p)
+    check_filters(top_k, top_p)
     filtered = logits.float()
     drop = filtered_out_mask(filtered, top_k=top_k, top_p=top_p)
     return filtered if drop is None else filtered.masked_fill(drop, float("-inf"))
@@ -45,7 +45,9 @@ def filtered_out_mask(
         drop = logits < kth
     if top_p is not None and float(top_p) < 1.0:
         masked = logits if drop is None else logits.masked_fill(drop, float("-inf"))
-        sorted_logits, order = torch.sort(masked, dim=-1, descending=True)
+        # Stable: where top-p stops inside a run of equal logits, the ties kept
+        # are the first in vocabulary order, not whatever an unstable sort leaves.
+        sorted_logits, order = torch.sort(masked, dim=-1, descending=True, stable=True)
         probs = sorted_logits.softmax(dim=-1)
         # Drop a token once the mass before it already reaches top_p; the most
         # likely token is therefore always kept.
@@ -69,6 +71,6 @@ def filtered_logprobs(
     """
     check_logprob_inputs(logits, targets)
     check_chunk_size(chunk_size)
-    _check_filters(top_k, top_p)
+    check_filters(top_k, top_p)
     logprobs = torch.log_softmax(filter_logits(logits, top_k=top_k, top_p=top_p), dim=-1)
     return logprobs.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)

@@ -109,7 +109,12 @@ def _bf16_valued_matmuls(dtype: torch.dtype, device: torch.device) -> Iterator[N
     setting) this does nothing.
     """
     matmul = getattr(torch.backends.mkldnn, "matmul", None)
-    if dtype != torch.bfloat16 or device.type != "cpu" or not hasattr(matmul, "fp32_precision"):
+    if (
+        matmul is None
+        or dtype != torch.bfloat16
+        or device.type != "cpu"
+        or not hasattr(matmul, "fp32_precision")
+    ):
         yield
         return
     before = matmul.fp32_precision
@@ -263,8 +268,15 @@ class _TokenRows:
     inv_t: float
 
     def __getitem__(self, rows: slice) -> _TokenRows:
-        t = (self.bias, self.shift, self.g, self.largest, self.exact, self.lost)
-        return _TokenRows(*(x[rows] for x in t), inv_t=self.inv_t)
+        return _TokenRows(
+            bias=self.bias[rows],
+            shift=self.shift[rows],
+            g=self.g[rows],
+            largest=self.largest[rows],
+            exact=self.exact[rows],
+            lost=self.lost[rows],
+            inv_t=self.inv_t,
+        )
 
 
 def _dlogits_(x: torch.Tensor, scratch: torch.Tensor, tok: _TokenRows, v0: int) -> None:
@@ -357,7 +369,7 @@ class FusedLinearChunkedLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -383,7 +395,7 @@ class FusedLinearChunkedLogprob(torch.autograd.Function):
         return out.view(batch, seq)
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         if ctx.saved_nothing:
             raise RuntimeError(
                 "FusedLinearChunkedLogprob ran with inference_only=True (or without grad) "

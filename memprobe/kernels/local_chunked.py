@@ -112,10 +112,8 @@ class LocalChunkedLogprob(torch.autograd.Function):
     gradient has the logits' dtype.
     """
 
-    writes_grad_into_logits = False
-
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
@@ -138,7 +136,7 @@ class LocalChunkedLogprob(torch.autograd.Function):
         return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
     @classmethod
-    def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         if ctx.saved_nothing:
             raise RuntimeError(
                 "LocalChunkedLogprob ran with inference_only=True (or without grad) "
@@ -158,8 +156,6 @@ class LocalChunkedInplaceLogprob(LocalChunkedLogprob):
     nothing reads the logits after the backward pass (the usual case when
     they come straight from an lm_head). Peak: logits + one float32 chunk.
     """
-
-    writes_grad_into_logits = True
 
     @classmethod
     def _grad_buffer(cls, logits: torch.Tensor) -> torch.Tensor:

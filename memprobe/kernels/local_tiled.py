@@ -155,10 +155,8 @@ class LocalTiledLogprob(torch.autograd.Function):
     true or no gradient is needed. The gradient has the logits' dtype.
     """
 
-    writes_grad_into_logits = False
-
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logits: torch.Tensor,
         targets: torch.Tensor,
@@ -180,7 +178,7 @@ class LocalTiledLogprob(torch.autograd.Function):
         return torch.empty_like(logits, memory_format=torch.contiguous_format)
 
     @classmethod
-    def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(cls, ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         if ctx.saved_nothing:
             raise RuntimeError(
                 f"{cls.__name__} ran with inference_only=True (or without grad) "
@@ -188,7 +186,8 @@ class LocalTiledLogprob(torch.autograd.Function):
             )
         logits, targets, row_max, logsum = ctx.saved_tensors
         grad = cls._grad_buffer(logits)
-        _tiled_backward(logits, targets, row_max, logsum, grad_output, *ctx.sizes, grad)
+        chunk, tile = ctx.sizes
+        _tiled_backward(logits, targets, row_max, logsum, grad_output, chunk, tile, grad)
         return grad, None, None, None, None
 
 
@@ -199,8 +198,6 @@ class LocalTiledInplaceLogprob(LocalTiledLogprob):
     before it is overwritten, and tiles do not overlap). Use it only when
     nothing reads the logits after backward. Peak: logits + one float32 tile.
     """
-
-    writes_grad_into_logits = True
 
     @classmethod
     def _grad_buffer(cls, logits: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from memprobe.kernels.distributed import (
     distributed_logprobs,
 )
 from memprobe.kernels.filtered import filtered_logprobs
+from memprobe.kernels.filtered_chunked import filtered_chunked_logprobs
 from memprobe.kernels.fused_linear import fused_linear_chunked_logprobs
 from memprobe.kernels.linear_unfused import (
     linear_local_chunked_logprobs,
@@ -87,6 +88,14 @@ KERNELS: dict[str, KernelSpec] = {
             "top-k / top-p filtering, then log_softmax + gather under plain autograd",
             casts_per_chunk=False,
             uses_chunk_size=False,
+            filters=True,
+        ),
+        KernelSpec(
+            "filtered_chunked",
+            filtered_chunked_logprobs,
+            "FilteredChunkedLogprob: filtered's top-k / top-p in local_chunked's memory",
+            casts_per_chunk=True,
+            filters=True,
         ),
         KernelSpec(
             "distributed",

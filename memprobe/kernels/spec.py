@@ -65,3 +65,5 @@ class KernelSpec:
     # What fn takes (INPUT_PROTOCOLS): "logits" or "hidden" (hidden states and
     # the lm_head weight; the floor is then hidden + weight + both gradients).
     inputs: str = "logits"
+    # True when fn takes top_k= and top_p= (the filtered distribution's log-probs).
+    filters: bool = False

@@ -50,11 +50,6 @@ _SHAPE_HINT = (
 )
 
 
-def is_import_path(name: str) -> bool:
-    """True for ``package.module:function`` names (user kernels), False for registered ones."""
-    return ":" in name
-
-
 @cache
 def resolve_user_kernel(path: str) -> KernelSpec:
     """Import ``package.module:function`` and describe it as a :class:`KernelSpec`."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from memprobe.allocator.model import MIN_BLOCK
 from memprobe.records import Event
-from memprobe.snapshot.allocator import MIN_BLOCK
 
 
 def max_live_blocks(events: Iterable[Event]) -> int:

@@ -209,7 +209,7 @@ def filtered_reference(
     """The filtered kernel's float64 reference: the same keep-mask, float64 math."""
     from memprobe.kernels.filtered import filtered_out_mask
 
-    drop = filtered_out_mask(logits.float(), **SWEEP_FILTERS["filtered"])
+    drop = filtered_out_mask(logits.float(), **SWEEP_FILTERS[case.kernel])
     x = logits.detach().double().requires_grad_()
     masked = x if drop is None else x.masked_fill(drop, float("-inf"))
     out = torch.log_softmax(masked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -270,9 +270,15 @@ class InputProtocol(ABC):
     def floor_bytes(self, case: Case) -> int:
         """What must be resident whatever the kernel: its inputs and their gradients."""
 
+    def unsupported_layout(self, tp: int, cp: int) -> str | None:
+        """Why this protocol cannot run on this parallel layout, or None. The one rule:
+        the sweep skips such cases and the planner refuses them, so neither answers with
+        a whole-sequence simulation passed off as one rank's."""
+        return None
+
     def unfit(self, case: Case) -> str | None:
         """Why this protocol cannot run ``case`` at all (it is then skipped), or None."""
-        return None
+        return self.unsupported_layout(case.tp, case.cp)
 
     @abstractmethod
     def verify_case(
@@ -323,7 +329,7 @@ class LogitsProtocol(InputProtocol):
         gen = torch.Generator().manual_seed(seed)
         logits = (torch.randn(shape, generator=gen) * scale + offset).to(torch_dtype(case.dtype))
         targets = torch.randint(0, shape[2], shape[:2], generator=gen)
-        if case.kernel == "filtered":
+        if case.kernel in SWEEP_FILTERS:
             # Targets outside the kept set have log-prob -inf; take kept ones so
             # the comparison measures arithmetic, not the filter.
             targets = logits.float().argmax(-1)
@@ -334,7 +340,7 @@ class LogitsProtocol(InputProtocol):
     def reference(
         self, case: Case, inputs: StepInputs
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        if case.kernel == "filtered":
+        if case.kernel in SWEEP_FILTERS:
             out, grad = filtered_reference(case, inputs.logits, inputs.targets, inputs.grad_outputs)
         else:
             out, grad = float64_reference(inputs.logits, inputs.targets, inputs.grad_outputs)
@@ -366,8 +372,8 @@ class HiddenProtocol(InputProtocol):
         """Hidden, weight and both their gradients."""
         return hidden_shape(case).floor_bytes
 
-    def unfit(self, case: Case) -> str | None:
-        if case.tp > 1 or case.cp > 1:
+    def unsupported_layout(self, tp: int, cp: int) -> str | None:
+        if tp > 1 or cp > 1:
             return "the hidden family runs on one device (tp = cp = 1)"
         return None
 

@@ -66,7 +66,13 @@ class _CheckIn(TorchDispatchMode):
         self.timeout_s = timeout_s
         self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         name = func.__name__.split(".")[0]
         if func.namespace in _COLLECTIVE_NAMESPACES and name not in _NOT_COLLECTIVES:
             self._wait_for_peers()

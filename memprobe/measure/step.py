@@ -19,7 +19,9 @@ from memprobe.records import Case, torch_dtype_name
 
 # The sweep measures the filtered kernel with a typical sampling setting;
 # with no filters it would only repeat `unchunked`.
-SWEEP_FILTERS: dict[str, dict[str, Any]] = {"filtered": {"top_k": 50, "top_p": 0.9}}
+SWEEP_FILTERS: dict[str, dict[str, Any]] = {
+    name: {"top_k": 50, "top_p": 0.9} for name in ("filtered", "filtered_chunked")
+}
 
 
 @dataclass

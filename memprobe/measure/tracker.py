@@ -149,7 +149,13 @@ class AllocationTracker(TorchDispatchMode):
         """Count an existing tensor (e.g. the logits) as live from now on."""
         self._register(tensor, op, self._frames(sys._getframe(1)))
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         inputs = {

@@ -24,8 +24,8 @@ from __future__ import annotations
 from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans, simulated_peak
-from memprobe.plan.job import PlanOutcome, PlanRequest, run_plan_job
-from memprobe.plan.message import reserved_status
+from memprobe.plan.job import PlanOutcome, PlanRequest, budget_from, run_plan_job
+from memprobe.plan.message import lm_head_status, reserved_status
 from memprobe.plan.model import (
     ALLOCATED,
     RESERVED,
@@ -35,7 +35,9 @@ from memprobe.plan.model import (
     Search,
     TokenPlan,
     make_budget,
+    with_lm_head_in_other,
 )
+from memprobe.plan.other import OtherFit, fit_other, other_from_snapshots
 from memprobe.plan.search import search_max_tokens, seed_tokens
 from memprobe.plan.targets import default_kernels, plan_targets
 
@@ -62,7 +64,8 @@ def fits(target: PlanTarget, tokens: int, budget: Budget) -> bool:
         raise UserError(f"tokens must be a whole number of zero or more, got {tokens!r}", "")
     if tokens == 0:
         return True
-    return simulated_peak(target.case(tokens)) <= budget.limit_bytes
+    peak = simulated_peak(target.case(tokens)) + budget.other_growth(target, tokens)
+    return peak <= budget.limit_bytes
 
 
 __all__ = [
@@ -73,20 +76,26 @@ __all__ = [
     "Line",
     "PlanOutcome",
     "PlanRequest",
+    "OtherFit",
     "PlanTarget",
     "Search",
     "TokenPlan",
     "chunk_choices",
     "default_kernels",
+    "budget_from",
+    "fit_other",
     "fits",
     "make_budget",
     "max_tokens",
+    "other_from_snapshots",
     "plan_one",
     "plan_targets",
+    "lm_head_status",
     "reserved_status",
     "run_plan_job",
     "run_plans",
     "search_max_tokens",
     "seed_tokens",
     "simulated_peak",
+    "with_lm_head_in_other",
 ]

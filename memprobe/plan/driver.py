@@ -29,7 +29,7 @@ def _tagged(kind: str, steps: SearchSteps) -> Generator[list[Probe], Mapping[Pro
             got = yield [(kind, t) for t in ask]
             ask = steps.send({t: got[(kind, t)] for t in ask})
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
 
 
 def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
@@ -83,13 +83,14 @@ def run_plans(
     pool = _pool(jobs, targets)
 
     def evaluate(i: int, probe: Probe) -> int:
-        return simulated_peak(targets[i].case(probe[1]), probe[0], alloc_conf)
+        peak = simulated_peak(targets[i].case(probe[1]), probe[0], alloc_conf)
+        return peak + budget.other_growth(targets[i], probe[1])
 
     try:
         if pool is None:
             done = _drive_in_order(steps, evaluate, on_done)
         else:
-            done = _drive_in_pool(steps, targets, pool, alloc_conf, on_done)
+            done = _drive_in_pool(steps, targets, pool, alloc_conf, on_done, budget)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -131,6 +132,7 @@ def _drive_in_pool(
     pool: ProcessPoolExecutor,
     alloc_conf: str | None,
     on_done: Callable[[TokenPlan], None] | None,
+    budget: Budget,
 ) -> dict[int, TokenPlan]:
     """Every plan's pending probes in one pool; a plan moves on as soon as its own are back."""
     done: dict[int, TokenPlan] = {}
@@ -149,7 +151,10 @@ def _drive_in_pool(
         ready = [i for i, probes in waiting.items() if all(f.done() for f in probes.values())]
         follow: list[tuple[int, list[Probe]]] = []
         for i in ready:
-            got = {p: f.result() for p, f in waiting.pop(i).items()}
+            got = {
+                p: f.result() + budget.other_growth(targets[i], p[1])
+                for p, f in waiting.pop(i).items()
+            }
             try:
                 follow.append((i, steps[i].send(got)))
             except StopIteration as stop:

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.allocator import parse_alloc_conf
+from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans
-from memprobe.plan.message import reserved_status
-from memprobe.plan.model import Budget, TokenPlan, make_budget
+from memprobe.plan.message import lm_head_status, reserved_status
+from memprobe.plan.model import Budget, TokenPlan, make_budget, with_lm_head_in_other
+from memprobe.plan.other import other_from_snapshots
 from memprobe.plan.targets import plan_targets
 from memprobe.results import read_rows
 
@@ -36,7 +38,9 @@ class PlanRequest:
     alloc_conf: str | None = None
     from_run: Path | None = None
     jobs: int = 1
+    other_from: tuple[str, ...] = ()  # snapshots to read "other" from instead
     reserved: bool = True  # also plan on the allocator model's reserved peak
+    other_includes_lm_head: bool = False  # --other holds the lm_head weight
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,29 @@ def _run_chunk_sizes(rows: Sequence[dict[str, Any]]) -> tuple[int | None, ...]:
     return tuple(sorted(timed)) or (1024,)
 
 
+def budget_from(
+    budget: str | int, other: str | int = 0, other_from: Sequence[str] = ()
+) -> tuple[Budget, str | None]:
+    """The budget with ``other`` as given, or read from snapshots (``other_from``): a
+    constant from one, a constant + per-token term fitted to several; with the line
+    that says what was read (None when ``other`` was given)."""
+    if not other_from:
+        return make_budget(budget, other), None
+    if other not in (0, "0"):
+        raise UserError(
+            "--other and --other-from both say what the rest of the job holds", "give one"
+        )
+    fit = other_from_snapshots(other_from)
+    limit = make_budget(budget, fit.at(0))
+    return Budget(
+        limit.budget_bytes, limit.other_bytes, other_per_token=fit.per_token_bytes
+    ), fit.describe()
+
+
 def run_plan_job(request: PlanRequest, on_plan: OnPlan | None = None) -> PlanOutcome:
     """Every target the request covers, planned; bad input fails before any simulation."""
-    budget = make_budget(request.budget, request.other)
+    # Checked before any simulation; --other-from reads the snapshots now.
+    budget, other_note = budget_from(request.budget, request.other, request.other_from)
     if request.alloc_conf is not None:
         parse_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
     rows = read_rows(request.from_run) if request.from_run is not None else None
@@ -92,6 +116,8 @@ def run_plan_job(request: PlanRequest, on_plan: OnPlan | None = None) -> PlanOut
         cp=request.cp,
         hidden=request.hidden,
     )
+    if request.other_includes_lm_head:
+        budget = with_lm_head_in_other(budget, targets)
     finished = 0
 
     def on_done(done: TokenPlan) -> None:
@@ -113,5 +139,7 @@ def run_plan_job(request: PlanRequest, on_plan: OnPlan | None = None) -> PlanOut
         reserved_status(request.alloc_conf)
         if request.reserved
         else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
-    ]
+    ] + ([other_note] if other_note else [])
+    lm_head = lm_head_status(targets, budget)
+    notes += [lm_head] if lm_head else []
     return PlanOutcome(plans, budget, choices, skipped, notes)

@@ -1,6 +1,12 @@
-"""What the plan tells the user beside its table: what the reserved column stands on."""
+"""What the plan tells the user beside its table: what the reserved column stands on,
+and what a hidden-family step counts that --other may hold too."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+from memprobe.io.sizes import format_bytes
+from memprobe.plan.model import Budget, PlanTarget
 
 
 def reserved_status(alloc_conf: str | None = None) -> str:
@@ -9,4 +15,23 @@ def reserved_status(alloc_conf: str | None = None) -> str:
     return (
         "reserved: planned on memprobe's model of the CUDA caching allocator"
         f"{settings} (memory outside PyTorch's allocator, e.g. the CUDA context, not included)"
+    )
+
+
+def lm_head_status(targets: Sequence[PlanTarget], budget: Budget) -> str | None:
+    """For hidden-family plans: the step itself holds the lm_head weight, its gradient and
+    the hidden states with theirs, so --other must not hold the weight as well."""
+    sizes = {t.lm_head_bytes for t in targets if t.lm_head_bytes is not None}
+    if not sizes:
+        return None
+    size = format_bytes(max(sizes))
+    if budget.in_step_bytes:
+        return (
+            f"lm_head: the weight [V,H] ({size}) is in --other and in the step, so it is given "
+            "back once (--other-includes-lm-head); its gradient stays counted: the step makes it"
+        )
+    return (
+        f"lm_head: the step counts the weight [V,H] ({size}), its gradient and the hidden "
+        "states [B,S,H] with theirs; keep the weight out of --other, or pass "
+        "--other-includes-lm-head"
     )

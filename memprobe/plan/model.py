@@ -9,13 +9,13 @@ before any simulation runs.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.kernels.registry import check_inputs_match, get_spec, kernel_names
-from memprobe.records import DTYPES, Case, normalize_dtype
+from memprobe.records import DTYPES, Case, dtype_bytes, normalize_dtype
 
 # Which peak a search plans on: the tracker's allocated bytes, or the reserved
 # bytes of the CUDA caching-allocator model when one is installed.
@@ -29,11 +29,21 @@ class Budget:
 
     budget_bytes: int
     other_bytes: int = 0
+    # The part of ``other`` the step counts itself (the lm_head weight, with
+    # --other-includes-lm-head): given back, so it is not counted twice.
+    in_step_bytes: int = 0
+    # The part of "other" that grows with the step's tokens (activations), fitted from
+    # snapshots by ``--other-from``; the searches add it to each simulated peak.
+    other_per_token: float = 0.0
 
     @property
     def limit_bytes(self) -> int:
-        """What the logprob step may use: budget − other."""
-        return self.budget_bytes - self.other_bytes
+        """What the logprob step may use: budget − other's constant (+ what both count)."""
+        return self.budget_bytes - self.other_bytes + self.in_step_bytes
+
+    def other_growth(self, target: PlanTarget, local_tokens: int) -> int:
+        """Bytes of "other" beyond its constant at ``local_tokens`` per sequence per rank."""
+        return math.ceil(self.other_per_token * target.batch * local_tokens)
 
 
 def make_budget(budget: str | int, other: str | int = 0) -> Budget:
@@ -49,9 +59,47 @@ def make_budget(budget: str | int, other: str | int = 0) -> Budget:
     return Budget(budget_bytes, other_bytes)
 
 
+def with_lm_head_in_other(budget: Budget, targets: list[PlanTarget]) -> Budget:
+    """``budget`` where --other already holds the lm_head weight (--other-includes-lm-head).
+
+    The weight is the one tensor both count at every moment of the step, so giving it
+    back is exact. Its gradient is not given back: the step makes it (a new .grad, or a
+    buffer added into an existing one), and that buffer is real memory at the peak.
+    """
+    sizes = {t.lm_head_bytes for t in targets}
+    if None in sizes or len(sizes) != 1:
+        raise UserError(
+            "--other-includes-lm-head is for --hidden plans (the lm_head weight is in the step)",
+            "add --hidden H, or drop --other-includes-lm-head",
+        )
+    (weight,) = sizes
+    assert weight is not None
+    if weight > budget.other_bytes:
+        raise UserError(
+            f"--other {format_bytes(budget.other_bytes)} cannot include the lm_head weight: "
+            f"it alone is {format_bytes(weight)}",
+            "check --other, --vocab and --hidden, or drop --other-includes-lm-head",
+        )
+    return replace(budget, in_step_bytes=weight)
+
+
 def _positive(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise UserError(f"{name} must be a positive integer, got {value!r}", f"e.g. {name}=1")
+
+
+def _check_layout(kernel: str, tp: int, cp: int) -> None:
+    """The kernel's input protocol's layout rule, so a plan never answers for a layout
+    the sweep skips: the hidden family's simulation holds the whole sequence on one
+    device, and dividing that by cp would not be one rank's peak."""
+    from memprobe.measure.protocol import protocol_for
+
+    why = protocol_for(kernel).unsupported_layout(tp, cp)
+    if why is not None:
+        raise UserError(
+            f"{kernel} at tp {tp} cp {cp}: {why}, so memprobe cannot plan it per rank",
+            "plan --hidden with --tp 1 --cp 1",
+        )
 
 
 @dataclass(frozen=True)
@@ -99,9 +147,18 @@ class PlanTarget:
         if self.hidden is not None:
             _positive("hidden", self.hidden)
         check_inputs_match([self.kernel], self.hidden)
+        _check_layout(self.kernel, self.tp, self.cp)
         # Normalized in place: the record is frozen, and these are its canonical values.
         object.__setattr__(self, "dtype", key)
         object.__setattr__(self, "chunk_size", chunk if spec.uses_chunk_size else None)
+
+    @property
+    def lm_head_bytes(self) -> int | None:
+        """The lm_head weight [V,H] in the step's dtype, live through the whole step of a
+        hidden-family kernel (None for logits kernels)."""
+        if self.hidden is None:
+            return None
+        return self.vocab * self.hidden * dtype_bytes(self.dtype)
 
     def case(self, local_tokens: int) -> Case:
         """The simulated case with ``local_tokens`` on each rank (``Case.tokens`` is global)."""
@@ -202,6 +259,8 @@ class TokenPlan:
             "simulations": a.simulations,
             "peak_kind": ALLOCATED,
         }
+        if self.budget.in_step_bytes:  # --other-includes-lm-head
+            row["other_in_step_bytes"] = self.budget.in_step_bytes
         r = self.reserved
         row["reserved_max_tokens"] = r.max_tokens if r else None
         row["reserved_peak_bytes_at_max"] = r.peak_at_max if r else None

@@ -13,7 +13,8 @@ user's step is one callable, so the phase of each allocation is read from torch 
 - ``optimizer`` from an optimizer's step (torch's global step pre-hook) until the next
   forward.
 
-It also remembers the op that raised, so a step that fails on meta can be reported by op.
+It also remembers the op that raised, so a step that fails on meta can be reported by op,
+and the moments the step marks with :func:`mark` (where its loss starts and ends, say).
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ class StepTracker(AllocationTracker):
         self._handles: list[Any] = []
         self.failed_op: str | None = None
         self.failure: BaseException | None = None
+        self.marks: list[tuple[str, int]] = []
+
+    def __enter__(self) -> StepTracker:
+        _ACTIVE.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.remove(self)
+        super().__exit__(*exc)
 
     # -- hooks -----------------------------------------------------------
     def install_hooks(self) -> None:
@@ -71,7 +81,13 @@ class StepTracker(AllocationTracker):
         elif self.phase == "setup" and torch.is_grad_enabled() and _records_history(args, kwargs):
             self.set_phase("forward")
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         self.follow_phase(args, kwargs)
         try:
             return super().__torch_dispatch__(func, types, args, kwargs)
@@ -79,6 +95,18 @@ class StepTracker(AllocationTracker):
             # The op that raised: what a failure on meta is reported by.
             self.failed_op, self.failure = str(func), exc
             raise
+
+
+# The trackers running a step now, innermost last (what :func:`mark` writes to).
+_ACTIVE: list[StepTracker] = []
+
+
+def mark(label: str) -> None:
+    """Note this moment of the step being traced: ``(label, events so far)`` goes into its
+    record's ``marks``. Outside a trace it does nothing, so a step can always call it."""
+    if _ACTIVE:
+        tracker = _ACTIVE[-1]
+        tracker.marks.append((label, len(tracker.events)))
 
 
 def _records_history(args: Any, kwargs: Any) -> bool:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
-from memprobe.profile.attention import fused_attention_on_meta
+from memprobe.profile.attention import sdpa_on_meta
 from memprobe.profile.load import Step
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.records import Event
@@ -41,6 +41,10 @@ class TrackedStep:
     peak_bytes: int
     peak_index: int
     phase_peaks: dict[str, int]
+    # The attention kernels simulated on meta (kernel -> calls; see profile.attention).
+    attention: dict[str, int] = field(default_factory=dict)
+    # Moments the step marked (profile.phases.mark): (label, events recorded before it).
+    marks: tuple[tuple[str, int], ...] = ()
 
     def live_at_peak(self) -> list[Event]:
         """Allocations live just after the peak's event, largest first."""
@@ -53,12 +57,16 @@ class TrackedStep:
         return sorted(live.values(), key=lambda e: e.nbytes, reverse=True)
 
 
-def trace_step(step: Step, device: str = "meta", *, capture_frames: bool = True) -> TrackedStep:
+def trace_step(
+    step: Step, device: str = "meta", *, capture_frames: bool = True, attention: str = "cpu"
+) -> TrackedStep:
     """Run ``step(torch.device(device))`` once under the tracker (``meta`` or ``cpu``).
 
     Phases (setup / forward / backward / optimizer) come from module, autograd and
     optimizer hooks (:mod:`memprobe.profile.phases`). Whatever the step returns is
-    dropped before the trace ends, so its frees are recorded too.
+    dropped before the trace ends, so its frees are recorded too. On meta,
+    ``F.scaled_dot_product_attention`` runs the kernel the ``attention`` target would
+    pick (:func:`memprobe.profile.attention.sdpa_on_meta`: ``cpu``, ``cuda`` or ``math``).
 
     Raises :class:`UserError` when the step fails: on meta, one line naming the op that
     raised and suggesting ``--device cpu`` at a smaller size.
@@ -70,9 +78,9 @@ def trace_step(step: Step, device: str = "meta", *, capture_frames: bool = True)
     tracker = StepTracker(capture_frames=capture_frames, device=device)
     tracker.stop_code = _call.__code__
     tracker.install_hooks()
-    attention = fused_attention_on_meta() if device == "meta" else contextlib.nullcontext()
+    routing = sdpa_on_meta(attention) if device == "meta" else contextlib.nullcontext(None)
     try:
-        with tracker, attention:
+        with tracker, routing as chosen:
             _call(step, torch.device(device))
             # Reference cycles (autograd graphs held by closures) die now, as the
             # step's end would free them in a training loop's next collection.
@@ -87,6 +95,8 @@ def trace_step(step: Step, device: str = "meta", *, capture_frames: bool = True)
         peak_bytes=tracker.peak_bytes,
         peak_index=tracker.peak_index,
         phase_peaks=dict(tracker.phase_peaks),
+        attention=dict(chosen or {}),
+        marks=tuple(tracker.marks),
     )
 
 

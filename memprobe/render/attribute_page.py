@@ -94,6 +94,7 @@ class _Oom:
     allocated: str
     reserved: str
     free_in_reserved: str
+    largest_free: str
 
 
 def _exact(n: int | None) -> str:
@@ -109,6 +110,7 @@ def _oom(s: OomSummary) -> _Oom:
         allocated=_exact(s.allocated_bytes),
         reserved=_exact(s.reserved_bytes),
         free_in_reserved=_exact(s.free_in_reserved_bytes),
+        largest_free=_exact(s.largest_free_block),
     )
 
 
@@ -138,11 +140,11 @@ def _device(f: Findings) -> _Device:
         ],
     )
     groups = Table(
-        [("count", True), ("size", True), ("total", True), ("category", False), ("op", False),
-         ("line", False)],
+        [("count", True), ("size", True), ("total", True), ("category", False), ("why", False),
+         ("op", False), ("line", False)],
         [
             [Cell(str(g.count), g.count, numeric=True), bytes_cell(g.size),
-             bytes_cell(g.total_bytes), Cell(g.category), Cell(g.op or "?"),
+             bytes_cell(g.total_bytes), Cell(g.category), Cell(g.reason), Cell(g.op or "?"),
              Cell(describe_frame(g.frame), mono=True)]
             for g in f.groups[:30]
         ],

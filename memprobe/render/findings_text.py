@@ -1,8 +1,10 @@
 """Findings as text lines for the terminal.
 
-The first screen says what the peak is made of (bytes per category and the phase it
-happened in) and what the step's shapes are; then identical blocks grouped, every
-logits-family block of the trace, the OOMs, the allocator's view and the notes.
+The first screen says what failed, when the snapshot holds an OOM (the exact request,
+what the device and the allocator had free at that moment, the verdict), then what the
+peak is made of (bytes per category and the phase it happened in) and what the step's
+shapes are; then identical blocks grouped, every logits-family block of the trace, the
+allocator's view and the notes.
 Every number printed comes from the Findings; nothing here computes memory facts.
 """
 
@@ -140,8 +142,13 @@ def _shape_lines(findings: Findings) -> list[str]:
     if inf.forward_only:
         head += " (forward only, no loss)"
     lines = [f"{head}; confidence {inf.confidence}"]
-    for reason in inf.evidence[:EVIDENCE_SHOWN]:
+    # The first lines, and always the one a B, S split rests on (a claim's evidence is
+    # never cut); the rest are in --json.
+    shown = [r for k, r in enumerate(inf.evidence) if k < EVIDENCE_SHOWN or r.startswith("B = ")]
+    for reason in shown:
         lines.append(f"  - {reason}")
+    if len(shown) < len(inf.evidence):
+        lines.append(f"  - … {len(inf.evidence) - len(shown)} more (all are in --json)")
     if inf.alternatives and inf.confidence not in ("given", "high"):
         lines.append(f"  other readings: {'; '.join(inf.alternatives)}")
     if inf.confidence in ("low", "medium"):
@@ -188,24 +195,23 @@ def _oom_lines(o: OomFinding, findings: Findings) -> list[str]:
     v = o.verdict
     lines = [
         f"OOM #{o.number + 1} on device {findings.device} {_moment(findings, o.index, o.time_us)}:"
-        f" requested {format_bytes(o.requested_bytes)} with {free} free on the device; "
-        f"{format_bytes(o.allocated_bytes)} allocated in {_plural(o.live_count, 'live block')}",
-        f"  failing request: {_phase(o.phase)}, op {o.op or '?'}, "
-        + _made(o.frame, (), (), o.phase),
+        f" requested {o.requested_bytes:,} B ({format_bytes(o.requested_bytes)}), "
+        f"{_phase(o.phase)}, op {o.op or '?'}, " + _made(o.frame, (), (), o.phase),
     ]
+    moment = [f"{free} free on the device"]
+    if v.reserved_bytes is not None:
+        unused = format_bytes(v.free_in_reserved_bytes or 0)
+        held = f"{format_bytes(v.reserved_bytes)} reserved, {unused} of it not allocated"
+        if v.largest_free_block is not None:
+            held += f" (largest free block {format_bytes(v.largest_free_block)})"
+        moment.append(held)
+    moment.append(
+        f"{format_bytes(o.allocated_bytes)} allocated in {_plural(o.live_count, 'live block')}"
+    )
+    lines.append("  at that moment: " + ", ".join(moment))
+    lines.append(f"  verdict: {v.text}")
     if o.breakdown:
         lines.append("  live then: " + _breakdown_text(o.breakdown, o.allocated_bytes))
-    if v.reserved_bytes is not None:
-        largest = (
-            f", largest free block {format_bytes(v.largest_free_block)}"
-            if v.largest_free_block is not None
-            else ""
-        )
-        lines.append(
-            f"  reserved {format_bytes(v.reserved_bytes)}, of it free "
-            f"{format_bytes(v.free_in_reserved_bytes)}{largest}"
-        )
-    lines.append(f"  verdict: {v.text}")
     return lines
 
 
@@ -234,7 +240,14 @@ def _allocator_lines(findings: Findings) -> list[str]:
 def render_findings(findings: Findings, *, top: int | None = None) -> list[str]:
     """The report ``memprobe attribute`` prints for one device, as lines."""
     out = [f"snapshot: {findings.path}"] if findings.path else []
-    out += _header_lines(findings)
+    header = _header_lines(findings)
+    out.append(header[0])
+    # The failure first: what was asked for, what the device and the allocator had then.
+    for o in findings.ooms:
+        out += _oom_lines(o, findings)
+    if findings.ooms:
+        out.append("")
+    out += header[1:]
     out += _shape_lines(findings)
     limit = top if top is not None else len(findings.groups)
     if findings.groups:
@@ -244,7 +257,10 @@ def render_findings(findings: Findings, *, top: int | None = None) -> list[str]:
             f"live at the peak: {_plural(findings.live_at_peak_count, 'block')} in "
             f"{_plural(len(findings.groups), 'group')}; the {len(shown)} largest:"
         )
-        out += [_group_line(n, g) for n, g in enumerate(shown, 1)]
+        for n, g in enumerate(shown, 1):
+            out.append(_group_line(n, g))
+            if g.reason:
+                out.append(f"     why {g.category}: {g.reason}")
     n = 0
     family = findings.logits_family
     out.append("")
@@ -272,9 +288,6 @@ def render_findings(findings: Findings, *, top: int | None = None) -> list[str]:
         for f in at_oom_only[: top or len(at_oom_only)]:
             n += 1
             out += _block_lines(n, f, findings)
-    for o in findings.ooms:
-        out.append("")
-        out += _oom_lines(o, findings)
     others = [
         f for f in findings.findings if not f.live_at_peak and not f.live_at_oom and not f.logits
     ]
@@ -298,7 +311,7 @@ def render_devices(all_findings: tuple[Findings, ...], *, top: int | None = None
     """Every device, the one that hit an OOM first (as ``attribute_devices`` orders them)."""
     out: list[str] = []
     if len(all_findings) > 1:
-        summary = ", ".join(
+        summary = "; ".join(
             f"device {f.device}: peak {format_bytes(f.peak_allocated_bytes)}"
             + (f", {_plural(len(f.ooms), 'OOM')}" if f.ooms else "")
             for f in all_findings

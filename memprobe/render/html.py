@@ -7,6 +7,7 @@ shows; the markup is the template's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -87,17 +88,32 @@ def _figures(p: Plots, h: Headline) -> dict[str, Figure]:
 
 
 @dataclass(frozen=True)
+class _Layout:
+    shape: str
+    lines: list[str]
+    budget: str
+
+
+@dataclass(frozen=True)
 class _Answer:
     shape: str
     where: str
     lines: list[str]
     budget: str
     why: str | None
+    layouts: list[_Layout]  # the same answer at every other tp/cp of the largest case
 
 
-def _answer(h: Headline, device_name: str, table: pd.DataFrame) -> _Answer:
+def _answer(
+    h: Headline, device_name: str, table: pd.DataFrame, others: Sequence[Headline] = ()
+) -> _Answer:
     lines = recommendation(h)
-    also = other_slices(table, h)
+    # The answer covers every layout; the plots and kernel lines stay at the first one.
+    also = (
+        other_slices(table, h, subject="The plots and the kernel-by-kernel lines are")
+        if others
+        else other_slices(table, h)
+    )
     where = (
         "simulated exactly on meta tensors" if h.device == "meta" else f"measured on {device_name}"
     )
@@ -107,7 +123,15 @@ def _answer(h: Headline, device_name: str, table: pd.DataFrame) -> _Answer:
         lines=[*lines, also] if also else lines,
         budget=budget_sentence(h),
         why=why_sentence(h),
+        layouts=[_Layout(shape_text(o), recommendation(o), _layout_budget(o)) for o in others],
     )
+
+
+def _layout_budget(h: Headline) -> str:
+    """Said once at the top when there is no budget; each layout repeats only a verdict."""
+    if h.budget_bytes is None and not any(k.status == "oom" for k in h.kernels):
+        return ""
+    return budget_sentence(h)
 
 
 @dataclass(frozen=True)
@@ -333,7 +357,7 @@ def report_html(model: Page, plots: Plots, target: Path) -> str:
         cases=f"{len(table):,}",
         device_name=model.device_name,
         when=_when(meta.get("started")),
-        answer=_answer(h, model.device_name, table),
+        answer=_answer(h, model.device_name, table, model.other_layouts),
         kernel_lines=_kernel_lines(h),
         at=f"{h.tokens:,} tokens × {h.vocab:,} vocabulary",
         figures=_figures(plots, h),

@@ -10,8 +10,9 @@ from memprobe.gate import Verdict
 from memprobe.render.gate_text import describe
 
 
-def junit_tree(verdict: Verdict) -> ET.ElementTree:
-    """One testcase per check (rule limit × case, baseline × case); a <failure> per violation."""
+def junit_tree(verdict: Verdict) -> ET.Element:
+    """The <testsuites> root: one testcase per check (rule limit × case, baseline × case),
+    a <failure> per violation."""
     total, failed = str(len(verdict.checks)), str(len(verdict.failures))
     counts = {"tests": total, "failures": failed, "errors": "0", "skipped": "0", "time": "0"}
     root = ET.Element("testsuites", {"name": "memprobe gate", **counts})
@@ -46,7 +47,7 @@ def junit_tree(verdict: Verdict) -> ET.ElementTree:
             )
             failure.text = detail
     ET.indent(root)
-    return ET.ElementTree(root)
+    return root
 
 
 # Characters XML 1.0 cannot hold at all (ElementTree writes them and the file no longer
@@ -62,5 +63,5 @@ def xml_text(text: str) -> str:
 def write_junit(path: Path, verdict: Verdict) -> None:
     from memprobe.io.files import write_atomic
 
-    text = xml_text(ET.tostring(junit_tree(verdict).getroot(), encoding="unicode"))
+    text = xml_text(ET.tostring(junit_tree(verdict), encoding="unicode"))
     write_atomic(path, '<?xml version="1.0" encoding="utf-8"?>\n' + text + "\n", what="JUnit file")

@@ -154,6 +154,7 @@ def page_html(plans: Sequence[TokenPlan], budget: Budget, png: bytes, answer: st
         answer=answer,
         budget=format_bytes(budget.budget_bytes),
         other=format_bytes(budget.other_bytes),
+        in_step=format_bytes(budget.in_step_bytes) if budget.in_step_bytes else None,
         limit=format_bytes(budget.limit_bytes),
         plot=Figure(png or None, "simulated peak against tokens per GPU", missing="No plot."),
         rows=_table(plans),

@@ -56,9 +56,15 @@ def plan_table(plans: Sequence[TokenPlan]) -> Table:
 
 
 def budget_line(budget: Budget) -> str:
+    both = budget.in_step_bytes
+    given_back = f" + lm_head weight in both {format_bytes(both)}" if both else ""
+    grows = budget.other_per_token
+    per_token = f" (+ {format_bytes(grows)} per token)" if grows else ""
+    less = " less the per-token part," if grows else ""
     return (
         f"budget {format_bytes(budget.budget_bytes)} - other {format_bytes(budget.other_bytes)}"
-        f" = {format_bytes(budget.limit_bytes)} for the logprob step (allocated peak, per rank)"
+        f"{per_token}{given_back} = {format_bytes(budget.limit_bytes)}{less} for the logprob step "
+        "(allocated peak, per rank)"
     )
 
 

@@ -112,14 +112,14 @@ def peak_vs(
     width = dtype_bytes(headline.dtype)
     seen: set[str] = set()
     for floor_series in _floor_lines(floors, axis):
-        x, y = zip(*floor_series, strict=True)
-        values.extend(y)
-        logits = width * headline.batch * _local(x[-1], fixed, axis, headline)
-        label = _floor_label(y[-1], logits)
+        floor_x, floor_y = zip(*floor_series, strict=True)
+        values.extend(floor_y)
+        logits = width * headline.batch * _local(floor_x[-1], fixed, axis, headline)
+        label = _floor_label(floor_y[-1], logits)
         style = dict(FLOOR_STYLE)
         if "logits only" in label:
             style["color"] = "#9A9A9A"  # lighter: the two floors stay apart in greyscale
-        ax.plot(x, y, label=label if label not in seen else None, **style)
+        ax.plot(floor_x, floor_y, label=label if label not in seen else None, **style)
         seen.add(label)
     top = max(values)
     if headline.budget_bytes is not None:

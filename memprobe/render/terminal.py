@@ -110,27 +110,36 @@ def _fits(status: str, peak: Any, budget_bytes: int) -> str:
 def answer_lines(
     frame: pd.DataFrame, meta: dict[str, Any], *, budget_bytes: int | None
 ) -> list[str]:
-    """The closing lines: at the largest case, what to use and (with a budget) what fits."""
+    """The closing lines: at the largest case, what to use and (with a budget) what fits,
+    for every parallel layout (tp, cp) the run has there."""
     from memprobe.report.headline import (
+        LAYOUT_KEYS,
+        SLICE_KEYS,
         budget_sentence,
-        make_headline,
+        make_headlines,
         other_slices,
         recommendation,
     )
 
     if frame.empty:
         return []
-    h = make_headline(frame, meta, budget_bytes=budget_bytes)
-    at = f"At {h.tokens:,} tokens x {h.vocab:,} vocabulary ({h.dtype}"
-    at += f", batch {h.batch}" if h.batch != 1 else ""
-    at += f", tp {h.tp}" if h.tp != 1 else ""
-    at += f", cp {h.cp}" if h.cp != 1 else ""
-    lines = [f"{at}):", *(f"  {line}" for line in recommendation(h))]
-    if h.budget_bytes is not None or any(k.status == "oom" for k in h.kernels):
-        lines.append(f"  {budget_sentence(h)}")
-    also = other_slices(with_ratios(frame), h)
+    headlines = make_headlines(frame, meta, budget_bytes=budget_bytes)
+    lines: list[str] = []
+    for h in headlines:
+        at = f"At {h.tokens:,} tokens x {h.vocab:,} vocabulary ({h.dtype}"
+        at += f", batch {h.batch}" if h.batch != 1 else ""
+        at += f", tp {h.tp}" if h.tp != 1 else ""
+        at += f", cp {h.cp}" if h.cp != 1 else ""
+        lines += [f"{at}):", *(f"  {line}" for line in recommendation(h))]
+        if h.budget_bytes is not None or any(k.status == "oom" for k in h.kernels):
+            lines.append(f"  {budget_sentence(h)}")
+    # Every layout has its answer above: only the other configurations go unsaid.
+    keys: tuple[str, ...] = SLICE_KEYS
+    if len(headlines) > 1:
+        keys = tuple(k for k in SLICE_KEYS if k not in LAYOUT_KEYS)
+    also = other_slices(with_ratios(frame), headlines[0], keys=keys, subject="This answer is")
     if also:
-        lines.append(f"  {also.replace('This summary and the plots are', 'This answer is')}")
+        lines.append(f"  {also}")
     return lines
 
 

@@ -58,6 +58,7 @@ class OomSummary:
     allocated_bytes: int
     reserved_bytes: int | None  # reserved then (from segment events); None: unknown
     free_in_reserved_bytes: int | None
+    largest_free_block: int | None  # the largest free block then (the trace's segments)
     phase: str
     op: str
     frame: str
@@ -79,6 +80,7 @@ def _summary(device: int, o: OomFinding) -> OomSummary:
         allocated_bytes=o.allocated_bytes,
         reserved_bytes=v.reserved_bytes,
         free_in_reserved_bytes=v.free_in_reserved_bytes,
+        largest_free_block=v.largest_free_block,
         phase=_phase(o.phase) or "phase unknown",
         op=o.op or "?",
         frame=describe_frame(o.frame),

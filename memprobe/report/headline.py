@@ -97,38 +97,66 @@ def _float(value: Any) -> float | None:
     return None if missing(value) else float(value)
 
 
-def headline_slice(table: pd.DataFrame) -> pd.DataFrame:
-    """Rows at the largest case (all kernels and chunk sizes); ``table`` has the ratios."""
+# The parallel layouts: one answer each, since each is a different question (peaks per rank).
+LAYOUT_KEYS = ("tp", "cp")
+
+
+def _largest(table: pd.DataFrame) -> pd.DataFrame:
     size = (
         table["batch"].astype(float) * table["tokens"].astype(float) * table["vocab"].astype(float)
     )
-    largest = table[size == size.max()]
+    return table[size == size.max()]
+
+
+def layouts(table: pd.DataFrame) -> list[tuple[int, int]]:
+    """Every (tp, cp) at the largest case's shape, batch and dtype, in the run's order; the
+    first is the headline's."""
+    keep = _at_first_shape(table)
+    return list(dict.fromkeys(zip(keep["tp"].tolist(), keep["cp"].tolist(), strict=True)))
+
+
+def _at_first_shape(table: pd.DataFrame) -> pd.DataFrame:
+    """The largest B·S·V, at the tokens, vocab, batch and dtype of its first row."""
+    largest = _largest(table)
     first = largest.iloc[0]
-    keep = largest
-    for key in ("tokens", "vocab", *SLICE_KEYS):
-        keep = keep[keep[key] == first[key]]
-    return keep
+    for key in ("tokens", "vocab", "batch", "dtype"):
+        largest = largest[largest[key] == first[key]]
+    return largest
 
 
-def other_slices(table: pd.DataFrame, h: Headline) -> str | None:
-    """A sentence naming the configurations the headline and plots leave out, or None.
+def headline_slice(table: pd.DataFrame, layout: tuple[int, int] | None = None) -> pd.DataFrame:
+    """Rows at the largest case (all kernels and chunk sizes), at ``layout`` (tp, cp) when
+    the run has it, else at the first planned; ``table`` has the ratios."""
+    keep = _at_first_shape(table)
+    tp, cp = layout if layout in layouts(table) else (keep.iloc[0]["tp"], keep.iloc[0]["cp"])
+    return keep[(keep["tp"] == tp) & (keep["cp"] == cp)]
+
+
+def other_slices(
+    table: pd.DataFrame,
+    h: Headline,
+    *,
+    keys: tuple[str, ...] = SLICE_KEYS,
+    subject: str = "This summary and the plots are",
+) -> str | None:
+    """A sentence naming the configurations ``subject`` leaves out, or None.
 
     A run over several dtypes, batches or parallel sizes is summarized at one of
     them; saying which, and what else is in the table, keeps that from being silent.
+    ``keys``: the configuration columns the subject is at one value of (an answer given
+    for every layout leaves out no tp or cp).
     """
-    shown = {"batch": h.batch, "dtype": h.dtype, "tp": h.tp, "cp": h.cp}
+    shown = {k: v for k, v in {"batch": h.batch, "dtype": h.dtype, "tp": h.tp, "cp": h.cp}.items()
+             if k in keys}  # fmt: skip
     others = []
-    for key in SLICE_KEYS:
+    for key in keys:
         values = [v for v in dict.fromkeys(table[key].tolist()) if v != shown[key]]
         if values:
             others.append(f"{key} {', '.join(str(v) for v in values)}")
     if not others:
         return None
     at = ", ".join(f"{k} {v}" for k, v in shown.items())
-    return (
-        f"This summary and the plots are at {at}; the run also has {'; '.join(others)} "
-        "(see the results table)."
-    )
+    return f"{subject} at {at}; the run also has {'; '.join(others)} (see the results table)."
 
 
 def config_slice(frame: pd.DataFrame, h: Headline) -> pd.DataFrame:
@@ -152,15 +180,32 @@ def consumes_logits(row: dict[str, Any]) -> bool:
     return floor is not None and floor == case_of(row).logits_bytes
 
 
-def make_headline(
+def make_headlines(
     frame: pd.DataFrame, meta: dict[str, Any], *, budget_bytes: int | None = None
+) -> list[Headline]:
+    """One headline per parallel layout (tp, cp) at the largest case: a run over
+    ``--tp 1,2,8`` asks three questions. The first is :func:`make_headline`'s."""
+    table = frame if has_ratios(frame) else with_ratios(frame)
+    return [
+        make_headline(table, meta, budget_bytes=budget_bytes, layout=layout)
+        for layout in layouts(table)
+    ]
+
+
+def make_headline(
+    frame: pd.DataFrame,
+    meta: dict[str, Any],
+    *,
+    budget_bytes: int | None = None,
+    layout: tuple[int, int] | None = None,
 ) -> Headline:
     """The largest case's facts; the budget is ``budget_bytes`` or the GPU's recorded capacity.
 
-    ``frame`` is the results table, with the ratios added (added here when absent).
+    ``frame`` is the results table, with the ratios added (added here when absent);
+    ``layout`` (tp, cp) picks one parallel layout (default: the first planned).
     """
     table = frame if has_ratios(frame) else with_ratios(frame)
-    rows = rows_of(headline_slice(table))
+    rows = rows_of(headline_slice(table, layout))
     source = "--budget" if budget_bytes is not None else ""
     if budget_bytes is None:
         budget_bytes, source = gpu_capacity(meta), "GPU capacity"
@@ -245,7 +290,14 @@ def vs_reference(k: KernelResult) -> str:
         return f"no {ref} run to compare with"
     if round(s, 2) == 1.0:
         return f"the same as {ref}"
-    return f"{times(s)} below {ref}" if s > 1 else f"{times(1 / s)} above {ref}"
+    # Peak over the reference, the direction of every ratio memprobe prints (the
+    # tables' "peak vs unchunked", "1.05× its floor"): below 1× is less memory.
+    return f"{peak_ratio(1 / s)} {ref}'s peak"
+
+
+def peak_ratio(x: float) -> str:
+    """A peak over a reference peak as the tables write it: two decimals, then ×."""
+    return f"{x:,.2f}×" if x >= 0.01 else f"{x:.2g}×"
 
 
 def shape_text(h: Headline) -> str:
@@ -256,7 +308,7 @@ def shape_text(h: Headline) -> str:
 
 
 def kernel_line_parts(k: KernelResult, h: Headline) -> tuple[str, str]:
-    """('local_chunked: 10.27 GiB', '3.33× below unchunked, 1.05× its floor (…); …')."""
+    """('local_chunked: 10.27 GiB', '0.30× unchunked's peak, 1.05× its floor (…); …')."""
     if not k.ok:
         what = {"oom": "ran out of memory", "skipped": "skipped", "error": "failed"}.get(
             k.status, k.status
@@ -277,14 +329,6 @@ def kernel_line_parts(k: KernelResult, h: Headline) -> tuple[str, str]:
     if k.fits is not None and h.budget_bytes is not None:
         rest += "; fits the budget" if k.fits else "; does not fit the budget"
     return f"{k.name}: {format_bytes(k.peak_bytes)}", rest
-
-
-def kernel_line(k: KernelResult, h: Headline) -> str:
-    """'local_chunked: 10.27 GiB, 3.33× below unchunked, 1.05× its floor (9.77 GiB); …'."""
-    head, rest = kernel_line_parts(k, h)
-    if not rest:
-        return head
-    return f"{head}, {rest}" if k.ok else f"{head} ({rest})"
 
 
 def fused_sentence(h: Headline) -> str | None:

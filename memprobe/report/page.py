@@ -15,7 +15,7 @@ import pandas as pd
 
 from memprobe.errors import UserError
 from memprobe.report.evidence import Evidence, gather
-from memprobe.report.headline import Headline, config_slice, make_headline
+from memprobe.report.headline import Headline, config_slice, make_headlines
 from memprobe.report.ratios import with_ratios
 from memprobe.results import read_results, read_run_meta
 
@@ -28,6 +28,8 @@ class Page:
     headline: Headline
     evidence: tuple[Evidence, ...]  # one per finished kernel at the largest case
     kernels: tuple[str, ...]  # every kernel, in the run's order (each keeps one look)
+    # The headline's answer at every other parallel layout (tp, cp) of the largest case.
+    other_layouts: tuple[Headline, ...] = ()
 
     @property
     def config(self) -> pd.DataFrame:
@@ -62,7 +64,7 @@ def build_page(run_dir: Path, *, budget_bytes: int | None = None) -> Page:
     """Read a run and compute the page: ratios, the headline, each headline kernel's evidence."""
     frame, meta = read_run(run_dir)
     table = with_ratios(frame)
-    headline = make_headline(table, meta, budget_bytes=budget_bytes)
+    headline, *others = make_headlines(table, meta, budget_bytes=budget_bytes)
     evidence = tuple(gather(k.row, run_dir) for k in headline.kernels if k.ok and k.row)
     return Page(
         run_dir=run_dir,
@@ -71,4 +73,5 @@ def build_page(run_dir: Path, *, budget_bytes: int | None = None) -> Page:
         headline=headline,
         evidence=evidence,
         kernels=tuple(dict.fromkeys(str(k) for k in frame["kernel"])),
+        other_layouts=tuple(others),
     )

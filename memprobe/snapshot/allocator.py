@@ -1,29 +1,25 @@
-"""The CUDA caching allocator's size rules, for synthesizing segments and for matching.
+"""The CUDA caching allocator's size rules under torch's default settings, for
+synthesizing segments and for matching a snapshot's blocks to the requests behind them.
 
 A request of ``n`` bytes becomes a block of ``round_block_size(n)`` bytes carved from
 a segment (one ``cudaMalloc``) of ``segment_size(n)`` bytes; a block keeps the whole
 segment when the remainder is too small to split off. So a block can be larger than
 the tensor that asked for it, and attribution has to allow for that slack.
-(Defaults only: ``roundup_power2_divisions`` and expandable segments change the sizes.)
+The rules are :mod:`memprobe.allocator.model`'s (``round_size``, ``allocation_size``)
+at the defaults; ``roundup_power2_divisions`` and expandable segments change the sizes.
 """
 
 from __future__ import annotations
 
-MIN_BLOCK = 512  # every block is a multiple of this
-SMALL_SIZE = 1 << 20  # requests up to 1 MiB come from the small pool
-SMALL_BUFFER = 2 << 20  # small-pool segments are 2 MiB
-MIN_LARGE_ALLOC = 10 << 20  # requests under 10 MiB get a 20 MiB segment
-LARGE_BUFFER = 20 << 20
-ROUND_LARGE = 2 << 20  # larger requests get a segment rounded up to 2 MiB
+from memprobe.allocator.config import AllocConf
+from memprobe.allocator.model import SMALL_SIZE, allocation_size, round_size
 
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
+_DEFAULTS = AllocConf()
 
 
 def round_block_size(nbytes: int) -> int:
     """Bytes the allocator hands out for a request of ``nbytes``."""
-    return MIN_BLOCK if nbytes < MIN_BLOCK else round_up(nbytes, MIN_BLOCK)
+    return round_size(nbytes, _DEFAULTS)
 
 
 def is_small(nbytes: int) -> bool:
@@ -32,21 +28,7 @@ def is_small(nbytes: int) -> bool:
 
 def segment_size(nbytes: int) -> int:
     """Bytes of the segment ``cudaMalloc``-ed when no cached block fits the request."""
-    rounded = round_block_size(nbytes)
-    if rounded <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if rounded < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return round_up(rounded, ROUND_LARGE)
-
-
-def block_size_in_segment(nbytes: int, seg_bytes: int) -> int:
-    """The block's size once carved from a fresh segment: split off the rest when it is
-    big enough to be useful (small pool: ≥ 512 B; large pool: > 1 MiB), else keep it."""
-    rounded = round_block_size(nbytes)
-    remaining = seg_bytes - rounded
-    threshold_ok = remaining >= MIN_BLOCK if is_small(nbytes) else remaining > SMALL_SIZE
-    return rounded if threshold_ok else seg_bytes
+    return allocation_size(round_block_size(nbytes), _DEFAULTS)
 
 
 def could_hold(block_bytes: int, nbytes: int) -> bool:

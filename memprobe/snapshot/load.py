@@ -13,16 +13,19 @@ import math
 import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from memprobe.errors import UserError
-from memprobe.io.sizes import format_bytes
-from memprobe.snapshot.model import (
-    ACTIONS,
+from memprobe.allocator.snapshot_format import (
     ACTIVE_ALLOCATED,
+    ADDRESSED_ACTIONS,
+    FREE,
     LIVE_STATES,
+    OOM,
     STATE_ALIASES,
 )
+from memprobe.errors import UserError
+from memprobe.io.files import read_regular
+from memprobe.snapshot.nesting import check_tuple_nesting
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 # What normalization will expand to. Real files reach 10^6 trace entries with tens of
@@ -30,10 +33,10 @@ DEFAULT_MAX_BYTES = 2 * 2**30
 MAX_ENTRIES = 20_000_000
 MAX_FRAMES = 200_000_000
 _HINT = "expected the pickle written by torch.cuda.memory._dump_snapshot() or memprobe"
-# Actions whose entry must name a block or segment address and a size. ``free`` is
-# the single free action of early history files (torch's viewer still reads it).
-_NEEDS_ADDR = frozenset([*(a for a in ACTIONS if a not in ("oom", "snapshot")), "free"])
-_NEEDS_SIZE = _NEEDS_ADDR | {"oom"}
+# Actions whose entry must name a block or segment address and a size (early history
+# files' single free action too).
+_NEEDS_ADDR = frozenset([*ADDRESSED_ACTIONS, FREE])
+_NEEDS_SIZE = _NEEDS_ADDR | {OOM}
 
 
 class _Refused(Exception):
@@ -63,26 +66,15 @@ def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_
 
 
 def _read_bytes(p: Path, max_bytes: int) -> bytes:
-    try:
-        size = p.stat().st_size
-    except FileNotFoundError:
-        raise UserError(f"snapshot {p} does not exist", "check the path") from None
-    except OSError as exc:
-        raise UserError(f"cannot read snapshot {p}: {exc.strerror or exc}") from None
-    if p.is_dir():
-        raise UserError(f"snapshot {p} is a directory", "pass the .pickle file inside it")
-    if size == 0:
+    data = read_regular(
+        p,
+        what="snapshot",
+        max_bytes=max_bytes,
+        too_big="record fewer entries (max_entries=...) or raise max_bytes in load_snapshot()",
+    )
+    if not data:
         raise UserError(f"snapshot {p} is empty (0 bytes)", _HINT)
-    if size > max_bytes:
-        raise UserError(
-            f"snapshot {p} is {format_bytes(size)}, over the {format_bytes(max_bytes)} limit",
-            "record fewer entries (max_entries=...) or raise max_bytes in load_snapshot()",
-        )
-    try:
-        with p.open("rb") as fh:
-            return fh.read(max_bytes + 1)
-    except OSError as exc:
-        raise UserError(f"cannot read snapshot {p}: {exc.strerror or exc}") from None
+    return data
 
 
 def _sniff(data: bytes) -> str | None:
@@ -105,6 +97,7 @@ def _unpickle(data: bytes, p: Path) -> Any:
         looks = _sniff(data)
         if looks:
             raise UserError(f"snapshot {p} is {looks}", _HINT)
+    check_tuple_nesting(data, str(p), _HINT)
     # A snapshot is millions of small dicts and lists: the cyclic GC would scan them
     # again and again while they are built (none of them can form a cycle worth it).
     was_enabled = gc.isenabled()
@@ -143,7 +136,7 @@ def _describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -236,8 +229,7 @@ def _trace(trace: Any, device: int, bad: _Bad) -> list[dict]:
     return [_entry(e, f"device_traces[{device}][{i}]", bad) for i, e in enumerate(trace)]
 
 
-_PLAIN_ACTIONS = frozenset({"alloc", "free_requested", "free_completed", "segment_alloc",
-                            "segment_free", "segment_map", "segment_unmap"})  # fmt: skip
+_PLAIN_ACTIONS = frozenset(ADDRESSED_ACTIONS)
 _PLAIN_KEYS = frozenset(
     {"action", "addr", "size", "stream", "time_us", "frames", "user_metadata", "compile_context"}
 )

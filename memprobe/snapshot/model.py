@@ -4,40 +4,13 @@ These are documentation types over the plain dict that ``torch.cuda.memory._snap
 returns (and that :func:`memprobe.snapshot.load_snapshot` hands back normalised):
 a snapshot stays a dict so that torch's own tools (``torch.cuda._memory_viz``) and
 the pytorch.org/memory_viz page read what memprobe writes without conversion.
+The format's words (actions, block states, settings keys) are
+:mod:`memprobe.allocator.snapshot_format`'s: the allocator floor reads them too.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypedDict
-
-# Every action a trace entry can carry (torch 2.x). ``oom`` has ``device_free``
-# instead of ``addr``; ``snapshot`` marks the moment a snapshot was taken.
-ACTIONS: tuple[str, ...] = (
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "oom",
-    "snapshot",
-)
-FREE_ACTIONS = ("free_requested", "free_completed")
-# Reserved memory grows with these and shrinks with their opposites.
-SEGMENT_GROW = ("segment_alloc", "segment_map")
-SEGMENT_SHRINK = ("segment_free", "segment_unmap")
-
-# Block states. Older torch docs spell the pending state ``active_awaiting_free``;
-# the loader rewrites it to the current spelling.
-ACTIVE_ALLOCATED = "active_allocated"
-ACTIVE_PENDING_FREE = "active_pending_free"
-INACTIVE = "inactive"
-BLOCK_STATES = (ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE, INACTIVE)
-STATE_ALIASES = {"active_awaiting_free": ACTIVE_PENDING_FREE}
-# A block freed by the program but still waiting on another stream still counts
-# as allocated (torch's allocated_bytes drops only when the free completes).
-LIVE_STATES = (ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE)
 
 
 class FrameDict(TypedDict):

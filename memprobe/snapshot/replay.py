@@ -21,13 +21,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from memprobe.errors import UserError
-from memprobe.snapshot.model import (
+from memprobe.allocator.snapshot_format import (
     ACTIVE_PENDING_FREE,
+    FREED,
     LIVE_STATES,
     SEGMENT_GROW,
     SEGMENT_SHRINK,
 )
+from memprobe.errors import UserError
 
 BEFORE_TRACE = -1  # position of "before the first recorded entry"
 
@@ -118,7 +119,7 @@ def _unpaired_requests(entries: list[dict[str, Any]], pending_at_end: set[int]) 
             if previous is not None:
                 unpaired.add(previous)
             pending[e["addr"]] = pos
-        elif action in ("free_completed", "free"):
+        elif action in FREED:
             pending.pop(e["addr"], None)
         elif action == "alloc":
             previous = pending.pop(e["addr"], None)
@@ -171,20 +172,18 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
             delta += size
             if delta > max_delta:
                 max_delta, peak_pos, r_at_peak = delta, pos, r_delta
-        elif action in ("free_completed", "free") or (
-            action == "free_requested" and pos in unpaired
-        ):
+        elif action in FREED or (action == "free_requested" and pos in unpaired):
             addr = e["addr"]
             seen.add(addr)
-            block = live.pop(addr, None)
-            if block is None:
-                block = ReplayBlock(addr, e["size"], BEFORE_TRACE, pos, None, e)
-                blocks.append(block)
-                initial += block.size
+            freed = live.pop(addr, None)
+            if freed is None:
+                freed = ReplayBlock(addr, e["size"], BEFORE_TRACE, pos, None, e)
+                blocks.append(freed)
+                initial += freed.size
                 before_window += 1
             else:
-                block.free_pos, block.free_entry = pos, e
-            delta -= block.size
+                freed.free_pos, freed.free_entry = pos, e
+            delta -= freed.size
         elif action in SEGMENT_GROW:
             segment_events += 1
             r_delta += e["size"]
@@ -202,9 +201,9 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
     # Live at the end per segments but never mentioned by the trace: live throughout.
     untouched = 0
     for addr, sb in end_live.items():
-        block = live.get(addr)
-        if block is not None:
-            block.segment_block = sb
+        tracked = live.get(addr)
+        if tracked is not None:
+            tracked.segment_block = sb
         elif addr not in seen:
             blocks.append(
                 ReplayBlock(addr, sb["requested_size"], BEFORE_TRACE, None, None, None, sb)

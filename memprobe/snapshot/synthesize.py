@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from memprobe.allocator import AllocConf, simulate
+from memprobe.allocator.snapshot_format import SETTINGS_CONF_KEYS
 from memprobe.records import Case, Event, Frame
 from memprobe.snapshot.labels import format_label
 
@@ -152,7 +153,7 @@ def _settings(conf: AllocConf) -> dict[str, Any]:
     options the model uses (``max_split_size`` in bytes, as torch records it)."""
     split = conf.max_split_size
     return {
-        "PYTORCH_ALLOC_CONF": conf.to_string(),
+        SETTINGS_CONF_KEYS[0]: conf.to_string(),
         "max_split_size": split if split is not None else -1,
         "garbage_collection_threshold": conf.garbage_collection_threshold or 0.0,
         "expandable_segments": conf.expandable_segments,

@@ -104,7 +104,7 @@ def test_what_if_expandable_segments():
     assert any("what-if" in n for n in r.notes)
 
 
-def test_without_segment_events_there_is_no_recorded_reserved():
+def test_without_segment_events_reserved_held_constant_is_the_comparison():
     snap = hand_made()
     snap["device_traces"][0] = [e for e in snap["device_traces"][0] if e["action"] == "alloc"][:1]
     snap["segments"][0]["blocks"] = [
@@ -114,9 +114,14 @@ def test_without_segment_events_there_is_no_recorded_reserved():
     ]
     del snap["segments"][1:]
     (r,) = replay_snapshot(snap)
-    assert r.recorded_reserved_peak_bytes is None
+    assert r.recorded_from == "constant"
+    assert r.recorded_reserved_peak_bytes == 20 * MiB == r.predicted_reserved_peak_bytes
+    assert r.timeline_mismatches == 0
+    # Neither segments nor segment events: nothing was recorded to compare with.
+    del snap["segments"][:]
+    (r,) = replay_snapshot(snap)
+    assert r.recorded_from is None and r.recorded_reserved_peak_bytes is None
     assert r.timeline_mismatches is None
-    assert r.predicted_reserved_peak_bytes == 20 * MiB
 
 
 def test_pending_free_stays_live_and_empty_cache_is_inferred():

@@ -265,11 +265,38 @@ def track(program: Callable[[_Tracker], Any]) -> tuple[list[Event], dict[int, st
     return events, tracker.nodes
 
 
-def real_snapshot(events: list[Event], nodes: dict[int, str]) -> dict[str, Any]:
+OOM = "oom"  # the phase that marks what a program freed after its failed request
+
+
+@dataclass(frozen=True)
+class Oom:
+    """A request the device refused, made where phase ``OOM`` begins (the frees after it
+    are the exception unwinding); ``device_free`` is what the driver reported free."""
+
+    requested: int
+    device_free: int
+    frames: tuple[Frame, ...]
+
+
+def _oom_entry(oom: Oom, time_us: int) -> dict[str, Any]:
+    frames = [{"name": f.name, "filename": f.filename, "line": f.line} for f in oom.frames]
+    return {"action": "oom", "size": oom.requested, "device_free": oom.device_free,
+            "stream": 0, "time_us": time_us, "frames": frames}  # fmt: skip
+
+
+def real_snapshot(
+    events: list[Event], nodes: dict[int, str], *, device: int = 0, oom: Oom | None = None
+) -> dict[str, Any]:
     """A snapshot as a CUDA run records it: no memprobe labels, torch-style stacks, and
-    the entries of phase ``CUT`` dropped from the front (a ring buffer's window)."""
-    snap = synthesize_snapshot(_realistic(events, nodes))
-    trace = snap["device_traces"][0]
+    the entries of phase ``CUT`` dropped from the front (a ring buffer's window); with
+    ``oom``, torch's ``oom`` entry where phase ``OOM`` begins."""
+    snap = synthesize_snapshot(_realistic(events, nodes), device=device)
+    trace = snap["device_traces"][device]
+    if oom is not None:
+        at = next(
+            i for i, e in enumerate(trace) if f"phase={OOM} " in e.get("user_metadata", "") + " "
+        )
+        trace.insert(at, _oom_entry(oom, trace[at - 1]["time_us"]))
     cut = 0
     for i, entry in enumerate(trace):
         if f"phase={CUT} " not in entry.get("user_metadata", "") + " ":
@@ -309,9 +336,10 @@ class Program:
     what: str
     run: Callable[[_Tracker], Any]
     truth: Truth
+    oom: Oom | None = None
 
-    def snapshot(self) -> dict[str, Any]:
-        return real_snapshot(*track(self.run))
+    def snapshot(self, device: int = 0) -> dict[str, Any]:
+        return real_snapshot(*track(self.run), device=device, oom=self.oom)
 
 
 def _gpt_fp32(t: _Tracker) -> Any:
@@ -321,6 +349,20 @@ def _gpt_fp32(t: _Tracker) -> Any:
     t.set_phase("forward")
     gpt_step(model, 4, 96, 10000)
     return model
+
+
+def gpt_program(batch: int, seq: int) -> Program:
+    """The fp32 LM of ``gpt_rotary_fp32`` at another batch and sequence length."""
+
+    def run(t: _Tracker) -> Any:
+        t.set_phase("setup")
+        model = Gpt(10000, 256, 4, 2)
+        t.set_phase("forward")
+        gpt_step(model, batch, seq, 10000)
+        return model
+
+    truth = Truth(batch, seq, 10000, 256, "float32")
+    return Program(f"gpt_b{batch}_s{seq}", f"the fp32 LM at B={batch}, S={seq}", run, truth)
 
 
 def _gpt_autocast(t: _Tracker) -> Any:
@@ -406,6 +448,55 @@ def _two_iterations(t: _Tracker) -> Any:
     return _adam_steps(t, steps=2, cut_first=False)
 
 
+def adam_iterations(steps: int) -> Program:
+    """LM + AdamW, ``steps`` whole iterations in one trace (the truth of one)."""
+    return Program(
+        f"iterations_{steps}",
+        f"LM + AdamW, {steps} iterations in one trace",
+        lambda t: _adam_steps(t, steps=steps, cut_first=False),
+        replace(GPT_TRUTH, categories=frozenset({"optimizer state"})),
+    )
+
+
+def _gpt_oom(t: _Tracker) -> Any:
+    """The fp32 LM's forward, then the loss's float32 [N, V] log_softmax is refused: the
+    step's activations are freed as the exception unwinds."""
+    t.set_phase("setup")
+    model = Gpt(10000, 256, 4, 2)
+    t.set_phase("forward")
+    ids = torch.randint(0, 10000, (4, 96), device=META)
+    logits = model(ids)
+    t.set_phase(OOM)
+    del logits
+    return model
+
+
+GPT_OOM = Oom(
+    requested=4 * 96 * 10000 * 4,
+    device_free=2 << 20,
+    frames=(
+        _MALLOC,
+        _op_frame("aten._log_softmax"),
+        Frame("cross_entropy", SITE + "torch/nn/functional.py", 3104),
+        Frame("lm_loss", USER_DIR + "model.py", 174),
+        Frame("gpt_step", USER_DIR + "model.py", 181),
+    ),
+)
+
+
+def two_devices_oom_on_1() -> dict[str, Any]:
+    """A 2-GPU snapshot: device 0 ran the fp32 LM's step; device 1 ran out of memory."""
+    ok = BY_NAME["gpt_rotary_fp32"].snapshot()
+    failed = BY_NAME["gpt_oom"].snapshot(device=1)
+    for seg in failed["segments"]:
+        seg["device"] = 1
+    return {
+        **ok,
+        "segments": ok["segments"] + failed["segments"],
+        "device_traces": [ok["device_traces"][0], failed["device_traces"][1]],
+    }
+
+
 GPT_TRUTH = Truth(4, 96, 10000, 256, "float32")
 PROGRAMS: tuple[Program, ...] = (
     Program("gpt_rotary_fp32", "GPT-style LM, rotary embeddings, float32", _gpt_fp32, GPT_TRUTH),
@@ -452,8 +543,55 @@ PROGRAMS: tuple[Program, ...] = (
         _two_iterations,
         replace(GPT_TRUTH, categories=frozenset({"optimizer state"})),
     ),
+    Program(
+        "gpt_oom",
+        "the fp32 LM's forward, then its loss's float32 [N, V] request runs out of memory",
+        _gpt_oom,
+        replace(GPT_TRUTH, categories=frozenset({"forward activations"})),
+        oom=GPT_OOM,
+    ),
 )
 BY_NAME = {p.name: p for p in PROGRAMS}
+
+
+def repeated_training(entries: int) -> tuple[dict[str, Any], int]:
+    """The AdamW LM, three iterations traced; the third (steady state: it runs in the
+    cache the first two grew, at the same addresses) repeated until the trace holds
+    about ``entries`` entries, cut where an iteration ends (so the final segments are
+    the state the trace ends in), as a long run's trace reads. Returns the snapshot and
+    the entries of one iteration."""
+
+    def program(t: _Tracker) -> Any:
+        t.set_phase("setup")
+        model = Gpt(10000, 256, 4, 2)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        for step in range(3):
+            t.set_phase(f"step{step}")
+            gpt_step(model, 4, 96, 10000)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return model, optimizer
+
+    events, nodes = track(program)
+    snap = synthesize_snapshot(_realistic(events, nodes))
+    trace = snap["device_traces"][0]
+    start = next(i for i, e in enumerate(trace) if "phase=step2" in e.get("user_metadata", ""))
+    head, period = trace[:start], trace[start:]
+    if any(e["action"].startswith("segment") for e in period):
+        raise RuntimeError("the third iteration is not steady: it grew the cache")
+    out = list(head)
+    shift = period[-1]["time_us"] - period[0]["time_us"] + 1
+    for k in range(max(1, (entries - len(head)) // len(period))):
+        for e in period:  # each entry its own dict and frames list, as a loaded file has
+            out.append({**e, "time_us": e["time_us"] + k * shift, "frames": list(e["frames"])})
+    for e in out:
+        e.pop("user_metadata", None)
+    for seg in snap["segments"]:
+        for b in seg["blocks"]:
+            b.pop("user_metadata", None)
+    del snap["memprobe"]
+    snap["device_traces"] = [out]
+    return snap, len(period)
 
 
 if __name__ == "__main__":  # print each program's reading: python tests/attribute/corpus.py

@@ -9,10 +9,10 @@ import snapshot_fixtures as fx
 
 from memprobe.attribute import Findings, attribute
 from memprobe.attribute.frames import (
-    first_user_frame,
     is_internal,
     op_from_frames,
     phase_from_frames,
+    user_chain,
 )
 from memprobe.commands.attribute import attribute_command
 from memprobe.errors import UserError
@@ -233,7 +233,7 @@ def test_frame_classification() -> None:
         assert is_internal(frame), frame
     for frame in (user, kernel, notebook, Frame("main", "C:\\Users\\me\\train.py", 3)):
         assert not is_internal(frame), frame
-    assert first_user_frame((cpp, torch_frame, harness, kernel, user)) == kernel
+    assert user_chain((cpp, torch_frame, harness, kernel, user))[0] == (kernel, user)
     assert op_from_frames((cpp, torch_frame)) == "aten::_log_softmax"
     assert op_from_frames((torch_frame, user)) == "torch.nn.functional.log_softmax"
     assert phase_from_frames(()) == (None, "no frames recorded")
@@ -252,7 +252,8 @@ def test_text_report_mentions_computed_numbers() -> None:
     text = "\n".join(render_findings(findings))
     assert "peak allocated: 34.18 GiB" in text
     assert "float32 [1, 20000, 131072]" in text
-    assert "OOM #1" in text and "requested 9.77 GiB with 3.00 GiB free" in text
+    assert "OOM #1" in text and "requested 10,485,760,000 B (9.77 GiB)" in text
+    assert "at that moment: 3.00 GiB free on the device" in text
     assert "autograd_reference.py:24 in unchunked_logprobs" in text
 
 

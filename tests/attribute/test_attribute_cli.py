@@ -25,7 +25,7 @@ def test_text_report(run_cli, oom_file: Path) -> None:
     assert "live at the peak: 5 blocks in 5 groups; the 3 largest:" in out
     assert "made of: 34.18 GiB logits-family" in out
     assert out.count("float32 [1, 20000, 131072]") >= 3
-    assert "OOM #1" in out and "requested 9.77 GiB" in out
+    assert "OOM #1" in out and "requested 10,485,760,000 B (9.77 GiB)" in out
     assert "backward" in out and "forward" in out
 
 

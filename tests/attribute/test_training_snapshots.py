@@ -179,11 +179,14 @@ def test_diff_names_the_grown_line_first(tmp_path: Path, run_cli) -> None:
     code, out, err = run_cli("diff", str(pa), str(pb), "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert set(data) == {"peak_a_bytes", "peak_b_bytes", "contributors"}
+    assert set(data) == {"peak_a_bytes", "peak_b_bytes", "differences", "contributors"}
     c0 = data["contributors"][0]
     assert set(c0) == {"frame", "op", "category", "bytes_a", "bytes_b", "delta_bytes"}
     assert set(c0["frame"]) == {"filename", "line", "name"}
     assert data["peak_a_bytes"] == a.peak_allocated_bytes
+    assert data["differences"] == [
+        {"what": "sequence", "a": 512, "b": 1024, "evidence": "each file's B, S split"}
+    ]
     code, out, _ = run_cli("diff", str(pa), str(pb))
     assert code == 0 and "by category" in out and "model.py:4" in out
 

@@ -172,3 +172,78 @@ def test_readme_example_at_full_scale_simulates(pytester: pytest.Pytester) -> No
     result.stdout.fnmatch_lines(
         ["*limit_peak_memory: torch tensors peaked at 34.18 GiB on meta, over the limit*"]
     )
+
+
+# Helper modules the marked tests call into; the float32 copy is made inside them.
+HELPERS = {
+    "mod": "def upcast(x):\n    y = x * 1\n    return y.float()\n",
+    "inner": "def cast(x):\n    return x.float()\n",
+    "outer": "from inner import cast\n\n\ndef step(x):\n    return cast(x)\n",
+}
+BLAME = """
+import pytest
+import torch
+from memprobe.kernels import get_kernel
+from mod import upcast
+from outer import step
+
+
+def helper(x):
+    return x.float()
+
+
+def run(call):
+    logits = torch.empty(1, 20000, 131072, dtype=torch.bfloat16)
+    return call(logits)
+
+
+@pytest.mark.limit_peak_memory("5 GiB")
+def test_module():
+    upcast(torch.empty(1, 20000, 131072, dtype=torch.bfloat16))
+
+
+@pytest.mark.limit_peak_memory("5 GiB")
+def test_two_levels():
+    step(torch.empty(1, 20000, 131072, dtype=torch.bfloat16))
+
+
+@pytest.mark.limit_peak_memory("5 GiB")
+def test_helper_here():
+    run(helper)
+
+
+@pytest.mark.limit_peak_memory("5 GiB")
+def test_memprobe_kernel():
+    logits = torch.empty(1, 20000, 131072, dtype=torch.bfloat16)
+    get_kernel("unchunked")(logits, torch.zeros(1, 20000, dtype=torch.long))
+"""
+
+
+def _line(text: str) -> int:
+    """The line of BLAME (as written to test_marked.py) that holds ``text``."""
+    lines = BLAME.strip("\n").splitlines()
+    return next(i for i, line in enumerate(lines, start=1) if text in line)
+
+
+# Each test: the line the failure names for its float32 block (the innermost user or
+# kernel frame), then the test's own line.
+BLAMED = {
+    "test_module": f"at mod.py:3 in upcast (called from test_marked.py:{_line('upcast(torch')} "
+    "in test_module)",
+    "test_two_levels": f"at inner.py:2 in cast (called from test_marked.py:{_line('step(torch')}",
+    "test_helper_here": f"at test_marked.py:{_line('return x.float()')} in helper (called from "
+    f"test_marked.py:{_line('run(helper)')} in test_helper_here)",
+    "test_memprobe_kernel": "in unchunked_logprobs (called from "
+    f"test_marked.py:{_line('get_kernel(')} in test_memprobe_kernel)",
+}
+
+
+def test_the_block_is_blamed_on_the_line_that_made_it(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(**HELPERS)
+    result = run(pytester, BLAME, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=len(BLAMED))
+    out = result.stdout.str()
+    for test, expected in BLAMED.items():
+        section = out.split(f" {test} ")[1].split("\n_")[0]
+        line = next(x for x in section.splitlines() if "9.77 GiB  float32" in x)
+        assert expected in line, (test, line)

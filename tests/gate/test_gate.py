@@ -269,7 +269,7 @@ def test_exit_1_prints_case_measured_limit_and_excess(project: Path, run_cli) ->
     ("args", "config", "expected"),
     [
         (["gate", "missing"], CONFIG, "no results at missing"),
-        (["gate", "run", "--baseline", "nope.json"], CONFIG, "no results at nope.json"),
+        (["gate", "run", "--baseline", "nope.json"], CONFIG, "--baseline nope.json does not exist"),
         (["gate", "run", "--max-regression", "-3"], CONFIG, "-3.0 is not a percentage"),
         (
             ["gate", "run"],

@@ -224,8 +224,9 @@ def test_dispatcher_shifts_by_one_and_matches_the_reference():
     ("kwargs", "kernel", "expected_dtype"),
     [
         ({}, "local_chunked", torch.bfloat16),
-        ({"top_k": 5}, "filtered", torch.float32),
-        ({"top_p": 0.9}, "filtered", torch.float32),
+        ({"top_k": 5}, "filtered_chunked", torch.bfloat16),
+        ({"top_p": 0.9}, "filtered_chunked", torch.bfloat16),
+        ({"top_p": 0.9, "kernel": "filtered"}, "filtered", torch.float32),
         ({"kernel": "precast_chunked"}, "precast_chunked", torch.float32),
         ({"kernel": "local_chunked_inplace"}, "local_chunked_inplace", torch.bfloat16),
     ],

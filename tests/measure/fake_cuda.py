@@ -51,9 +51,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
+from memprobe.allocator.model import round_up
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Frame
-from memprobe.snapshot.allocator import round_up, segment_size
+from memprobe.snapshot.allocator import segment_size
 
 GiB = 1 << 30
 

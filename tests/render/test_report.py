@@ -19,7 +19,7 @@ from memprobe.render import write_report
 from memprobe.render.attribute_page import write_attribute_page
 from memprobe.render.png import PLOT_NAMES
 from memprobe.report.breakdown import CATEGORIES, FP32_BSV, breakdown
-from memprobe.report.headline import make_headline, times, vs_reference
+from memprobe.report.headline import make_headline, peak_ratio, times, vs_reference
 from memprobe.report.trace import from_snapshot
 from memprobe.results import read_results, read_run_meta
 from memprobe.sweep import plan_cases, run_sweep
@@ -99,8 +99,8 @@ def test_page_leads_with_the_headline_numbers(run: Path, page: str) -> None:
     answer = text[: text.index("What this means")]
     lowest = min(rows.values(), key=lambda r: r["peak_bytes"])
     assert f"Lowest peak: {lowest['kernel']}, {format_bytes(lowest['peak_bytes'])}" in answer
-    saving = rows["unchunked"]["peak_bytes"] / lowest["peak_bytes"]
-    assert f"{times(saving)} below unchunked" in answer
+    ratio = lowest["peak_bytes"] / rows["unchunked"]["peak_bytes"]
+    assert f"{peak_ratio(ratio)} unchunked's peak" in answer
     # The in-place kernel consumes the logits: the answer names the best one that does not.
     intact = [k for k in rows if not get_spec(k).consumes_logits]
     best = min(intact, key=lambda k: rows[k]["peak_bytes"])
@@ -293,8 +293,9 @@ def test_ratios_read_as_sentences(run: Path) -> None:
     h = make_headline(read_results(run), read_run_meta(run))
     by_name = {k.kernel: k for k in h.kernels}
     assert vs_reference(by_name["unchunked"]) == "the reference"
-    assert vs_reference(by_name["local_chunked"]).endswith("below unchunked")
-    assert vs_reference(by_name["filtered"]).endswith("above unchunked")
+    assert vs_reference(by_name["local_chunked"]).startswith("0.")
+    assert vs_reference(by_name["filtered"]).endswith("× unchunked's peak")
+    assert not vs_reference(by_name["filtered"]).startswith("0.")
     assert times(3.3295) == "3.33×" and times(1.05) == "1.05×" and times(12345) == "12,345×"
     assert h.budget_bytes is None  # a meta run has no GPU capacity to fall back on
 

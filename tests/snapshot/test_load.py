@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import snapshot_fixtures as fx
 
+from memprobe.allocator.snapshot_format import ACTIONS
 from memprobe.errors import UserError
 from memprobe.snapshot import load_snapshot, normalize_snapshot, write_snapshot
-from memprobe.snapshot.model import ACTIONS
 
 
 def _dump(tmp_path: Path, obj: object, name: str = "snap.pickle", protocol: int = 4) -> Path:

@@ -11,9 +11,9 @@ import pytest
 import snapshot_fixtures as fx
 import torch.cuda._memory_viz as memory_viz
 
+from memprobe.allocator.model import MIN_BLOCK
 from memprobe.records import Event
 from memprobe.snapshot import load_snapshot, synthesize_snapshot, write_snapshot
-from memprobe.snapshot.allocator import MIN_BLOCK
 from memprobe.snapshot.labels import parse_label
 
 SNAPSHOTS = {

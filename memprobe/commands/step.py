@@ -1,0 +1,252 @@
+"""``memprobe step --config CONFIG``: a Hugging Face causal LM's whole training step,
+simulated on meta from its config alone: the peak (allocated, and reserved by the
+allocator model), what it is made of and the log-prob step's share. torch and
+transformers are imported only when it runs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from memprobe.commands.flags import user_errors
+from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes, parse_size
+
+
+def build_step(
+    config: str | os.PathLike[str],
+    *,
+    tokens: int,
+    batch: int = 1,
+    kernel: str | None = None,
+    fused: bool = False,
+    chunk_size: int = 1024,
+    checkpointing: bool = False,
+    optimizer: str = "adamw",
+    dtype: str = "bf16",
+    param_dtype: str | None = None,
+    attn: str = "auto",
+) -> Any:
+    """The checked :class:`memprobe.profile.hf.HFStep` the flags describe."""
+    from memprobe.profile.hf import HFStep, load_config
+
+    if fused and kernel is not None:
+        raise UserError(
+            "--fused and --kernel both name the log-prob kernel",
+            "--fused is --kernel fused_linear_chunked; give one of them",
+        )
+    return HFStep(
+        load_config(config),
+        tokens=tokens,
+        batch=batch,
+        kernel="fused_linear_chunked" if fused else (kernel or "local_chunked"),
+        chunk_size=chunk_size,
+        checkpointing=checkpointing,
+        optimizer=optimizer,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        attn=attn,
+    )
+
+
+def step_lines(result: Any) -> list[str]:
+    """What ``memprobe step`` prints for a :class:`memprobe.profile.step.StepResult`."""
+    r = result
+    peak = r.peak_allocated_bytes
+    lines = [
+        f"{r.model_type}, {r.parameters / 1e9:.2f}B parameters: {r.batch} x {r.tokens:,} tokens, "
+        f"{r.dtype} (parameters {r.param_dtype}), kernel {r.kernel}, "
+        f"checkpointing {'on' if r.checkpointing else 'off'}, optimizer {r.optimizer}",
+        f"attention: {r.attention_words}",
+        f"peak allocated {format_bytes(peak)}, reserved {format_bytes(r.peak_reserved_bytes)} "
+        f"(allocator model), in the {r.peak_phase} phase",
+        "at the peak:",
+    ]
+    for category, nbytes in sorted(r.bytes_by_category.items(), key=lambda kv: -kv[1]):
+        share = nbytes / peak if peak else 0.0
+        lines.append(f"  {category:<26} {format_bytes(nbytes):>12}  {share:6.1%}")
+    lines.append(
+        f"logprob step: {format_bytes(r.logprob_bytes)} at the peak ({r.logprob_share:.1%}); "
+        f"its own working set {format_bytes(r.logprob_working_bytes)}"
+    )
+    if r.budget_bytes is not None:
+        fits_alloc, fits_res = r.fits("allocated"), r.fits("reserved")
+        verdict = "fits" if fits_res else ("fits allocated only" if fits_alloc else "does not fit")
+        lines.append(
+            f"budget {format_bytes(r.budget_bytes)}: {verdict} "
+            f"(reserved {format_bytes(r.peak_reserved_bytes)}, allocated {format_bytes(peak)})"
+        )
+    return lines
+
+
+def step_command(
+    config: str | os.PathLike[str],
+    *,
+    tokens: int,
+    budget: str | None = None,
+    out: str | os.PathLike[str] | None = None,
+    as_json: bool = False,
+    alloc_conf: str | None = None,
+    **step_flags: Any,
+) -> str:
+    """Simulate the step; write the snapshot to ``out`` when given; return the text."""
+    from memprobe.allocator import parse_alloc_conf
+
+    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    step = build_step(config, tokens=tokens, **step_flags)
+    from memprobe.profile.step import simulate_step
+
+    result = simulate_step(
+        step, budget_bytes=budget_bytes, alloc_conf=conf, capture_frames=out is not None
+    )
+    if out is not None:
+        from memprobe.snapshot.synthesize import synthesize_snapshot
+        from memprobe.snapshot.write import write_snapshot
+
+        snapshot = synthesize_snapshot(result.events, conf=conf, clock="simulation")
+        snapshot["memprobe"]["device"] = "meta"
+        snapshot["memprobe"]["step"] = f"memprobe step --config {config}"
+        write_snapshot(snapshot, out)
+    if as_json:
+        return json.dumps(result.row(), indent=1)
+    lines = step_lines(result)
+    if out is not None:
+        lines.append(f"wrote {out}")
+    return "\n".join(lines)
+
+
+@user_errors
+def command(
+    config: Annotated[
+        Path, typer.Option(help="The model's config.json, or the directory holding it.")
+    ],
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens per sequence.")],
+    batch: Annotated[int, typer.Option(min=1, help="Sequences per GPU.")] = 1,
+    kernel: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="The log-prob kernel (`memprobe kernels`). (default: local_chunked)"),
+    ] = None,
+    fused: Annotated[
+        bool,
+        typer.Option(
+            help="The fused hidden->logprob route (fused_linear_chunked on the final hidden "
+            "states and the lm_head weight): no logits."
+        ),
+    ] = False,
+    chunk_size: Annotated[int, typer.Option(min=1, help="The kernel's chunk size.")] = 1024,
+    checkpointing: Annotated[
+        bool, typer.Option(help="Activation (gradient) checkpointing of every layer.")
+    ] = False,
+    optimizer: Annotated[str, typer.Option(help="adamw, sgd or none.")] = "adamw",
+    dtype: Annotated[str, typer.Option(help="What the model computes in: bf16, fp16, fp32.")] = (
+        "bf16"
+    ),
+    param_dtype: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Parameters' dtype: as --dtype, or fp32 (float32 master weights)."),
+    ] = None,
+    attn: Annotated[
+        str,
+        typer.Option(
+            help="auto: SDPA with the kernel CUDA picks (flash / memory-efficient); "
+            "sdpa-math: SDPA's math path; eager: the model's matmul + softmax."
+        ),
+    ] = "auto",
+    budget: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Memory of one GPU, e.g. 80GiB: says whether the step fits."),
+    ] = None,
+    alloc_conf: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Allocator settings for the reserved model (PYTORCH_ALLOC_CONF)."),
+    ] = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Write the CUDA-format snapshot here (open it with attribute)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """A Hugging Face model's whole training step, simulated on meta from its config: the
+    peak, what it is made of, and the log-prob step's share."""
+    typer.echo(
+        step_command(
+            config,
+            tokens=tokens,
+            batch=batch,
+            kernel=kernel,
+            fused=fused,
+            chunk_size=chunk_size,
+            checkpointing=checkpointing,
+            optimizer=optimizer,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            attn=attn,
+            budget=budget,
+            alloc_conf=alloc_conf,
+            out=out,
+            as_json=as_json,
+        )
+    )
+
+
+def plan_step_lines(
+    config: Path | None,
+    *,
+    budget: str,
+    kernel: str | None,
+    batch: int,
+    dtype: str,
+    chunk_size: str | None,
+    checkpointing: bool,
+    optimizer: str,
+    alloc_conf: str | None,
+    reserved: bool,
+    as_json: bool,
+    step: bool,
+) -> list[str]:
+    """``memprobe plan --step --config CONFIG``: the plan table for the whole step."""
+    from memprobe.allocator import parse_alloc_conf
+    from memprobe.commands.flags import name_list, positive_ints
+
+    if not step or config is None:
+        raise UserError("--step and --config go together", "e.g. --step --config config.json")
+    chunk = positive_ints(chunk_size, "--chunk-size") if chunk_size else [1024]
+    if len(chunk) != 1:
+        raise UserError("--step plans one chunk size", "e.g. --chunk-size 1024")
+    from memprobe import plan
+    from memprobe.profile.step import plan_step, step_kernels
+    from memprobe.render.console import plain_lines
+    from memprobe.render.plan_text import answer_line, plan_table
+
+    limit = plan.make_budget(budget)
+    conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    base = build_step(
+        config,
+        tokens=1,
+        batch=batch,
+        chunk_size=chunk[0],
+        checkpointing=checkpointing,
+        optimizer=optimizer,
+        dtype=dtype,
+    )
+    kernels = name_list(kernel, "--kernel") if kernel is not None else step_kernels()
+    for name in kernels:  # every name checked before the first simulation
+        build_step(config, tokens=1, kernel=name, dtype=dtype)
+    plans = plan_step(base, kernels, limit, reserved=reserved, alloc_conf=conf)
+    if as_json:
+        return [json.dumps([p.row() for p in plans], indent=1)]
+    what = (
+        f"whole training step of {base.config.model_type} (batch {batch}, {dtype}, "
+        f"checkpointing {'on' if checkpointing else 'off'}, optimizer {optimizer}): "
+        "tokens per sequence"
+    )
+    head = (
+        f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; "
+        "reserved in the last column)"
+    )
+    return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]

@@ -1,0 +1,293 @@
+"""Top-k / top-p filtered log-probabilities, chunked over S and recomputed in backward.
+
+The same distribution as :mod:`memprobe.kernels.filtered` (renormalised over
+the kept set, -inf for a target outside it, top-k then top-p), in the memory
+of :mod:`memprobe.kernels.local_chunked`. Forward saves the logits, the targets
+and three numbers per token, which describe the kept set exactly:
+
+* ``tau``: the smallest kept logit. Every logit above it is kept, every logit
+  below it dropped;
+* ``cut``: of the logits equal to ``tau``, those at vocabulary index
+  ``<= cut`` are kept (``V - 1`` when all are). Top-p can stop inside a run of
+  equal logits; ``filtered`` sorts stably, so it keeps such ties in vocabulary
+  order, and so does this kernel;
+* ``logsum``: ``log Σ_kept exp(x - max)``, the row max recomputed in backward.
+
+Work per chunk of ``c`` positions: one float32 ``[B, c, V]`` copy of the logits
+and a bool ``[B, c, V]``, plus the selection: ``topk`` of the chunk when
+``top_k`` is given (top-p then runs on its k sorted values), else a stable
+sort of the chunk (values and int64 indices, ``[B, c, V]`` each). Backward needs
+no selection at all: the kept set is ``x > tau`` or ``x == tau`` at index
+``<= cut``. The gradient, in the logits' dtype, is that of ``filtered``:
+``(onehot_t · kept_t - softmax_kept) · grad_output``, zero outside the kept set.
+
+Ties at the cut are rare in float32 logits and common in bf16 ones; the rows
+that have them are fixed up one by one on the host with a preallocated bool
+row, so the memory is the same whatever the values (a meta simulation, which
+has no values, skips the fix-ups and allocates the same).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
+from memprobe.kernels.filtered import check_filters
+from memprobe.kernels.local_chunked import _chunk_float32, _row_max
+
+DEFAULT_FILTERED_CHUNK_SIZE = 1024
+# Without top_k the selection is a sort of the chunk: 12 bytes (a float32 value and
+# an int64 index) per element on top of the float32 copy, so a smaller chunk.
+DEFAULT_SORTED_CHUNK_SIZE = 128
+
+
+def _active(top_k: int | None, top_p: float | None, vocab: int) -> tuple[int | None, float | None]:
+    """The filters that remove something: top_k >= V and top_p == 1 keep every token."""
+    k = int(top_k) if top_k is not None and int(top_k) < vocab else None
+    p = float(top_p) if top_p is not None and float(top_p) < 1.0 else None
+    return k, p
+
+
+def _resolve_chunk(chunk_size: int | None, top_k: int | None, top_p: float | None) -> int:
+    check_chunk_size(chunk_size)
+    if chunk_size is not None:
+        return int(chunk_size)
+    sorts = top_k is None and top_p is not None
+    return DEFAULT_SORTED_CHUNK_SIZE if sorts else DEFAULT_FILTERED_CHUNK_SIZE
+
+
+def _count_ties(values: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    # An int32 sum: summing a bool row into int64 takes twice as long on cpu.
+    return (values == tau.unsqueeze(-1)).sum(dim=-1, dtype=torch.int32).long()
+
+
+def _select(
+    x: torch.Tensor, m: torch.Tensor, top_k: int | None, top_p: float | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Per row of a float32 chunk: (tau, logsum, ties kept, ties in all), ``[B, c]``
+    each; the tie counts are None when every logit equal to tau is kept.
+
+    The candidates are the kept-by-k set in descending order: ``topk``'s k values,
+    then ``extra`` more logits equal to the k-th that ``topk`` left out; or, without
+    top_k, the whole row, stably sorted. Top-p keeps a candidate while the mass
+    before it is below ``p`` of the candidates' total, as ``filtered`` does (its
+    float32 softmax and cumsum; here float64 sums of the same float32 exps).
+    """
+    extra: torch.Tensor | None = None
+    if top_k is not None:
+        vals = torch.topk(x, top_k, dim=-1, sorted=True).values
+        extra = _count_ties(x, vals[..., -1]) - _count_ties(vals, vals[..., -1])
+    else:
+        vals = torch.sort(x, dim=-1, descending=True, stable=True).values
+    last = vals[..., -1]
+    e = torch.exp(vals - m).double()
+    e_last = e[..., -1]
+    listed = e.sum(dim=-1)
+    total = listed if extra is None else listed + extra * e_last
+    if top_p is None:
+        # top_k alone keeps every logit equal to the k-th.
+        return last, total.log().float(), None, None
+    limit = top_p * total
+    before = e.cumsum(dim=-1).sub_(e)
+    n_in = (before < limit.unsqueeze(-1)).sum(dim=-1, keepdim=True)  # never 0: before_0 = 0
+    kept_mass = (before.gather(-1, n_in - 1) + e.gather(-1, n_in - 1)).squeeze(-1)
+    del before, e
+    n_in = n_in.squeeze(-1)
+    tau = vals.gather(-1, (n_in - 1).unsqueeze(-1)).squeeze(-1)
+    ties_kept = n_in - (vals > tau.unsqueeze(-1)).sum(dim=-1)
+    ties_all = _count_ties(vals, tau)
+    if extra is not None:
+        # The extra ties follow the list: the i-th is kept while listed + i·e_last < limit.
+        room = ((limit - listed) / e_last).ceil_().clamp_(min=0)
+        whole_list = n_in == vals.shape[-1]
+        extra_kept = torch.where(whole_list, torch.minimum(room, extra.double()), 0).long()
+        kept_mass = kept_mass + extra_kept * e_last
+        ties_kept = ties_kept + extra_kept
+        ties_all = ties_all + torch.where(tau == last, extra, 0)
+    return tau, kept_mass.log().float(), ties_kept, ties_all
+
+
+def _cut_indices(
+    x: torch.Tensor,
+    tau: torch.Tensor,
+    ties_kept: torch.Tensor | None,
+    ties_all: torch.Tensor | None,
+    scratch: torch.Tensor,
+) -> torch.Tensor:
+    """``cut`` per row: ``V - 1``, or the index of the last kept tie where top-p
+    splits a run of logits equal to tau. Found row by row (see the module)."""
+    vocab = x.shape[-1]
+    cut = torch.full(tau.shape, vocab - 1, dtype=torch.long, device=x.device)
+    if ties_kept is None or ties_all is None:
+        return cut
+    split = ties_kept < ties_all
+    if x.device.type == "meta":
+        return cut
+    for r in split.cpu().numpy().reshape(-1).nonzero()[0]:
+        b, s = divmod(int(r), tau.shape[1])
+        torch.eq(x[b, s], tau[b, s], out=scratch)
+        where = scratch.cpu().numpy().nonzero()[0]
+        cut[b, s] = int(where[int(ties_kept[b, s]) - 1])
+    return cut
+
+
+def _kept_target(
+    x_t: torch.Tensor, tau: torch.Tensor, cut: torch.Tensor, index: torch.Tensor
+) -> torch.Tensor:
+    return (x_t > tau) | ((x_t == tau) & (index <= cut))
+
+
+def _forward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int,
+    top_k: int | None,
+    top_p: float | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(target log-probs, tau, cut, logsum), each ``[B, S]``."""
+    batch, seq, vocab = logits.shape
+    out = logits.new_empty((batch, seq), dtype=torch.float32)
+    tau = logits.new_empty((batch, seq), dtype=torch.float32)
+    cut = logits.new_empty((batch, seq), dtype=torch.long)
+    logsum = logits.new_empty((batch, seq), dtype=torch.float32)
+    index = targets.long()
+    # One bool row for the tie look-ups, allocated on every device alike.
+    scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
+    for start in range(0, seq, chunk):
+        end = min(start + chunk, seq)
+        x = _chunk_float32(logits, start, end)
+        m = _row_max(x)
+        if top_k is None and top_p is None:
+            chunk_tau = x.new_full(m.shape[:-1], float("-inf"))
+            chunk_cut = torch.full(m.shape[:-1], vocab - 1, dtype=torch.long, device=x.device)
+            # logsumexp by hand, in place, as local_chunked does.
+            x_t = x.gather(-1, index[:, start:end].unsqueeze(-1)).squeeze(-1)
+            chunk_logsum = x.sub_(m).exp_().sum(dim=-1).log_()
+        else:
+            x_t = x.gather(-1, index[:, start:end].unsqueeze(-1)).squeeze(-1)
+            chunk_tau, chunk_logsum, ties_kept, ties_all = _select(x, m, top_k, top_p)
+            chunk_cut = _cut_indices(x, chunk_tau, ties_kept, ties_all, scratch)
+        kept = _kept_target(x_t, chunk_tau, chunk_cut, index[:, start:end])
+        shifted = x_t - m.squeeze(-1)
+        out[:, start:end] = torch.where(kept, shifted - chunk_logsum, float("-inf"))
+        tau[:, start:end] = chunk_tau
+        cut[:, start:end] = chunk_cut
+        logsum[:, start:end] = chunk_logsum
+        del x
+    return out, tau, cut, logsum
+
+
+def _backward(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    tau: torch.Tensor,
+    cut: torch.Tensor,
+    logsum: torch.Tensor,
+    grad_output: torch.Tensor,
+    chunk: int,
+) -> torch.Tensor:
+    """d(logprob)/d(logits) · grad_output, chunk by chunk, in the logits' dtype."""
+    seq, vocab = logits.shape[1], logits.shape[2]
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    index = targets.long()
+    grad_output = grad_output.float()
+    # One bool row for the tie fix-ups, allocated on every device alike.
+    scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
+    for start in range(0, seq, chunk):
+        end = min(start + chunk, seq)
+        work = _chunk_float32(logits, start, end)
+        t = tau[:, start:end]
+        c = cut[:, start:end]
+        idx = index[:, start:end].unsqueeze(-1)
+        x_t = work.gather(-1, idx).squeeze(-1)
+        g = grad_output[:, start:end] * _kept_target(x_t, t, c, index[:, start:end])
+        drop = work < t.unsqueeze(-1)
+        _drop_split_ties(work, drop, t, c, scratch)
+        work.sub_(_row_max(work)).sub_(logsum[:, start:end].unsqueeze(-1))
+        work.masked_fill_(drop, float("-inf"))
+        del drop
+        work.exp_().mul_(grad_output[:, start:end].unsqueeze(-1).neg())
+        work.scatter_add_(-1, idx, g.unsqueeze(-1))
+        grad[:, start:end].copy_(work)
+        del work
+    return grad
+
+
+def _drop_split_ties(
+    work: torch.Tensor,
+    drop: torch.Tensor,
+    tau: torch.Tensor,
+    cut: torch.Tensor,
+    scratch: torch.Tensor,
+) -> None:
+    """Also drop the logits equal to tau after ``cut``, in the rows where it splits them."""
+    vocab = work.shape[-1]
+    split = cut < vocab - 1
+    if work.device.type == "meta":
+        return
+    for r in split.cpu().numpy().reshape(-1).nonzero()[0]:
+        b, s = divmod(int(r), tau.shape[1])
+        first = int(cut[b, s]) + 1
+        tail = scratch[: vocab - first]
+        torch.eq(work[b, s, first:], tau[b, s], out=tail)
+        drop[b, s, first:].logical_or_(tail)
+
+
+class FilteredChunkedLogprob(torch.autograd.Function):
+    """Top-k / top-p filtered target log-probs, chunked over S, recomputed in backward.
+
+    ``FilteredChunkedLogprob.apply(logits, targets, chunk_size, top_k, top_p,
+    inference_only)``. Saves the logits, the targets and tau, cut and logsum per
+    token (see the module), or nothing when no gradient is needed.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        chunk_size: int | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        inference_only: bool = False,
+    ) -> torch.Tensor:
+        check_logprob_inputs(logits, targets)
+        check_filters(top_k, top_p)
+        chunk = _resolve_chunk(chunk_size, top_k, top_p)
+        k, p = _active(top_k, top_p, logits.shape[-1])
+        out, tau, cut, logsum = _forward(logits, targets, chunk, k, p)
+        ctx.chunk = chunk
+        ctx.saved_nothing = inference_only or not ctx.needs_input_grad[0]
+        if not ctx.saved_nothing:
+            ctx.save_for_backward(logits, targets, tau, cut, logsum)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
+        if ctx.saved_nothing:
+            raise RuntimeError(
+                "FilteredChunkedLogprob ran with inference_only=True (or without grad) "
+                "and saved nothing: run it again with gradients enabled"
+            )
+        logits, targets, tau, cut, logsum = ctx.saved_tensors
+        grad = _backward(logits, targets, tau, cut, logsum, grad_output, ctx.chunk)
+        return grad, None, None, None, None, None
+
+
+def filtered_chunked_logprobs(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_size: int | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """:class:`FilteredChunkedLogprob`: ``filtered``'s log-probs in ``local_chunked``'s memory.
+
+    ``chunk_size=None`` means 1024, or 128 for top-p without top-k (a sort per chunk).
+    """
+    return FilteredChunkedLogprob.apply(
+        logits, targets, chunk_size, top_k, top_p, no_grad_wanted(logits, targets)
+    )

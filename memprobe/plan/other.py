@@ -1,0 +1,79 @@
+"""``--other`` read from snapshots: what the rest of the job holds beside the logprob step.
+
+Each snapshot gives one reading (tokens N = B·S, bytes) of the memory that is not the
+logprob step at that step's moment (:func:`memprobe.attribute.what_if.other_memory`).
+One reading (or several at one token count) is a constant; readings at two or more
+token counts are fitted by least squares to ``constant + per_token · N``: weights and
+optimizer state do not grow with the tokens, activations do. The fit's residual (the
+largest distance of a reading from the line) is stated with it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes
+
+
+@dataclass(frozen=True)
+class OtherFit:
+    """``other(N) = constant + per_token · N`` bytes, from ``points`` (tokens, bytes)."""
+
+    constant_bytes: float
+    per_token_bytes: float
+    residual_bytes: float
+    points: tuple[tuple[int, int], ...]
+
+    def at(self, tokens: int) -> int:
+        """The other memory at ``tokens`` (N = B·S per rank), whole bytes, rounded up."""
+        return max(0, math.ceil(self.constant_bytes + self.per_token_bytes * tokens))
+
+    def describe(self) -> str:
+        n = len(self.points)
+        read = f"{n} snapshot{'s' if n != 1 else ''}"
+        if not self.per_token_bytes:
+            spread = f" (spread {format_bytes(self.residual_bytes)})" if n > 1 else ""
+            return f"other: {format_bytes(self.constant_bytes)}, read from {read}{spread}"
+        at = ", ".join(f"{t:,} tokens: {format_bytes(b)}" for t, b in self.points)
+        return (
+            f"other: {format_bytes(self.constant_bytes)} + "
+            f"{format_bytes(self.per_token_bytes)} per token, fitted to {read} ({at}; "
+            f"residual {format_bytes(self.residual_bytes)}); the plan's peaks include "
+            "its per-token part"
+        )
+
+
+def fit_other(points: Sequence[tuple[int, int]]) -> OtherFit:
+    """The constant (one token count) or least-squares line (two or more) through ``points``."""
+    if not points:
+        raise ValueError("fit_other needs at least one reading")
+    pts = tuple(sorted((int(t), int(b)) for t, b in points))
+    xs = [t for t, _ in pts]
+    ys = [b for _, b in pts]
+    if len(set(xs)) < 2:
+        return OtherFit(float(max(ys)), 0.0, float(max(ys) - min(ys)), pts)
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
+    constant = my - slope * mx
+    residual = max(abs(y - (constant + slope * x)) for x, y in pts)
+    return OtherFit(constant, slope, residual, pts)
+
+
+def other_from_snapshots(paths: Sequence[str | os.PathLike[str]]) -> OtherFit:
+    """Read each snapshot's other memory and fit them (see the module notes)."""
+    from memprobe.attribute.what_if import other_memory
+    from memprobe.snapshot.load import load_snapshot
+
+    points = []
+    for path in paths:
+        snapshot = load_snapshot(path)
+        try:
+            reading = other_memory(snapshot, path=str(path))
+        except UserError as exc:
+            raise UserError(f"--other-from {path}: {exc.message}", exc.hint) from None
+        points.append((reading.tokens, reading.other_bytes))
+    return fit_other(points)

@@ -1,0 +1,310 @@
+"""A Hugging Face causal LM's training step, built from its ``config.json`` alone.
+
+``transformers`` is an optional extra (``pip install 'memprobe[hf]'``); without it every
+entry point here is one line that says how to install it. The model is built on the
+device the step is given (``meta``: no weights, any size), so one training step can be
+traced by :func:`memprobe.profile.trace_step` like any user's step:
+
+forward (activation checkpointing on or off), the log-probabilities of the targets
+through one of memprobe's kernels, on the model's logits or (a hidden-family kernel)
+on the final hidden states and the lm_head weight, backward, and the optimizer step.
+The step marks where its log-prob kernel runs (:func:`memprobe.profile.phases.mark`),
+so its share of the peak is known exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memprobe.errors import UserError
+from memprobe.kernels.registry import get_spec
+from memprobe.profile.phases import mark
+from memprobe.records import normalize_dtype
+
+INSTALL_HINT = "install it with: pip install 'memprobe[hf]'"
+OPTIMIZERS = ("adamw", "sgd", "none")
+# --attn: what the step's attention runs. "auto": F.scaled_dot_product_attention with
+# the kernel CUDA would pick; "sdpa-math": the same call on torch's math path;
+# "eager": the model's own matmul-softmax attention.
+ATTENTIONS = ("auto", "sdpa-math", "eager")
+STEP_DTYPES = ("bf16", "fp16", "fp32")
+
+# Marks the step leaves in the trace (see logprob_windows in memprobe.profile.step).
+LOGPROB_START, LOGPROB_END = "logprob forward start", "logprob forward end"
+BACKWARD_START, LOGPROB_GRAD = "backward start", "logprob backward end"
+
+
+def require_transformers() -> Any:
+    """The ``transformers`` module, or one line saying how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise UserError(
+            "memprobe step needs transformers, which is not installed", INSTALL_HINT
+        ) from None
+    return transformers
+
+
+def load_config(path: str | os.PathLike[str]) -> Any:
+    """The model config in ``path``: a ``config.json`` file, or a directory holding one."""
+    transformers = require_transformers()
+    source = Path(path)
+    file = source / "config.json" if source.is_dir() else source
+    if not file.is_file():
+        where = f"no config.json in {source}" if source.is_dir() else f"no such file: {source}"
+        raise UserError(f"--config: {where}", "give a config.json or the directory holding it")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(
+            f"--config {file} is not readable JSON ({type(exc).__name__})",
+            "give a model's config.json",
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise UserError(
+            f"--config {file} has no model_type", "a Hugging Face config.json names its model_type"
+        )
+    return config_from_dict(data, transformers)
+
+
+def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
+    """A transformers config from a ``config.json``'s fields; an architecture this
+    transformers does not know, or one without a causal-LM head, is one line."""
+    transformers = transformers or require_transformers()
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    fields = dict(data)
+    model_type = fields.pop("model_type")
+    version = transformers.__version__
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise UserError(
+            f"unknown architecture {model_type!r} (transformers {version} does not know it)",
+            "check the config's model_type, or upgrade transformers",
+        )
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(
+            f"architecture {model_type!r} has no causal-LM model in transformers {version}",
+            "memprobe step trains causal LMs (Llama, Qwen, Mistral, Gemma, ...)",
+        )
+    try:
+        return transformers.AutoConfig.for_model(model_type, **fields)
+    except (TypeError, ValueError) as exc:
+        raise UserError(
+            f"the {model_type} config does not load ({exc})", "fix config.json"
+        ) from None
+
+
+def _torch_dtype(name: str, flag: str) -> torch.dtype:
+    key = normalize_dtype(name)
+    if key not in STEP_DTYPES:
+        raise UserError(
+            f"{flag} {name!r} is not one of {', '.join(STEP_DTYPES)}", f"e.g. {flag} bf16"
+        )
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[key]
+
+
+@dataclass(frozen=True, eq=False)
+class HFStep:
+    """One training step of ``config``'s causal LM at ``batch`` x ``tokens``: a step for
+    :func:`memprobe.profile.trace_step` (call it with the device).
+
+    ``dtype``: what the model computes in; ``param_dtype``: what its parameters are
+    stored in (the same, or fp32 for mixed precision with float32 master weights: the
+    model runs in ``dtype``, the optimizer steps float32 copies of the parameters with
+    float32 gradients and copies them back). Checked when made.
+    """
+
+    config: Any
+    tokens: int
+    batch: int = 1
+    kernel: str = "local_chunked"
+    chunk_size: int | None = 1024
+    checkpointing: bool = False
+    optimizer: str = "adamw"
+    dtype: str = "bf16"
+    param_dtype: str | None = None
+    attn: str = "auto"
+
+    def __post_init__(self) -> None:
+        for name in ("tokens", "batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UserError(f"--{name} must be a positive integer, got {value!r}", "e.g. 1")
+        try:
+            get_spec(self.kernel)
+        except ValueError as exc:
+            raise UserError(str(exc), "see `memprobe kernels`") from None
+        if get_spec(self.kernel).distributed:
+            raise UserError(
+                f"{self.kernel} shards the vocabulary over ranks; memprobe step runs one GPU",
+                "pick a single-device kernel (`memprobe kernels`)",
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise UserError(
+                f"--optimizer {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}",
+                "e.g. --optimizer adamw",
+            )
+        if self.attn not in ATTENTIONS:
+            raise UserError(
+                f"--attn {self.attn!r} is not one of {', '.join(ATTENTIONS)}", "e.g. --attn auto"
+            )
+        compute = _torch_dtype(self.dtype, "--dtype")
+        params = _torch_dtype(self.param_dtype or self.dtype, "--param-dtype")
+        if params != compute and params != torch.float32:
+            raise UserError(
+                "--param-dtype differs from --dtype: only fp32 master weights are modelled",
+                "use --param-dtype fp32, or the same as --dtype",
+            )
+
+    @property
+    def hidden_route(self) -> bool:
+        """The kernel takes the final hidden states and the lm_head weight (no logits)."""
+        return get_spec(self.kernel).inputs == "hidden"
+
+    @property
+    def vocab(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def master_weights(self) -> bool:
+        return _torch_dtype(self.param_dtype or self.dtype, "--param-dtype") != _torch_dtype(
+            self.dtype, "--dtype"
+        )
+
+    def build(self, device: torch.device) -> torch.nn.Module:
+        """The model on ``device`` in ``dtype``, weights initialized there (no download)."""
+        from transformers import AutoModelForCausalLM
+
+        implementation = "eager" if self.attn == "eager" else "sdpa"
+        try:
+            # No autograd while weights are initialized: they are set up, not computed
+            # (and the tracker's phase stays "setup" until the forward really starts).
+            with torch.device(device), torch.no_grad():
+                model = AutoModelForCausalLM.from_config(
+                    self.config,
+                    dtype=_torch_dtype(self.dtype, "--dtype"),
+                    attn_implementation=implementation,
+                )
+        except (ValueError, TypeError, KeyError) as exc:
+            what = " ".join(str(exc).split())[:200]
+            raise UserError(
+                f"transformers cannot build this model ({what})", "check the config"
+            ) from None
+        if self.checkpointing:
+            # Non-reentrant: what transformers' Trainer and torch recommend.
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:  # transformers before 5.x
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        model.train()
+        return model
+
+    def __call__(self, device: torch.device) -> None:
+        self.run(device)
+
+    def run(
+        self, device: torch.device, on_model: Callable[[torch.nn.Module], None] | None = None
+    ) -> None:
+        """The step on ``device``; ``on_model`` sees the model once it is built."""
+        with _quiet_transformers():
+            model = self.build(device)
+            if on_model is not None:
+                on_model(model)
+            self._train(model, device)
+
+    def _train(self, model: torch.nn.Module, device: torch.device) -> None:
+        params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
+        # Mixed precision: the optimizer holds float32 master copies of the parameters.
+        with torch.no_grad():
+            master = [p.float() for p in params] if self.master_weights else params
+        optimizer = _optimizer(self.optimizer, master)
+        ids = torch.randint(0, self.vocab, (self.batch, self.tokens), device=device)
+        targets = torch.randint(0, self.vocab, (self.batch, self.tokens), device=device)
+        fn: Any = get_spec(self.kernel).fn
+        lm: Any = model  # transformers' PreTrainedModel: base_model, get_output_embeddings
+        if self.hidden_route:
+            hidden = lm.base_model(input_ids=ids, use_cache=False).last_hidden_state
+            weight = lm.get_output_embeddings().weight
+            hidden.register_hook(_mark_grad)
+            mark(LOGPROB_START)
+            logprobs = fn(hidden, weight, targets, chunk_size=self.chunk_size)
+        else:
+            logits = lm(input_ids=ids, use_cache=False).logits
+            logits.register_hook(_mark_grad)
+            mark(LOGPROB_START)
+            logprobs = fn(logits, targets, chunk_size=self.chunk_size)
+            del logits  # the kernel holds what it saved; the step keeps no other reference
+        loss = -logprobs.mean()
+        mark(LOGPROB_END)
+        del logprobs
+        mark(BACKWARD_START)
+        loss.backward()
+        del loss
+        if self.master_weights:
+            for m, p in zip(master, params, strict=True):
+                m.grad = p.grad.float() if p.grad is not None else None
+                p.grad = None
+        if optimizer is not None:
+            optimizer.step()
+        if self.master_weights:
+            with torch.no_grad():
+                for m, p in zip(master, params, strict=True):
+                    p.copy_(m)
+
+
+def _mark_grad(grad: torch.Tensor) -> None:
+    # Backward reaches the logits (or hidden states): the kernel's backward is done.
+    mark(LOGPROB_GRAD)
+
+
+def _optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer | None:
+    # foreach=True: torch's default for CUDA parameters (meta and cpu would default to the
+    # per-tensor loop, whose temporaries are one parameter's, not all of them at once).
+    if name == "none":
+        return None
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+    return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' logging and warnings off, and its one data-dependent training check
+    answered: the step's inputs are whole sequences (position ids 0..S-1, no padding),
+    so ``find_packed_sequence_indices`` finds no packed sequences. Its answer is read
+    from the values, which meta tensors do not have."""
+    import warnings
+
+    from transformers import masking_utils
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    original = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original is not None:
+        masking_utils.find_packed_sequence_indices = _no_packed_sequences
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        if original is not None:
+            masking_utils.find_packed_sequence_indices = original
+        hf_logging.set_verbosity(level)
+
+
+def _no_packed_sequences(position_ids: torch.Tensor) -> None:
+    return None

@@ -1,0 +1,437 @@
+"""A Hugging Face model's whole training step on meta: the peak, what it is made of, and
+the log-prob step's share.
+
+:func:`simulate_step` traces an :class:`~memprobe.profile.hf.HFStep` with
+:func:`~memprobe.profile.trace_step` (attention as CUDA would run it, unless asked
+otherwise), models the caching allocator's reserved bytes on the same events, and
+sorts the blocks live at the allocated peak into what they are. The sorting is exact,
+not inferred: the step knows its parameters, gradients and optimizer state (by
+storage) and marks where its log-prob kernel runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from memprobe.allocator import AllocConf
+from memprobe.profile import hf
+from memprobe.profile.run import TrackedStep, trace_step
+from memprobe.records import Event
+
+# What a block live at the peak is, in the order they are told apart.
+PARAMETERS = "parameters"
+GRADIENTS = "gradients"
+OPTIMIZER_STATE = "optimizer state"
+MASTER_WEIGHTS = "fp32 master weights"
+LOGPROB = "logprob step"
+LOGITS = "logits"
+ATTENTION = "attention"
+CHECKPOINTED = "checkpointed activations"
+ACTIVATIONS = "activations"
+BACKWARD = "backward temporaries"
+OPTIMIZER_TEMP = "optimizer temporaries"
+INPUTS = "inputs (token ids, targets)"
+OTHER = "other"
+CATEGORIES = (
+    PARAMETERS,
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    MASTER_WEIGHTS,
+    LOGPROB,
+    LOGITS,
+    ATTENTION,
+    CHECKPOINTED,
+    ACTIVATIONS,
+    BACKWARD,
+    OPTIMIZER_TEMP,
+    INPUTS,
+    OTHER,
+)
+
+# The attention backend in words, by what profile.attention counted.
+_BACKEND_WORDS = {
+    "flash": "flash attention (CUDA's choice: no [S,S] scores)",
+    "efficient": "memory-efficient attention (CUDA's choice: no [S,S] scores)",
+    "cpu-flash": "the fused CPU kernel (no [S,S] scores)",
+    "math": "math SDPA ([B,h,S,S] scores materialized)",
+}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One simulated step: peaks, the breakdown at the allocated peak, the attention
+    kernels simulated; ``bytes_by_category`` in :data:`CATEGORIES` order (zeros left out)."""
+
+    model_type: str
+    parameters: int
+    tokens: int
+    batch: int
+    kernel: str
+    checkpointing: bool
+    optimizer: str
+    dtype: str
+    param_dtype: str
+    attn: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_phase: str
+    bytes_by_category: dict[str, int]
+    attention: dict[str, int]
+    phase_peaks: dict[str, int]
+    # The most bytes the log-prob kernel's own allocations held at once, wherever
+    # the step's peak is (its working set on top of the rest).
+    logprob_working_bytes: int = 0
+    budget_bytes: int | None = None
+    events: tuple[Event, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def logprob_bytes(self) -> int:
+        return self.bytes_by_category.get(LOGPROB, 0)
+
+    @property
+    def logprob_share(self) -> float:
+        return self.logprob_bytes / self.peak_allocated_bytes if self.peak_allocated_bytes else 0.0
+
+    @property
+    def attention_words(self) -> str:
+        if not self.attention:
+            return "eager (the model's own matmul + softmax: [B,h,S,S] scores)"
+        return ", ".join(
+            f"{_BACKEND_WORDS.get(k, k)} x{n}" if len(self.attention) > 1 else _BACKEND_WORDS[k]
+            for k, n in sorted(self.attention.items())
+        )
+
+    def fits(self, kind: str = "reserved") -> bool | None:
+        if self.budget_bytes is None:
+            return None
+        peak = self.peak_reserved_bytes if kind == "reserved" else self.peak_allocated_bytes
+        return peak <= self.budget_bytes
+
+    def row(self) -> dict[str, Any]:
+        """The ``--json`` object."""
+        row = {k: v for k, v in asdict(self).items() if k != "events"}
+        row["logprob_bytes"] = self.logprob_bytes
+        row["logprob_share"] = round(self.logprob_share, 6)
+        row["fits_allocated"] = self.fits("allocated")
+        row["fits_reserved"] = self.fits("reserved")
+        return row
+
+
+def attention_target(attn: str) -> str:
+    """The meta routing (:func:`memprobe.profile.attention.sdpa_on_meta`) for ``--attn``."""
+    return "math" if attn == "sdpa-math" else "cuda"
+
+
+def trace_hf_step(
+    step: hf.HFStep,
+    device: str = "meta",
+    *,
+    capture_frames: bool = False,
+    attention: str | None = None,
+) -> tuple[TrackedStep, _Owners]:
+    """The tracker's record of ``step`` and who owns which storage (for the breakdown).
+
+    ``attention``: the meta routing target; by default what ``step.attn`` asks
+    (``cuda``'s choice for ``auto``). ``cpu`` makes a meta trace equal a real cpu run.
+    """
+    owners = _Owners()
+    target = attention or attention_target(step.attn)
+    tracked = trace_step(owners.wrap(step), device, capture_frames=capture_frames, attention=target)
+    return tracked, owners
+
+
+def simulate_step(
+    step: hf.HFStep,
+    *,
+    budget_bytes: int | None = None,
+    alloc_conf: AllocConf | None = None,
+    capture_frames: bool = False,
+    device: str = "meta",
+    attention: str | None = None,
+) -> StepResult:
+    """Trace ``step`` on meta and read its peaks and the breakdown at the allocated peak."""
+    from memprobe.measure.reserved import modelled_reserved_peak
+
+    tracked, owners = trace_hf_step(
+        step, device, capture_frames=capture_frames, attention=attention
+    )
+    peak_event = tracked.events[tracked.peak_index]
+    categories = categorize(tracked, owners, step)
+    return StepResult(
+        model_type=str(step.config.model_type),
+        parameters=owners.parameter_count,
+        tokens=step.tokens,
+        batch=step.batch,
+        kernel=step.kernel,
+        checkpointing=step.checkpointing,
+        optimizer=step.optimizer,
+        dtype=step.dtype,
+        param_dtype=step.param_dtype or step.dtype,
+        attn=step.attn,
+        peak_allocated_bytes=tracked.peak_bytes,
+        peak_reserved_bytes=modelled_reserved_peak(tracked.events, alloc_conf),
+        peak_phase=peak_event.phase,
+        bytes_by_category=categories,
+        attention=dict(tracked.attention),
+        phase_peaks=dict(tracked.phase_peaks),
+        logprob_working_bytes=working_set(tracked.events, logprob_windows(tracked.marks)),
+        budget_bytes=budget_bytes,
+        events=tracked.events,
+    )
+
+
+class _Owners:
+    """The storages of the step's parameters, gradients and optimizer state, read from
+    the model and optimizer while the step runs (keys as the tracker's events have them)."""
+
+    def __init__(self) -> None:
+        self.parameters: set[int] = set()
+        self.gradients: set[int] = set()
+        self.optimizer_state: set[int] = set()
+        self.master: set[int] = set()
+        self.parameter_count = 0
+
+    def wrap(self, step: hf.HFStep) -> Any:
+        """``step`` as a plain step that notes its model and optimizer while it runs."""
+
+        def traced(device: torch.device) -> None:
+            # The optimizer's state and the gradients it stepped, read just after its step.
+            hook = register_optimizer_step_post_hook(
+                lambda optimizer, args, kwargs: self.note_optimizer(optimizer)
+            )
+            try:
+                step.run(device, on_model=self.note_model)
+            finally:
+                hook.remove()
+
+        return traced
+
+    def note_model(self, model: torch.nn.Module) -> None:
+        params = list(model.parameters())
+        self.parameter_count = sum(p.numel() for p in params)
+        self.parameters = {_key(p) for p in params} | {_key(b) for b in model.buffers()}
+        # Gradients: AccumulateGrad's result, noted as each one lands.
+        for p in params:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._note_grad)
+
+    def _note_grad(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self.gradients.add(_key(p.grad))
+
+    def note_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if _key(p) not in self.parameters:
+                    self.master.add(_key(p))
+                if p.grad is not None:
+                    self.gradients.add(_key(p.grad))
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    self.optimizer_state.add(_key(value))
+
+
+def _key(t: torch.Tensor) -> int:
+    return int(t.untyped_storage()._cdata)
+
+
+def logprob_windows(marks: Iterable[tuple[str, int]]) -> list[tuple[int, int]]:
+    """Event index ranges ``[start, end)`` in which the step's log-prob kernel ran: its
+    forward, and backward from its start until the gradient reached the logits."""
+    at = dict(marks)
+    windows = []
+    if hf.LOGPROB_START in at and hf.LOGPROB_END in at:
+        windows.append((at[hf.LOGPROB_START], at[hf.LOGPROB_END]))
+    if hf.BACKWARD_START in at and hf.LOGPROB_GRAD in at:
+        windows.append((at[hf.BACKWARD_START], at[hf.LOGPROB_GRAD]))
+    return windows
+
+
+def working_set(events: Iterable[Event], windows: list[tuple[int, int]]) -> int:
+    """The most bytes live at once among the storages allocated inside ``windows``."""
+    live: dict[int, int] = {}
+    total = most = 0
+    for event in events:
+        if event.action == "alloc":
+            if any(start <= event.index < end for start, end in windows):
+                live[event.storage] = event.nbytes
+                total += event.nbytes
+                most = max(most, total)
+        elif event.storage in live:
+            total -= live.pop(event.storage)
+    return most
+
+
+def categorize(tracked: TrackedStep, owners: _Owners, step: hf.HFStep) -> dict[str, int]:
+    """Bytes live at the allocated peak, by what they are (:data:`CATEGORIES`)."""
+    windows = logprob_windows(tracked.marks)
+    logits_start = dict(tracked.marks).get(hf.LOGPROB_START)
+    seq = step.tokens
+    out = dict.fromkeys(CATEGORIES, 0)
+    for event in tracked.live_at_peak():
+        out[_category(event, owners, windows, logits_start, seq, step)] += event.nbytes
+    return {k: v for k, v in out.items() if v}
+
+
+def _category(
+    event: Event,
+    owners: _Owners,
+    windows: list[tuple[int, int]],
+    logits_start: int | None,
+    seq: int,
+    step: hf.HFStep,
+) -> str:
+    key = event.storage
+    if event.phase == "setup" and key in owners.parameters:
+        return PARAMETERS
+    if key in owners.gradients and event.phase in ("backward", "optimizer"):
+        return GRADIENTS
+    if key in owners.optimizer_state and event.phase == "optimizer":
+        return OPTIMIZER_STATE
+    if key in owners.master and event.phase == "setup":
+        return MASTER_WEIGHTS
+    if any(start <= event.index < end for start, end in windows):
+        return LOGPROB
+    if (
+        not step.hidden_route
+        and logits_start is not None
+        and event.index < logits_start
+        and event.shape[-1:] == (step.vocab,)
+        and event.shape[-2:-1] == (seq,)
+    ):
+        return LOGITS
+    if "attention" in event.op or event.shape[-2:] == (seq, seq):
+        return ATTENTION
+    if event.phase == "forward":
+        return CHECKPOINTED if step.checkpointing else ACTIVATIONS
+    if event.phase == "backward":
+        return BACKWARD
+    if event.phase == "optimizer":
+        return OPTIMIZER_TEMP
+    if event.phase == "setup":
+        return INPUTS
+    return OTHER
+
+
+def step_kernels() -> list[str]:
+    """The shipped single-device kernels ``plan --step`` compares by default: every logits
+    kernel, then the hidden family (each on the model's final hidden states)."""
+    from memprobe.kernels.registry import kernel_names
+
+    return [*kernel_names(distributed=False), *kernel_names(inputs="hidden")]
+
+
+def plan_step(
+    base: hf.HFStep,
+    kernels: Sequence[str],
+    budget: Any,
+    *,
+    reserved: bool = True,
+    alloc_conf: AllocConf | None = None,
+    on_done: Callable[[Any], None] | None = None,
+) -> list[Any]:
+    """The largest tokens per sequence whose whole simulated step fits ``budget`` (a
+    :class:`memprobe.plan.Budget`), for ``base`` with each kernel: one
+    :class:`memprobe.plan.TokenPlan` per kernel, found by the plan package's search
+    (:func:`memprobe.plan.search_max_tokens`: allocated, then reserved below it).
+
+    A whole step's peak is the largest of its phases' peaks, and at small token counts
+    that is often the optimizer's, which does not grow with tokens: a line through the
+    overall peaks would be flat. So the search is seeded with the line of the phase
+    that reaches the limit first (each phase's peak is read from the same two seed
+    traces), and the reserved search with that line shifted by the allocator's
+    overhead at the allocated answer. Each token count is traced once."""
+    from memprobe.plan import PlanTarget, TokenPlan, search_max_tokens, seed_tokens
+
+    plans = []
+    for kernel in kernels:
+        step = replace(base, kernel=kernel)
+        target = PlanTarget(
+            kernel,
+            vocab=base.vocab,
+            batch=base.batch,
+            dtype=base.dtype,
+            chunk_size=base.chunk_size,
+            hidden=base.hidden_size if step.hidden_route else None,
+        )
+        peaks = _StepPeaks(step, reserved, alloc_conf)
+        seeds = seed_tokens(target)
+        line = peaks.limiting_line(seeds, budget.limit_bytes)
+        allocated = peaks.search(
+            search_max_tokens(budget.limit_bytes, seeds, line=line), reserved=False
+        )
+        on_reserved = None
+        if reserved:
+            overhead = peaks.overhead(allocated.max_tokens)
+            shifted = type(line)(line.slope, line.fixed + overhead)
+            on_reserved = peaks.search(
+                search_max_tokens(
+                    budget.limit_bytes, seeds, below=allocated.max_tokens + 1, line=shifted
+                ),
+                reserved=True,
+            )
+        plan = TokenPlan(target, budget, peaks.with_seeds(allocated, seeds), on_reserved)
+        plans.append(plan)
+        if on_done is not None:
+            on_done(plan)
+    return plans
+
+
+class _StepPeaks:
+    """One kernel's whole-step traces by token count: allocated, reserved, phase peaks."""
+
+    def __init__(self, step: hf.HFStep, reserved: bool, conf: AllocConf | None) -> None:
+        self.step, self.reserved, self.conf = step, reserved, conf
+        self.traced: dict[int, tuple[int, int, dict[str, int]]] = {}
+
+    def at(self, tokens: int) -> tuple[int, int, dict[str, int]]:
+        if tokens not in self.traced:
+            from memprobe.measure.reserved import modelled_reserved_peak
+
+            tracked, _ = trace_hf_step(replace(self.step, tokens=tokens))
+            on_reserved = modelled_reserved_peak(tracked.events, self.conf) if self.reserved else 0
+            self.traced[tokens] = (tracked.peak_bytes, on_reserved, dict(tracked.phase_peaks))
+        return self.traced[tokens]
+
+    def limiting_line(self, seeds: tuple[int, int], limit: int) -> Any:
+        """The line through the seeds of the phase whose peak reaches ``limit`` first."""
+        from memprobe.plan import Line
+
+        a, b = (self.at(t) for t in seeds)
+        best = Line.through((seeds[0], a[0]), (seeds[1], b[0]))
+        best_tokens = best.tokens_within(limit)
+        for phase in a[2].keys() & b[2].keys():
+            line = Line.through((seeds[0], a[2][phase]), (seeds[1], b[2][phase]))
+            tokens = line.tokens_within(limit)
+            if tokens is not None and (best_tokens is None or tokens < best_tokens):
+                best, best_tokens = line, tokens
+        return best
+
+    def overhead(self, tokens: int) -> int:
+        """Reserved minus allocated at ``tokens`` (0 when nothing fits)."""
+        if tokens <= 0:
+            return 0
+        allocated, on_reserved, _ = self.at(tokens)
+        return on_reserved - allocated
+
+    def search(self, steps: Any, *, reserved: bool) -> Any:
+        index = 1 if reserved else 0
+        try:
+            ask = next(steps)
+            while True:
+                ask = steps.send({t: self.at(t)[index] for t in ask})
+        except StopIteration as done:
+            return done.value
+
+    def with_seeds(self, search: Any, seeds: tuple[int, int]) -> Any:
+        """The search's record, counting the seed traces it was given as a line."""
+        points = dict(search.points)
+        extra = {t: self.at(t)[0] for t in seeds if t not in points}
+        merged = tuple(sorted({**points, **extra}.items()))
+        return replace(search, simulations=search.simulations + len(extra), points=merged)

@@ -1,0 +1,248 @@
+"""Hostile files, table-driven: pickles that crash the C unpickler, and files that are not
+regular files (a device, a FIFO) given where memprobe reads. Each is one line, exit 2."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import pickletools
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from memprobe.snapshot.nesting import MAX_TUPLE_NESTING, count_wrapping_tuples
+
+# -- nested tuples: hashed as a dict key, they overflow the C stack (a segfault) ----
+
+
+def _nested_tuple_key(depth: int, *, memo: bool = False, wrap: bytes = b"") -> bytes:
+    """{((((),),),...): None}, built by opcodes (pickle.dumps itself would recurse)."""
+    level = b"\x85\x94" if memo else b"\x85"
+    return b"\x80\x04}" + wrap + b")" + level * depth + b"Ns."
+
+
+def _nested_tuple_in_set(depth: int) -> bytes:
+    return b"\x80\x04\x8f(" + b")" + b"\x85" * depth + b"\x90."
+
+
+def _nested_pairs(depth: int) -> bytes:  # (((0, x), x), x): TUPLE2 wrapping a tuple
+    return b"\x80\x04}" + b"K\x00K\x00\x86" + b"K\x01\x86" * depth + b"Ns."
+
+
+def _nested_via_mark(depth: int) -> bytes:  # protocol 0/1 style: MARK ... TUPLE
+    return b"}" + b"(" * depth + b"t" * depth + b"Ns."
+
+
+def _nested_via_memo(depth: int) -> bytes:  # each level put in the memo and read back
+    body = b")q\x00" + b"".join(b"h\x00\x85q\x00" for _ in range(depth))
+    return b"\x80\x02}" + body + b"Ns."
+
+
+CRASHERS = {
+    "tuple key": _nested_tuple_key(1_000_000),
+    "tuple key, memoized levels": _nested_tuple_key(300_000, memo=True),
+    "tuple key under a real-looking prefix": _nested_tuple_key(
+        300_000, wrap=b"\x8c\x08segments\x94]\x94s"
+    ),
+    "tuple in a set": _nested_tuple_in_set(400_000),
+    "pairs wrapping pairs": _nested_pairs(300_000),
+    "MARK ... TUPLE": _nested_via_mark(300_000),
+    "memo read back": _nested_via_memo(300_000),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CRASHERS))
+def test_deeply_nested_tuples_are_refused_before_unpickling(
+    run_cli, tmp_path: Path, name: str
+) -> None:
+    path = tmp_path / "nested.pickle"
+    path.write_bytes(CRASHERS[name])
+    for args in (["attribute", str(path)], ["diff", str(path), str(path)]):
+        code, out, err = run_cli(*args)
+        assert code == 2 and not out, (name, args)
+        assert "nested that deep they would crash the unpickler" in err
+        assert len(err.strip().splitlines()) == 1
+
+
+def test_the_crash_is_real_without_the_check(tmp_path: Path) -> None:
+    """What the check prevents: the C unpickler dies of SIGSEGV, printing nothing."""
+    path = tmp_path / "nested.pickle"
+    path.write_bytes(_nested_tuple_key(400_000))
+    code = f"import pickle; pickle.loads(open({str(path)!r}, 'rb').read())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert done.returncode == -11 and not done.stdout
+
+
+def _real_style(n: int) -> dict:
+    """What torch writes: pool ids as (int, int) tuples, on every segment and entry."""
+    frames = [{"name": f"f{i}", "filename": "x.py", "line": i} for i in range(4)]
+    trace = [
+        {"action": "alloc", "addr": 0x7F00_0000_0000 + 512 * i, "size": 512, "stream": 0,
+         "pool_id": (0, i % 3), "frames": frames, "time_us": 2**33 + i}
+        for i in range(n)
+    ]  # fmt: skip
+    block = {"size": 512, "state": "active_allocated"}
+    segment = {"address": 0x7F00_0000_0000, "total_size": 2 << 20, "segment_pool_id": (0, 0),
+               "blocks": [block], "frames": frames}  # fmt: skip
+    return {"segments": [segment] * 3, "device_traces": [trace],
+            "allocator_settings": {"max_split_size": -1, "pools": [(1, 2), (3, 4.5)]}}  # fmt: skip
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_real_tuples_are_not_counted(tmp_path: Path, protocol: int) -> None:
+    from memprobe.snapshot.load import load_snapshot
+
+    data = pickle.dumps(_real_style(3 * MAX_TUPLE_NESTING), protocol=protocol)
+    assert count_wrapping_tuples(data)[0] == 0
+    path = tmp_path / "real.pickle"
+    path.write_bytes(data)
+    assert len(load_snapshot(path)["device_traces"][0]) == 3 * MAX_TUPLE_NESTING
+
+
+def _random_plain(rnd: random.Random, depth: int = 0) -> object:
+    r = rnd.random()
+    if depth > 4 or r < 0.4:
+        return rnd.choice([0, -1, 255, 65536, 2**31, 2**63, 2**80, 2**700, 1.5, None, True,
+                           "", "x" * 70, "y" * 300, "t\x85\x86)", b"\x85", "é",
+                           rnd.randrange(-(2**40), 2**40)])  # fmt: skip
+    if r < 0.6:
+        return [_random_plain(rnd, depth + 1) for _ in range(rnd.randrange(5))]
+    if r < 0.8:
+        return {str(rnd.randrange(9)): _random_plain(rnd, depth + 1) for _ in range(3)}
+    if r < 0.9:
+        return tuple(_random_plain(rnd, depth + 1) for _ in range(rnd.randrange(5)))
+    return tuple(rnd.choice([0, 7, 2**40, None, 1.0]) for _ in range(rnd.randrange(5)))
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2, 3, 4, 5])
+def test_the_scan_reads_opcodes_exactly_as_the_unpickler(protocol: int) -> None:
+    """Every stop lands on pickletools' STOP, and no tuple opcode is missed."""
+    rnd = random.Random(protocol)
+    for _ in range(150):
+        value = _random_plain(rnd)
+        data = pickle.dumps([value, value, {"k": value}], protocol=protocol)
+        ops = list(pickletools.genops(data))
+        tuples = sum(op.name.startswith("TUPLE") for op, _, _ in ops)
+        wrapping, stop = count_wrapping_tuples(data, limit=10**9)
+        assert stop == ops[-1][2] and wrapping <= tuples
+
+
+# -- special files: refused by what fstat says, before a byte is read --------------
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    if kind == "dev-zero":
+        return Path("/dev/zero")
+    path = tmp_path / f"{kind}.x"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    return path
+
+
+@pytest.fixture(scope="module")
+def made_run(tmp_path_factory) -> Path:
+    """One small run, swept once for the module; tests copy it."""
+    from memprobe import cli
+
+    run = tmp_path_factory.mktemp("made") / "run"
+    argv = sys.argv
+    sys.argv = ["memprobe", "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder",
+                "--kernel", "unchunked", "--device", "meta", "--out", str(run), "-q",
+                "--no-verify"]  # fmt: skip
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert not exc.code
+    finally:
+        sys.argv = argv
+    return run
+
+
+@pytest.fixture
+def run_dir(made_run: Path, tmp_path: Path, monkeypatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # no pyproject.toml here: the gate reads only what is given
+    return Path(shutil.copytree(made_run, tmp_path / "run"))
+
+
+SPECIAL_USES = {
+    "snapshot": lambda s, run: ["attribute", str(s)],
+    "diff's second snapshot": lambda s, run: ["diff", str(run / "snapshots" / _one(run)), str(s)],
+    "results": lambda s, run: ["gate", str(s), "--baseline", str(run)],
+    "baseline": lambda s, run: ["gate", str(run), "--baseline", str(s)],
+    "--from-run": lambda s, run: [
+        "plan",
+        "--vocab",
+        "1024",
+        "--budget",
+        "1GiB",
+        "--from-run",
+        str(s),
+    ],  # fmt: skip
+    "--config": lambda s, run: ["gate", str(run), "--config", str(s)],
+}
+
+
+def _one(run: Path) -> str:
+    return next(p.name for p in (run / "snapshots").iterdir())
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+@pytest.mark.parametrize("use", sorted(SPECIAL_USES))
+def test_special_files_are_refused_in_one_line(
+    run_cli, run_dir: Path, tmp_path: Path, use: str, kind: str
+) -> None:
+    run = run_dir
+    special = _special(tmp_path, kind)
+    code, out, err = run_cli(*SPECIAL_USES[use](special, run))
+    assert code == 2, (use, err)
+    assert "not a regular file" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+@pytest.mark.parametrize("name", ["run.json", "results.json"])
+def test_a_run_directory_holding_special_files(
+    run_cli, run_dir: Path, tmp_path: Path, kind: str, name: str
+) -> None:
+    run = run_dir
+    (run / name).unlink()
+    special = _special(tmp_path, kind)
+    if kind == "fifo":
+        os.mkfifo(run / name)
+    else:
+        (run / name).symlink_to(special)
+    uses = [["report", str(run)], ["sweep", "--resume", str(run)]]
+    if name == "results.json":
+        uses.append(["gate", str(run), "--baseline", str(run)])
+    for args in uses:
+        code, _, err = run_cli(*args)
+        assert code == 2 and "not a regular file" in err, (args, err)
+
+
+def test_a_baseline_in_the_config_that_is_a_device(run_cli, run_dir: Path, tmp_path: Path) -> None:
+    run = run_dir
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.memprobe.gate]\nbaseline = "/dev/zero"\n'
+        'rules = [{ kernel = "*", max_peak = "1GiB" }]\n'
+    )
+    code, _, err = run_cli("gate", str(run))
+    assert code == 2 and "/dev/zero is a character device, not a regular file" in err
+
+
+def test_a_small_file_is_read_by_its_size(tmp_path: Path) -> None:
+    """Under a 1 GiB address-space limit a small snapshot still loads (no 2 GiB buffer)."""
+    from memprobe.snapshot import write_snapshot
+
+    path = write_snapshot({"segments": [], "device_traces": [[]]}, tmp_path / "s.pickle")
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+        f"from memprobe.snapshot.load import load_snapshot; load_snapshot({str(path)!r}); "
+        "print('ok')"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.strip() == "ok", done.stderr[-500:]

@@ -1,0 +1,176 @@
+"""filtered_chunked: filtered's kept set, values and gradient, in local_chunked's memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from reference import FP32_FWD_TOL, bwd_tolerance
+
+from memprobe.kernels import (
+    FilteredChunkedLogprob,
+    filtered_chunked_logprobs,
+    filtered_logprobs,
+    next_token_logprobs,
+)
+from memprobe.kernels.filtered import filtered_out_mask
+from memprobe.measure import step
+from memprobe.measure.meta_backend import simulate
+from memprobe.measure.step import make_inputs
+from memprobe.measure.traced import traced_step
+from memprobe.records import Case
+
+FILTERS = {
+    "k": {"top_k": 5},
+    "p": {"top_p": 0.9},
+    "k+p": {"top_k": 40, "top_p": 0.7},
+    "k+p, p cuts last": {"top_k": 4, "top_p": 0.999},
+    "none": {},
+}
+# float32 rounds a log-prob of magnitude m to within m * 2^-24 (see test_large_logits).
+FWD_RELATIVE_TOL = 2.0**-21
+
+
+def _draw(shape, dtype, scale, seed):
+    gen = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(shape, generator=gen) * scale).to(dtype)
+    targets = torch.randint(0, shape[2], shape[:2], generator=gen)
+    # Half the targets the most likely token (kept), half at random (often dropped).
+    targets[:, ::2] = logits.float().argmax(-1)[:, ::2]
+    return logits, targets, torch.randn(shape[:2], generator=gen)
+
+
+def _run(fn, logits, targets, grad_out, **kw):
+    x = logits.clone().requires_grad_()
+    out = fn(x, targets, **kw)
+    (grad,) = torch.autograd.grad(out, x, grad_out)
+    return out, grad
+
+
+def _float64(logits, targets, grad_out, filters):
+    drop = filtered_out_mask(logits.float(), top_k=filters.get("top_k"), top_p=filters.get("top_p"))
+    x = logits.double().requires_grad_()
+    masked = x if drop is None else x.masked_fill(drop, float("-inf"))
+    out = torch.log_softmax(masked, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (grad,) = torch.autograd.grad(out, x, grad_out.double())
+    return out.detach(), grad, drop
+
+
+def _check(logits, targets, grad_out, filters, chunk):
+    ref_out, ref_grad, drop = _float64(logits, targets, grad_out, filters)
+    out, grad = _run(
+        filtered_chunked_logprobs, logits, targets, grad_out, chunk_size=chunk, **filters
+    )
+    base_out, base_grad = _run(filtered_logprobs, logits, targets, grad_out, **filters)
+    assert out.dtype == torch.float32 and grad.dtype == logits.dtype
+    # The same kept set as filtered: -inf exactly where filtered has it, and no
+    # gradient on a dropped logit.
+    dropped = torch.isinf(ref_out)
+    assert torch.equal(torch.isinf(out), dropped) and torch.equal(torch.isinf(base_out), dropped)
+    if drop is not None:
+        assert not grad[drop].any()
+    kept = ~dropped
+    fwd_tol = FP32_FWD_TOL + FWD_RELATIVE_TOL * ref_out[kept].abs().max().item()
+    assert (out[kept].double() - ref_out[kept]).abs().max().item() <= fwd_tol
+    err = (grad.double() - ref_grad).abs().max().item()
+    base_err = (base_grad.double() - ref_grad).abs().max().item()
+    assert err <= max(base_err, bwd_tolerance(logits.dtype, ref_grad)), (err, base_err)
+
+
+@pytest.mark.parametrize("filters", list(FILTERS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("scale", [3.0, 30.0, 300.0])
+def test_matches_filtered_and_float64(filters, dtype, scale):
+    for seed, chunk in ((0, 7), (1, None)):
+        logits, targets, grad_out = _draw((2, 29, 263), dtype, scale, seed)
+        _check(logits, targets, grad_out, FILTERS[filters], chunk)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("filters", ["p", "k+p", "k+p, p cuts last"])
+def test_ties_at_the_threshold_are_kept_as_filtered_keeps_them(dtype, filters):
+    # Integer logits: long runs of equal values, so top-p stops inside one often
+    # (and top-k's k-th value has ties that topk leaves out).
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randint(-3, 3, (2, 23, 1201), generator=gen).to(dtype)
+    targets = torch.randint(0, 1201, (2, 23), generator=gen)
+    _check(logits, targets, torch.randn(2, 23, generator=gen), FILTERS[filters], 5)
+
+
+def test_ties_by_hand():
+    # top-k keeps every logit equal to the k-th; top-p stops inside a run of ties
+    # and keeps its first in vocabulary order, as filtered's stable sort does.
+    x = torch.tensor([[[4.0, 3.0, 3.0, 3.0, 0.0]]])
+    for t, kept in enumerate([True, True, True, True, False]):
+        value = filtered_chunked_logprobs(x, torch.tensor([[t]]), top_k=2).item()
+        assert (value > float("-inf")) == kept
+    zeros = torch.zeros(1, 1, 10)
+    for t in range(10):
+        ours = filtered_chunked_logprobs(zeros, torch.tensor([[t]]), top_p=0.35).item()
+        theirs = filtered_logprobs(zeros, torch.tensor([[t]]), top_p=0.35).item()
+        assert ours == theirs == (torch.tensor(0.25).log().item() if t < 4 else float("-inf"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_inputs_unchanged_after_forward_and_backward(dtype):
+    logits, targets, grad_out = _draw((2, 11, 97), dtype, 3.0, 4)
+    x, t = logits.clone().requires_grad_(), targets.clone()
+    out = filtered_chunked_logprobs(x, t, chunk_size=4, top_k=10, top_p=0.8)
+    torch.autograd.grad(out, x, grad_out)
+    assert torch.equal(x.detach(), logits) and torch.equal(t, targets)
+
+
+def test_saves_only_the_inputs_and_three_numbers_per_token():
+    logits, targets, _ = _draw((2, 40, 64), torch.bfloat16, 3.0, 0)
+    x = logits.clone().requires_grad_()
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        FilteredChunkedLogprob.apply(x, targets, 8, 10, 0.9, False)
+    big = [t for t in saved if t.numel() >= x.numel()]
+    assert len(big) == 1 and big[0].untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+    small = [tuple(t.shape) for t in saved if t.numel() < x.numel()]
+    assert small == [(2, 40)] * 4  # targets, tau, cut, logsum
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("filters", [{"top_k": 50, "top_p": 0.9}, {"top_p": 0.9}])
+def test_meta_peak_equals_a_real_cpu_run_to_the_byte(monkeypatch, dtype, filters):
+    monkeypatch.setitem(step.SWEEP_FILTERS, "filtered_chunked", filters)
+    # Bf16 draws tie often, so the tie fix-ups run on cpu (and are skipped on meta).
+    shape, chunk = (1, 150, 2048), 64
+    meta = simulate(Case("filtered_chunked", *shape, dtype, chunk, device="meta"))
+    case = Case("filtered_chunked", *shape, dtype, chunk, device="cpu")
+    cpu = traced_step(case, make_inputs(case, "cpu"), capture_frames=False).tracker
+    assert meta.peak_bytes == cpu.peak_bytes
+    assert dict(meta.phase_peaks) == dict(cpu.phase_peaks)
+
+
+def test_headline_peak_within_ten_percent_of_its_floor():
+    case = Case("filtered_chunked", 1, 20_000, 131_072, "bf16", 1024, device="meta")
+    floor = 2 * case.logits_bytes
+    peak = simulate(case, capture_frames=False).peak_bytes
+    filtered = simulate(
+        Case("filtered", 1, 20_000, 131_072, "bf16", None, device="meta"), capture_frames=False
+    ).peak_bytes
+    # The floor, one float32 chunk and its bool mask, and [B, S] vectors.
+    chunk = 1024 * 131_072
+    assert floor + 5 * chunk < peak <= floor + 5 * chunk + 64 * 20_000
+    assert peak <= 1.1 * floor < filtered / 7
+
+
+def test_the_dispatcher_filters_with_the_chunked_kernel_without_a_pre_cast():
+    logits, ids, _ = _draw((2, 12, 50), torch.bfloat16, 3.0, 5)
+    x = logits.clone().requires_grad_()
+    out = next_token_logprobs(x, ids, top_k=8, top_p=0.9, chunk_size=5)
+    ref = filtered_logprobs(logits[:, :-1], ids[:, 1:], top_k=8, top_p=0.9)
+    assert torch.equal(torch.isinf(out), torch.isinf(ref))
+    assert (out[~torch.isinf(out)] - ref[~torch.isinf(ref)]).abs().max().item() <= FP32_FWD_TOL
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    assert grad.dtype == torch.bfloat16 and not grad[:, -1].any()
+
+
+def test_bad_filters_are_rejected():
+    logits, targets, _ = _draw((1, 3, 8), torch.float32, 3.0, 0)
+    with pytest.raises(ValueError, match="top_p"):
+        filtered_chunked_logprobs(logits, targets, top_p=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        filtered_chunked_logprobs(logits, targets, top_k=0)
