@@ -8,7 +8,9 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
-# The CPU build of torch; a bare `torch` requirement would pull a multi-GB CUDA build.
+# The tested torch version. Pinning it does not pick the CPU build: on Linux x86_64 PyPI's
+# wheel is the CUDA one (README, Quick start); a CPU-only runner needs PyTorch's CPU index
+# or a local wheel of this version, as this project's machines have.
 TORCH = "torch==2.13.0"
 
 
@@ -18,8 +20,9 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", "-q", *session.posargs)
 
 
-# The checkers' pinned versions live in pyproject's `lint` extra (CI installs the same).
-LINT = ".[lint]"
+# The checkers' pinned versions live in pyproject's `lint` extra (CI installs the same);
+# `hf` too, so that mypy sees transformers' types where memprobe imports it.
+LINT = ".[hf,lint]"
 
 
 @nox.session

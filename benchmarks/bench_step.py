@@ -23,8 +23,9 @@ import time
 
 from memprobe.io.sizes import format_bytes
 from memprobe.plan import make_budget
+from memprobe.plan.whole_step import plan_step, step_kernels
 from memprobe.profile.hf import HFStep, config_from_dict
-from memprobe.profile.step import plan_step, simulate_step, step_kernels
+from memprobe.profile.step import simulate_step
 
 STEP_TARGET_S = 60.0
 PLAN_TARGET_S = 300.0

@@ -118,11 +118,11 @@ def _sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _check_case(case: Any, row: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     from memprobe.measure.compare import rounding_slack
-    from memprobe.measure.meta_backend import simulate
+    from memprobe.measure.meta_backend import simulate_tracker
     from memprobe.measure.traced import StepTrace, run_from_trace
 
     meta_case = dataclasses.replace(case, device="meta")
-    trace = StepTrace(simulate(meta_case, capture_frames=False), 0, 0)
+    trace = StepTrace(simulate_tracker(meta_case, capture_frames=False), 0, 0)
     meta = run_from_trace(meta_case, trace)
     slack = rounding_slack(trace.tracker.events)
     out: dict[str, Any] = {
@@ -204,13 +204,13 @@ def _labels(run_dir: Path, snapshot: str | None) -> dict[str, int]:
 def _oom_check(args: argparse.Namespace) -> dict[str, Any]:
     from memprobe.attribute import attribute
     from memprobe.measure import measure
-    from memprobe.measure.meta_backend import simulate
+    from memprobe.measure.meta_backend import simulate_tracker
     from memprobe.records import Case
     from memprobe.snapshot import write_snapshot
 
     case = Case("unchunked", 1, args.oom_tokens, args.vocab, "bf16", 1024, device="cuda")
     capacity = torch.cuda.get_device_properties(0).total_memory
-    simulated = simulate(dataclasses.replace(case, device="meta"), capture_frames=False)
+    simulated = simulate_tracker(dataclasses.replace(case, device="meta"), capture_frames=False)
     out: dict[str, Any] = {
         "case": case.case_id,
         "simulated_peak_bytes": simulated.peak_bytes,

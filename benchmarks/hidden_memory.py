@@ -16,7 +16,7 @@ import time
 import torch
 
 from memprobe.kernels import get_kernel, kernel_names
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.protocol import HiddenShape, simulate_hidden
 from memprobe.records import Case
 
@@ -68,7 +68,7 @@ def tiled_table(vocab: int, tokens: list[int]) -> None:
         cells = []
         for name in names:
             case = Case(name, 1, s, vocab, dtype="bf16", chunk_size=None, device="meta")
-            peak = simulate(case, capture_frames=False).peak_bytes
+            peak = simulate_tracker(case, capture_frames=False).peak_bytes
             floor = case.logits_bytes * (1 if name.endswith("inplace") else 2)
             cells.append(f"{peak / GIB:.3f} GiB ({peak / floor:.3f}x)")
         print(f"| {s:,} | " + " | ".join(cells) + " |", flush=True)

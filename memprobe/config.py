@@ -18,7 +18,7 @@ from typing import Any
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.io.sizes import parse_size
-from memprobe.records import DTYPE_ALIASES, DTYPES, Grid
+from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, Grid
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,7 +29,6 @@ ROOT = "tool.memprobe"
 # Sections of [tool.memprobe] that memprobe reads. Anything else is a typo:
 # `[tool.memprobe.gat]` must not silently turn the gate off.
 SECTIONS = ("sweep", "gate")
-DEVICES = ("auto", "meta", "cpu", "cuda")
 FILTER_KEYS = ("tokens", "vocab", "batch", "dtype", "chunk_size", "tp", "cp", "device")
 LIMIT_KEYS = ("max_peak", "max_peak_over_floor", "max_big_fp32_blocks")
 
@@ -253,9 +252,9 @@ def _parse_rule(value: Any, where: str) -> Rule:
         kwargs["max_peak_over_floor"] = float(ratio)
     if "max_big_fp32_blocks" in table:
         count = table["max_big_fp32_blocks"]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
             raise UserError(
-                f"{where}: max_big_fp32_blocks {count!r} is not a count",
+                f"{where}: max_big_fp32_blocks {str(count)[:40]!r} is not a count",
                 "write a whole number of zero or more",
             )
         kwargs["max_big_fp32_blocks"] = count
@@ -272,7 +271,10 @@ def _parse_rule(value: Any, where: str) -> Rule:
 
 def _finite_number(value: Any) -> bool:
     """An int or float that is not a bool, NaN or infinite (TOML has nan and inf)."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    # An int of 400 digits is finite but no float: math.isfinite would overflow on it.
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) < 2**63
+    return isinstance(value, float) and math.isfinite(value)
 
 
 def _table(value: Any, where: str) -> Mapping[str, Any]:
@@ -318,7 +320,8 @@ def _dtypes(value: Any, where: str) -> tuple[str, ...]:
 
 
 def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
-    from memprobe.kernels import KERNELS, get_spec
+    from memprobe.kernels import KERNELS
+    from memprobe.kernels.user import is_import_path
 
     items = value if isinstance(value, list) else [value]
     if not items:
@@ -326,15 +329,17 @@ def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
     for item in items:
         if not isinstance(item, str):
             raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
-        if ":" in item:
-            get_spec(item)  # your own kernel, by import path: UserError when it does not load
+        if is_import_path(item):
+            # Your own kernel: imported when a sweep runs it, never when the config is
+            # read (`memprobe gate RUN` only reads results; importing would run its code).
+            continue
         elif item not in KERNELS:
             raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
     return tuple(items)
 
 
 def _device(value: Any, where: str, *, allow_auto: bool = True) -> str:
-    allowed = DEVICES if allow_auto else tuple(d for d in DEVICES if d != "auto")
+    allowed = DEVICE_CHOICES if allow_auto else DEVICES
     if not isinstance(value, str) or value not in allowed:
         raise UserError(f"{where}: unknown device {value!r}", f"use {', '.join(allowed)}")
     return str(value)

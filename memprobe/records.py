@@ -30,6 +30,9 @@ DTYPE_ALIASES = {
 }
 STATUSES = ("ok", "oom", "skipped", "error")
 PHASES = ("setup", "forward", "backward")
+# Where a step runs; a sweep or a rule may also say "auto" (cuda when available, else meta).
+DEVICES = ("meta", "cpu", "cuda")
+DEVICE_CHOICES = ("auto", *DEVICES)
 
 
 def dtype_bytes(dtype: str) -> int:

@@ -27,6 +27,7 @@ import pandas as pd
 from memprobe import __version__
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular, write_atomic
+from memprobe.io.text import printable
 from memprobe.records import DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 
 RUN_META = "run.json"
@@ -35,6 +36,7 @@ RESULTS_CSV = "results.csv"
 SNAPSHOTS = "snapshots"
 # A sweep of thousands of cases writes a few MB; the cap stops /dev/zero, not real runs.
 MAX_JSON_BYTES = 256 * 2**20
+MAX_FLOAT = 1e100
 
 # What identifies a case across runs (resume, gate baselines, the report). Not
 # case_id: its hash changes whenever Case grows a field, which would make every
@@ -119,9 +121,18 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
         elif key in _FLOAT_COLUMNS:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise _bad(file, index, f"{key} {value!r} is not a number")
+            # Times and errors are far below this; past it, arithmetic on them overflows.
+            if not abs(value) < MAX_FLOAT:
+                shown = f"{value:g}" if isinstance(value, float) else f"of {len(str(value))} digits"
+                raise _bad(file, index, f"{key} {shown} is out of range")
             value = float(value)
         elif not isinstance(value, str):
             raise _bad(file, index, f"{key} {value!r} is not text")
+        elif key in KEY_COLUMNS and not value.isprintable():
+            # A case's identity is matched against run.json and baselines: never rewritten.
+            raise _bad(file, index, f"{key} {printable(value)!r} holds unprintable characters")
+        else:
+            value = printable(value)  # a note can quote a CUDA error with escape codes
         clean[key] = value
     for key in _POSITIVE:
         if clean[key] is None or clean[key] <= 0:
@@ -224,12 +235,15 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
 def planned_cases(run_dir: Path) -> list[Case]:
     """The cases ``run.json`` recorded for a run."""
     meta = read_run_meta(run_dir)
-    try:
-        return [Case(**c) for c in meta["cases"]]
-    except TypeError:
-        raise UserError(
-            f"{run_dir}/{RUN_META} has a case memprobe cannot read", "start a new run"
-        ) from None
+    file = run_dir / RUN_META
+    cases = []
+    for i, raw in enumerate(meta["cases"]):
+        if not isinstance(raw, dict) or not set(raw) <= set(KEY_COLUMNS):
+            raise UserError(f"{file} has a case memprobe cannot read (case {i})", "start a new run")
+        # The same checks as a results row: a tampered "tokens": "big" is one line.
+        row = validate_row({**raw, "status": "ok"}, i, file)
+        cases.append(_case_from_row(row))
+    return cases
 
 
 # -- writing -------------------------------------------------------------------

@@ -27,6 +27,10 @@ from the trace's ``free_completed``), CUDA-graph private pools, free-memory call
 
 Cost: free blocks sit in per-(stream, pool) sorted lists searched with ``bisect``, so one
 request costs a few microseconds in CPython (see ``benchmarks/bench_allocator.py``).
+
+Why one long module: ``CachingAllocatorModel`` is torch's ``DeviceCachingAllocator``, one
+class over one state (blocks, pools, segments, stats) whose methods call each other as
+torch's do; kept whole and in torch's order, it can be read beside the C++ file.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ should land at its recorded address; those that do not are counted.
 
 This module reads a snapshot dict (as :func:`memprobe.snapshot.load.load_snapshot` returns
 it) and never a file, so the model stays free of the snapshot floor above it.
+
+Why one long module: the three steps above are the methods of ``_DeviceReplay``, over
+one device's trace, its final segments and the free plan; they share that state and
+run in that order, so they stay in one class.
 """
 
 from __future__ import annotations

@@ -195,6 +195,6 @@ def oom_verdict(
         return OomVerdict("fragmentation", reserved, free_reserved, largest_free_block, text)
     text = (
         "real exhaustion: live tensors plus the request exceed what the device has; "
-        "reduce what is live at this moment (see the categories above)"
+        "reduce what is live at this moment (see 'live then')"
     )
     return OomVerdict("exhaustion", reserved, free_reserved, largest_free_block, text)

@@ -39,7 +39,10 @@ CATEGORIES = (
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
+class Classification:
+    """What :func:`classify` says of one block: its category, whether it is of the
+    logits family, its phase, and why each."""
+
     category: str
     reason: str
     logits: bool
@@ -83,7 +86,7 @@ def classify(
     segment_site: Site | None = None,
     free_site: Site | None = None,
     casts: frozenset[int] = frozenset(),
-) -> Verdict:
+) -> Classification:
     """Category and logits-family verdict of one block (see module notes)."""
     before = block.alloc_pos == BEFORE_TRACE
     # A block from before the trace is described by the stack its segment block kept.
@@ -100,13 +103,13 @@ def classify(
 
     logits, why = _logits(block, origin, phase, phases, shapes, before)
     if logits:
-        return Verdict(LOGITS, why, True, why, phase, phase_reason)
+        return Classification(LOGITS, why, True, why, phase, phase_reason)
     category, reason = _category(block, origin, phase, phases, before, trace_length)
     if category in (OTHER, ACTIVATIONS, PARAMETERS):
         found = _recognized(block, origin, phase, phases, shapes, before, free_site, casts)
         if found is not None:
             category, reason = found
-    return Verdict(category, reason, False, "", phase, phase_reason)
+    return Classification(category, reason, False, "", phase, phase_reason)
 
 
 def _recognized(
@@ -142,6 +145,11 @@ def _recognized(
         return None
     if site.attention and _attention_scores(block.size, site, shapes):
         return ATTENTION, f"made inside attention ({site.op or 'no op named'}): [B, h, S, S]"
+    if site.autocast_cast and block.size in casts:
+        return AUTOCAST, (
+            "made by autocast's cast (at::autocast::cached_cast in its stack) at half a "
+            "float32 parameter's bytes: its bfloat16 copy of a weight"
+        )
     if block.size in casts and site.op is not None and "to" in site.op.lower():
         return AUTOCAST, (
             f"a forward {site.op} at half a float32 parameter's bytes: autocast's bfloat16 "

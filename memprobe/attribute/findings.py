@@ -24,7 +24,7 @@ from memprobe.attribute.allocator_view import (
     oom_verdict,
     segments_at,
 )
-from memprobe.attribute.categories import CATEGORIES, Verdict, classify
+from memprobe.attribute.categories import CATEGORIES, Classification, classify
 from memprobe.attribute.explain import Explanation
 from memprobe.attribute.ops import (
     is_cast,
@@ -212,7 +212,7 @@ class _Context:
         self.phases: Phases = resolve_phases(rep.entries, self.sites)
         self.direct = Direct()
         self.shapes = self._infer(shapes_hints)
-        self._verdicts: dict[int, Verdict] = {}
+        self._verdicts: dict[int, Classification] = {}
 
     def site(self, b: ReplayBlock) -> Site:
         if b.alloc_entry is not None:
@@ -265,7 +265,7 @@ class _Context:
                 attention[b.size] += 1
             elif is_matmul(s.op, s.node):
                 matmul_share[b.size] += 1
-            if is_cast(s.op):
+            if is_cast(s.op) or s.autocast_cast:
                 copies.add(b.size)
             kind = shape_op(s.op)
             if kind == "arange":
@@ -306,7 +306,7 @@ class _Context:
             sizes, loss_sizes, hints, labelled, matmuls, collective=collective, direct=direct
         )
 
-    def verdict(self, b: ReplayBlock) -> Verdict:
+    def verdict(self, b: ReplayBlock) -> Classification:
         key = id(b)
         found = self._verdicts.get(key)
         if found is None:

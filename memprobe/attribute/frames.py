@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from memprobe.io.text import printable
 from memprobe.records import Frame
 
 _CPP_SUFFIXES = (".cpp", ".cc", ".cxx", ".cu", ".cuh", ".c", ".h", ".hpp", ".so", ".s", ".asm")
@@ -64,7 +65,8 @@ def clean_frames(raw: Any) -> tuple[Frame, ...]:
         key = (_text(f.get("name")), _text(f.get("filename")), _line(f.get("line")))
         frame = _FRAMES.get(key)
         if frame is None:
-            frame = Frame(name=key[0], filename=key[1], line=key[2])
+            # Escaped once per distinct frame: a tampered name's escape codes never print.
+            frame = Frame(name=printable(key[0]), filename=printable(key[1]), line=key[2])
             _FRAMES[key] = frame
         out.append(frame)
     return tuple(out)
@@ -75,7 +77,9 @@ def _text(value: Any) -> str:
 
 
 def _line(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    # A line past 2**31 is no source line (and one of 5,000 digits cannot even be printed).
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
+    return value if ok else 0
 
 
 @functools.lru_cache(maxsize=1 << 16)

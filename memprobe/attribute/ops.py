@@ -199,6 +199,12 @@ def is_cast(op: str | None) -> bool:
     )
 
 
+def is_autocast_cast(frames: Sequence[Frame]) -> bool:
+    """Made by autocast's cast of an operand (``at::autocast::cached_cast`` in the C++
+    stack): its cached bfloat16 copy of a weight, whatever op allocated the storage."""
+    return any(f.name.startswith("at::autocast::cached_cast") for f in frames)
+
+
 def is_checkpoint(frames: Sequence[Frame]) -> bool:
     """Under ``torch.utils.checkpoint`` (forward of a checkpointed segment, or its
     recomputation in backward)."""

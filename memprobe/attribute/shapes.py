@@ -228,6 +228,7 @@ class _Reading:
     ids: bool = False  # int64 [N] blocks (token ids, targets) confirm the rows
     head_agrees: bool = False  # the lm_head's output has the activations' dtype
     weight_agrees: bool = False  # ... and the [V, H] weight's (or its autocast copy's)
+    weight_blocks: int = 0  # [V, H]-sized blocks held
 
     @property
     def tokens(self) -> int:
@@ -247,6 +248,7 @@ class _Hidden:
     reasons: list[str]
     weight_itemsizes: tuple[int, ...]
     itemsize: int | None  # the activations' dtype
+    weight_blocks: int = 0  # [V, H]-sized blocks held (weights, grads, optimizer state)
 
 
 def _divisors(n: int) -> list[int]:
@@ -377,9 +379,15 @@ def _infer_from(
     given = hints.vocab is not None and hints.tokens is not None and hints.batch is not None
     if given:
         confidence = "given"
-    elif margin >= 3 and best.weight_itemsizes and best.hidden is not None:
-        # High only when a [V, H] weight and [N, H] activations agree with the reading:
-        # bytes alone fit a float32 [N, V] and a bfloat16 [N, 2V] alike.
+    elif (
+        margin >= 3
+        and best.weight_itemsizes
+        and best.hidden is not None
+        and (best.weight_agrees or best.ids)
+    ):
+        # High only when a [V, H] weight and [N, H] activations agree with the reading
+        # (bytes alone fit a float32 [N, V] and a bfloat16 [N, 2V] alike), and the rows
+        # are tied to it: the lm_head's matmul in the weight's dtype, or token ids [N].
         confidence = "high"
     elif margin >= 1:
         confidence = "medium"
@@ -677,7 +685,7 @@ def _score(
         )
     return _Reading(
         n, v, score, reasons, h.size, family, shift, h.weight_itemsizes, bool(ids), head_agrees,
-        weight_agrees,
+        weight_agrees, h.weight_blocks,
     )  # fmt: skip
 
 
@@ -747,7 +755,10 @@ def _hidden(
         tie_break = 0.25 if itemsize in head_itemsizes else 0.0
         score += tie_break
         if best is None or score > best.score:
-            best = _Hidden(h, score, reasons, tuple(k for k, _ in weights), itemsize)
+            best = _Hidden(
+                h, score, reasons, tuple(k for k, _ in weights), itemsize,
+                held[v * h * weights[0][0]] if weights else 0,
+            )  # fmt: skip
     if best is None:
         return _Hidden(None, 0.0, [], (), None)
     return replace(best, score=min(best.score, 10.0))
@@ -831,7 +842,15 @@ def _vocab_argued(r: _Reading) -> bool:
     """Whether the trace argues V itself: a [V, H] weight (in either dtype), or a loss
     over V whose rows the token ids [N] confirm. A square [N, N] is a similarity or an
     attention matrix (retrieval's in-batch negatives), never a vocabulary; and a
-    language model's vocabulary is larger than its hidden size."""
+    language model's vocabulary is larger than its hidden size. One block of [V, H]'s
+    bytes is a coincidence (a graph's node features [nodes, H] under a softmax over the
+    nodes): a weight argues V when there are several (embedding, lm_head, gradients,
+    optimizer state) or when a forward matmul made the [N, V] in its dtype (the lm_head).
+    Fewer than MIN_LOSS_TOKENS rows (blocks of a few KiB: a softmax over a graph's
+    scores, a classifier on a handful of items) argue nothing about a vocabulary."""
     if r.v in (r.n, r.tokens) or (r.hidden is not None and r.v <= r.hidden):
         return False
-    return bool(r.weight_itemsizes) or (r.ids and r.tokens >= MIN_LOSS_TOKENS)
+    if r.tokens < MIN_LOSS_TOKENS:
+        return False
+    weight = bool(r.weight_itemsizes) and (r.weight_blocks >= 2 or r.weight_agrees)
+    return weight or (r.ids and r.tokens >= MIN_LOSS_TOKENS)

@@ -27,6 +27,7 @@ from memprobe.attribute.frames import (
 from memprobe.attribute.ops import (
     collective_evidence,
     in_attention,
+    is_autocast_cast,
     is_autotune,
     is_checkpoint,
     is_comm_buffer,
@@ -64,6 +65,7 @@ class Site:
     attention: bool = False  # made inside an attention function (scores, not the vocabulary)
     checkpoint: bool = False  # made under torch.utils.checkpoint
     collective_buffer: bool = False  # a DDP bucket / c10d buffer, not just a collective's op
+    autocast_cast: bool = False  # made by autocast's weight cast (at::autocast::cached_cast)
 
     @property
     def frame(self) -> Frame | None:
@@ -109,6 +111,7 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
         attention=in_attention(frames),
         checkpoint=is_checkpoint(frames),
         collective_buffer=is_comm_buffer(frames),
+        autocast_cast=is_autocast_cast(frames),
     )
 
 

@@ -29,6 +29,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memprobe.allocator import replay_snapshot
+from memprobe.allocator.snapshot_format import (
+    ALLOC,
+    BLOCK_ACTIONS,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    FREES,
+    INACTIVE,
+)
 from memprobe.attribute.findings import Findings, attribute
 from memprobe.attribute.ops import is_matmul, is_opaque_generated
 from memprobe.attribute.sites import SiteCache, resolve_phases
@@ -42,7 +50,6 @@ from memprobe.snapshot.synthesize import frames_to_dicts
 
 # Spliced blocks get addresses far above any device's, so they never collide.
 SPLICE_ADDRESS = 1 << 60
-_FREES = ("free_requested", "free_completed", "free")
 _CONFIDENT = ("given", "high", "medium")
 # Phases of the kernel's simulation (the tracker's labels).
 _KERNEL_FORWARD, _LOSS, _KERNEL_BACKWARD, _AFTER = "kf", "loss", "kb", "after"
@@ -243,7 +250,7 @@ def find_loss_step(
     sites = SiteCache()
     phases = resolve_phases(rep.entries, sites)
     entries = rep.entries
-    allocs = [i for i, e in enumerate(entries) if e["action"] == "alloc"]
+    allocs = [i for i, e in enumerate(entries) if e["action"] == ALLOC]
     fs, fe = step_fwd[0], step_fwd[-1]
     # The step's small blocks after its last [N, V] one (the gathered log-probs, the
     # loss's per-row statistics) still belong to it while their stacks say "loss".
@@ -256,6 +263,13 @@ def find_loss_step(
     bs, be = step_bwd[0], step_bwd[-1]
     by_pos = {b.alloc_pos: b for b in rep.blocks if b.alloc_pos != BEFORE_TRACE}
     gradient = by_pos[be]
+    oom = next((m.pos for m in rep.ooms if m.pos > bs), None)
+    if oom is not None and (gradient.free_pos is None or gradient.free_pos > oom):
+        raise UserError(
+            f"the trace ends at an OOM (entry #{oom}) inside the loss step's backward: the "
+            "rest of the step was never recorded, so it cannot be cut out",
+            "profile the step at a size that completes (e.g. memprobe profile on meta)",
+        )
     before = [
         b for b in rep.blocks if b.alloc_pos < fs and b.size == gradient.size and b.live_at(fs)
     ]
@@ -266,12 +280,6 @@ def find_loss_step(
             "--what-if cuts a loss that materializes the logits and their gradient",
         )
     logits = max(before, key=lambda b: b.alloc_pos)
-    if gradient.free_pos is None and any(e["action"] == "oom" for e in entries[be:]):
-        raise UserError(
-            "the trace ends at an OOM inside the loss step's backward: the rest of the step "
-            "was never recorded, so it cannot be cut out",
-            "profile the step at a size that completes (e.g. memprobe profile on meta)",
-        )
     cut = tuple(
         b
         for b in rep.blocks
@@ -446,14 +454,14 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
     cut_pos: set[int] = set()
     by_addr: dict[int, list[int]] = {}
     for pos, e in enumerate(entries):
-        if e["action"] in ("alloc", *_FREES):
+        if e["action"] in BLOCK_ACTIONS:
             by_addr.setdefault(e["addr"], []).append(pos)
     for b in step.cut:
         positions = by_addr[b.addr]
         i = bisect.bisect_left(positions, b.alloc_pos)
         cut_pos.add(b.alloc_pos)
         for pos in positions[i + 1 :]:
-            if entries[pos]["action"] == "alloc":
+            if entries[pos]["action"] == ALLOC:
                 break
             cut_pos.add(pos)
 
@@ -467,7 +475,7 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
         if at is None or at >= lf:
             positions = by_addr[step.logits.addr]
             for pos in positions[bisect.bisect_right(positions, la) :]:
-                if entries[pos]["action"] == "alloc":
+                if entries[pos]["action"] == ALLOC:
                     break
                 cut_pos.add(pos)
                 logits_entries.append(entries[pos])
@@ -525,10 +533,10 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
         if e.action == "alloc":
             addr = addresses[e.storage] = SPLICE_ADDRESS + 512 * count[0]
             count[0] += 1
-            actions: tuple[str, ...] = ("alloc",)
+            actions: tuple[str, ...] = (ALLOC,)
         else:
             addr = addresses.pop(e.storage)
-            actions = ("free_requested", "free_completed")
+            actions = (FREE_REQUESTED, FREE_COMPLETED)
         for action in actions:
             entry = {
                 "action": action,
@@ -554,7 +562,7 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
         if logits_at == ("at", pos):
             out.extend(logits_entries)
         if pos not in cut_pos:
-            keep_free = e["action"] in _FREES
+            keep_free = e["action"] in FREES
             if keep_free and fs <= pos <= fe:
                 held_fwd.append(e)
             elif keep_free and bs <= pos <= be:
@@ -591,7 +599,7 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
             continue
         for block in seg["blocks"]:
             if block["address"] in gone:
-                block["state"] = "inactive"
+                block["state"] = INACTIVE
     traces = list(snap["device_traces"])
     traces[dev] = out
     return {**snap, "segments": segments, "device_traces": traces}
@@ -698,14 +706,16 @@ def other_memory(
     snapshot: dict[str, Any], *, device: int | None = None, path: str | None = None
 ) -> OtherMemory:
     """The memory that is not the logprob step, at that step's moment: the most bytes live
-    from the logits' consumer in forward to the logits' gradient in backward that are
-    neither the logits nor a block the step made (what ``memprobe plan`` calls "other").
+    from the logits' consumer in forward until the logits' gradient is freed (the lm_head's
+    backward makes its weight gradient while it lives) that are neither the logits nor a
+    block the step made (what ``memprobe plan`` calls "other").
     Raises :class:`UserError` where the step cannot be cut (see :func:`find_loss_step`)."""
     snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
     found = attribute(snap, device=device, path=path)
     rep = replay(snap, device=found.device)
     step = find_loss_step(snap, found, rep)
-    (fs, _), (_, be) = step.forward, step.backward
+    fs = step.forward[0]
+    be = step.gradient.free_pos if step.gradient.free_pos is not None else len(rep.entries)
     mine = {id(b) for b in step.cut} | {id(step.logits)}
     live = 0
     deltas: list[tuple[int, int]] = []

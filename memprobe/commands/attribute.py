@@ -16,7 +16,7 @@ from memprobe.attribute.what_if import WhatIf, check_what_if_kernel
 from memprobe.attribute.what_if import what_if as predict_with
 from memprobe.commands.flags import user_errors
 from memprobe.errors import UserError
-from memprobe.io.files import check_output
+from memprobe.io.files import guard_outputs
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.render.findings_text import render_devices
 from memprobe.snapshot.load import load_snapshot
@@ -58,7 +58,7 @@ def attribute_command(
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     if html_path is not None:
         # Before anything is read or written: the page must not replace the snapshot.
-        check_output(html_path, [Path(snapshot)], flag="--html")
+        guard_outputs({"--html": html_path}, [Path(snapshot)])
     loaded = load_snapshot(snapshot)
     predicted = None
     if what_if is not None:

@@ -12,8 +12,12 @@ import typer
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
+from memprobe.io.text import printable
 
 P = ParamSpec("P")
+# Far beyond any GPU's tokens, vocabulary or ranks (a bf16 [1, 2^40] row alone is 2 TiB);
+# past it a shape's byte count no longer fits the 64-bit results columns.
+MAX_COUNT = 2**40
 
 # The parallel layout flags, worded once for every command that takes them.
 TpOption = Annotated[
@@ -34,7 +38,8 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
         try:
             command(*args, **kwargs)
         except UserError as exc:
-            typer.echo(f"memprobe: error: {exc.one_line()}", err=True)
+            # printable: a message can quote a file's text (a TOML line, a frame name).
+            typer.echo(f"memprobe: error: {printable(exc.one_line())}", err=True)
             raise typer.Exit(2) from None
 
     return run
@@ -56,6 +61,13 @@ def int_list(text: str, flag: str, *, allow_none: bool = False) -> list[int | No
             ) from None
         if value <= 0:
             raise UserError(f"{flag} {text!r}: {value} must be positive", f"e.g. {flag} 1024,2048")
+        if value > MAX_COUNT:
+            shown = item if len(item) <= 20 else f"a number of {len(item)} digits"
+            raise UserError(
+                f"{flag}: {shown} is beyond the largest count memprobe simulates "
+                f"({MAX_COUNT:,} = 2^40)",
+                f"e.g. {flag} 1024,2048",
+            )
         values.append(value)
     return values
 
@@ -100,8 +112,8 @@ def warn_if_unitless(text: str | None, flag: str) -> None:
         return
     try:
         value = parse_size(text, what=flag)
-    except UserError:
-        return  # the command reports it as an error
+    except (UserError, OverflowError, ValueError):
+        return  # not a size memprobe reads: the command's own parsing says so
     if 0 < value < _PLAUSIBLE_BYTES:
         typer.echo(
             f"memprobe: warning: {flag} {text.strip()} has no unit, so it is "

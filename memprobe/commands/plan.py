@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from memprobe.commands.flags import (
+    MAX_COUNT,
     CpOption,
     TpOption,
     int_list,
@@ -91,6 +92,7 @@ def command(
         Optional[int],  # noqa: UP045
         typer.Option(
             min=1,
+            max=MAX_COUNT,
             help="Hidden size H: plan the hidden family (lm_head fused or not with the "
             "log-prob; hidden [B,S,H], weight [V,H] and both gradients count in the peak: "
             "keep the weight out of --other, or see --other-includes-lm-head).",

@@ -14,9 +14,8 @@ from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.attribute import attribution_output
 from memprobe.commands.flags import user_errors
 from memprobe.errors import UserError
-from memprobe.io.files import check_output
-
-DEVICES = ("meta", "cpu", "cuda")
+from memprobe.io.files import guard_outputs
+from memprobe.records import DEVICES
 
 
 def profile_command(
@@ -43,7 +42,7 @@ def profile_command(
         )
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     if out is not None and html_path is not None:
-        check_output(html_path, [Path(out)], flag="--html")
+        guard_outputs({"--html": html_path}, [Path(out)])
     # torch only now: the CLI starts without it.
     from memprobe.profile import load_step, profile_step
     from memprobe.snapshot.write import write_snapshot

@@ -33,12 +33,12 @@ import pytest
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
+from memprobe.records import DEVICES
 
 if TYPE_CHECKING:
     from memprobe.records import Event
 
 MARKER = "limit_peak_memory"
-DEVICES = ("meta", "cpu", "cuda")
 BLOCKS_SHOWN = 5
 
 

@@ -25,13 +25,13 @@ def command(
     ] = None,
 ) -> None:
     """Re-render a run's self-contained report.html and PNG plots from its results."""
-    from memprobe.io.files import check_output
+    from memprobe.io.files import guard_outputs
     from memprobe.io.sizes import parse_size
     from memprobe.render import write_report
     from memprobe.results import run_inputs
 
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
     if out is not None:
-        check_output(out, run_inputs(run_dir), flag="--out")
+        guard_outputs({"--out": out}, run_inputs(run_dir))
     page = write_report(run_dir, out, budget_bytes=budget_bytes)
     typer.echo(f"report: {page}")

@@ -64,6 +64,12 @@ def step_lines(result: Any) -> list[str]:
         f"attention: {r.attention_words}",
         f"peak allocated {format_bytes(peak)}, reserved {format_bytes(r.peak_reserved_bytes)} "
         f"(allocator model), in the {r.peak_phase} phase",
+        "peak by phase: "
+        + ", ".join(
+            f"{phase} {format_bytes(nbytes)}"
+            for phase, nbytes in r.phase_peaks.items()
+            if phase != "setup"
+        ),
         "at the peak:",
     ]
     for category, nbytes in sorted(r.bytes_by_category.items(), key=lambda kv: -kv[1]):
@@ -219,7 +225,7 @@ def plan_step_lines(
     if len(chunk) != 1:
         raise UserError("--step plans one chunk size", "e.g. --chunk-size 1024")
     from memprobe import plan
-    from memprobe.profile.step import plan_step, step_kernels
+    from memprobe.plan.whole_step import plan_step, step_kernels
     from memprobe.render.console import plain_lines
     from memprobe.render.plan_text import answer_line, plan_table
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from memprobe.errors import UserError
@@ -50,17 +50,37 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
     return target
 
 
-def check_output(path: str | os.PathLike[str], inputs: Iterable[Path], *, flag: str) -> None:
-    """Refuse an output path that is one of the command's inputs, or lies inside an input
-    folder: a report must never replace the results (or snapshot) it was made from."""
-    target = Path(path).resolve()
-    for source in inputs:
-        resolved = source.resolve()
-        if target == resolved or (source.is_dir() and resolved in target.parents):
+def guard_outputs(
+    outputs: Mapping[str, str | os.PathLike[str] | None],
+    inputs: Iterable[str | os.PathLike[str]],
+    *,
+    may_replace: Mapping[str, Iterable[str | os.PathLike[str]]] | None = None,
+) -> None:
+    """The one check every command makes before it writes: no output (``flag`` → path)
+    is an input of the command or lies inside an input folder, and no two outputs are
+    the same file. ``may_replace`` names the inputs an output is meant to replace (the
+    baseline ``--update-baseline`` rewrites). Raises :class:`UserError` naming both."""
+    given = {flag: Path(path) for flag, path in outputs.items() if path is not None}
+    sources = [Path(source) for source in inputs]
+    seen: dict[Path, str] = {}
+    for flag, path in given.items():
+        target = path.resolve()
+        allowed = {Path(a).resolve() for a in (may_replace or {}).get(flag, ())}
+        for source in sources:
+            resolved = source.resolve()
+            if resolved in allowed:
+                continue
+            if target == resolved or (source.is_dir() and resolved in target.parents):
+                raise UserError(
+                    f"{flag} {path} would overwrite {source}, an input of this command",
+                    "choose another path",
+                )
+        if target in seen:
             raise UserError(
-                f"{flag} {path} would overwrite {source}, an input of this command",
-                "choose another path",
+                f"{seen[target]} and {flag} both name {path}: one would silently replace the other",
+                "give each output its own path",
             )
+        seen[target] = flag
 
 
 _KINDS = (

@@ -27,13 +27,32 @@ _SIZE = re.compile(
 )
 
 
+# Results hold sizes as signed 64-bit numbers; nothing larger is a memory size.
+MAX_SIZE = 2**63 - 1
+
+
+def _too_big(what: str, value: object) -> UserError:
+    shown = (
+        repr(value)
+        if len(repr(value)) <= 40
+        else f"{repr(value)[:20]}… ({len(repr(value))} characters)"
+    )
+    return UserError(
+        f"{what} {shown} is beyond the largest size memprobe handles (8 EiB)", "write e.g. 80GiB"
+    )
+
+
 def parse_size(value: str | int | float, *, what: str = "size") -> int:
-    """``"10.3 GiB"``, ``"11000 MB"``, ``"123"`` or a number → bytes."""
+    """``"10.3 GiB"``, ``"11000 MB"``, ``"123"`` or a number → bytes (at most :data:`MAX_SIZE`)."""
     if isinstance(value, bool):
         raise UserError(f"{what} {value!r} is not a size", "write e.g. 10.3 GiB or 11000 MB")
+    if isinstance(value, int) and value > MAX_SIZE:
+        raise _too_big(what, value)
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
             raise UserError(f"{what} {value!r} is not a finite size", "write e.g. 10.3 GiB")
+        if value > MAX_SIZE:
+            raise _too_big(what, value)
         if value < 0:
             raise UserError(f"{what} {value!r} is negative", "give a size of zero or more")
         return int(value)
@@ -49,7 +68,10 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
             f"{what} {value!r} is not a size",
             "write bytes or a number with B, KB, MB, GB, KiB, MiB, GiB",
         )
-    return int(float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit])
+    number = float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit]
+    if not number <= MAX_SIZE:  # a 400-digit number reads as inf
+        raise _too_big(what, value)
+    return int(number)
 
 
 def format_bytes(n: float | int | None) -> str:

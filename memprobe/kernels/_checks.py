@@ -57,12 +57,15 @@ def no_grad_wanted(logits: object, targets: object) -> bool:
     return not (torch.is_grad_enabled() and logits.requires_grad)
 
 
+def check_size_parameter(name: str, value: object) -> None:
+    """Every size parameter (``chunk_size``, ``tile_size``, ``top_k``): a positive ``int`` or
+    None. ``2.5`` or ``"8"`` is refused, never coerced through ``int()``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+
+
 def check_chunk_size(chunk_size: int | None) -> None:
-    # A float (2.5) or a string ("8") is a caller's mistake, not a size to round.
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0
-    ):
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}")
+    check_size_parameter("chunk_size", chunk_size)
 
 
 def check_hidden_inputs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> None:

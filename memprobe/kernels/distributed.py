@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from memprobe.kernels._checks import check_chunk_size, check_logprob_shapes
+from memprobe.kernels._steps import block_starts
 from memprobe.kernels.local_chunked import DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE
 
 __all__ = [
@@ -262,7 +263,9 @@ def _chunked_distributed_forward(
     # Rows: sum of exp(x - local shift), target logit minus local shift (0 if
     # not owned), owned.
     stats = logits.new_empty((3, batch, seq), dtype=torch.float32)
-    for start in range(0, seq, chunk):
+    # On meta only the blocks that shape the peak (see block_starts): exact, and a
+    # simulation at 2^31 tokens costs what one at 2^12 does.
+    for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         index, owned = _local_index(targets[:, start:end], vocab_start, vocab_end)
         work = _chunk_float32(logits, start, end)
@@ -307,7 +310,9 @@ def _chunked_distributed_backward(
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     seq = logits.shape[1]
     grad_output = grad_output.float()
-    for start in range(0, seq, chunk):
+    # On meta only the blocks that shape the peak (see block_starts): exact, and a
+    # simulation at 2^31 tokens costs what one at 2^12 does.
+    for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         index, owned = _local_index(targets[:, start:end], vocab_start, vocab_end)
         g = grad_output[:, start:end]

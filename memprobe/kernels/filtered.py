@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs
+from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, check_size_parameter
 
 
 def check_filters(top_k: int | None, top_p: float | None) -> None:
-    if top_k is not None and (isinstance(top_k, bool) or int(top_k) <= 0):
-        raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+    check_size_parameter("top_k", top_k)
     if top_p is not None and not (0.0 < float(top_p) <= 1.0):
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
 

@@ -13,18 +13,21 @@ and three numbers per token, which describe the kept set exactly:
   order, and so does this kernel;
 * ``logsum``: ``log Σ_kept exp(x - max)``, the row max recomputed in backward.
 
-Work per chunk of ``c`` positions: one float32 ``[B, c, V]`` copy of the logits
-and a bool ``[B, c, V]``, plus the selection: ``topk`` of the chunk when
-``top_k`` is given (top-p then runs on its k sorted values), else a stable
-sort of the chunk (values and int64 indices, ``[B, c, V]`` each). Backward needs
-no selection at all: the kept set is ``x > tau`` or ``x == tau`` at index
-``<= cut``. The gradient, in the logits' dtype, is that of ``filtered``:
-``(onehot_t · kept_t - softmax_kept) · grad_output``, zero outside the kept set.
+Work per chunk of ``c`` positions. Backward: one float32 ``[B, c, V]`` copy of
+the logits and a bool ``[B, c, V]``, and no selection at all: the kept set is
+``x > tau`` or ``x == tau`` at index ``<= cut``. The gradient, in the logits'
+dtype, is that of ``filtered``: ``(onehot_t · kept_t - softmax_kept) ·
+grad_output``, zero on every dropped logit. Forward: with ``top_k``, a ``topk``
+of the chunk (top-p then runs on its k sorted values); top-p alone, a histogram
+of the chunk's mass (:func:`_select_top_p`), 20 bytes per element at most. The
+forward has no gradient beside it, so its peak stays under the backward's for
+any S above c (at 20,000 × 131,072 bf16, chunk 1024: 7.38 GiB vs 10.39 GiB).
 
 Ties at the cut are rare in float32 logits and common in bf16 ones; the rows
 that have them are fixed up one by one on the host with a preallocated bool
 row, so the memory is the same whatever the values (a meta simulation, which
-has no values, skips the fix-ups and allocates the same).
+has no values, skips the fix-ups and allocates the same). So is a row the
+histogram cannot settle, sorted alone after the chunk's buffers are freed.
 """
 
 from __future__ import annotations
@@ -38,9 +41,6 @@ from memprobe.kernels.filtered import check_filters
 from memprobe.kernels.local_chunked import _chunk_float32, _row_max
 
 DEFAULT_FILTERED_CHUNK_SIZE = 1024
-# Without top_k the selection is a sort of the chunk: 12 bytes (a float32 value and
-# an int64 index) per element on top of the float32 copy, so a smaller chunk.
-DEFAULT_SORTED_CHUNK_SIZE = 128
 
 
 def _active(top_k: int | None, top_p: float | None, vocab: int) -> tuple[int | None, float | None]:
@@ -50,12 +50,9 @@ def _active(top_k: int | None, top_p: float | None, vocab: int) -> tuple[int | N
     return k, p
 
 
-def _resolve_chunk(chunk_size: int | None, top_k: int | None, top_p: float | None) -> int:
+def _resolve_chunk(chunk_size: int | None) -> int:
     check_chunk_size(chunk_size)
-    if chunk_size is not None:
-        return int(chunk_size)
-    sorts = top_k is None and top_p is not None
-    return DEFAULT_SORTED_CHUNK_SIZE if sorts else DEFAULT_FILTERED_CHUNK_SIZE
+    return DEFAULT_FILTERED_CHUNK_SIZE if chunk_size is None else int(chunk_size)
 
 
 def _count_ties(values: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
@@ -63,50 +60,113 @@ def _count_ties(values: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
     return (values == tau.unsqueeze(-1)).sum(dim=-1, dtype=torch.int32).long()
 
 
-def _select(
-    x: torch.Tensor, m: torch.Tensor, top_k: int | None, top_p: float | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+def _crossing(
+    vals: torch.Tensor, e: torch.Tensor, above: torch.Tensor | float, limit: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-p on a descending list of candidates with float64 exps ``e`` and mass
+    ``above`` before them: keep a candidate while the mass before it is below
+    ``limit``. Returns (count kept, kept mass including ``above``, tau, how many of
+    the kept equal tau), ``[B, c]`` each. At least one finite candidate is kept."""
+    before = e.cumsum(dim=-1).sub_(e).add_(above.unsqueeze(-1) if torch.is_tensor(above) else 0.0)
+    finite = (vals > float("-inf")).sum(dim=-1, keepdim=True)
+    n_in = (before < limit.unsqueeze(-1)).sum(dim=-1, keepdim=True)
+    n_in = torch.minimum(n_in, finite).clamp_(min=1)
+    kept_mass = (before.gather(-1, n_in - 1) + e.gather(-1, n_in - 1)).squeeze(-1)
+    tau = vals.gather(-1, n_in - 1).squeeze(-1)
+    n_in = n_in.squeeze(-1)
+    return n_in, kept_mass, tau, n_in - (vals > tau.unsqueeze(-1)).sum(dim=-1)
+
+
+Selection = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
+
+
+def _select(x: torch.Tensor, m: torch.Tensor, top_k: int | None, top_p: float | None) -> Selection:
     """Per row of a float32 chunk: (tau, logsum, ties kept, ties in all), ``[B, c]``
     each; the tie counts are None when every logit equal to tau is kept.
 
-    The candidates are the kept-by-k set in descending order: ``topk``'s k values,
-    then ``extra`` more logits equal to the k-th that ``topk`` left out; or, without
-    top_k, the whole row, stably sorted. Top-p keeps a candidate while the mass
-    before it is below ``p`` of the candidates' total, as ``filtered`` does (its
-    float32 softmax and cumsum; here float64 sums of the same float32 exps).
+    With top_k the candidates are the kept-by-k set in descending order: ``topk``'s
+    k values, then ``extra`` more logits equal to the k-th that ``topk`` left out.
+    Top-p keeps a candidate while the mass before it is below ``p`` of the kept-by-k
+    total, as ``filtered`` does (there in float32 softmax and cumsum; here float64
+    sums of the same float32 exps). Without top_k: :func:`_select_top_p`.
     """
-    extra: torch.Tensor | None = None
-    if top_k is not None:
-        vals = torch.topk(x, top_k, dim=-1, sorted=True).values
-        extra = _count_ties(x, vals[..., -1]) - _count_ties(vals, vals[..., -1])
-    else:
-        vals = torch.sort(x, dim=-1, descending=True, stable=True).values
+    if top_k is None:
+        assert top_p is not None
+        return _select_top_p(x, m, top_p)
+    vals = torch.topk(x, top_k, dim=-1, sorted=True).values
     last = vals[..., -1]
+    extra = _count_ties(x, last) - _count_ties(vals, last)
     e = torch.exp(vals - m).double()
     e_last = e[..., -1]
     listed = e.sum(dim=-1)
-    total = listed if extra is None else listed + extra * e_last
+    total = listed + extra * e_last
     if top_p is None:
         # top_k alone keeps every logit equal to the k-th.
         return last, total.log().float(), None, None
     limit = top_p * total
-    before = e.cumsum(dim=-1).sub_(e)
-    n_in = (before < limit.unsqueeze(-1)).sum(dim=-1, keepdim=True)  # never 0: before_0 = 0
-    kept_mass = (before.gather(-1, n_in - 1) + e.gather(-1, n_in - 1)).squeeze(-1)
-    del before, e
-    n_in = n_in.squeeze(-1)
-    tau = vals.gather(-1, (n_in - 1).unsqueeze(-1)).squeeze(-1)
-    ties_kept = n_in - (vals > tau.unsqueeze(-1)).sum(dim=-1)
-    ties_all = _count_ties(vals, tau)
-    if extra is not None:
-        # The extra ties follow the list: the i-th is kept while listed + i·e_last < limit.
-        room = ((limit - listed) / e_last).ceil_().clamp_(min=0)
-        whole_list = n_in == vals.shape[-1]
-        extra_kept = torch.where(whole_list, torch.minimum(room, extra.double()), 0).long()
-        kept_mass = kept_mass + extra_kept * e_last
-        ties_kept = ties_kept + extra_kept
-        ties_all = ties_all + torch.where(tau == last, extra, 0)
+    n_in, kept_mass, tau, ties_kept = _crossing(vals, e, 0.0, limit)
+    # The extra ties follow the list: the i-th is kept while listed + i·e_last < limit.
+    room = ((limit - listed) / e_last).ceil_().clamp_(min=0)
+    whole_list = n_in == vals.shape[-1]
+    extra_kept = torch.where(whole_list, torch.minimum(room, extra.double()), 0).long()
+    kept_mass = kept_mass + extra_kept * e_last
+    ties_kept = ties_kept + extra_kept
+    ties_all = _count_ties(vals, tau) + torch.where(tau == last, extra, 0)
     return tau, kept_mass.log().float(), ties_kept, ties_all
+
+
+# Top-p without top-k: a histogram of each row's mass over its distance below the
+# row max, in buckets of 1/64 nat up to 104 nats (where float32 exp underflows),
+# finds the bucket where the cumulative mass crosses p; a topk of that bucket alone
+# (at most BUCKET_CAP logits) finds the token. One pass of scatter_add instead of a
+# sort: the sort of a [B, c, V] chunk costs ~50 exps per element on cpu.
+BUCKETS_PER_NAT = 64
+BUCKETS = BUCKETS_PER_NAT * 104
+BUCKET_CAP = 1024
+
+
+def _select_top_p(x: torch.Tensor, m: torch.Tensor, top_p: float) -> Selection:
+    vocab = x.shape[-1]
+    e = torch.sub(x, m)
+    # x - m <= 0; its bucket is floor(-(x - m) · 64), and x - m then becomes exp(x - m).
+    bucket = torch.mul(e, -BUCKETS_PER_NAT).clamp_(max=BUCKETS - 1).long()
+    e.exp_()
+    cum = e.new_zeros((*e.shape[:-1], BUCKETS)).scatter_add_(-1, bucket, e).double().cumsum_(-1)
+    del e
+    limit = top_p * cum[..., -1]  # the row's total mass, summed as the buckets are
+    # The first bucket whose cumulative mass reaches the limit, and the mass before it.
+    hit = torch.searchsorted(cum, limit.unsqueeze(-1)).clamp_(max=BUCKETS - 1)
+    above = torch.where(hit > 0, cum.gather(-1, (hit - 1).clamp(min=0)), 0.0).squeeze(-1)
+    del cum
+    candidates = torch.where(bucket == hit, x, float("-inf"))
+    del bucket
+    cap = min(BUCKET_CAP, vocab)
+    vals = torch.topk(candidates, cap, dim=-1, sorted=True).values
+    del candidates
+    n_in, kept_mass, tau, ties_kept = _crossing(vals, torch.exp(vals - m).double(), above, limit)
+    ties_all = _count_ties(vals, tau)
+    # A full list may have left part of its bucket out: such a row's ties at tau are
+    # counted on the row (vocab + 1 asks for it), and a row whose crossing lies beyond
+    # the list is redone with a sort of that row alone.
+    full = vals[..., -1] > float("-inf")
+    ties_all = torch.where(full & (tau == vals[..., -1]), vocab + 1, ties_all)
+    logsum = kept_mass.log().float()
+    if x.device.type != "meta":
+        for r in (full & (n_in == cap)).cpu().numpy().reshape(-1).nonzero()[0]:
+            b, s = divmod(int(r), x.shape[1])
+            row = _sorted_select(x[b : b + 1, s : s + 1], m[b : b + 1, s : s + 1], top_p)
+            tau[b, s], logsum[b, s], ties_kept[b, s], ties_all[b, s] = (t[0, 0] for t in row)
+    return tau, logsum, ties_kept, ties_all
+
+
+def _sorted_select(
+    x: torch.Tensor, m: torch.Tensor, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-p on stably sorted rows: the fallback for rows the histogram cannot settle."""
+    vals = torch.sort(x, dim=-1, descending=True, stable=True).values
+    e = torch.exp(vals - m).double()
+    _, kept_mass, tau, ties_kept = _crossing(vals, e, 0.0, top_p * e.sum(dim=-1))
+    return tau, kept_mass.log().float(), ties_kept, _count_ties(vals, tau)
 
 
 def _cut_indices(
@@ -129,7 +189,8 @@ def _cut_indices(
         b, s = divmod(int(r), tau.shape[1])
         torch.eq(x[b, s], tau[b, s], out=scratch)
         where = scratch.cpu().numpy().nonzero()[0]
-        cut[b, s] = int(where[int(ties_kept[b, s]) - 1])
+        if int(ties_kept[b, s]) < len(where):
+            cut[b, s] = int(where[int(ties_kept[b, s]) - 1])
     return cut
 
 
@@ -255,7 +316,7 @@ class FilteredChunkedLogprob(torch.autograd.Function):
     ) -> torch.Tensor:
         check_logprob_inputs(logits, targets)
         check_filters(top_k, top_p)
-        chunk = _resolve_chunk(chunk_size, top_k, top_p)
+        chunk = _resolve_chunk(chunk_size)
         k, p = _active(top_k, top_p, logits.shape[-1])
         out, tau, cut, logsum = _forward(logits, targets, chunk, k, p)
         ctx.chunk = chunk
@@ -286,7 +347,7 @@ def filtered_chunked_logprobs(
 ) -> torch.Tensor:
     """:class:`FilteredChunkedLogprob`: ``filtered``'s log-probs in ``local_chunked``'s memory.
 
-    ``chunk_size=None`` means 1024, or 128 for top-p without top-k (a sort per chunk).
+    ``chunk_size=None`` means 1024.
     """
     return FilteredChunkedLogprob.apply(
         logits, targets, chunk_size, top_k, top_p, no_grad_wanted(logits, targets)

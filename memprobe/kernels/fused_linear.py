@@ -68,7 +68,7 @@ from typing import Any
 
 import torch
 
-from memprobe.kernels._checks import check_chunk_size, check_hidden_inputs
+from memprobe.kernels._checks import check_chunk_size, check_hidden_inputs, check_size_parameter
 from memprobe.kernels._steps import block_starts
 
 # Each float32 [rows, H] block of the forward (hidden chunk, weight tile) holds
@@ -129,8 +129,7 @@ def _resolve(
     chunk_size: int | None, tile_size: int | None, hidden_size: int, temperature: float
 ) -> tuple[int, int]:
     check_chunk_size(chunk_size)
-    if tile_size is not None and (isinstance(tile_size, bool) or int(tile_size) <= 0):
-        raise ValueError(f"tile_size must be a positive integer or None, got {tile_size!r}")
+    check_size_parameter("tile_size", tile_size)
     if not float(temperature) > 0.0:
         raise ValueError(f"temperature must be positive, got {temperature!r}")
     rows = default_rows(hidden_size)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
+from memprobe.kernels._steps import block_starts
 
 DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE = 1024
 
@@ -51,7 +52,7 @@ def _chunked_forward(
     out = logits.new_empty((batch, seq), dtype=torch.float32)
     logsum = logits.new_empty((batch, seq), dtype=torch.float32)
     index = targets.long().unsqueeze(-1)
-    for start in range(0, seq, chunk):
+    for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         work = _chunk_float32(logits, start, end)
         # logsumexp by hand, in place: torch.logsumexp would allocate two
@@ -89,7 +90,7 @@ def _chunked_backward(
     seq = logits.shape[1]
     index = targets.long().unsqueeze(-1)
     grad_output = grad_output.float()
-    for start in range(0, seq, chunk):
+    for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         work = _chunk_float32(logits, start, end)
         g = grad_output[:, start:end].unsqueeze(-1)

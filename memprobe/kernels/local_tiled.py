@@ -32,7 +32,12 @@ from typing import Any
 
 import torch
 
-from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
+from memprobe.kernels._checks import (
+    check_chunk_size,
+    check_logprob_inputs,
+    check_size_parameter,
+    no_grad_wanted,
+)
 from memprobe.kernels._steps import block_starts
 
 # Tokens per chunk and vocabulary columns per tile. 1024 x 1024 float32 is a
@@ -51,8 +56,7 @@ _LOWEST = torch.finfo(torch.float32).min
 
 def _resolve(chunk_size: int | None, tile_size: int | None) -> tuple[int, int]:
     check_chunk_size(chunk_size)
-    if tile_size is not None and (isinstance(tile_size, bool) or int(tile_size) <= 0):
-        raise ValueError(f"tile_size must be a positive integer or None, got {tile_size!r}")
+    check_size_parameter("tile_size", tile_size)
     chunk = DEFAULT_TILED_CHUNK_SIZE if chunk_size is None else int(chunk_size)
     tile = DEFAULT_TILE_SIZE if tile_size is None else int(tile_size)
     return chunk, tile

@@ -50,6 +50,11 @@ _SHAPE_HINT = (
 )
 
 
+def is_import_path(name: str) -> bool:
+    """True for ``package.module:function`` names (user kernels), False for registered ones."""
+    return ":" in name
+
+
 @cache
 def resolve_user_kernel(path: str) -> KernelSpec:
     """Import ``package.module:function`` and describe it as a :class:`KernelSpec`."""
@@ -107,14 +112,17 @@ def _import(module_name: str, path: str, what: str) -> Any:
     cwd = os.getcwd()
     if missing.name == module_name.split(".")[0] and cwd not in sys.path and "" not in sys.path:
         # Not installed: try the current directory, as `python -m` would.
+        # Only for this import: left first on sys.path, the project's own modules would
+        # shadow the standard library's for the rest of the run (a colorsys.py).
         sys.path.insert(0, cwd)
         try:
             return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            sys.path.remove(cwd)
             missing = exc
         except Exception as exc:
             raise _import_failed(module_name, path, exc, what) from None
+        finally:
+            sys.path.remove(cwd)
     raise UserError(
         f"{what} {path!r}: cannot import {module_name!r} ({missing})",
         "install the package or run memprobe from the directory that holds it",

@@ -12,18 +12,16 @@ from typing import TYPE_CHECKING
 import torch
 
 from memprobe.errors import UserError
-from memprobe.records import Case, Run
+from memprobe.records import DEVICE_CHOICES, Case, Run
 
 if TYPE_CHECKING:
     from memprobe.measure.parallel import RankLayout
 
-DEVICES = ("auto", "meta", "cpu", "cuda")
-
 
 def resolve_device(device: str) -> str:
     """``auto`` means cuda when available, else meta. Unknown names are a user error."""
-    if device not in DEVICES:
-        raise UserError(f"unknown device {device!r}", f"use one of: {', '.join(DEVICES)}")
+    if device not in DEVICE_CHOICES:
+        raise UserError(f"unknown device {device!r}", f"use one of: {', '.join(DEVICE_CHOICES)}")
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "meta"
     if device == "cuda":
@@ -65,4 +63,4 @@ def _measure_on_device(case: Case, layout: RankLayout | None) -> Run:
     raise UserError(f"unknown device {case.device!r}", "use meta, cpu or cuda")
 
 
-__all__ = ["DEVICES", "measure", "resolve_device"]
+__all__ = ["measure", "resolve_device"]

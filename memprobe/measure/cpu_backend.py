@@ -14,7 +14,7 @@ from typing import Any
 
 from memprobe.io.sizes import format_bytes
 from memprobe.measure.cpu_limits import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
 from memprobe.measure.step import process_group_for
@@ -24,7 +24,7 @@ from memprobe.records import Case, Run
 
 def cpu_bytes_needed(case: Case) -> int:
     """Simulated step peak (the inputs are drawn in their own dtype, with no staging copy)."""
-    return simulate(case, capture_frames=False).peak_bytes
+    return simulate_tracker(case, capture_frames=False).peak_bytes
 
 
 def measure_cpu(

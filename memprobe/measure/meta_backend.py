@@ -21,7 +21,7 @@ def simulate_step(case: Case, *, capture_frames: bool = True) -> StepTrace:
         return traced_step(case, inputs, capture_frames=capture_frames)
 
 
-def simulate(case: Case, *, capture_frames: bool = True) -> AllocationTracker:
+def simulate_tracker(case: Case, *, capture_frames: bool = True) -> AllocationTracker:
     """The exact tracker of one step, whichever inputs the kernel takes."""
     return simulate_step(case, capture_frames=capture_frames).tracker
 

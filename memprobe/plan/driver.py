@@ -50,9 +50,9 @@ def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
 
 def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = None) -> int:
     """The peak of one case on the meta simulation the sweep uses (one rank)."""
-    from memprobe.measure.meta_backend import simulate
+    from memprobe.measure.meta_backend import simulate_tracker
 
-    tracker = simulate(case, capture_frames=False)
+    tracker = simulate_tracker(case, capture_frames=False)
     if kind == ALLOCATED:
         return tracker.peak_bytes
     from memprobe.measure.reserved import modelled_reserved_peak

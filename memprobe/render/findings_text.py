@@ -132,7 +132,8 @@ def _group_line(n: int, g: BlockGroup) -> str:
 def _shape_lines(findings: Findings) -> list[str]:
     inf = findings.inference
     if not inf.logits_path:
-        lines = [f"shapes: {inf.evidence[0]}"]
+        # Unknown, said as such: no [B, S, V] is claimed without a logits path.
+        lines = [f"shapes: [B, S, V] unknown: {inf.evidence[0]}"]
         if findings.vocab or findings.tokens or findings.batch:
             lines.append("  (--vocab/--tokens/--batch are not applied without a logits path)")
         return lines

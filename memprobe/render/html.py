@@ -326,6 +326,8 @@ def write_report(
             "create it or choose another --out",
         )
     plots = render_plots(model)
+    paths = _plot_paths(target)
+    _refuse_foreign([target, *(p for n, p in paths.items() if plots.images[n] is not None)])
     for name, path in _plot_paths(target).items():
         png = plots.images[name]
         if png is not None:
@@ -333,6 +335,25 @@ def write_report(
         else:
             _remove_stale_plot(path)
     return write_atomic(target, report_html(model, plots, target))
+
+
+def _made_by_memprobe(path: Path) -> bool:
+    head = path.read_bytes()[:4096] if path.is_file() else b""
+    if path.suffix == ".png":
+        return made_by_memprobe(head)
+    # Pages carry a generator tag; pages from before it, memprobe's own title.
+    return b'<meta name="generator" content="memprobe">' in head or b"<title>memprobe " in head
+
+
+def _refuse_foreign(paths: list[Path]) -> None:
+    """A page and its plots replace only files memprobe wrote: a user's own report.html or
+    timeline.png in the --out folder is left alone, and nothing is written."""
+    for path in paths:
+        if path.exists() and not _made_by_memprobe(path):
+            raise UserError(
+                f"{path} exists and was not written by memprobe; the report would replace it",
+                "choose another --out, or move that file",
+            )
 
 
 def _remove_stale_plot(path: Path) -> None:

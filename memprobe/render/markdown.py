@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 import os
+import re
 
 from memprobe.gate import Verdict
+from memprobe.io.text import printable
 from memprobe.render.gate_text import format_excess, format_value
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+_MARKUP = re.compile(r"([\\`*\[\]<>!~&])")
+
+
+def _text(value: object) -> str:
+    """Data as inert Markdown text: escapes first (a note from a tampered file could
+    hold control characters), then every character that could start markup (an image,
+    a link, bold) is backslash-escaped."""
+    return _MARKUP.sub(r"\\\1", printable(str(value)))
+
+
+def _code(value: object) -> str:
+    """A code span that its content cannot close: the fence is one backtick longer than
+    the longest run of backticks inside (CommonMark), padded when the text touches one."""
+    text = printable(str(value))
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
 
 
 def markdown_summary(verdict: Verdict) -> str:
@@ -18,9 +39,9 @@ def markdown_summary(verdict: Verdict) -> str:
     lines = [
         f"### memprobe gate: {title}",
         "",
-        f"{verdict.cases} case(s) from `{verdict.results}`"
+        f"{verdict.cases} case(s) from {_code(verdict.results)}"
         + (
-            f"; baseline `{verdict.baseline}` (max regression {verdict.max_regression:g}%)"
+            f"; baseline {_code(verdict.baseline)} (max regression {verdict.max_regression:g}%)"
             if verdict.baseline
             else ""
         ),
@@ -30,11 +51,11 @@ def markdown_summary(verdict: Verdict) -> str:
     ]
     ordered = list(verdict.failures) + [c for c in verdict.checks if c.passed]
     for c in ordered:
-        measured = format_value(c.measured, c.unit) if c.measured is not None else c.reason
+        measured = format_value(c.measured, c.unit) if c.measured is not None else _text(c.reason)
         cells = [
             "✅" if c.passed else "❌",
-            f"{c.source} {c.kind}",
-            f"`{c.case}`",
+            printable(f"{c.source} {c.kind}"),  # memprobe's names for the config's rules
+            _code(c.case),
             measured,
             format_value(c.limit, c.unit),
             "" if c.passed else format_excess(c),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from memprobe.io.files import write_atomic
@@ -47,13 +48,26 @@ def _log2_axis(ax: Axes, which: str, low: float, high: float, label: Any) -> Non
 @styled
 def plot_png(plans: Sequence[TokenPlan], budget: Budget) -> bytes:
     """Peak per rank against tokens per GPU, log-log, with the limit and the answers."""
+    return to_png(plan_figure(plans, budget))
+
+
+def plan_figure(plans: Sequence[TokenPlan], budget: Budget) -> MplFigure:
+    """The figure :func:`plot_png` draws (call under :func:`styled`)."""
     fig = new_figure(9.0, 4.8)
     ax = fig.subplots()
     looks = kernel_looks(list(dict.fromkeys(p.target.kernel for p in plans)))
+    # A kernel keeps its colour across chunk sizes; the second and later sizes get
+    # hollow markers, so two sizes of one kernel never draw as one look.
+    sizes: dict[str, list[int | None]] = {}
+    for p in plans:
+        sizes.setdefault(p.target.kernel, [])
+        if p.target.chunk_size not in sizes[p.target.kernel]:
+            sizes[p.target.kernel].append(p.target.chunk_size)
     xs: list[float] = []
     ys: list[float] = []
     for p in plans:
         look = looks[p.target.kernel]
+        rank = sizes[p.target.kernel].index(p.target.chunk_size)
         searches = [(p.allocated, "-", "")]
         if p.reserved is not None:
             searches.append((p.reserved, ":", " (reserved)"))
@@ -67,10 +81,11 @@ def plot_png(plans: Sequence[TokenPlan], budget: Budget) -> bytes:
                 [t for t, _ in pts],
                 [peak for _, peak in pts],
                 marker=look.marker,
-                markersize=3.5,
+                markersize=3.5 + rank,
+                markerfacecolor=look.color if rank == 0 else "white",
                 color=look.color,
                 linestyle=style,
-                linewidth=1.4,
+                linewidth=1.4 if rank == 0 else 1.0,
                 label=_label(p) + what,
             )
             if search.max_tokens > 0 and search.peak_at_max is not None:
@@ -106,7 +121,7 @@ def plot_png(plans: Sequence[TokenPlan], budget: Budget) -> bytes:
     ax.set_ylabel("simulated peak per rank, log scale")
     ax.set_title("Peak against tokens; diamonds mark the largest count that fits")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return to_png(fig)
+    return fig
 
 
 def _table(plans: Sequence[TokenPlan]) -> Table:

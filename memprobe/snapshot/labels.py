@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from memprobe.io.text import printable
+
 PREFIX = "memprobe"
 _WORD = re.compile(r"(\w+)=(\S*)")
 
@@ -45,7 +47,7 @@ def parse_label(text: object) -> dict[str, str]:
     """``key=value`` words of any ``user_metadata`` string (empty dict when none)."""
     if not isinstance(text, str) or "=" not in text:
         return {}
-    return {key: value for key, value in _WORD.findall(text) if value}
+    return {key: printable(value) for key, value in _WORD.findall(text) if value}
 
 
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -55,6 +57,7 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     if text in ("", "scalar"):
         return ()
     parts = text.split("x")
-    if not all(p.isdigit() for p in parts):
+    # ASCII digits only ("²".isdigit() is true), and no more than a 64-bit size needs.
+    if not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts):
         return None
     return tuple(int(p) for p in parts)

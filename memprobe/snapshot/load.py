@@ -28,10 +28,16 @@ from memprobe.io.files import read_regular
 from memprobe.snapshot.nesting import check_tuple_nesting
 
 DEFAULT_MAX_BYTES = 2 * 2**30
-# What normalization will expand to. Real files reach 10^6 trace entries with tens of
-# frames each; these caps are far above that and far below what exhausts memory.
-MAX_ENTRIES = 20_000_000
-MAX_FRAMES = 200_000_000
+# What normalization and attribution will walk: trace entries, segments and blocks, and
+# the frames of each (a shared frames list counts once per holder, as it is walked).
+# A 10^6-entry file attributes in ~9 s and ~1.2 GiB: 5x that is the most read.
+MAX_ENTRIES = 5_000_000
+MAX_FRAMES = 100_000_000
+# Sizes, addresses and times are 64-bit in the allocator; a larger number is tampering
+# (and one of 4,300+ digits cannot even be printed).
+_U64 = 2**64
+# allocator_settings hold numbers, strings and (roundup divisions) one flat dict or list.
+MAX_SETTINGS_DEPTH = 4
 _HINT = "expected the pickle written by torch.cuda.memory._dump_snapshot() or memprobe"
 # Actions whose entry must name a block or segment address and a size (early history
 # files' single free action too).
@@ -137,7 +143,8 @@ def _describe(value: Any) -> str:
 
 
 def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A whole number in the allocator's 64-bit range (signed or not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and -_U64 < value < _U64
 
 
 class _Bad:
@@ -189,9 +196,27 @@ def normalize_snapshot(raw: Any, *, source: str = "<snapshot>") -> dict:
     out["device_traces"] = [_trace(t, d, bad) for d, t in enumerate(traces)]
     settings = raw.get("allocator_settings")
     out["allocator_settings"] = settings if isinstance(settings, dict) else {}
+    if _depth(out["allocator_settings"], MAX_SETTINGS_DEPTH) > MAX_SETTINGS_DEPTH:
+        raise bad("'allocator_settings'", f"nest more than {MAX_SETTINGS_DEPTH} levels deep")
     annotations = raw.get("external_annotations")
     out["external_annotations"] = annotations if isinstance(annotations, list) else []
     return out
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep lists and dicts nest in ``value``, counted without recursion, up to
+    ``limit + 1`` (deeper is not explored: a file can nest a million levels)."""
+    deepest, level = 0, [value]
+    while level and deepest <= limit:
+        deepest += 1
+        inner: list[Any] = []
+        for v in level:
+            if isinstance(v, dict):
+                inner.extend(v.values())
+            elif isinstance(v, (list, tuple)):
+                inner.extend(v)
+        level = [v for v in inner if isinstance(v, (dict, list, tuple))]
+    return deepest if not level else limit + 1
 
 
 def _check_expansion(segments: list, traces: list, source: str) -> None:
@@ -199,24 +224,32 @@ def _check_expansion(segments: list, traces: list, source: str) -> None:
     snapshot holds: a few MB of repeated references can stand for billions of entries.
 
     Counted before anything is copied, from list lengths alone (cheap)."""
-    entries = sum(len(t) for t in traces if isinstance(t, list))
+    entries = len(segments) + sum(len(t) for t in traces if isinstance(t, list))
     entries += sum(
         len(s.get("blocks") or [])
         for s in segments
         if isinstance(s, dict) and isinstance(s.get("blocks"), list)
     )
     frames = 0
-    for trace in traces:
-        if isinstance(trace, list):
-            for e in trace:
+    if entries <= MAX_ENTRIES:
+        holders: list[list] = [t for t in traces if isinstance(t, list)]
+        holders.append(segments)
+        holders.extend(
+            s["blocks"]
+            for s in segments
+            if isinstance(s, dict) and isinstance(s.get("blocks"), list)
+        )
+        for holder in holders:
+            for e in holder:
                 f = e.get("frames") if isinstance(e, dict) else None
                 frames += len(f) if isinstance(f, list) else 0
-                if frames > MAX_FRAMES:
-                    break
+            if frames > MAX_FRAMES:
+                break
     if entries > MAX_ENTRIES or frames > MAX_FRAMES:
         raise UserError(
             f"snapshot {source} expands to {entries:,} entries and {frames:,}+ stack frames, "
-            f"beyond the {MAX_ENTRIES:,} entries and {MAX_FRAMES:,} frames memprobe reads",
+            f"beyond the {MAX_ENTRIES:,} entries (trace entries, segments, blocks) and "
+            f"{MAX_FRAMES:,} frames memprobe reads",
             "a real snapshot is far smaller; record fewer entries (max_entries) or check the file",
         )
 
@@ -243,9 +276,11 @@ def _is_plain(e: Any) -> bool:
         and e.get("action") in _PLAIN_ACTIONS
         and type(e.get("addr")) is int
         and type(e.get("size")) is int
-        and e["size"] >= 0
+        and 0 <= e["size"] < _U64
+        and -_U64 < e["addr"] < _U64
         and type(e.get("stream")) is int
         and type(e.get("time_us", 0)) is int
+        and -_U64 < e.get("time_us", 0) < _U64
         and type(e.get("frames")) is list
         and type(e.get("user_metadata", "x")) is str
         and e.get("user_metadata", "x") != ""
@@ -280,7 +315,9 @@ def _entry(e: Any, where: str, bad: _Bad) -> dict:
     stream = e.get("stream", 0)
     out["stream"] = stream if _is_int(stream) else 0
     t = e.get("time_us")
-    if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+    if isinstance(t, (int, float)) and (
+        _is_int(t) or (isinstance(t, float) and math.isfinite(t) and abs(t) < _U64)
+    ):
         out["time_us"] = int(t)
     frames = e.get("frames")
     out["frames"] = frames if isinstance(frames, list) else []
@@ -304,14 +341,28 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
     if not isinstance(raw_blocks, list):
         raise bad(where, "'blocks' is not a list")
     blocks = []
-    offset = address
+    offset: int = address if isinstance(address, int) else 0  # checked above: an int
     for j, b in enumerate(raw_blocks):
         block = _block(b, offset, f"{where}.blocks[{j}]", bad)
+        if block["address"] < offset:
+            # Blocks tile their segment in address order; an overlap is a tampered file
+            # (the allocator replay would have to place two blocks in one place).
+            raise bad(f"{where}.blocks[{j}]", "overlaps the block before it")
         blocks.append(block)
         offset = block["address"] + block["size"]
-    if not _is_int(total):
-        # Some tools write segments without totals; the blocks tile the segment.
-        total = sum(b["size"] for b in blocks)
+    if not blocks:
+        # torch's allocator always splits a segment into blocks (one inactive at least);
+        # an empty one has no layout the replay could place.
+        raise bad(where, "has no blocks (a segment holds at least one)")
+    given = isinstance(total, int) and _is_int(total)
+    # Some tools write segments without totals; the blocks tile the segment.
+    size: int = total if isinstance(total, int) and given else sum(b["size"] for b in blocks)
+    if size < 0:
+        raise bad(where, f"has a negative 'total_size' ({size})")
+    if given and isinstance(address, int) and offset > address + size:
+        used = offset - address
+        raise bad(where, f"has blocks past its end ({used:,} bytes of blocks in {size:,})")
+    total = size
     out = {k: v for k, v in seg.items()}
     live = [b for b in blocks if b["state"] in LIVE_STATES]
     out.update(

@@ -45,8 +45,9 @@ _NUMBER = b"(?:K.|M..|J....|N|\x88|\x89|G.{8}|" + _alternatives(b"\x8a", range(1
 _RUN = re.compile(
     b"(?:j....|h."
     + rb"|[\}\]\(uesa\x94\x81\x8f\x90\x91\)0ld]"
-    # A number, or up to three of them and the tuple opcode that packs exactly those.
-    + b"|" + _NUMBER + b"(?:\x85|" + _NUMBER + b"(?:\x86|" + _NUMBER + b"\x87?)?)?"
+    # A run of numbers, and the tuple opcode that packs the last one, two or three of them
+    # (a dict's value and the next key's numbers are one run: the opcode takes the last).
+    + b"|" + _NUMBER + b"{3,}+\x87|" + _NUMBER + b"{2,}+\x86|" + _NUMBER + b"++\x85?"
     + b"|r....|q.|\x80.|\x95.{8}|"
     + _alternatives(b"\x8c", range(0, 64))
     + b")*+",

@@ -247,8 +247,8 @@ def test_every_reading_states_its_evidence_in_text_and_json(name: str) -> None:
         split = next(e for e in f.inference.evidence if e.startswith("B = "))
         assert f"  - {split}" in lines
     else:
-        assert shapes == f"shapes: {f.inference.evidence[0]}"
-        assert shapes.startswith("shapes: no LM logits path found: loss/softmax blocks are ")
+        assert shapes == f"shapes: [B, S, V] unknown: {f.inference.evidence[0]}"
+        assert "unknown: no LM logits path found: loss/softmax blocks are " in shapes
     # Each group at the peak: its line, then why it is that category.
     start = next(i for i, line in enumerate(lines) if line.startswith("live at the peak: "))
     end = lines.index("", start)
@@ -274,3 +274,27 @@ def test_the_html_page_leads_with_the_oom_at_its_moment() -> None:
     assert page.index("largest free block then</dt><dd>" + largest) > oom
     assert f"{corpus.GPT_OOM.requested:,} bytes" in page
     assert "<th" in page and ">why<" in page and found[0].groups[0].reason in page
+
+
+def test_autocast_copies_read_from_torchs_cast_frame_whatever_op_allocated() -> None:
+    """Real CUDA stacks name the storage's op (``empty_strided``) above ``_to_copy`` and
+    ``at::autocast::cached_cast``: the cast frame alone says autocast."""
+    snap = snapshot("gpt_rotary_autocast")
+    cast = {"name": "at::autocast::cached_cast(c10::ScalarType, at::Tensor const&)",
+            "filename": "??", "line": 0}  # fmt: skip
+    trace = []
+    for e in snap["device_traces"][0]:
+        frames = e.get("frames", [])
+        if e["action"] == "alloc" and any("_to_copy" in f["name"] for f in frames):
+            frames = [
+                {**f, "name": "at::_ops::empty_strided::call(...)"}
+                if "_to_copy" in f["name"]
+                else f
+                for f in frames
+            ]
+            frames.insert(2, cast)
+        trace.append({**e, "frames": frames})
+    real = attribute({**snap, "device_traces": [trace]}, top=50)
+    copies = dict(reading("gpt_rotary_autocast").breakdown)["autocast weight copies"]
+    assert dict(real.breakdown)["autocast weight copies"] == copies
+    assert real.inference.logits_dtype == "bfloat16" and real.inference.confidence == "high"

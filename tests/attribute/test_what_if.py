@@ -3,6 +3,7 @@ with another, held to that step's own profile (exact allocated peak, reserved wi
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from pathlib import Path
@@ -36,10 +37,15 @@ def lm_step(
     hold: int = 1,
 ) -> None:
     """An embedding, MLP layers and an lm_head in bf16; the loss is ``kernel``'s log-probs."""
-    mlp = [nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))]
-    model = nn.Sequential(nn.Embedding(vocab, hidden), *(mlp * layers))
-    model = model.to(device=device, dtype=torch.bfloat16)
-    head = nn.Linear(hidden, vocab, bias=False).to(device=device, dtype=torch.bfloat16)
+    kw = {"device": device, "dtype": torch.bfloat16}
+    mlp = [
+        nn.Sequential(
+            nn.Linear(hidden, 4 * hidden, **kw), nn.GELU(), nn.Linear(4 * hidden, hidden, **kw)
+        )
+        for _ in range(layers)
+    ]
+    model = nn.Sequential(nn.Embedding(vocab, hidden, **kw), *mlp)
+    head = nn.Linear(hidden, vocab, bias=False, **kw)
     opt = torch.optim.AdamW([*model.parameters(), *head.parameters()])
     for _ in range(steps):
         ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -149,3 +155,29 @@ def test_a_snapshot_without_a_loss_step_is_refused(run_cli, tmp_path: Path) -> N
 def test_several_loss_steps_are_refused() -> None:
     with pytest.raises(UserError, match="several loss steps"):
         what_if(profiled("unchunked", steps=2), "local_chunked", vocab=VOCAB)
+
+
+def test_a_trace_that_ends_at_an_oom_inside_the_step_is_refused() -> None:
+    """The OOM the origin story began with: the rest of backward was never recorded."""
+    snap = copy.deepcopy(profiled("unchunked"))
+    trace = snap["device_traces"][0]
+    found = attribute(snap)
+    backward = [f for f in found.logits_family if f.phase == "backward"]
+    cut = min(f.alloc_index for f in backward if f.alloc_index is not None) + 1
+    size = backward[0].size
+    snap["device_traces"][0] = [*trace[:cut], {"action": "oom", "size": size, "stream": 0,
+                                               "device_free": size // 2, "frames": []}]  # fmt: skip
+    with pytest.raises(UserError, match="ends at an OOM"):
+        what_if(snap, "local_chunked")
+
+
+def test_a_recorded_oom_after_the_step_gives_the_capacity() -> None:
+    snap = copy.deepcopy(profiled("unchunked"))
+    free = 3 << 20
+    snap["device_traces"][0].append(
+        {"action": "oom", "size": 64 << 20, "stream": 0, "device_free": free, "frames": []}
+    )
+    w = what_if(snap, "local_chunked", chunk_size=CHUNK)
+    assert w.capacity_source == "reserved + the device's free bytes at the OOM"
+    assert w.capacity_bytes == attribute(profiled("unchunked")).reserved_at_snapshot_bytes + free
+    assert w.fits == (w.predicted_reserved_peak_bytes <= w.capacity_bytes)

@@ -3,6 +3,7 @@ regular files (a device, a FIFO) given where memprobe reads. Each is one line, e
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import pickletools
@@ -89,7 +90,9 @@ def _real_style(n: int) -> dict:
     segment = {"address": 0x7F00_0000_0000, "total_size": 2 << 20, "segment_pool_id": (0, 0),
                "blocks": [block], "frames": frames}  # fmt: skip
     return {"segments": [segment] * 3, "device_traces": [trace],
-            "allocator_settings": {"max_split_size": -1, "pools": [(1, 2), (3, 4.5)]}}  # fmt: skip
+            "allocator_settings": {"max_split_size": -1, "pools": [(1, 2), (3, 4.5)]},
+            # numbers-only tuples as keys, each value's number followed by the next key's
+            "pool_sizes": {(i, i % 7): i for i in range(n)}}  # fmt: skip
 
 
 @pytest.mark.parametrize("protocol", [2, 3, 4, 5])
@@ -246,3 +249,193 @@ def test_a_small_file_is_read_by_its_size(tmp_path: Path) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.strip() == "ok", done.stderr[-500:]
+
+
+# -- snapshot contents: numbers past 64 bits, negative totals, deep settings, bombs --
+
+
+def _tampered(tmp_path: Path, change) -> Path:
+    import copy
+
+    import snapshot_fixtures as fx
+
+    snap = copy.deepcopy(fx.real_style_snapshot())
+    change(snap)
+    path = tmp_path / "tampered.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    return path
+
+
+def _deep(levels: int) -> list:
+    x: list = []
+    for _ in range(levels):
+        x = [x]
+    return x
+
+
+def _every_entry(key: str, value: object):
+    return lambda s: [e.__setitem__(key, value) for e in s["device_traces"][0]]
+
+
+TAMPERED = {
+    "size of 5,000 digits": (_every_entry("size", 10**5000), "valid 'size'"),
+    "size 2^64": (_every_entry("size", 2**64), "valid 'size'"),
+    "addr of 5,000 digits": (_every_entry("addr", -(10**5000)), "valid 'addr'"),
+    "total_size of 5,000 digits": (
+        lambda s: s["segments"][0].__setitem__("total_size", 10**5000), None),
+    "negative total_size": (
+        lambda s: s["segments"][0].__setitem__("total_size", -5), "negative 'total_size'"),
+    "block size 2^70": (
+        lambda s: s["segments"][0]["blocks"][0].__setitem__("size", 2**70), "valid 'size'"),
+    "settings nested 5,000 deep": (
+        lambda s: s.__setitem__("allocator_settings", {"max_split_size": _deep(5000)}),
+        "nest more than"),
+    "settings nested 6 deep": (
+        lambda s: s.__setitem__("allocator_settings", {"x": {"y": _deep(5)}}), "nest more than"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(TAMPERED))
+def test_tampered_snapshot_contents_are_one_line(run_cli, tmp_path: Path, name: str) -> None:
+    change, expected = TAMPERED[name]
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 12000))  # to pickle the deep one
+    path = _tampered(tmp_path, change)
+    for args in (["attribute", str(path)], ["attribute", str(path), "--replay"]):
+        code, out, err = run_cli(*args)
+        assert code in (0, 2) and "Traceback" not in err, (args, err)
+        if expected:
+            assert code == 2 and expected in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [(10**30, False), (2**63, True), (-1, True), (1.5e300, False), (float("nan"), False)],
+)
+def test_times_outside_64_bits_are_dropped(value: object, kept: bool) -> None:
+    from memprobe.snapshot.load import normalize_snapshot
+
+    entry = {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "time_us": value}
+    snap = normalize_snapshot({"segments": [], "device_traces": [[entry]]})
+    assert ("time_us" in snap["device_traces"][0][0]) is kept
+
+
+def _bombs() -> dict[str, dict]:
+    from memprobe.snapshot.load import MAX_ENTRIES, MAX_FRAMES
+
+    seg = {"address": 0, "total_size": 512, "blocks": [{"size": 512, "state": "inactive"}]}
+    frames = [{"name": "f", "filename": "x.py", "line": 1}] * 50_000
+    per = MAX_FRAMES // len(frames) + 1
+    entry = {"action": "alloc", "addr": 1, "size": 512, "stream": 0, "frames": []}
+    return {
+        "segments referenced": {"segments": [seg] * (MAX_ENTRIES // 2 + 1), "device_traces": []},
+        "entries referenced": {"segments": [], "device_traces": [[entry] * (MAX_ENTRIES + 1)]},
+        "blocks share frames": {
+            "segments": [{"address": 0, "total_size": 512 * per, "blocks": [
+                {"size": 512, "state": "active_allocated", "frames": frames}] * per}],
+            "device_traces": []},
+        "segments share frames": {
+            "segments": [{"address": 0, "total_size": 0, "frames": frames, "blocks": []}] * per,
+            "device_traces": []},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["segments referenced", "entries referenced",
+                                  "blocks share frames", "segments share frames"])  # fmt: skip
+def test_shared_references_are_counted_before_expansion(tmp_path: Path, name: str) -> None:
+    from memprobe.errors import UserError
+    from memprobe.snapshot.load import load_snapshot
+
+    path = tmp_path / "bomb.pickle"
+    path.write_bytes(pickle.dumps(_bombs()[name], protocol=4))
+    assert path.stat().st_size < 30_000_000
+    with pytest.raises(UserError, match="beyond the"):
+        load_snapshot(path)
+
+
+@pytest.mark.parametrize("text", ["1x²x4", "1x٣x4", "1x" + "9" * 400, "1x-4", "x", "1xx4"])
+def test_shape_labels_read_only_ascii_digits(text: str) -> None:
+    from memprobe.snapshot.labels import parse_shape
+
+    assert parse_shape(text) is None
+
+
+# -- run directories and sizes: tampered numbers, sizes past 8 EiB ---------------------
+
+RUN_TAMPERS = {
+    "results: error 1e308": ("results.json", "rows", "max_abs_err_fwd", 1e308, "out of range"),
+    "results: time of 400 digits": ("results.json", "rows", "fwd_time_s", 10**400, "out of range"),
+    "run.json: tokens 'big'": ("run.json", "cases", "tokens", "big", "not a whole number"),
+    "run.json: tokens 2.5": ("run.json", "cases", "tokens", 2.5, "not a whole number"),
+    "run.json: tokens -4": ("run.json", "cases", "tokens", -4, "out of range"),
+    "run.json: kernel 5": ("run.json", "cases", "kernel", 5, "is not text"),
+    "run.json: dtype int8": ("run.json", "cases", "dtype", "int8", "dtype 'int8'"),
+    "run.json: unknown key": ("run.json", "cases", "colour", "red", "cannot read"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUN_TAMPERS))
+def test_tampered_run_directories_are_one_line(run_cli, run_dir: Path, name: str) -> None:
+    file, table, key, value, expected = RUN_TAMPERS[name]
+    data = json.loads((run_dir / file).read_text())
+    for item in data[table]:
+        item[key] = value
+    (run_dir / file).write_text(json.dumps(data))
+    args = ["sweep", "--resume", str(run_dir)] if file == "run.json" else ["report", str(run_dir)]
+    code, out, err = run_cli(*args)
+    assert code == 2 and expected in err, err
+    assert len(err.strip().splitlines()) == 1 and not out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sweep", "--tokens", "64", "--vocab", "128", "--budget", "9" * 400],
+        ["plan", "--vocab", "128", "--budget", "9" * 400],
+        ["plan", "--vocab", "128", "--budget", "80GiB", "--other", "9" * 400 + "GiB"],
+        ["sweep", "--tokens", "9" * 400, "--vocab", "128"],
+        ["sweep", "--tokens", str(2**40 + 1), "--vocab", "128"],
+        ["plan", "--vocab", "128", "--budget", "80GiB", "--tp", str(2**41)],
+    ],
+)
+def test_sizes_past_any_gpu_are_one_line(run_cli, args: list[str]) -> None:
+    code, out, err = run_cli(*args)
+    assert code == 2 and "beyond the largest" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_a_400_digit_max_peak_in_the_config(tmp_path: Path) -> None:
+    from memprobe.config import load_config
+    from memprobe.errors import UserError
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text(f'[tool.memprobe.gate]\nrules = [{{ kernel = "x", max_peak = {"9" * 400} }}]\n')
+    with pytest.raises(UserError, match="beyond the largest size"):
+        load_config(path)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "expected"),
+    [
+        ([{"address": 0, "size": 512, "state": "inactive"},
+          {"address": 256, "size": 512, "state": "active_allocated"}], "overlaps the block before"),
+        ([{"address": 0, "size": 4096, "state": "active_allocated"}], "past its end"),
+        ([], "has no blocks"),
+    ],
+)  # fmt: skip
+def test_blocks_that_overlap_or_leave_their_segment(run_cli, tmp_path: Path, blocks, expected):
+    seg = {"address": 0, "total_size": 1024, "blocks": blocks}
+    path = tmp_path / "seg.pickle"
+    path.write_bytes(pickle.dumps({"segments": [seg], "device_traces": [[]]}, protocol=4))
+    code, _, err = run_cli("attribute", str(path), "--replay")
+    assert code == 2 and expected in err
+
+
+@pytest.mark.parametrize("key", ["max_peak_over_floor", "max_big_fp32_blocks"])
+def test_a_400_digit_limit_of_any_kind(tmp_path: Path, key: str) -> None:
+    from memprobe.config import load_config
+    from memprobe.errors import UserError
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text(f'[tool.memprobe.gate]\nrules = [{{ kernel = "x", {key} = {"9" * 400} }}]\n')
+    with pytest.raises(UserError):
+        load_config(path)

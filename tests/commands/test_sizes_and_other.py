@@ -25,6 +25,7 @@ SWEEP = ["sweep", "--tokens", "1024", "--vocab", "4096", "--kernel", "unchunked,
         ("58GiB", None),
         ("58 b", None),  # a unit, however small, was asked for
         ("lots", None),  # not a size: the command's error, not a warning
+        ("1" * 400, None),  # too large to be a size: the command's error too
         (None, None),
     ],
 )

@@ -14,7 +14,7 @@ from memprobe.kernels import (
 )
 from memprobe.kernels.filtered import filtered_out_mask
 from memprobe.measure import step
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.step import make_inputs
 from memprobe.measure.traced import traced_step
 from memprobe.records import Case
@@ -96,6 +96,22 @@ def test_ties_at_the_threshold_are_kept_as_filtered_keeps_them(dtype, filters):
     _check(logits, targets, torch.randn(2, 23, generator=gen), FILTERS[filters], 5)
 
 
+@pytest.mark.parametrize("cap", [1024, 3])
+def test_rows_the_histogram_cannot_settle_are_sorted(monkeypatch, cap):
+    # Two values only: 1,250 logits in a bucket, more than a topk of 1,024 holds
+    # (and with a cap of 3 every row of a normal draw falls back too).
+    import memprobe.kernels.filtered_chunked as fc
+
+    monkeypatch.setattr(fc, "BUCKET_CAP", cap)
+    gen = torch.Generator().manual_seed(5)
+    flat = torch.randint(0, 2, (1, 6, 2500), generator=gen).float()
+    _check(
+        flat, torch.randint(0, 2500, (1, 6), generator=gen), torch.randn(1, 6), {"top_p": 0.6}, 4
+    )
+    logits, targets, grad_out = _draw((2, 9, 263), torch.bfloat16, 3.0, 6)
+    _check(logits, targets, grad_out, {"top_p": 0.9}, 4)
+
+
 def test_ties_by_hand():
     # top-k keeps every logit equal to the k-th; top-p stops inside a run of ties
     # and keeps its first in vocabulary order, as filtered's stable sort does.
@@ -137,7 +153,7 @@ def test_meta_peak_equals_a_real_cpu_run_to_the_byte(monkeypatch, dtype, filters
     monkeypatch.setitem(step.SWEEP_FILTERS, "filtered_chunked", filters)
     # Bf16 draws tie often, so the tie fix-ups run on cpu (and are skipped on meta).
     shape, chunk = (1, 150, 2048), 64
-    meta = simulate(Case("filtered_chunked", *shape, dtype, chunk, device="meta"))
+    meta = simulate_tracker(Case("filtered_chunked", *shape, dtype, chunk, device="meta"))
     case = Case("filtered_chunked", *shape, dtype, chunk, device="cpu")
     cpu = traced_step(case, make_inputs(case, "cpu"), capture_frames=False).tracker
     assert meta.peak_bytes == cpu.peak_bytes
@@ -147,8 +163,8 @@ def test_meta_peak_equals_a_real_cpu_run_to_the_byte(monkeypatch, dtype, filters
 def test_headline_peak_within_ten_percent_of_its_floor():
     case = Case("filtered_chunked", 1, 20_000, 131_072, "bf16", 1024, device="meta")
     floor = 2 * case.logits_bytes
-    peak = simulate(case, capture_frames=False).peak_bytes
-    filtered = simulate(
+    peak = simulate_tracker(case, capture_frames=False).peak_bytes
+    filtered = simulate_tracker(
         Case("filtered", 1, 20_000, 131_072, "bf16", None, device="meta"), capture_frames=False
     ).peak_bytes
     # The floor, one float32 chunk and its bool mask, and [B, S] vectors.

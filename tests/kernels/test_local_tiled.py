@@ -12,7 +12,7 @@ from memprobe.kernels import (
     local_tiled_inplace_logprobs,
     local_tiled_logprobs,
 )
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.records import Case
 
 V = 131_072
@@ -53,7 +53,7 @@ def test_bad_tile_size_is_rejected():
 
 def _peak(kernel: str, tokens: int, chunk: int | None = None) -> tuple[int, int]:
     case = Case(kernel, 1, tokens, V, dtype="bf16", chunk_size=chunk, device="meta")
-    tracker = simulate(case, capture_frames=False)
+    tracker = simulate_tracker(case, capture_frames=False)
     floor = case.logits_bytes * (1 if kernel.endswith("inplace") else 2)
     return tracker.peak_bytes, floor
 
@@ -93,8 +93,8 @@ def test_the_shortened_meta_loops_simulate_the_full_step_exactly(
         reserved = modelled_reserved_peak(tracker.events)
         return tracker.peak_bytes, dict(tracker.phase_peaks), live, reserved
 
-    short = simulate(case, capture_frames=False)
+    short = simulate_tracker(case, capture_frames=False)
     monkeypatch.setattr(tiled, "block_starts", lambda stop, step, device: range(0, stop, step))
-    full = simulate(case, capture_frames=False)
+    full = simulate_tracker(case, capture_frames=False)
     assert len(short.events) < len(full.events)
     assert summary(short) == summary(full)

@@ -6,7 +6,7 @@ import torch
 from memprobe.errors import UserError
 from memprobe.measure import measure, resolve_device
 from memprobe.measure.cpu_backend import measure_cpu
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Case
 
@@ -56,7 +56,7 @@ def test_local_chunked_inplace_headline_reaches_the_floor():
 
 
 def test_chunked_kernels_keep_one_float32_chunk_in_backward():
-    tracker = simulate(headline("local_chunked"))
+    tracker = simulate_tracker(headline("local_chunked"))
     backward = [e for e in tracker.events if e.action == "alloc" and e.phase == "backward"]
     big = [e for e in backward if e.nbytes >= 4 * CHUNK * V]
     assert {e.dtype for e in big} == {"torch.float32", "torch.bfloat16"}
@@ -71,7 +71,7 @@ def test_naive_chunk_loop_bounds_nothing():
 
 
 def test_tracker_records_ops_frames_and_phases():
-    tracker = simulate(headline("unchunked"))
+    tracker = simulate_tracker(headline("unchunked"))
     allocs = [e for e in tracker.events if e.action == "alloc"]
     assert allocs[0].op == "input: logits" and allocs[0].phase == "setup"
     ops = {e.op for e in allocs}
@@ -123,11 +123,11 @@ def test_cuda_without_cuda_is_an_error_not_a_zero(monkeypatch):
 def test_cuda_counts_big_blocks_from_its_allocator_history():
     # A synthesized snapshot stands in for torch.cuda.memory._snapshot() here.
     from memprobe.measure.cuda_backend import _big_fp32_blocks
-    from memprobe.measure.meta_backend import simulate
+    from memprobe.measure.meta_backend import simulate_tracker
     from memprobe.snapshot import synthesize_snapshot
 
     for kernel, expected in (("unchunked", 3), ("local_chunked", 0)):
         case = Case(kernel, 1, 2048, 32768, "bf16", 1024, device="meta")
-        snapshot = synthesize_snapshot(simulate(case).events, case=case)
+        snapshot = synthesize_snapshot(simulate_tracker(case).events, case=case)
         assert _big_fp32_blocks(case, snapshot) == expected
     assert _big_fp32_blocks(case, None) is None

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from memprobe.measure import measure
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.protocol import HIDDEN, LOGITS, floor_bytes, protocol_for
 from memprobe.records import Case
 
@@ -26,7 +26,7 @@ def test_the_floor_is_the_leaves_and_their_gradients(case: Case) -> None:
     leaves = protocol.leaves(inputs)
     assert floor_bytes(case) == 2 * sum(t.nbytes for _, t in leaves)
     # The tracer counts exactly those leaves from the start, labelled as inputs.
-    ops = [e.op for e in simulate(case).events[: len(leaves)]]
+    ops = [e.op for e in simulate_tracker(case).events[: len(leaves)]]
     assert ops == [f"input: {label}" for label, _ in leaves]
 
 

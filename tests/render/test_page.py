@@ -36,7 +36,7 @@ def no_simulation(monkeypatch: pytest.MonkeyPatch) -> None:
     import memprobe.measure
     import memprobe.measure.meta_backend
 
-    monkeypatch.setattr(memprobe.measure.meta_backend, "simulate", refuse)
+    monkeypatch.setattr(memprobe.measure.meta_backend, "simulate_tracker", refuse)
     monkeypatch.setattr(memprobe.measure, "measure", refuse)
 
 

@@ -13,7 +13,7 @@ import pytest
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
 from memprobe.kernels import get_spec
-from memprobe.measure.meta_backend import simulate
+from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.records import Case
 from memprobe.render import write_report
 from memprobe.render.attribute_page import write_attribute_page
@@ -160,7 +160,7 @@ def test_hostile_kernel_frame_and_command_show_as_text(run: Path, tmp_path: Path
     case = Case(
         top["kernel"], top["batch"], top["tokens"], top["vocab"], top["dtype"], top["chunk_size"]
     )
-    snap = synthesize_snapshot(simulate(case).events, case=case)
+    snap = synthesize_snapshot(simulate_tracker(case).events, case=case)
     for entry in snap["device_traces"][0]:
         entry["frames"] = [{"name": HOSTILE, "filename": "C:\\jobs\\train&<i>.py", "line": 7}]
     write_snapshot(snap, hostile / "snapshots" / "x.pickle")
@@ -253,7 +253,7 @@ def test_breakdown_accounts_for_the_whole_peak(kernel: str) -> None:
     case = Case(kernel, 1, 2048, 32768, "bf16", 512)
     from memprobe.snapshot.synthesize import synthesize_snapshot
 
-    tracker = simulate(case, capture_frames=False)
+    tracker = simulate_tracker(case, capture_frames=False)
     b = breakdown(kernel, from_snapshot(synthesize_snapshot(tracker.events, case=case)), case)
     assert set(b.parts) == set(CATEGORIES)
     assert b.peak_bytes == tracker.peak_bytes == sum(b.parts.values())
@@ -274,7 +274,7 @@ def test_the_trace_is_the_snapshot_replay_over_the_step() -> None:
     from memprobe.snapshot.synthesize import synthesize_snapshot
 
     case = Case("unchunked", 1, 1024, 8192, "bf16", 256)
-    tracker = simulate(case)
+    tracker = simulate_tracker(case)
     snapshot = synthesize_snapshot(tracker.events, case=case)
     trace = from_snapshot(snapshot)
     rep = replay(snapshot)
@@ -306,7 +306,7 @@ def test_findings_page_is_self_contained(tmp_path: Path) -> None:
 
     case = Case("unchunked", 1, 1024, 8192, "bf16", 256)
     findings = attribute(
-        synthesize_snapshot(simulate(case).events, case=case), vocab=8192, tokens=1024
+        synthesize_snapshot(simulate_tracker(case).events, case=case), vocab=8192, tokens=1024
     )
     out = write_attribute_page((findings,), tmp_path / "f.html", title=f"snapshot {HOSTILE}")
     text = out.read_text(encoding="utf-8")
@@ -325,7 +325,7 @@ def _cuda_like(case: Case) -> tuple[dict, int]:
     from memprobe.snapshot.labels import format_label, parse_label
     from memprobe.snapshot.synthesize import synthesize_snapshot
 
-    tracker = simulate(case)
+    tracker = simulate_tracker(case)
     snap = synthesize_snapshot(tracker.events, case=case)
     trace = snap["device_traces"][0]
     for entry in trace:

@@ -13,34 +13,25 @@ Decisions that keep a broken setup from passing:
   ``max_regression`` percent, when it is gone, or when it no longer finishes.
   Cases new since the baseline are listed but not compared.
 
-:func:`run_gate` is the whole stage ``memprobe gate`` runs: config, results (read,
-or the configured sweep run by the very job ``memprobe sweep`` runs), verdict,
-baseline update. Reports (terminal text, JUnit, step summary) are render/'s.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from memprobe.config import MemprobeConfig, Rule, load_config
+from memprobe.config import Rule
 from memprobe.errors import UserError
-from memprobe.io.files import check_output
 from memprobe.results import (
     case_key,
     check_unique_cases,
-    read_rows,
-    results_file,
-    run_inputs,
-    write_baseline,
 )
 
 if TYPE_CHECKING:
-    from memprobe.records import Case, Run
+    pass
 
 # Each limit: the rule attribute, how to read the measured value off a row, its unit.
 LIMIT_UNITS = {"max_peak": "bytes", "max_peak_over_floor": "ratio", "max_big_fp32_blocks": "count"}
@@ -326,150 +317,3 @@ def evaluate(
         max_regression=max_regression,
         notes=tuple(notes),
     )
-
-
-@dataclass(frozen=True)
-class GateRequest:
-    """What the CLI asks for: every flag of ``memprobe gate``."""
-
-    results: Path | None = None
-    config: Path | None = None
-    baseline: Path | None = None
-    max_regression: float | None = None
-    # Checked here before anything runs (it must not replace an input); the caller
-    # writes it from the verdict.
-    junit_xml: Path | None = None
-    update_baseline: Path | None = None
-    out: Path | None = None
-    cwd: Path = field(default_factory=Path.cwd)
-    # After each case of the configured sweep (memprobe.sweep.OnCase).
-    progress: Callable[[int, int, Case, Run], None] | None = None
-
-
-@dataclass(frozen=True)
-class GateOutcome:
-    # None on a torchrun rank but 0: it measured its share; rank 0 judges.
-    verdict: Verdict | None
-    rows: tuple[Row, ...] = ()
-    written: tuple[Path, ...] = ()  # the updated baseline
-
-    @property
-    def exit_code(self) -> int:
-        return self.verdict.exit_code if self.verdict is not None else 0
-
-
-def run_gate(req: GateRequest) -> GateOutcome:
-    """Load the config, get results (reading them or running the sweep), check them,
-    update the baseline when asked.
-
-    Usage and config errors raise UserError before anything is measured or written.
-    """
-    if req.results is not None and not results_file(req.results).exists():
-        # The first thing to say about a mistyped path, before any config question.
-        raise UserError(f"no results at {req.results}", "give a run directory or its results.json")
-    if req.junit_xml is not None:
-        # Checked before anything runs: the report must not replace an input.
-        inputs = [*(run_inputs(req.results) if req.results else []), *filter(None, [req.baseline])]
-        check_output(req.junit_xml, inputs, flag="--junit-xml")
-    cfg = load_config(req.config, start=req.cwd)
-    config_name = str(cfg.source) if cfg.source else None
-    max_regression = req.max_regression
-    if max_regression is None:
-        max_regression = cfg.gate.max_regression or 0.0
-    baseline_path = req.baseline or cfg.gate.baseline
-    baseline_rows: list[dict[str, Any]] | None = None
-    notes: list[str] = []
-    if baseline_path is not None:
-        if (
-            req.update_baseline
-            and _same_file(baseline_path, req.update_baseline)
-            and not baseline_path.exists()
-        ):
-            # First run of `gate --update-baseline` with the baseline named in the config.
-            notes.append(f"baseline {baseline_path} does not exist yet; not compared")
-            baseline_path = None
-        elif not results_file(baseline_path).exists():
-            # The first gate run of a project: the baseline is made, not found.
-            where = "the config's baseline" if req.baseline is None else "--baseline"
-            raise UserError(
-                f"{where} {baseline_path} does not exist yet",
-                f"make it once with `memprobe gate RUN --update-baseline {baseline_path}` "
-                "and commit it",
-            )
-        else:
-            baseline_rows = read_rows(baseline_path)
-    rules = cfg.gate.rules
-    if not rules and baseline_path is None and req.update_baseline is None:
-        where = config_name or f"no pyproject.toml at or above {req.cwd}"
-        raise UserError(
-            f"nothing to check: no [tool.memprobe.gate] rules ({where}) and no --baseline",
-            "add rules to [tool.memprobe.gate] or pass --baseline results.json",
-        )
-    if req.results is not None:
-        rows = read_rows(req.results)
-        source = str(req.results)
-    else:
-        swept = _run_configured_sweep(cfg, req)
-        if swept is None:
-            return GateOutcome(verdict=None)
-        rows, source = swept
-    verdict = evaluate(
-        rows,
-        rules,
-        results=source,
-        baseline=baseline_rows,
-        baseline_source=str(baseline_path) if baseline_path else None,
-        max_regression=max_regression,
-        config=config_name,
-    )
-    if notes:
-        verdict = replace(verdict, notes=(*notes, *verdict.notes))
-    written: list[Path] = []
-    if req.update_baseline is not None:
-        write_baseline(req.update_baseline, rows)
-        written.append(req.update_baseline)
-    return GateOutcome(verdict=verdict, rows=tuple(rows), written=tuple(written))
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    return a.resolve() == b.resolve()
-
-
-def _run_configured_sweep(
-    cfg: MemprobeConfig, req: GateRequest
-) -> tuple[list[dict[str, Any]], str] | None:
-    """Run ``[tool.memprobe.sweep]`` into ``req.out`` with the sweep job itself (its
-    allocator settings and torchrun ranks); None on a rank that does not report.
-
-    The default is ``reports/gate/<time>/`` next to the config file, so CI can
-    keep it as an artifact.
-    """
-    # torch comes with the sweep: reading results and judging them must not pay for it.
-    from memprobe.measure import resolve_device
-    from memprobe.results import default_run_dir, rows_of
-    from memprobe.sweep import SweepRequest, run_sweep_job
-
-    if cfg.sweep is None:
-        where = str(cfg.source) if cfg.source else f"no pyproject.toml at or above {req.cwd}"
-        raise UserError(
-            f"no RESULTS given and no [tool.memprobe.sweep] to run ({where})",
-            "give a run directory or results.json, or add [tool.memprobe.sweep] tokens and vocab",
-        )
-    device = resolve_device(cfg.sweep.device)  # raises on cuda without CUDA
-    for rule in cfg.gate.rules:
-        if rule.device and device not in rule.device:
-            why = " and CUDA is not available here" if "cuda" in rule.device else ""
-            raise UserError(
-                f"{rule.where} gates device {','.join(rule.device)} "
-                f"but the sweep runs on {device}{why}",
-                "drop the rule's device filter, or set device in [tool.memprobe.sweep]",
-            )
-    root = cfg.source.parent if cfg.source else req.cwd
-    out = req.out or default_run_dir(root / "reports" / "gate")
-    request = SweepRequest(
-        grid=cfg.sweep, out=out, verify=False, command="memprobe gate", snapshots=False
-    )
-    outcome = run_sweep_job(request, req.progress)
-    if not outcome.lead:
-        return None
-    return rows_of(outcome.frame), str(outcome.run_dir)

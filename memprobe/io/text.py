@@ -1,0 +1,32 @@
+"""Text from files memprobe did not write, made safe to print.
+
+A frame name, a kernel name or a label in a tampered file can hold terminal escape
+sequences (an OSC title, a cursor move), BEL, NUL, a carriage return that overwrites the
+line before it, a newline that forges a line of its own ("FAKE: all checks passed"), or
+a lone surrogate that no terminal encoding can write. Each such character is shown as
+its Python escape instead (``\\x1b``, ``\\n``, ``\\ud800``): visible, inert, one line.
+"""
+
+from __future__ import annotations
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, f"\\x{code:02x}")
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with every non-printable character (controls, line and paragraph
+    separators, lone surrogates) replaced by its escape; printable text is returned as is."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def printable_lines(text: str) -> str:
+    """Whole output text: the same escapes, except for the newlines that end its lines."""
+    if text.isprintable():
+        return text
+    return "\n".join(printable(line) for line in text.split("\n"))
