@@ -16,8 +16,8 @@ import time
 import torch
 
 from memprobe.kernels import get_kernel, kernel_names
-from memprobe.measure.hidden import HiddenShape, simulate_hidden
 from memprobe.measure.meta_backend import simulate_tracker
+from memprobe.measure.protocol import HiddenShape, simulate_hidden
 from memprobe.records import Case
 
 GIB = 2**30

@@ -14,7 +14,7 @@ import warnings
 import torch
 
 from memprobe.kernels import get_kernel, kernel_names
-from memprobe.measure.hidden import HiddenShape, verify_hidden
+from memprobe.measure.protocol import HiddenShape, verify_hidden
 
 SHAPES = ((2, 67, 64, 263), (1, 300, 128, 1031))
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

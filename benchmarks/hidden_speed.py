@@ -25,7 +25,7 @@ import time
 import torch
 
 from memprobe.kernels import get_kernel
-from memprobe.measure.hidden import HiddenShape, make_hidden_inputs
+from memprobe.measure.protocol import HiddenShape, make_hidden_inputs
 
 
 def reference(hidden, weight, targets, *, chunk_size=None):  # type: ignore[no-untyped-def]

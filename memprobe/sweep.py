@@ -2,14 +2,17 @@
 
 The run directory itself (run.json, results files, snapshots) belongs to
 :mod:`memprobe.results`; this module decides what runs and runs it.
+:func:`run_sweep_job` is the whole job ``memprobe sweep`` runs (allocator settings,
+torchrun ranks, resume), and the one ``memprobe gate`` runs for its configured sweep.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import platform
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
-from memprobe.allocator import AllocConf
+from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.kernels.registry import check_inputs_match
@@ -27,6 +30,8 @@ from memprobe.measure.parallel import (
     agree,
     gather_row,
     share_cases,
+    start_ranks,
+    stop_ranks,
     under_torchrun,
 )
 from memprobe.measure.rank_agreement import run_agreed
@@ -133,7 +138,8 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
         _check_parallel(s, v, t, c)
         for k in kernels:
-            sizes = hidden if get_spec(k).inputs == "hidden" and hidden else [None]
+            # check_inputs_match: with hidden sizes every kernel takes them, else none does.
+            sizes: list[int | None] = list(hidden) if hidden else [None]
             cases += [Case(k, b, s, v, d, cs, t, c, dev, h) for h in sizes for cs in chunks[k]]
     return list(dict.fromkeys(cases))
 
@@ -170,7 +176,71 @@ def environment(device: str) -> dict[str, Any]:
 
 
 # -- running --------------------------------------------------------------
-Progress = Callable[[int, int, Case, Run], None]
+# Called after the i-th of n cases finishes: (i, n, case, run). The CLI's is
+# memprobe.render.console.Progress.case.
+OnCase = Callable[[int, int, Case, Run], None]
+
+
+@dataclass(frozen=True)
+class SweepRequest:
+    grid: Grid
+    out: Path | None = None  # None: reports/<run-id>/
+    resume: Path | None = None
+    verify: bool = True
+    alloc_conf: str | None = None  # PYTORCH_ALLOC_CONF syntax
+    command: str = ""
+    snapshots: bool = True  # an allocator snapshot per case in the run directory
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    frame: pd.DataFrame
+    run_dir: Path
+    # False on every torchrun rank but 0: they measure, rank 0 reports.
+    lead: bool
+
+
+def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> SweepOutcome:
+    """Plan (or resume) the cases, join the torchrun ranks when there are any, and run
+    them into the run directory under the requested allocator settings."""
+    conf = parse_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
+    if request.resume is not None and request.resume.is_dir():
+        # A resumed run keeps the allocator settings it started with.
+        recorded = results.read_run_meta(request.resume).get("alloc_conf")
+        conf = parse_alloc_conf(recorded) if isinstance(recorded, str) else None
+    if conf is not None and request.resume is None:
+        # The real allocator reads it at its first allocation: set before any CUDA call.
+        os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
+    # This process's rank in a torchrun job, handed down explicitly (None: one process).
+    layout = (
+        start_ranks(
+            resolve_device(request.grid.device), list(request.grid.tp), list(request.grid.cp)
+        )
+        if under_torchrun()
+        else None
+    )
+    try:
+        if request.resume is not None:
+            cases, run_dir = [], request.resume
+        else:
+            cases = plan_cases(request.grid)
+            run_dir = request.out if request.out is not None else results.default_run_dir()
+        lead = layout is None or layout.rank == 0
+        frame = run_sweep(
+            cases,
+            run_dir,
+            alloc_conf=conf,
+            verify=request.verify,
+            progress=progress if lead else None,
+            command=request.command,
+            resume=request.resume is not None,
+            snapshots=request.snapshots,
+            layout=layout,
+        )
+        return SweepOutcome(frame, run_dir, lead)
+    finally:
+        if under_torchrun():
+            stop_ranks()
 
 
 def run_sweep(
@@ -178,7 +248,7 @@ def run_sweep(
     out_dir: Path,
     *,
     verify: bool = True,
-    progress: Progress | None = None,
+    progress: OnCase | None = None,
     command: str = "",
     resume: bool = False,
     snapshots: bool = True,

@@ -214,6 +214,87 @@ def test_render_neither_loads_snapshots_nor_runs_attribution() -> None:
     assert found == []
 
 
+def _render_page_templates() -> set[str]:
+    """The template names passed to ``render_page`` anywhere in the package."""
+    names = set()
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", None)) == "render_page"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                names.add(node.args[0].value)
+    return names
+
+
+def test_every_template_the_code_renders_ships_and_every_shipped_file_is_package_data() -> None:
+    import fnmatch
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    templates = ROOT / "render" / "templates"
+    rendered = _render_page_templates()
+    assert {"report.html", "attribute.html", "plan.html"} <= rendered
+    assert all((templates / name).is_file() for name in rendered), rendered
+    # Each file under templates/ matches a package-data glob: a new asset kind
+    # (a .svg, a .woff) would be left out of the wheel silently otherwise.
+    pyproject = tomllib.loads((ROOT.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    globs = pyproject["tool"]["setuptools"]["package-data"]["memprobe.render"]
+    for path in templates.rglob("*"):
+        if path.is_file():
+            relative = path.relative_to(ROOT / "render").as_posix()
+            assert any(fnmatch.fnmatch(relative, g) for g in globs), relative
+    # Pages are templates, and templates pull one another in by name only.
+    for path in templates.glob("*.html"):
+        text = path.read_text(encoding="utf-8")
+        for ref in re.findall(r'{%\s*(?:extends|import|include|from)\s+"([^"]+)"', text):
+            assert (templates / ref).is_file(), f"{path.name} -> {ref}"
+
+
+def _comparisons_of_inputs(path: Path) -> list[int]:
+    """Lines where code asks which input protocol a kernel has (``spec.inputs == ...``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "inputs" for s in sides):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_measurement_and_the_stages_never_branch_on_a_kernels_inputs() -> None:
+    """The logits/hidden difference lives on memprobe.measure.protocol's objects; the
+    backends, the sweep, the plan and the gate run any kernel through them. (The registry
+    filters by it, and a front end may refuse a kernel of the other protocol.)"""
+    scope = ("measure/", "sweep.py", "plan/", "gate.py")
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted(ROOT.rglob("*.py"))
+        if path.relative_to(ROOT).as_posix().startswith(scope)
+        for line in _comparisons_of_inputs(path)
+    ]
+    assert found == []
+
+
+def test_one_progress() -> None:
+    """One Progress (render/console.py); the stages take plain callbacks."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and "Progress" in node.name:
+                found.append(f"{path.relative_to(ROOT)}: class {node.name}")
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and "Progress" in target.id:
+                        found.append(f"{path.relative_to(ROOT)}: {target.id} =")
+    assert found == ["render/console.py: class Progress"]
+
+
 def _third_party_imports() -> dict[str, set[str]]:
     """Top-level name of each non-stdlib, non-memprobe import → the modules importing it."""
     found: dict[str, set[str]] = defaultdict(set)

@@ -1,16 +1,17 @@
-"""``memprobe plan``: how many tokens per GPU fit a memory budget, per kernel × layout."""
+"""``memprobe plan``: how many tokens per GPU fit a memory budget, per kernel × layout.
+
+The command parses flags, runs the plan job (:func:`memprobe.plan.run_plan_job`)
+and renders it: progress on stderr, the page with ``--out``, the table and the answer."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.flags import (
     MAX_COUNT,
     CpOption,
@@ -24,129 +25,18 @@ from memprobe.commands.flags import (
 from memprobe.errors import UserError
 
 
-@dataclass(frozen=True)
-class PlanRequest:
-    vocab: int
-    budget: str
-    other: str = "0"
-    dtype: str = "bf16"
-    batch: int = 1
-    kernels: tuple[str, ...] | None = None
-    # None: the chunk sizes a --from-run run timed, else 1024 (the sweep's default).
-    chunk_sizes: tuple[int | None, ...] | None = None
-    tp: tuple[int, ...] = (1,)
-    cp: tuple[int, ...] = (1,)
-    hidden: int | None = None
-    alloc_conf: str | None = None
-    from_run: Path | None = None
-    out: Path | None = None
-    jobs: int = 1
-    other_from: tuple[str, ...] = ()  # snapshots to read "other" from instead
-    reserved: bool = True  # also plan on the allocator model's reserved peak
-    progress: bool = True  # a line (or a bar) on stderr as each plan finishes
-    other_includes_lm_head: bool = False  # --other holds the lm_head weight
-
-
-@dataclass(frozen=True)
-class PlanOutcome:
-    plans: list[Any]  # memprobe.plan.TokenPlan, imported lazily with torch
-    budget: Any
-    choices: list[Any]
-    skipped: list[str]
-    notes: list[str]
-    written: tuple[Path, ...] = ()
-
-    def rows(self) -> list[dict[str, Any]]:
-        """The --json rows: each plan, with whether its chunk size is the one to pick."""
-        memory = {(c.kernel, c.tp, c.cp): c for c in self.choices}
-        rows = []
-        for p in self.plans:
-            row = p.row()
-            choice = memory.get((p.target.kernel, p.target.tp, p.target.cp))
-            row["chunk_for_memory"] = choice.for_memory == p.target.chunk_size if choice else None
-            row["chunk_for_time"] = (
-                choice.for_time == p.target.chunk_size
-                if choice and choice.for_time is not None
-                else None
-            )
-            rows.append(row)
-        return rows
-
-
-def _run_chunk_sizes(rows: list[dict[str, Any]]) -> tuple[int | None, ...]:
-    timed = {
-        r["chunk_size"]
-        for r in rows
-        if r.get("chunk_size") is not None and r.get("fwd_time_s") is not None
-    }
-    return tuple(sorted(timed)) or (1024,)
-
-
-def _progress(total: int, enabled: bool) -> Callable[[Any], None]:
+def _progress() -> Callable[[int, int, Any], None]:
     """Report each finished plan on stderr: some take minutes (torch's chunk loop at a
     million tokens), and the table comes only when all are done."""
-    from memprobe.render.progress import Progress
+    from memprobe.render.console import Progress
 
-    progress = Progress(enabled=enabled)
-    finished = 0
+    progress = Progress()
 
-    def on_done(done: Any) -> None:
-        nonlocal finished
-        finished += 1
+    def on_plan(i: int, n: int, done: Any) -> None:
         t = done.target
-        what = f"{t.kernel} tp={t.tp} cp={t.cp}: {done.max_tokens:,} tokens/GPU"
-        progress.step(finished, total, what)
+        progress.step(i, n, f"{t.kernel} tp={t.tp} cp={t.cp}: {done.max_tokens:,} tokens/GPU")
 
-    return on_done
-
-
-def run_plan_job(request: PlanRequest) -> PlanOutcome:
-    from memprobe import plan
-    from memprobe.results import read_rows
-
-    # Checked before any simulation; --other-from reads the snapshots now.
-    budget, other_note = plan.budget_from(request.budget, request.other, request.other_from)
-    if request.alloc_conf is not None:
-        parse_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
-    rows = read_rows(request.from_run) if request.from_run is not None else None
-    chunk_sizes = request.chunk_sizes
-    if chunk_sizes is None:
-        chunk_sizes = _run_chunk_sizes(rows) if rows else (1024,)
-    targets, skipped = plan.plan_targets(
-        request.kernels,
-        vocab=request.vocab,
-        batch=request.batch,
-        dtype=request.dtype,
-        chunk_sizes=chunk_sizes,
-        tp=request.tp,
-        cp=request.cp,
-        hidden=request.hidden,
-    )
-    if request.other_includes_lm_head:
-        budget = plan.with_lm_head_in_other(budget, targets)
-    plans = plan.run_plans(
-        targets,
-        budget,
-        jobs=request.jobs,
-        alloc_conf=request.alloc_conf,
-        reserved=request.reserved,
-        on_done=_progress(len(targets), request.progress),
-    )
-    choices = plan.chunk_choices(plans, rows)
-    notes = [
-        plan.reserved_status(request.alloc_conf)
-        if request.reserved
-        else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
-    ] + ([other_note] if other_note else [])
-    lm_head = plan.lm_head_status(targets, budget)
-    notes += [lm_head] if lm_head else []
-    outcome = PlanOutcome(plans, budget, choices, skipped, notes)
-    if request.out is not None:
-        from memprobe.render.plan_page import write_plan_page
-
-        written = write_plan_page(request.out, plans, budget, outcome.rows())
-        outcome = PlanOutcome(plans, budget, choices, skipped, notes, written)
-    return outcome
+    return on_plan
 
 
 def _single(text: str, flag: str) -> int:
@@ -268,12 +158,14 @@ def command(
     simulation the sweep uses, seeded by the line peak = slope x tokens + fixed.
     Peaks are allocated bytes on one rank.
     """
+    from memprobe.plan import PlanRequest, run_plan_job
+    from memprobe.render.console import show
     from memprobe.render.plan_text import (
         answer_line,
         budget_line,
         chunk_lines,
         line_note,
-        table_lines,
+        plan_table,
     )
 
     if jobs is not None and jobs < 1:
@@ -307,19 +199,22 @@ def command(
         hidden=hidden,
         alloc_conf=alloc_conf,
         from_run=from_run,
-        out=out,
         jobs=jobs if jobs is not None else 1,
         reserved=reserved,
         other_includes_lm_head=other_includes_lm_head,
         other_from=tuple(name_list(other_from, "--other-from")) if other_from else (),
     )
-    outcome = run_plan_job(request)
+    outcome = run_plan_job(request, _progress())
+    written: tuple[Path, ...] = ()
+    if out is not None:
+        from memprobe.render.plan_page import write_plan_page
+
+        written = write_plan_page(out, outcome.plans, outcome.budget, outcome.rows())
     if as_json:
         typer.echo(json.dumps(outcome.rows(), indent=1))
         return
     typer.echo(budget_line(outcome.budget))
-    for line in table_lines(outcome.plans):
-        typer.echo(line)
+    show([plan_table(outcome.plans)])
     if outcome.skipped:
         typer.echo(f"not planned (no vocabulary shards): {', '.join(outcome.skipped)}")
     for line in [*chunk_lines(outcome.choices), *outcome.notes]:
@@ -327,6 +222,6 @@ def command(
     note = line_note(outcome.plans)
     if note:
         typer.echo(note)
-    for path in outcome.written:
+    for path in written:
         typer.echo(f"wrote {path}")
     typer.echo(answer_line(outcome.plans, outcome.budget))

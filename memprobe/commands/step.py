@@ -228,7 +228,8 @@ def plan_step_lines(
         raise UserError("--step plans one chunk size", "e.g. --chunk-size 1024")
     from memprobe import plan
     from memprobe.plan.whole_step import plan_step, step_kernels
-    from memprobe.render.plan_text import answer_line, table_lines
+    from memprobe.render.console import plain_lines
+    from memprobe.render.plan_text import answer_line, plan_table
 
     limit = plan.make_budget(budget)
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
@@ -256,4 +257,4 @@ def plan_step_lines(
         f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; "
         "reserved in the last column)"
     )
-    return [head, what, *table_lines(plans), answer_line(plans, limit)]
+    return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]

@@ -1,20 +1,16 @@
-"""``memprobe sweep``: plan (or resume), join ranks, run, report, print."""
+"""``memprobe sweep``: parse the flags, run the sweep job (:func:`memprobe.sweep.run_sweep_job`),
+write the report, print."""
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
-import pandas as pd
 import typer
 
-from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.flags import (
     CpOption,
     TpOption,
@@ -27,78 +23,11 @@ from memprobe.commands.flags import (
 )
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_size
-from memprobe.records import Case, Grid, Run
+from memprobe.records import Grid
 from memprobe.results import default_run_dir, read_run_meta
 
 # torch (measure, sweep) and matplotlib (the report) are imported when a sweep
 # runs, not when the CLI starts: `memprobe attribute` must not pay for them.
-Progress = Callable[[int, int, Case, Run], None]
-
-
-@dataclass(frozen=True)
-class SweepRequest:
-    grid: Grid
-    out: Path | None = None
-    resume: Path | None = None
-    verify: bool = True
-    budget_bytes: int | None = None  # marked on the report's plots
-    alloc_conf: str | None = None  # PYTORCH_ALLOC_CONF syntax
-    command: str = ""
-
-
-@dataclass(frozen=True)
-class SweepOutcome:
-    frame: pd.DataFrame
-    run_dir: Path
-    # False on every torchrun rank but 0: they measure, rank 0 reports.
-    lead: bool
-    report: Path | None
-
-
-def run_sweep_job(request: SweepRequest, progress: Progress | None = None) -> SweepOutcome:
-    from memprobe.measure import resolve_device
-    from memprobe.measure.parallel import start_ranks, stop_ranks, under_torchrun
-    from memprobe.render import write_report
-    from memprobe.sweep import plan_cases, run_sweep
-
-    conf = parse_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
-    if request.resume is not None and request.resume.is_dir():
-        # A resumed run keeps the allocator settings it started with.
-        recorded = read_run_meta(request.resume).get("alloc_conf")
-        conf = parse_alloc_conf(recorded) if isinstance(recorded, str) else None
-    if conf is not None and request.resume is None:
-        # The real allocator reads it at its first allocation: set before any CUDA call.
-        os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
-    # This process's rank in a torchrun job, handed down explicitly (None: one process).
-    layout = (
-        start_ranks(
-            resolve_device(request.grid.device), list(request.grid.tp), list(request.grid.cp)
-        )
-        if under_torchrun()
-        else None
-    )
-    try:
-        if request.resume is not None:
-            cases, run_dir = [], request.resume
-        else:
-            cases = plan_cases(request.grid)
-            run_dir = request.out if request.out is not None else default_run_dir()
-        lead = layout is None or layout.rank == 0
-        frame = run_sweep(
-            cases,
-            run_dir,
-            alloc_conf=conf,
-            verify=request.verify,
-            progress=progress if lead else None,
-            command=request.command,
-            resume=request.resume is not None,
-            layout=layout,
-        )
-        report = write_report(run_dir, budget_bytes=request.budget_bytes) if lead else None
-        return SweepOutcome(frame, run_dir, lead, report)
-    finally:
-        if under_torchrun():
-            stop_ranks()
 
 
 def check_resume_flags(given: list[str]) -> None:
@@ -211,9 +140,10 @@ def command(
     where there is. Writes results.csv, results.json, run.json and a report
     into the run directory.
     """
-    from memprobe.render.progress import CaseProgress
-    from memprobe.render.terminal import answer_lines, json_summary, table_lines
-    from memprobe.results import default_run_dir, read_run_meta
+    from memprobe.render import write_report
+    from memprobe.render.console import Progress, show
+    from memprobe.render.terminal import answer_lines, json_summary, sweep_table
+    from memprobe.sweep import SweepRequest, run_sweep_job
 
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
     warn_if_unitless(budget, "--budget")
@@ -257,12 +187,11 @@ def command(
         out=out,
         resume=resume,
         verify=verify,
-        budget_bytes=budget_bytes,
         alloc_conf=alloc_conf,
         command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )
     try:
-        outcome = run_sweep_job(request, CaseProgress(enabled=not quiet and not as_json))
+        outcome = run_sweep_job(request, Progress(enabled=not quiet and not as_json).case)
     except KeyboardInterrupt:
         where = resume or out
         typer.echo(
@@ -271,18 +200,17 @@ def command(
         raise typer.Exit(130) from None
     if not outcome.lead:
         return
+    report = write_report(outcome.run_dir, budget_bytes=budget_bytes)
     if as_json:
         typer.echo(json.dumps(json_summary(outcome.frame, str(outcome.run_dir)), indent=1))
         return
     if not quiet:
-        budget_for_table = request.budget_bytes
-        for line in table_lines(outcome.frame, budget_bytes=budget_for_table):
-            typer.echo(line)
+        show(sweep_table(outcome.frame, budget_bytes=budget_bytes))
         typer.echo("")
         if budget_text is not None:
             typer.echo(budget_text)
         meta = read_run_meta(outcome.run_dir)
-        for line in answer_lines(outcome.frame, meta, budget_bytes=request.budget_bytes):
+        for line in answer_lines(outcome.frame, meta, budget_bytes=budget_bytes):
             typer.echo(line)
-        typer.echo(f"report: {outcome.report}")
+        typer.echo(f"report: {report}")
     typer.echo(f"run directory: {outcome.run_dir}")

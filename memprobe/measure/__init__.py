@@ -34,12 +34,20 @@ def resolve_device(device: str) -> str:
 def measure(case: Case, *, layout: RankLayout | None = None) -> Run:
     """Measure one case on ``case.device`` (meta, cpu or cuda). ``layout`` is this
     process's place in a torchrun job (None: one process; meta never has one)."""
-    from memprobe.kernels import get_spec
+    from memprobe.kernels import KernelUnavailable
+    from memprobe.measure.protocol import protocol_for
 
-    if get_spec(case.kernel).inputs == "hidden":
-        from memprobe.measure.hidden_backend import measure_hidden
+    protocol = protocol_for(case.kernel)
+    why = protocol.unfit(case)
+    if why is not None:
+        return Run(case, "skipped", note=why)
+    try:
+        return _measure_on_device(case, layout)
+    except KernelUnavailable as exc:  # e.g. a torch without linear_cross_entropy
+        return Run(case, "skipped", floor_bytes=protocol.floor_bytes(case), note=str(exc))
 
-        return measure_hidden(case)
+
+def _measure_on_device(case: Case, layout: RankLayout | None) -> Run:
     if case.device == "meta":
         from memprobe.measure.meta_backend import measure_meta
 

@@ -10,20 +10,14 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-
-import torch
+from typing import Any
 
 from memprobe.io.sizes import format_bytes
 from memprobe.measure.cpu_limits import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
 from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.parallel import RankLayout
-from memprobe.measure.step import (
-    StepInputs,
-    floor_bytes,
-    kernel_call,
-    make_inputs,
-    process_group_for,
-)
+from memprobe.measure.protocol import floor_bytes, protocol_for
+from memprobe.measure.step import process_group_for
 from memprobe.measure.traced import run_from_trace, traced_step
 from memprobe.records import Case, Run
 
@@ -53,7 +47,7 @@ def measure_cpu(
             ),
         )
     with process_group_for(case):
-        inputs = make_inputs(case, "cpu", layout=layout)
+        inputs = protocol_for(case.kernel).make_inputs(case, "cpu", layout=layout)
         trace = traced_step(case, inputs, layout=layout)
         fwd_times, bwd_times = timed_steps(case, inputs, repeats, layout)
         del inputs
@@ -67,19 +61,20 @@ def measure_cpu(
 
 
 def timed_steps(
-    case: Case, inputs: StepInputs, repeats: int, layout: RankLayout | None = None
+    case: Case, inputs: Any, repeats: int, layout: RankLayout | None = None
 ) -> tuple[list[float], list[float]]:
     """Wall times of forward and backward, untracked (the tracker would slow them)."""
-    call = kernel_call(case, layout=layout)
+    protocol = protocol_for(case.kernel)
+    call = protocol.forward(case, layout=layout)
     fwd: list[float] = []
     bwd: list[float] = []
     for _ in range(repeats):
         # An in-place kernel leaves gradient values in the logits: finite
         # numbers, as good as any for timing, and no second copy is needed.
         t0 = time.perf_counter()
-        out = call(inputs.logits, inputs.targets)
+        out = call(inputs)
         t1 = time.perf_counter()
-        torch.autograd.grad(out, inputs.logits, inputs.grad_outputs)
+        protocol.backward(out, inputs)
         t2 = time.perf_counter()
         fwd.append(t1 - t0)
         bwd.append(t2 - t1)

@@ -21,9 +21,10 @@ The allocator's per-allocation metadata is thread-local, and CUDA runs backward
 on autograd's device thread: the backward label is set by a pre-hook of the
 step's output node, which runs on that thread before anything else of backward.
 
-A hidden-family case runs the same way, with hidden states and the lm_head
-weight for inputs and both their gradients in backward (:class:`DeviceStep`);
-its peaks count hidden and weight from the start, as meta's do.
+Every kernel runs through its input protocol (:mod:`memprobe.measure.protocol`): a
+hidden-family case has hidden states and the lm_head weight for inputs and both their
+gradients in backward (:class:`DeviceStep`); its peaks count hidden and weight from
+the start, as meta's do.
 """
 
 from __future__ import annotations
@@ -39,17 +40,9 @@ from typing import Any
 import torch
 
 from memprobe.errors import UserError
-from memprobe.kernels import get_spec
-from memprobe.measure.hidden import make_hidden_inputs
 from memprobe.measure.parallel import RankLayout
-from memprobe.measure.step import (
-    describe_filters,
-    floor_bytes,
-    hidden_shape,
-    kernel_call,
-    make_inputs,
-    process_group_for,
-)
+from memprobe.measure.protocol import floor_bytes, protocol_for
+from memprobe.measure.step import describe_filters, process_group_for
 from memprobe.records import Case, Run
 
 HISTORY_ENTRIES = 100_000
@@ -89,22 +82,13 @@ class DeviceStep:
 
 
 def device_step(case: Case, layout: RankLayout | None = None) -> DeviceStep:
-    """The step of ``case``'s kernel: the logits protocol, or the hidden family's."""
-    if get_spec(case.kernel).inputs == "hidden":
-        # The hidden protocol's fn (spec.inputs says which; the union type cannot).
-        fn: Callable[..., torch.Tensor] = get_spec(case.kernel).fn
-        return DeviceStep(
-            make=lambda c: make_hidden_inputs(hidden_shape(c), DEVICE),
-            forward=lambda i: fn(i.hidden, i.weight, i.targets, chunk_size=case.chunk_size),
-            backward=lambda out, i: torch.autograd.grad(out, (i.hidden, i.weight), i.grad_outputs),
-            counted=lambda i: (i.hidden, i.weight),
-        )
-    call = kernel_call(case, layout=layout)
+    """The step of ``case``'s kernel, through its input protocol."""
+    protocol = protocol_for(case.kernel)
     return DeviceStep(
-        make=lambda c: make_inputs(c, DEVICE, layout=layout),
-        forward=lambda i: call(i.logits, i.targets),
-        backward=lambda out, i: torch.autograd.grad(out, i.logits, i.grad_outputs),
-        counted=lambda i: (i.logits,),
+        make=lambda c: protocol.make_inputs(c, DEVICE, layout=layout),
+        forward=protocol.forward(case, layout=layout),
+        backward=protocol.backward,
+        counted=lambda i: tuple(t for _, t in protocol.leaves(i)),
     )
 
 

@@ -1,8 +1,6 @@
-"""One logprob training step, shared by every backend.
-
-The backward pass is run the way a training step sees it,
-``torch.autograd.grad(logprobs, logits, grad_outputs)``: the logits come from
-an lm_head in real training, so there is no AccumulateGrad copy to count.
+"""The logits protocol's step pieces, shared by every backend: its inputs, the kernel
+call (vocabulary shards under torchrun) and the process group a distributed kernel needs.
+:mod:`memprobe.measure.protocol` puts them behind the input protocol object.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from memprobe.kernels import get_spec
-from memprobe.measure.hidden import HiddenShape
 from memprobe.measure.parallel import RankLayout, fake_process_group
 from memprobe.records import Case, torch_dtype_name
 
@@ -99,18 +96,3 @@ def process_group_for(case: Case) -> contextlib.AbstractContextManager[object]:
 def describe_filters(case: Case) -> str:
     extra = SWEEP_FILTERS.get(case.kernel)
     return ", ".join(f"{k}={v}" for k, v in extra.items()) if extra else ""
-
-
-def hidden_shape(case: Case) -> HiddenShape:
-    """A hidden-family case's shapes: hidden [B,S,H], weight [V,H]."""
-    if case.hidden is None:
-        raise ValueError(f"{case.kernel} takes hidden states: the case needs hidden=H")
-    return HiddenShape(case.batch, case.tokens, case.hidden, case.vocab, torch_dtype(case.dtype))
-
-
-def floor_bytes(case: Case) -> int:
-    """What must be resident: the logits and their gradient (0 when written in place);
-    for the hidden family, hidden, weight and both their gradients."""
-    if case.hidden is not None:
-        return hidden_shape(case).floor_bytes
-    return case.logits_bytes * (1 if get_spec(case.kernel).consumes_logits else 2)

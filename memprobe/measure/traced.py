@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 from memprobe.measure.parallel import RankLayout, count_collectives
-from memprobe.measure.step import StepInputs, describe_filters, floor_bytes, kernel_call
+from memprobe.measure.protocol import floor_bytes, protocol_for
+from memprobe.measure.step import describe_filters
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Case, Event, Run
 
@@ -23,27 +23,30 @@ class StepTrace:
 
 def traced_step(
     case: Case,
-    inputs: StepInputs,
+    inputs: Any,
     *,
     capture_frames: bool = True,
     layout: RankLayout | None = None,
 ) -> StepTrace:
     """Forward and backward once, every storage and collective recorded.
 
-    Inputs are released by the caller; the step's own tensors are dropped
-    before returning.
+    ``inputs`` are the case's protocol's (:mod:`memprobe.measure.protocol`); the ones
+    backward differentiates are counted from the start. Inputs are released by the
+    caller; the step's own tensors are dropped before returning.
     """
-    call = kernel_call(case, layout=layout)
+    protocol = protocol_for(case.kernel)
+    call = protocol.forward(case, layout=layout)
     tracker = AllocationTracker(capture_frames=capture_frames)
-    tracker.track(inputs.logits, op="input: logits")
+    for label, tensor in protocol.leaves(inputs):
+        tracker.track(tensor, op=f"input: {label}")
     with tracker:
         tracker.set_phase("forward")
         with count_collectives() as fwd:
-            logprobs = call(inputs.logits, inputs.targets)
+            logprobs = call(inputs)
         tracker.set_phase("backward")
         with count_collectives() as bwd:
-            (grad,) = torch.autograd.grad(logprobs, inputs.logits, inputs.grad_outputs)
-        del logprobs, grad
+            grads = protocol.backward(logprobs, inputs)
+        del logprobs, grads
     return StepTrace(tracker, fwd.total, bwd.total)
 
 

@@ -10,7 +10,8 @@ One facade over the package's concerns, each in its own module:
   sweep uses, in order or in a process pool;
 * :mod:`~memprobe.plan.targets` — which targets a plan covers;
 * :mod:`~memprobe.plan.chunks` — the chunk size to pick, from memory and measured times;
-* :mod:`~memprobe.plan.message` — what the plan says beside its table.
+* :mod:`~memprobe.plan.message` — what the plan says beside its table;
+* :mod:`~memprobe.plan.job` — the job ``memprobe plan`` runs (a request's targets, planned).
 
 From Python::
 
@@ -20,11 +21,10 @@ From Python::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans, simulated_peak
+from memprobe.plan.job import PlanOutcome, PlanRequest, budget_from, run_plan_job
 from memprobe.plan.message import lm_head_status, reserved_status
 from memprobe.plan.model import (
     ALLOCATED,
@@ -68,31 +68,14 @@ def fits(target: PlanTarget, tokens: int, budget: Budget) -> bool:
     return peak <= budget.limit_bytes
 
 
-def budget_from(
-    budget: str | int, other: str | int = 0, other_from: Sequence[str] = ()
-) -> tuple[Budget, str | None]:
-    """The budget with ``other`` as given, or read from snapshots (``other_from``): a
-    constant from one, a constant + per-token term fitted to several; with the line
-    that says what was read (None when ``other`` was given)."""
-    if not other_from:
-        return make_budget(budget, other), None
-    if other not in (0, "0"):
-        raise UserError(
-            "--other and --other-from both say what the rest of the job holds", "give one"
-        )
-    fit = other_from_snapshots(other_from)
-    limit = make_budget(budget, fit.at(0))
-    return Budget(
-        limit.budget_bytes, limit.other_bytes, other_per_token=fit.per_token_bytes
-    ), fit.describe()
-
-
 __all__ = [
     "ALLOCATED",
     "RESERVED",
     "Budget",
     "ChunkChoice",
     "Line",
+    "PlanOutcome",
+    "PlanRequest",
     "OtherFit",
     "PlanTarget",
     "Search",
@@ -109,6 +92,7 @@ __all__ = [
     "plan_targets",
     "lm_head_status",
     "reserved_status",
+    "run_plan_job",
     "run_plans",
     "search_max_tokens",
     "seed_tokens",

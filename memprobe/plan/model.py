@@ -88,13 +88,13 @@ def _positive(name: str, value: object) -> None:
         raise UserError(f"{name} must be a positive integer, got {value!r}", f"e.g. {name}=1")
 
 
-def _check_hidden_layout(kernel: str, tp: int, cp: int) -> None:
-    """The hidden backend's own layout rule, so a plan never answers for a layout the
-    sweep skips: its simulation holds the whole sequence on one device, and dividing
-    that by cp would not be one rank's peak."""
-    from memprobe.measure.hidden_backend import unsupported_layout
+def _check_layout(kernel: str, tp: int, cp: int) -> None:
+    """The kernel's input protocol's layout rule, so a plan never answers for a layout
+    the sweep skips: the hidden family's simulation holds the whole sequence on one
+    device, and dividing that by cp would not be one rank's peak."""
+    from memprobe.measure.protocol import protocol_for
 
-    why = unsupported_layout(tp, cp)
+    why = protocol_for(kernel).unsupported_layout(tp, cp)
     if why is not None:
         raise UserError(
             f"{kernel} at tp {tp} cp {cp}: {why}, so memprobe cannot plan it per rank",
@@ -147,8 +147,7 @@ class PlanTarget:
         if self.hidden is not None:
             _positive("hidden", self.hidden)
         check_inputs_match([self.kernel], self.hidden)
-        if spec.inputs == "hidden":
-            _check_hidden_layout(self.kernel, self.tp, self.cp)
+        _check_layout(self.kernel, self.tp, self.cp)
         # Normalized in place: the record is frozen, and these are its canonical values.
         object.__setattr__(self, "dtype", key)
         object.__setattr__(self, "chunk_size", chunk if spec.uses_chunk_size else None)

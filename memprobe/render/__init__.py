@@ -1,7 +1,9 @@
 """Every output memprobe renders, one module per format, all from typed records.
 
-- :mod:`~memprobe.render.terminal` — the sweep's end table and ``--json`` summary
-- :mod:`~memprobe.render.progress` — progress over sweep cases, on stderr
+- :mod:`~memprobe.render.console` — the terminal through rich: tables on stdout (plain
+  text off a terminal) and the one ``Progress`` (sweep cases, plans) on stderr
+- :mod:`~memprobe.render.terminal`, :mod:`~memprobe.render.plan_text` — the sweep's and
+  the plan's tables and answers; the sweep's ``--json`` summary
 - :mod:`~memprobe.render.html` — the sweep's ``report.html`` (from :mod:`~memprobe.report.page`)
 - :mod:`~memprobe.render.png` — the report's PNG plots (plots, timeline), on one
   :mod:`~memprobe.render.canvas`

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from memprobe.gate import Check, Verdict
 from memprobe.io.sizes import format_bytes
+from memprobe.render.console import indented, table
 
 _LIMIT_NAMES = {
     "max_peak": "peak",
@@ -71,28 +72,28 @@ def describe(check: Check) -> str:
     return head
 
 
-def format_check(check: Check, *, case_width: int = 0) -> str:
-    mark = "ok  " if check.passed else "FAIL"
-    return (
-        f"{mark}  {check.source:<9} {check.kind:<20} {check.case:<{case_width}}  {describe(check)}"
-    )
-
-
 def format_verdict(verdict: Verdict, *, written: Sequence[Path] = ()) -> str:
-    """The terminal report: one line per check (failures last), notes, then the summary."""
+    """The terminal report: one row per check (failures last), notes, then the summary.
+
+    Plain text wherever it goes (a terminal, a CI log): the checks' table comes
+    through :mod:`~memprobe.render.console` without its box."""
     lines = [f"memprobe gate: {verdict.cases} case(s) from {verdict.results}"]
     if verdict.config:
         lines.append(f"  rules from {verdict.config}")
     if verdict.baseline:
         lines.append(f"  baseline {verdict.baseline} (max regression {verdict.max_regression:g}%)")
-    width = max((len(c.case) for c in verdict.checks), default=0)
     ordered = [c for c in verdict.checks if c.passed] + list(verdict.failures)
-    lines.extend("  " + format_check(c, case_width=width) for c in ordered)
-    lines.extend(f"  note: {n}" for n in verdict.notes)
-    lines.extend(f"  wrote {p}" for p in written)
+    checks = table(
+        ["", "source", "kind", "case", "detail"],
+        [["ok" if c.passed else "FAIL", c.source, c.kind, c.case, describe(c)] for c in ordered],
+        left=("", "source", "kind", "case", "detail"),
+        show_header=False,
+    )
+    tail = [f"  note: {n}" for n in verdict.notes]
+    tail += [f"  wrote {p}" for p in written]
     total, failed = len(verdict.checks), len(verdict.failures)
     if failed:
-        lines.append(f"FAILED: {failed} of {total} check(s) failed")
+        tail.append(f"FAILED: {failed} of {total} check(s) failed")
     else:
-        lines.append(f"passed: all {total} check(s)")
-    return "\n".join(lines)
+        tail.append(f"passed: all {total} check(s)")
+    return "\n".join([*lines, *(indented(checks) if ordered else []), *tail])

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rich.table import Table
+
 from memprobe.io.sizes import format_bytes
 from memprobe.kernels.registry import get_spec
 from memprobe.plan import Budget, ChunkChoice, TokenPlan
+from memprobe.render.console import table
 
 
 def _chunk(plan: TokenPlan) -> str:
@@ -22,7 +25,7 @@ def _line_check(plan: TokenPlan) -> str:
     return f"said {a.predicted:,}"
 
 
-def table_lines(plans: Sequence[TokenPlan]) -> list[str]:
+def plan_table(plans: Sequence[TokenPlan]) -> Table:
     """One row per kernel × layout × chunk size; peaks are per rank."""
     with_cp = any(p.target.cp > 1 for p in plans)
     with_reserved = any(p.reserved is not None for p in plans)
@@ -48,16 +51,8 @@ def table_lines(plans: Sequence[TokenPlan]) -> list[str]:
         if with_reserved:
             cells += [f"{p.reserved.max_tokens:,}" if p.reserved else "-"]
         body.append(cells)
-    widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-    left = {0}  # the kernel name reads best left-aligned, numbers right-aligned
-
-    def fmt(cells: list[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i in left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    return [fmt(header), *(fmt(r) for r in body)]
+    # The kernel name reads best left-aligned, numbers right-aligned.
+    return table(header, body, left=("kernel",))
 
 
 def budget_line(budget: Budget) -> str:

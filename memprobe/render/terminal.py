@@ -1,5 +1,6 @@
 """The sweep's terminal output: the end table (peak, floor, peak/floor, peak against
-unchunked, whether it fits a budget), the closing answer, and the ``--json`` summary."""
+unchunked, whether it fits a budget), the closing answer, and the ``--json`` summary.
+:mod:`~memprobe.render.console` draws the table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe.io.sizes import format_bytes
+from memprobe.render.console import Part, table
 from memprobe.report.ratios import with_ratios
 from memprobe.results import missing
 
@@ -20,8 +22,9 @@ def _times(x: Any) -> str:
     return "-" if missing(x) else f"{x:.2f}x"
 
 
-def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list[str]:
-    """One aligned line per case, largest shape last within each kernel block.
+def sweep_table(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list[Part]:
+    """The end table, one row per case, largest shape last within each kernel block,
+    then a line for each case that did not run.
 
     ``peak vs unchunked`` is this kernel's peak over unchunked's at the same shape
     (0.30x: 70% less memory). ``reserved`` is what the caching allocator holds; ``~``
@@ -83,23 +86,12 @@ def table_lines(frame: pd.DataFrame, *, budget_bytes: int | None = None) -> list
         if with_hidden:
             cells.insert(1, "-" if missing(r.hidden) else f"{int(r.hidden):,}")
         body.append(cells)
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
-    right = {i for i, h in enumerate(header) if h not in ("kernel", "dtype", "status", "fits")}
-
-    def fmt(cells: list[str]) -> str:
-        padded = zip(cells, widths, strict=True)
-        return "  ".join(
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(padded)
-        )
-
-    lines = [fmt(header), fmt(["-" * w for w in widths])]
-    lines += [fmt(b) for b in body]
     notes = [
         f"{r.kernel} s={r.tokens} v={r.vocab}: {r.note}"
         for r in rows.itertuples()
         if r.status != "ok" and r.note
     ]
-    return lines + notes
+    return [table(header, body, left=("kernel", "dtype", "status", "fits")), *notes]
 
 
 def _reserved(value: Any, source: Any) -> str:

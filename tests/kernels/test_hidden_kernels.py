@@ -15,7 +15,7 @@ from memprobe.kernels import (
     kernel_names,
 )
 from memprobe.kernels.fused_linear import default_rows
-from memprobe.measure.hidden import (
+from memprobe.measure.protocol import (
     HiddenShape,
     hidden_float64_reference,
     make_hidden_inputs,

@@ -325,7 +325,6 @@ class FakeCuda:
     @contextmanager
     def installed(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCuda]:
         import memprobe.measure.cuda_backend as cuda_backend
-        import memprobe.measure.step as step
 
         cuda = torch.cuda
         for name, value in {
@@ -366,17 +365,8 @@ class FakeCuda:
         }.items():
             monkeypatch.setattr(cuda.memory, name, value)
         monkeypatch.setattr(torch.autograd, "grad", self.grad_on_worker_thread)
-        # "cuda" tensors are CPU tensors here.
-        real_make_inputs = step.make_inputs
-        monkeypatch.setattr(
-            cuda_backend,
-            "make_inputs",
-            lambda case, device, **kw: real_make_inputs(
-                case, "cpu" if device == "cuda" else device, **kw
-            ),
-        )
-        if hasattr(cuda_backend, "DEVICE"):
-            monkeypatch.setattr(cuda_backend, "DEVICE", "cpu")
+        # "cuda" tensors are CPU tensors here: every protocol makes its inputs on DEVICE.
+        monkeypatch.setattr(cuda_backend, "DEVICE", "cpu")
         if hasattr(cuda_backend, "_sticky_error"):  # a fresh device, a fresh process
             monkeypatch.setattr(cuda_backend, "_sticky_error", None)
         # The backend collects garbage around each case; objects older than the fake

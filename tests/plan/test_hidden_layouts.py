@@ -13,7 +13,7 @@ from memprobe import plan
 from memprobe.errors import UserError
 from memprobe.kernels import kernel_names
 from memprobe.measure import measure
-from memprobe.measure.hidden_backend import unsupported_layout
+from memprobe.measure.protocol import HIDDEN
 from memprobe.records import Case
 
 HIDDEN_KERNELS = kernel_names(inputs="hidden")
@@ -32,8 +32,8 @@ def test_plan_and_sweep_share_one_rule(tp, cp):
     case = Case("linear_unchunked", 1, 64 * cp, 4096, "bf16", None, tp, cp, "meta", 64)
     run = measure(case)
     assert run.status == "skipped"
-    assert run.note == unsupported_layout(tp, cp)
-    assert unsupported_layout(1, 1) is None
+    assert run.note == HIDDEN.unsupported_layout(tp, cp)
+    assert HIDDEN.unsupported_layout(1, 1) is None
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pytest
 
 from memprobe import plan
 from memprobe.errors import UserError
-from memprobe.measure.hidden_backend import simulate_hidden_case
-from memprobe.measure.step import hidden_shape
+from memprobe.measure.meta_backend import simulate_tracker
+from memprobe.measure.protocol import hidden_shape
 
 BASE = ["plan", "--no-reserved", "--jobs", "1", "--budget", "96MiB"]
 
@@ -27,7 +27,7 @@ def test_the_weight_given_back_is_the_one_the_step_holds(kernel, vocab, hidden, 
     target = plan.PlanTarget(kernel, vocab, dtype=dtype, chunk_size=256, hidden=hidden)
     case = target.case(512)
     assert target.lm_head_bytes == hidden_shape(case).weight_bytes
-    tracker = simulate_hidden_case(case, capture_frames=False)
+    tracker = simulate_tracker(case, capture_frames=False)
     weights = [e for e in tracker.events if e.op == "input: weight" and e.action == "alloc"]
     assert [e.nbytes for e in weights] == [target.lm_head_bytes]
     # Giving the weight back plans exactly as an --other without it would.

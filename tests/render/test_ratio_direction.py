@@ -13,7 +13,8 @@ from html import unescape
 import pytest
 
 from memprobe.records import Case, Run
-from memprobe.render.terminal import answer_lines, table_lines
+from memprobe.render.console import plain_lines
+from memprobe.render.terminal import answer_lines, sweep_table
 from memprobe.report.headline import make_headline, peak_ratio, vs_reference
 from memprobe.results import frame_of
 
@@ -47,7 +48,7 @@ def test_terminal_table_answer_and_html_agree(tmp_path, peak, said):
         == f"{said} unchunked's peak"
         == f"{peak_ratio(peak / REF)} unchunked's peak"
     )
-    table = "\n".join(table_lines(frame))
+    table = "\n".join(line for part in sweep_table(frame) for line in plain_lines(part))
     row = next(line for line in table.splitlines() if line.startswith("local_chunked"))
     assert f" {said.replace('×', 'x')} " in f"{row} " or said == "0.001×"
     answer = "\n".join(answer_lines(frame, {}, budget_bytes=None))

@@ -12,6 +12,7 @@ Decisions that keep a broken setup from passing:
 * Against a baseline, a case fails when its peak grows by more than
   ``max_regression`` percent, when it is gone, or when it no longer finishes.
   Cases new since the baseline are listed but not compared.
+
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from memprobe.config import Rule
 from memprobe.errors import UserError
-from memprobe.results import case_key, check_unique_cases
+from memprobe.results import (
+    case_key,
+    check_unique_cases,
+)
+
+if TYPE_CHECKING:
+    pass
 
 # Each limit: the rule attribute, how to read the measured value off a row, its unit.
 LIMIT_UNITS = {"max_peak": "bytes", "max_peak_over_floor": "ratio", "max_big_fp32_blocks": "count"}

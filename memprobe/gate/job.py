@@ -1,0 +1,216 @@
+"""The gate stage ``memprobe gate`` runs: config, results (read, or the configured sweep
+run by the very job ``memprobe sweep`` runs), the verdict (:mod:`memprobe.gate.rules`),
+the baseline update. Reports (terminal text, JUnit, step summary) are render/'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from memprobe.config import MemprobeConfig, load_config
+from memprobe.errors import UserError
+from memprobe.gate.rules import Row, Verdict, evaluate
+from memprobe.io.files import guard_outputs
+from memprobe.results import read_rows, results_file, run_inputs, write_baseline
+
+if TYPE_CHECKING:
+    from memprobe.records import Case, Run
+
+
+@dataclass(frozen=True)
+class GateRequest:
+    """What the CLI asks for: every flag of ``memprobe gate``."""
+
+    results: Path | None = None
+    config: Path | None = None
+    baseline: Path | None = None
+    max_regression: float | None = None
+    # Checked here before anything runs (it must not replace an input); the caller
+    # writes it from the verdict.
+    junit_xml: Path | None = None
+    update_baseline: Path | None = None
+    out: Path | None = None
+    cwd: Path = field(default_factory=Path.cwd)
+    # After each case of the configured sweep (memprobe.sweep.OnCase).
+    progress: Callable[[int, int, Case, Run], None] | None = None
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    # None on a torchrun rank but 0: it measured its share; rank 0 judges.
+    verdict: Verdict | None
+    rows: tuple[Row, ...] = ()
+    written: tuple[Path, ...] = ()  # the updated baseline
+
+    @property
+    def exit_code(self) -> int:
+        return self.verdict.exit_code if self.verdict is not None else 0
+
+
+def run_gate(req: GateRequest) -> GateOutcome:
+    """Load the config, get results (reading them or running the sweep), check them,
+    update the baseline when asked.
+
+    Usage and config errors raise UserError before anything is measured or written.
+    """
+    if req.results is not None and not results_file(req.results).exists():
+        # The first thing to say about a mistyped path, before any config question.
+        raise UserError(f"no results at {req.results}", "give a run directory or its results.json")
+    cfg = load_config(req.config, start=req.cwd)
+    # Checked before anything runs or is written: no output replaces an input (the config
+    # just read included) or another output; only --update-baseline rewrites the baseline.
+    baseline_input = req.baseline or cfg.gate.baseline
+    guard_outputs(
+        {"--junit-xml": req.junit_xml, "--update-baseline": req.update_baseline},
+        [
+            *(run_inputs(req.results) if req.results else []),
+            *filter(None, [baseline_input, cfg.source, req.config]),
+        ],
+        may_replace={"--update-baseline": [baseline_input] if baseline_input else []},
+    )
+    config_name = str(cfg.source) if cfg.source else None
+    max_regression = req.max_regression
+    if max_regression is None:
+        max_regression = cfg.gate.max_regression or 0.0
+    baseline_path = req.baseline or cfg.gate.baseline
+    baseline_rows: list[dict[str, Any]] | None = None
+    notes: list[str] = []
+    if baseline_path is not None:
+        if (
+            req.update_baseline
+            and _same_file(baseline_path, req.update_baseline)
+            and not baseline_path.exists()
+        ):
+            # First run of `gate --update-baseline` with the baseline named in the config.
+            notes.append(f"baseline {baseline_path} does not exist yet; not compared")
+            baseline_path = None
+        elif not results_file(baseline_path).exists():
+            # The first gate run of a project: the baseline is made, not found.
+            where = "the config's baseline" if req.baseline is None else "--baseline"
+            raise UserError(
+                f"{where} {baseline_path} does not exist yet",
+                f"make it once with `memprobe gate RUN --update-baseline {baseline_path}` "
+                "and commit it",
+            )
+        else:
+            baseline_rows = read_rows(baseline_path)
+    rules = cfg.gate.rules
+    if not rules and baseline_path is None and req.update_baseline is None:
+        where = config_name or f"no pyproject.toml at or above {req.cwd}"
+        raise UserError(
+            f"nothing to check: no [tool.memprobe.gate] rules ({where}) and no --baseline",
+            "add rules to [tool.memprobe.gate] or pass --baseline results.json",
+        )
+    if req.results is not None:
+        rows = read_rows(req.results)
+        source = str(req.results)
+    else:
+        swept = _run_configured_sweep(cfg, req)
+        if swept is None:
+            return GateOutcome(verdict=None)
+        rows, source = swept
+    verdict = evaluate(
+        rows,
+        rules,
+        results=source,
+        baseline=baseline_rows,
+        baseline_source=str(baseline_path) if baseline_path else None,
+        max_regression=max_regression,
+        config=config_name,
+    )
+    notes += _failure_evidence(verdict, rows, _run_dir_of(req, source))
+    if notes:
+        verdict = replace(verdict, notes=(*notes, *verdict.notes))
+    written: list[Path] = []
+    if req.update_baseline is not None:
+        write_baseline(req.update_baseline, rows)
+        written.append(req.update_baseline)
+    return GateOutcome(verdict=verdict, rows=tuple(rows), written=tuple(written))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
+# Failing cases whose snapshot is read to name the line behind their peak.
+MAX_EXPLAINED = 5
+
+
+def _run_dir_of(req: GateRequest, source: str) -> Path:
+    """The run directory the rows' snapshot paths are relative to."""
+    if req.results is None:
+        return Path(source)  # the gate's own sweep
+    return req.results if req.results.is_dir() else req.results.parent
+
+
+def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> list[str]:
+    """For each failing case with a snapshot: where the snapshot is, and the line that
+    made the largest block live at its peak (what to look at first)."""
+    from memprobe.attribute import attribute_file
+    from memprobe.attribute.frames import describe_frame
+    from memprobe.io.sizes import format_bytes
+
+    by_id = {r.get("case_id"): r for r in rows}
+    notes: list[str] = []
+    failing = dict.fromkeys((c.case_id, c.case) for c in verdict.failures if c.case_id in by_id)
+    for case_id, label in list(failing)[:MAX_EXPLAINED]:
+        snapshot = by_id[case_id].get("snapshot")
+        path = run_dir / snapshot if snapshot else None
+        if path is None or not path.is_file():
+            continue
+        try:
+            groups = attribute_file(path).groups
+        except UserError as exc:
+            notes.append(f"{label}: snapshot {path} could not be read ({exc.message})")
+            continue
+        if not groups:
+            continue
+        block = max(groups, key=lambda g: g.size)
+        notes.append(
+            f"{label}: its largest block live at the peak, {format_bytes(block.size)} "
+            f"{block.category}, was made at {describe_frame(block.frame)} (op {block.op}); "
+            f"snapshot {path}"
+        )
+    return notes
+
+
+def _run_configured_sweep(
+    cfg: MemprobeConfig, req: GateRequest
+) -> tuple[list[dict[str, Any]], str] | None:
+    """Run ``[tool.memprobe.sweep]`` into ``req.out`` with the sweep job itself (its
+    allocator settings and torchrun ranks); None on a rank that does not report.
+
+    The default is ``reports/gate/<time>/`` next to the config file, so CI can
+    keep it as an artifact.
+    """
+    # torch comes with the sweep: reading results and judging them must not pay for it.
+    from memprobe.measure import resolve_device
+    from memprobe.results import default_run_dir, rows_of
+    from memprobe.sweep import SweepRequest, run_sweep_job
+
+    if cfg.sweep is None:
+        where = str(cfg.source) if cfg.source else f"no pyproject.toml at or above {req.cwd}"
+        raise UserError(
+            f"no RESULTS given and no [tool.memprobe.sweep] to run ({where})",
+            "give a run directory or results.json, or add [tool.memprobe.sweep] tokens and vocab",
+        )
+    device = resolve_device(cfg.sweep.device)  # raises on cuda without CUDA
+    for rule in cfg.gate.rules:
+        if rule.device and device not in rule.device:
+            why = " and CUDA is not available here" if "cuda" in rule.device else ""
+            raise UserError(
+                f"{rule.where} gates device {','.join(rule.device)} "
+                f"but the sweep runs on {device}{why}",
+                "drop the rule's device filter, or set device in [tool.memprobe.sweep]",
+            )
+    root = cfg.source.parent if cfg.source else req.cwd
+    out = req.out or default_run_dir(root / "reports" / "gate")
+    # With snapshots: a failing case's is what to look at (its path is in the report).
+    request = SweepRequest(grid=cfg.sweep, out=out, verify=False, command="memprobe gate")
+    outcome = run_sweep_job(request, req.progress)
+    if not outcome.lead:
+        return None
+    return rows_of(outcome.frame), str(outcome.run_dir)

@@ -1,0 +1,145 @@
+"""The plan job ``memprobe plan`` runs: a request (its flags, checked) → the plans, the
+chunk choices and the notes. Rendering them (table, page, progress) is the caller's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memprobe.allocator import parse_alloc_conf
+from memprobe.errors import UserError
+from memprobe.plan.chunks import ChunkChoice, chunk_choices
+from memprobe.plan.driver import run_plans
+from memprobe.plan.message import lm_head_status, reserved_status
+from memprobe.plan.model import Budget, TokenPlan, make_budget, with_lm_head_in_other
+from memprobe.plan.other import other_from_snapshots
+from memprobe.plan.targets import plan_targets
+from memprobe.results import read_rows
+
+# After the i-th of n plans finishes (in the order they finish).
+OnPlan = Callable[[int, int, TokenPlan], None]
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    vocab: int
+    budget: str
+    other: str = "0"
+    dtype: str = "bf16"
+    batch: int = 1
+    kernels: tuple[str, ...] | None = None
+    # None: the chunk sizes a --from-run run timed, else 1024 (the sweep's default).
+    chunk_sizes: tuple[int | None, ...] | None = None
+    tp: tuple[int, ...] = (1,)
+    cp: tuple[int, ...] = (1,)
+    hidden: int | None = None
+    alloc_conf: str | None = None
+    from_run: Path | None = None
+    jobs: int = 1
+    other_from: tuple[str, ...] = ()  # snapshots to read "other" from instead
+    reserved: bool = True  # also plan on the allocator model's reserved peak
+    other_includes_lm_head: bool = False  # --other holds the lm_head weight
+
+
+@dataclass(frozen=True)
+class PlanOutcome:
+    plans: list[TokenPlan]
+    budget: Budget
+    choices: list[ChunkChoice]
+    skipped: list[str]
+    notes: list[str]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The --json rows: each plan, with whether its chunk size is the one to pick."""
+        memory = {(c.kernel, c.tp, c.cp): c for c in self.choices}
+        rows = []
+        for p in self.plans:
+            row = p.row()
+            choice = memory.get((p.target.kernel, p.target.tp, p.target.cp))
+            row["chunk_for_memory"] = choice.for_memory == p.target.chunk_size if choice else None
+            row["chunk_for_time"] = (
+                choice.for_time == p.target.chunk_size
+                if choice and choice.for_time is not None
+                else None
+            )
+            rows.append(row)
+        return rows
+
+
+def _run_chunk_sizes(rows: Sequence[dict[str, Any]]) -> tuple[int | None, ...]:
+    timed = {
+        r["chunk_size"]
+        for r in rows
+        if r.get("chunk_size") is not None and r.get("fwd_time_s") is not None
+    }
+    return tuple(sorted(timed)) or (1024,)
+
+
+def budget_from(
+    budget: str | int, other: str | int = 0, other_from: Sequence[str] = ()
+) -> tuple[Budget, str | None]:
+    """The budget with ``other`` as given, or read from snapshots (``other_from``): a
+    constant from one, a constant + per-token term fitted to several; with the line
+    that says what was read (None when ``other`` was given)."""
+    if not other_from:
+        return make_budget(budget, other), None
+    if other not in (0, "0"):
+        raise UserError(
+            "--other and --other-from both say what the rest of the job holds", "give one"
+        )
+    fit = other_from_snapshots(other_from)
+    limit = make_budget(budget, fit.at(0))
+    return Budget(
+        limit.budget_bytes, limit.other_bytes, other_per_token=fit.per_token_bytes
+    ), fit.describe()
+
+
+def run_plan_job(request: PlanRequest, on_plan: OnPlan | None = None) -> PlanOutcome:
+    """Every target the request covers, planned; bad input fails before any simulation."""
+    # Checked before any simulation; --other-from reads the snapshots now.
+    budget, other_note = budget_from(request.budget, request.other, request.other_from)
+    if request.alloc_conf is not None:
+        parse_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
+    rows = read_rows(request.from_run) if request.from_run is not None else None
+    chunk_sizes = request.chunk_sizes
+    if chunk_sizes is None:
+        chunk_sizes = _run_chunk_sizes(rows) if rows else (1024,)
+    targets, skipped = plan_targets(
+        request.kernels,
+        vocab=request.vocab,
+        batch=request.batch,
+        dtype=request.dtype,
+        chunk_sizes=chunk_sizes,
+        tp=request.tp,
+        cp=request.cp,
+        hidden=request.hidden,
+    )
+    if request.other_includes_lm_head:
+        budget = with_lm_head_in_other(budget, targets)
+    finished = 0
+
+    def on_done(done: TokenPlan) -> None:
+        nonlocal finished
+        finished += 1
+        if on_plan is not None:
+            on_plan(finished, len(targets), done)
+
+    plans = run_plans(
+        targets,
+        budget,
+        jobs=request.jobs,
+        alloc_conf=request.alloc_conf,
+        reserved=request.reserved,
+        on_done=on_done,
+    )
+    choices = chunk_choices(plans, rows)
+    notes = [
+        reserved_status(request.alloc_conf)
+        if request.reserved
+        else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
+    ] + ([other_note] if other_note else [])
+    lm_head = lm_head_status(targets, budget)
+    notes += [lm_head] if lm_head else []
+    return PlanOutcome(plans, budget, choices, skipped, notes)
