@@ -148,25 +148,6 @@ def _special(tmp_path: Path, kind: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def made_run(tmp_path_factory) -> Path:
-    """One small run, swept once for the module; tests copy it."""
-    from memprobe import cli
-
-    run = tmp_path_factory.mktemp("made") / "run"
-    argv = sys.argv
-    sys.argv = ["memprobe", "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder",
-                "--kernel", "unchunked", "--device", "meta", "--out", str(run), "-q",
-                "--no-verify"]  # fmt: skip
-    try:
-        cli.main()
-    except SystemExit as exc:
-        assert not exc.code
-    finally:
-        sys.argv = argv
-    return run
-
-
 @pytest.fixture
 def run_dir(made_run: Path, tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)  # no pyproject.toml here: the gate reads only what is given

@@ -23,24 +23,6 @@ from memprobe.io.text import printable
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-@pytest.fixture(scope="module")
-def made_run(tmp_path_factory) -> Path:
-    from memprobe import cli
-
-    run = tmp_path_factory.mktemp("made") / "run"
-    argv = sys.argv
-    sys.argv = ["memprobe", "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder",
-                "--kernel", "unchunked", "--device", "meta", "--out", str(run), "-q",
-                "--no-verify"]  # fmt: skip
-    try:
-        cli.main()
-    except SystemExit as exc:
-        assert not exc.code
-    finally:
-        sys.argv = argv
-    return run
-
-
 @pytest.fixture
 def run(made_run: Path, tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)

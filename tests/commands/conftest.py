@@ -1,0 +1,27 @@
+"""Fixtures shared by the command tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def made_run(tmp_path_factory) -> Path:
+    """One small run, swept once for the module; tests copy it."""
+    from memprobe import cli
+
+    run = tmp_path_factory.mktemp("made") / "run"
+    argv = sys.argv
+    sys.argv = ["memprobe", "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder",
+                "--kernel", "unchunked", "--device", "meta", "--out", str(run), "-q",
+                "--no-verify"]  # fmt: skip
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert not exc.code
+    finally:
+        sys.argv = argv
+    return run
