@@ -5,6 +5,8 @@ Nothing imports this module; only the console script and ``python -m memprobe`` 
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 from typing import Annotated, Optional
 
@@ -60,9 +62,16 @@ app.command("profile")(profile.command)
 app.command("step")(step.command)
 
 
+_SPLIT_UNIT = re.compile(r"unexpected extra argument(?:s|\(s\))? \(([KMGT]i?B|B)\b", re.I)
+
+
 def main() -> None:
     """Run the CLI. A usage mistake (unknown option, bad value) is one line and exit 2,
     like every other user mistake, not a framed box."""
+    if "--help" in sys.argv[1:] and not sys.stdout.isatty():
+        # Help piped or captured: wide enough that option names are never cut off
+        # (rich sizes it for 80 columns and truncates the names column).
+        os.environ.setdefault("COLUMNS", "120")
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as exc:
@@ -72,6 +81,9 @@ def main() -> None:
         # A usage error carries the context of the command it was given to.
         where: str = getattr(getattr(exc, "ctx", None), "command_path", "memprobe")
         message = " ".join(exc.format_message().split())
+        if _SPLIT_UNIT.search(message):
+            # `--budget 80 GiB`: the shell split the size, and its unit became an argument.
+            message += "; write a size without a space, e.g. --budget 80GiB"
         typer.echo(f"memprobe: error: {message} (see `{where} --help`)", err=True)
         sys.exit(2)
     except KeyboardInterrupt:

@@ -106,15 +106,30 @@ def given_flags(ctx: typer.Context, *, exclude: tuple[str, ...] = ()) -> list[st
 _PLAUSIBLE_BYTES = 2**20
 
 
-def warn_if_unitless(text: str | None, flag: str) -> None:
-    """Warn on stderr when a memory size has no unit and is implausibly small."""
-    if text is None or not re.fullmatch(r"\s*[0-9][0-9_,]*(\.[0-9]+)?\s*", text):
+def warn_on_size(text: str | None, flag: str) -> None:
+    """Warn on stderr when a memory size probably is not what its writer meant: a bare
+    number below 1 MiB (``--other 58`` is 58 bytes), or a ``--budget`` in decimal GB where
+    a GPU's memory is binary (an "80GB" card holds 80 GiB; ``80GB`` is 74.51 GiB)."""
+    if text is None:
+        return
+    decimal = re.fullmatch(r"\s*([0-9][0-9_,]*(?:\.[0-9]+)?)\s*([KMGT]B)\s*", text, flags=re.I)
+    if not (decimal and flag == "--budget") and not re.fullmatch(
+        r"\s*[0-9][0-9_,]*(\.[0-9]+)?\s*", text
+    ):
         return
     try:
         value = parse_size(text, what=flag)
     except (UserError, OverflowError, ValueError):
         return  # not a size memprobe reads: the command's own parsing says so
-    if 0 < value < _PLAUSIBLE_BYTES:
+    if decimal:
+        number, unit = decimal.groups()
+        typer.echo(
+            f"memprobe: warning: {flag} {text.strip()} is {format_bytes(value)} "
+            f"({unit.upper()} counts powers of ten); a GPU sold as {number}{unit.upper()} "
+            f"holds {number}{unit[0].upper()}iB: write that if you mean the card",
+            err=True,
+        )
+    elif 0 < value < _PLAUSIBLE_BYTES:
         typer.echo(
             f"memprobe: warning: {flag} {text.strip()} has no unit, so it is "
             f"{format_bytes(value)}; for gibibytes write {text.strip()}GiB",

@@ -20,7 +20,7 @@ from memprobe.commands.flags import (
     name_list,
     positive_ints,
     user_errors,
-    warn_if_unitless,
+    warn_on_size,
 )
 from memprobe.errors import UserError
 
@@ -170,8 +170,8 @@ def command(
 
     if jobs is not None and jobs < 1:
         raise UserError(f"--jobs {jobs} must be 1 or more", "e.g. --jobs 2")
-    warn_if_unitless(budget, "--budget")
-    warn_if_unitless(other, "--other")
+    warn_on_size(budget, "--budget")
+    warn_on_size(other, "--other")
     if step or config is not None:
         from memprobe.commands.step import plan_step_lines
 

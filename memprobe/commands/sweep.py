@@ -19,7 +19,7 @@ from memprobe.commands.flags import (
     name_list,
     positive_ints,
     user_errors,
-    warn_if_unitless,
+    warn_on_size,
 )
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_size
@@ -146,8 +146,8 @@ def command(
     from memprobe.sweep import SweepRequest, run_sweep_job
 
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
-    warn_if_unitless(budget, "--budget")
-    warn_if_unitless(other, "--other")
+    warn_on_size(budget, "--budget")
+    warn_on_size(other, "--other")
     budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
     if budget_bytes is not None and budget_bytes <= 0:
         raise UserError(f"--budget {budget!r} must be more than 0 bytes", "e.g. --budget 80GiB")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memprobe.commands.flags import warn_if_unitless
+from memprobe.commands.flags import warn_on_size
 
 SWEEP = ["sweep", "--tokens", "1024", "--vocab", "4096", "--kernel", "unchunked,local_chunked",
          "--chunk-size", "256", "--device", "meta", "--no-verify"]  # fmt: skip
@@ -30,7 +30,7 @@ SWEEP = ["sweep", "--tokens", "1024", "--vocab", "4096", "--kernel", "unchunked,
     ],
 )
 def test_unitless_small_sizes_warn(capsys, text, warned):
-    warn_if_unitless(text, "--other")
+    warn_on_size(text, "--other")
     err = capsys.readouterr().err
     if warned is None:
         assert err == ""
@@ -85,3 +85,53 @@ def test_sweep_other_mistakes_are_one_line(run_cli, tmp_path, args, says):
     code, out, err = run_cli(*SWEEP, "--out", str(tmp_path / "r"), *args)
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()  # refused before anything ran
+
+
+@pytest.mark.parametrize(
+    ("text", "flag", "warned"),
+    [
+        ("80GB", "--budget", "--budget 80GB is 74.51 GiB (GB counts powers of ten)"),
+        ("80 gb", "--budget", "a GPU sold as 80GB holds 80GiB"),
+        ("1.5TB", "--budget", "TB counts powers of ten"),
+        ("80GiB", "--budget", None),
+        ("11000MB", "--other", None),  # only the card's size is sold in decimal units
+        ("80GB", "--other", None),
+    ],
+)
+def test_a_decimal_budget_says_what_it_is(capsys, text, flag, warned):
+    warn_on_size(text, flag)
+    err = capsys.readouterr().err
+    if warned is None:
+        assert err == ""
+    else:
+        assert err.startswith("memprobe: warning: ") and warned in err
+        assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "--vocab", "2048", "--budget", "80", "GiB"],
+        ["sweep", "--tokens", "64", "--vocab", "128", "--budget", "8", "MiB"],
+        ["plan", "--vocab", "2048", "--budget", "8GiB", "--other", "1", "GB"],
+    ],
+)
+def test_a_size_split_by_a_space_says_how_to_write_it(run_cli, args):
+    code, _, err = run_cli(*args)
+    assert code == 2
+    assert "write a size without a space, e.g. --budget 80GiB" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["plan", "step", "sweep", "attribute", "gate"])
+def test_help_off_a_terminal_never_cuts_an_option_name(command):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run(
+        [sys.executable, "-m", "memprobe", command, "--help"],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout  # fmt: skip
+    assert "…" not in out
