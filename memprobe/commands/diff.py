@@ -59,7 +59,10 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
     changed = [c for c in d.contributors if c.delta_bytes]
     shown = sorted(changed, key=lambda c: -abs(c.delta_bytes))[:top]
     shown.sort(key=lambda c: -c.delta_bytes)
-    out += ["", f"by source line and op (the {len(shown)} largest changes, growth first):"]
+    if not shown:
+        out += ["", "by source line and op: no line's bytes changed"]
+    else:
+        out += ["", f"by source line and op (the {len(shown)} largest changes, growth first):"]
     for c in shown:
         where = describe_frame(c.frame) if c.frame else "no user frame"
         if c.caller is not None:

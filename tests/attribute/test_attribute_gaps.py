@@ -167,4 +167,4 @@ def test_diff_text_shows_the_largest_changes_either_way(tmp_path, run_cli) -> No
     assert shown("--top", "5") == ["+32.00", "-448.00"]
     same = write_snapshot(_two_callers(512 * mib, 64 * mib), tmp_path / "same.pickle")
     code, out, _ = run_cli("diff", str(pa), str(same))
-    assert "(the 0 largest changes, growth first)" in out
+    assert "by source line and op: no line's bytes changed" in out
