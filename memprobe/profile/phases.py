@@ -109,6 +109,12 @@ def mark(label: str) -> None:
         tracker.marks.append((label, len(tracker.events)))
 
 
+def events_so_far() -> int | None:
+    """How many events the step being traced has recorded (None outside a trace): a note
+    taken now names the storages allocated before it, not a later one at a reused key."""
+    return len(_ACTIVE[-1].events) if _ACTIVE else None
+
+
 def _records_history(args: Any, kwargs: Any) -> bool:
     return any(
         isinstance(t, torch.Tensor) and t.requires_grad

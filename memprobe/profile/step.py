@@ -20,6 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from memprobe.allocator import AllocConf
 from memprobe.profile import hf
+from memprobe.profile.phases import events_so_far
 from memprobe.profile.run import TrackedStep, trace_step
 from memprobe.records import Event
 
@@ -191,8 +192,12 @@ class _Owners:
 
     def __init__(self) -> None:
         self.parameters: set[int] = set()
-        self.gradients: set[int] = set()
-        self.optimizer_state: set[int] = set()
+        # Gradients and optimizer state: storage key -> the event counts at which a tensor
+        # of that storage was noted. A key is an address, reused once its storage is freed:
+        # the note names the allocation just before it, not a later one at the same key
+        # (the logits' gradient, freed, then an lm_head gradient at its address).
+        self.gradients: dict[int, list[int]] = {}
+        self.optimizer_state: dict[int, list[int]] = {}
         self.master: set[int] = set()
         self.parameter_count = 0
 
@@ -222,7 +227,7 @@ class _Owners:
 
     def _note_grad(self, p: torch.Tensor) -> None:
         if p.grad is not None:
-            self.gradients.add(_key(p.grad))
+            _note(self.gradients, p.grad)
 
     def note_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         for group in optimizer.param_groups:
@@ -230,15 +235,41 @@ class _Owners:
                 if _key(p) not in self.parameters:
                     self.master.add(_key(p))
                 if p.grad is not None:
-                    self.gradients.add(_key(p.grad))
+                    _note(self.gradients, p.grad)
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor):
-                    self.optimizer_state.add(_key(value))
+                    _note(self.optimizer_state, value)
 
 
 def _key(t: torch.Tensor) -> int:
     return int(t.untyped_storage()._cdata)
+
+
+def _note(notes: dict[int, list[int]], t: torch.Tensor) -> None:
+    at = events_so_far()
+    notes.setdefault(_key(t), []).append(at if at is not None else 0)
+
+
+def _noted(event: Event, notes: dict[int, list[int]], next_alloc: dict[int, int]) -> bool:
+    """``event``'s storage is one that was noted: a note after its allocation and before
+    the next allocation at the same key."""
+    until = next_alloc.get(event.index)
+    return any(
+        event.index < at and (until is None or at <= until) for at in notes.get(event.storage, ())
+    )
+
+
+def _next_allocs(events: Iterable[Event]) -> dict[int, int]:
+    """Each alloc event's index -> the index of the next alloc at the same storage key."""
+    last: dict[int, int] = {}
+    out: dict[int, int] = {}
+    for event in events:
+        if event.action == "alloc":
+            if event.storage in last:
+                out[last[event.storage]] = event.index
+            last[event.storage] = event.index
+    return out
 
 
 def logprob_windows(marks: Iterable[tuple[str, int]]) -> list[tuple[int, int]]:
@@ -274,14 +305,16 @@ def categorize(tracked: TrackedStep, owners: _Owners, step: hf.HFStep) -> dict[s
     logits_start = dict(tracked.marks).get(hf.LOGPROB_START)
     seq = step.tokens
     out = dict.fromkeys(CATEGORIES, 0)
+    next_alloc = _next_allocs(tracked.events)
     for event in tracked.live_at_peak():
-        out[_category(event, owners, windows, logits_start, seq, step)] += event.nbytes
+        out[_category(event, owners, next_alloc, windows, logits_start, seq, step)] += event.nbytes
     return {k: v for k, v in out.items() if v}
 
 
 def _category(
     event: Event,
     owners: _Owners,
+    next_alloc: dict[int, int],
     windows: list[tuple[int, int]],
     logits_start: int | None,
     seq: int,
@@ -290,9 +323,9 @@ def _category(
     key = event.storage
     if event.phase == "setup" and key in owners.parameters:
         return PARAMETERS
-    if key in owners.gradients and event.phase in ("backward", "optimizer"):
+    if event.phase in ("backward", "optimizer") and _noted(event, owners.gradients, next_alloc):
         return GRADIENTS
-    if key in owners.optimizer_state and event.phase == "optimizer":
+    if event.phase == "optimizer" and _noted(event, owners.optimizer_state, next_alloc):
         return OPTIMIZER_STATE
     if key in owners.master and event.phase == "setup":
         return MASTER_WEIGHTS

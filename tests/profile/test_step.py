@@ -100,6 +100,20 @@ def test_the_logprob_steps_share_is_its_float32_blocks() -> None:
     assert LOGPROB in unchunked.bytes_by_category
 
 
+def test_a_gradient_at_a_reused_address_is_not_the_logits_gradient() -> None:
+    """Storage keys are addresses: once the logits' gradient is freed, a parameter's
+    gradient may be made at its key. The peak here is in the loss's backward, before any
+    parameter has a gradient, so nothing live at it is a gradient: the logits' gradient
+    belongs to the logprob step (it read "gradients" when the later key was trusted)."""
+    cfg = config_from_dict({**CONFIGS["llama"], "vocab_size": 8192, "num_hidden_layers": 1})
+    result = simulate_step(HFStep(cfg, tokens=256, kernel="local_chunked", chunk_size=32))
+    logits_grad = 256 * 8192 * 2  # bf16 [1, 256, V]
+    assert result.peak_phase == "backward"
+    assert GRADIENTS not in result.bytes_by_category
+    assert result.bytes_by_category[LOGPROB] >= logits_grad
+    assert sum(result.bytes_by_category.values()) == result.peak_allocated_bytes
+
+
 def _scores(result: Any, tokens: int) -> list[Any]:
     return [e for e in result.events if len(e.shape) == 4 and e.shape[-2:] == (tokens, tokens)]
 
