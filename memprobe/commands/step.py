@@ -253,8 +253,6 @@ def plan_step_lines(
         f"checkpointing {'on' if checkpointing else 'off'}, optimizer {optimizer}): "
         "tokens per sequence"
     )
-    head = (
-        f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; "
-        "reserved in the last column)"
-    )
+    where = "reserved in the last column" if reserved else "reserved not planned: --no-reserved"
+    head = f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; {where})"
     return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]
