@@ -51,6 +51,14 @@ def plan_targets(
                     targets.append(PlanTarget(name, vocab, batch, dtype, chunk, t, c, hidden))
     targets = list(dict.fromkeys(targets))  # kernels that ignore the chunk size: once
     if not targets:
+        if hidden is not None:
+            # No hidden-family kernel shards the vocabulary: naming the logits family's
+            # sharded kernels would contradict --hidden.
+            raise UserError(
+                f"none of {', '.join(names)} can shard the vocabulary (--tp): the hidden "
+                "family runs on one device",
+                "drop --tp, or drop --hidden to plan the logits kernels that shard it",
+            )
         sharded = ", ".join(kernel_names(distributed=True))
         raise UserError(
             f"none of {', '.join(names)} can shard the vocabulary (--tp)",

@@ -61,3 +61,12 @@ def test_hidden_at_cp_one_still_plans(run_cli):
     )  # fmt: skip
     assert code == 0, err
     assert "linear_unchunked fits the most" in out.splitlines()[-1]
+
+
+def test_hidden_with_tp_names_no_logits_kernel(run_cli) -> None:
+    code, _, err = run_cli("plan", "--vocab", "4096", "--budget", "8GiB", "--hidden", "64",
+                           "--tp", "2", "--no-reserved")  # fmt: skip
+    assert code == 2
+    assert "the hidden family runs on one device" in err
+    assert "chunked_distributed" not in err
+    assert len(err.strip().splitlines()) == 1
