@@ -28,8 +28,10 @@ from memprobe.attribute.categories import (
 from memprobe.attribute.categories import CATEGORIES as ATTRIBUTE_CATEGORIES
 from memprobe.report.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INPUT, OTHER_BSV
 
-_COLOURS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#7F7F7F")
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+# Grey is kept for the floors; past eight kernels the colours repeat with other markers
+# (12 of them), so every look differs up to 24 kernels.
+_COLOURS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#882255")
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 # Dashed is kept for the floor and dash-dot for the budget; kernels use the rest.
 _LINES = (
     "-",

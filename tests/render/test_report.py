@@ -363,3 +363,13 @@ def test_a_cuda_run_uses_the_recorded_gpu_capacity_as_its_budget(run: Path) -> N
     assert (h.budget_bytes, h.budget_source) == (capacity, "GPU capacity")
     given = make_headline(frame, {**meta, "device": "cuda"}, budget_bytes=2**30)
     assert (given.budget_bytes, given.budget_source) == (2**30, "--budget")
+
+
+def test_every_kernel_has_its_own_look_in_the_plots() -> None:
+    """Past eight kernels the colours repeat; marker and line keep the looks apart (the
+    sweep's ten default kernels once drew unchunked and filtered_chunked alike)."""
+    from memprobe.render.style import FLOOR_STYLE, kernel_looks
+
+    looks = kernel_looks([f"k{i}" for i in range(24)])
+    assert len(set(looks.values())) == 24
+    assert all(look.color != FLOOR_STYLE["color"] for look in looks.values())
