@@ -123,10 +123,12 @@ def _import(module_name: str, path: str, what: str) -> Any:
             raise _import_failed(module_name, path, exc, what) from None
         finally:
             sys.path.remove(cwd)
-    raise UserError(
-        f"{what} {path!r}: cannot import {module_name!r} ({missing})",
-        "install the package or run memprobe from the directory that holds it",
-    )
+    hint = "install the package or run memprobe from the directory that holds it"
+    if module_name.endswith(".py"):
+        # A file name, not a module: `my_step.py:train_step` is `my_step:train_step`.
+        attr = path.partition(":")[2]
+        hint = f"name the module, not its file: {module_name.removesuffix('.py')}:{attr}"
+    raise UserError(f"{what} {path!r}: cannot import {module_name!r} ({missing})", hint)
 
 
 def _import_failed(module_name: str, path: str, exc: Exception, what: str) -> UserError:

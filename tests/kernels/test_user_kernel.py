@@ -119,3 +119,14 @@ def test_the_current_directory_is_tried_when_the_package_is_not_installed(tmp_pa
 def test_plain_names_are_not_import_paths():
     with pytest.raises(ValueError, match="package.module:function"):
         get_spec("nope")
+
+
+def test_a_file_name_for_a_module_says_to_name_the_module(tmp_path, monkeypatch) -> None:
+    from memprobe.errors import UserError
+    from memprobe.kernels.user import import_callable
+
+    (tmp_path / "my_step_file.py").write_text("def step(device):\n    return None\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError) as caught:
+        import_callable("my_step_file.py:step", what="step", hint="")
+    assert caught.value.hint == "name the module, not its file: my_step_file:step"
