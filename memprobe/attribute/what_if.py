@@ -209,6 +209,14 @@ def find_loss_step(
             "profile the step with the loss on the whole [B, S, V] logits",
         )
     if shapes.forward_only:
+        if found.peak_phase in ("backward", "optimizer") or any(
+            f.phase in ("backward", "optimizer") for f in found.findings
+        ):
+            raise UserError(
+                "the trace holds the lm_head's output and a backward, but no loss over "
+                "[N, V] blocks (a chunked or fused loss): nothing materialized to replace",
+                "--what-if replaces a loss that makes [N, V] blocks; this step's does not",
+            )
         raise UserError(
             "the trace holds the lm_head's output but no loss over it (a forward-only trace)",
             "record a training step: forward, loss and backward",

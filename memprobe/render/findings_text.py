@@ -141,7 +141,16 @@ def _shape_lines(findings: Findings) -> list[str]:
     hidden = f", H = {inf.hidden:,}" if inf.hidden else ""
     head = f"shapes: logits {inf.shape_text()}{hidden}, {dtypes}"
     if inf.forward_only:
-        head += " (forward only, no loss)"
+        ran_backward = findings.peak_phase in ("backward", "optimizer") or any(
+            f.phase in ("backward", "optimizer") for f in findings.findings
+        )
+        # "Forward only" is a claim about the trace: a step whose backward ran had a loss,
+        # just none over [N, V] blocks (a chunked or fused one).
+        head += (
+            " (a backward ran, but no loss over [N, V]: a chunked or fused loss?)"
+            if ran_backward
+            else " (forward only, no loss)"
+        )
     lines = [f"{head}; confidence {inf.confidence}"]
     # The first lines, and always the one a B, S split rests on (a claim's evidence is
     # never cut); the rest are in --json.

@@ -250,3 +250,23 @@ def test_plan_step_is_the_plan_search_on_the_whole_step(run_cli: Any, tmp_path: 
     assert row["reserved_max_tokens"] is None
     code, _, err = run_cli("plan", "--config", str(tmp_path), "--budget", "8MiB")
     assert code == 2 and "--step and --config go together" in err
+
+
+def test_a_chunked_losss_trace_is_not_read_as_forward_only(run_cli: Any, tmp_path: Path) -> None:
+    """local_chunked never makes [N, V] loss blocks, but the step ran backward: attribute
+    must not call it a forward-only trace, and --what-if says why it has nothing to cut."""
+    # Large enough for the lm_head's [N, V] output to be read (at SMALL nothing is claimed).
+    config = {**CONFIGS["llama"], "hidden_size": 256, "intermediate_size": 688,
+              "vocab_size": 32000}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "step.pickle"
+    code, _, err = run_cli("step", "--config", str(tmp_path), "--tokens", "2048",
+                           "--out", str(out))  # fmt: skip
+    assert code == 0, err
+    code, text, err = run_cli("attribute", str(out))
+    assert code == 0, err
+    assert "(forward only, no loss)" not in text
+    assert "a backward ran, but no loss over [N, V]" in text
+    code, _, err = run_cli("attribute", str(out), "--what-if", "local_tiled")
+    assert code == 2
+    assert "a chunked or fused loss" in err and "forward-only trace" not in err
