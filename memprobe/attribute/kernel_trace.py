@@ -41,7 +41,8 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
     from memprobe.measure.tracker import AllocationTracker
     from memprobe.records import Case
 
-    case = Case(kernel, step.batch, step.rows, step.vocab, step.dtype, chunk_size)
+    # The kernel runs on the loss's rows (S − 1 for a shifted loss); the logits have S.
+    case = Case(kernel, step.batch, step.loss_rows, step.vocab, step.dtype, chunk_size)
     call = kernel_call(case)
     tracker = AllocationTracker(capture_frames=True)
     released: list[int] = []
@@ -69,7 +70,7 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
 
         @staticmethod
         def forward(ctx: Any, weight: torch.Tensor) -> torch.Tensor:
-            shape = (case.batch, case.tokens, case.vocab)
+            shape = (case.batch, step.rows, case.vocab)
             made = torch.empty(shape, dtype=torch_dtype(case.dtype), device="meta")
             made_at.append(len(tracker.events) - 1)
             return made
@@ -83,17 +84,24 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
 
     def run() -> None:
         weight = torch.empty((), device="meta", requires_grad=True)
-        targets = torch.empty((case.batch, case.tokens), dtype=torch.long, device="meta")
+        ids = torch.empty((case.batch, step.rows), dtype=torch.long, device="meta")
+        targets = ids if not step.shift else ids[:, step.shift :]
         with tracker:
             logits = _Head.apply(weight)
             tracker.set_phase(_KERNEL_FORWARD)
+            held = None
+            if step.shift:  # as Hugging Face's loss: logits[:, :-1] against labels[:, 1:]
+                logits = logits[:, : -step.shift].contiguous()
+                held = logits if step.holds_copy else None
+                if step.copies_targets:
+                    targets = targets.contiguous()
             out = call(logits, targets)
             del logits  # from here only the kernel holds them, if it saved them
             tracker.set_phase(_LOSS)
             loss = _Loss.apply(out)
             (grad,) = torch.autograd.grad(loss, weight)
             tracker.set_phase(_AFTER)
-            del out, loss, grad
+            del out, loss, grad, held
 
     tracker.stop_code = run.__code__
     with process_group_for(case):

@@ -37,10 +37,24 @@ class LossStep:
     gradient: ReplayBlock
     cut: tuple[ReplayBlock, ...]  # every block allocated in either window
     batch: int
-    rows: int  # tokens per sequence the loss covers (S, or S − 1 for a shifted loss)
+    rows: int  # S: tokens per sequence of the lm_head's output
     vocab: int
     dtype: str  # memprobe's dtype name of the logits ("bf16")
     torch_dtype: str  # as attribution names it ("bfloat16")
+    # 1 for a shifted loss (Hugging Face's logits[:, :-1] against labels[:, 1:]): the loss
+    # runs on S − 1 rows per sequence, on a copy of the sliced logits made inside the cut.
+    shift: int = 0
+    # The step copies its shifted targets (labels[:, 1:].contiguous(), int64 [B, S − 1])
+    # inside the cut: the stand-in copies them too, so they stay as recorded.
+    copies_targets: bool = False
+    # The user's code holds the sliced logits' copy past the step (a variable kept through
+    # backward): the stand-in holds its copy too, freed where the recorded one was.
+    holds_copy: bool = False
+
+    @property
+    def loss_rows(self) -> int:
+        """Tokens per sequence the loss covers: S, or S − 1 for a shifted loss."""
+        return self.rows - self.shift
 
     def inside(self, pos: int) -> bool:
         (a, b), (c, d) = self.forward, self.backward
@@ -53,12 +67,17 @@ def find_loss_step(
     rep: Replay,
 ) -> LossStep:
     """Where the loss step is, or a UserError saying why it cannot be cut cleanly."""
-    shapes = found.inference
     if found.source != "trace":
         raise UserError(
             "the snapshot has no trace: the loss step cannot be found in it",
             "record it with torch.cuda.memory._record_memory_history() (or memprobe profile)",
         )
+    return _materialized_step(found, rep)
+
+
+def _materialized_step(found: Findings, rep: Replay) -> LossStep:
+    """The loss step from the logits family: [N, V] blocks in forward and backward."""
+    shapes = found.inference
     if not shapes.logits_path or not shapes.known:
         raise UserError(
             "no loss over [N, V] logits found in the snapshot: nothing to replace",
@@ -69,12 +88,6 @@ def find_loss_step(
             "the logits look vocabulary-parallel (a shard per rank): --what-if swaps a "
             "single-device loss",
             "profile the step with one rank's whole vocabulary",
-        )
-    if shapes.loss_tokens:
-        raise UserError(
-            f"the loss runs on shifted logits {shapes.shape_text()}: --what-if does not "
-            "splice a shifted loss yet",
-            "profile the step with the loss on the whole [B, S, V] logits",
         )
     if shapes.forward_only:
         if found.peak_phase in ("backward", "optimizer") or any(
@@ -173,6 +186,34 @@ def find_loss_step(
             "give the shape with --vocab, --tokens and --batch",
         )
     batch = shapes.batch if shapes.batch and rows % shapes.batch == 0 else 1
+    shift = 0
+    if shapes.loss_tokens:
+        # The lm_head's output has B·S rows and the loss B·(S − 1): a slice's copy in
+        # forward, the slice's backward making the [B, S, V] gradient.
+        if shapes.loss_tokens != rows - batch:
+            raise UserError(
+                f"the loss's rows ({shapes.loss_tokens:,}) are not B·(S − 1) of the logits "
+                f"{shapes.shape_text()}: the shifted loss cannot be cut",
+                "give the shape with --vocab, --tokens and --batch",
+            )
+        shift = 1
+    # The shifted targets are int64 [B, S − 1]: a block of exactly that size in the
+    # forward window is the user's copy of them, not the loss's.
+    targets_bytes = 8 * (rows - batch)
+    copies_targets = shift == 1 and any(
+        fs <= b.alloc_pos <= fe
+        and b.size == targets_bytes
+        and (sites.site(b.alloc_entry).label_dtype or "int64") == "int64"
+        for b in cut
+        if b.alloc_entry is not None
+    )
+    copy_sizes = {(rows - batch) * v * k for k in (2, 4)}
+    holds_copy = shift == 1 and any(
+        fs <= b.alloc_pos <= fe
+        and b.size in copy_sizes
+        and (b.free_pos is None or not (fs <= b.free_pos <= be))
+        for b in cut
+    )
     return LossStep(
         forward=(fs, fe),
         backward=(bs, be),
@@ -184,4 +225,7 @@ def find_loss_step(
         vocab=v,
         dtype=dtype,
         torch_dtype=torch_name or dtype,
+        shift=shift,
+        copies_targets=copies_targets,
+        holds_copy=holds_copy,
     )

@@ -99,7 +99,8 @@ def what_if(
 
     return WhatIf(
         kernel=kernel,
-        shape=(step.batch, step.rows, step.vocab),
+        shape=(step.batch, step.loss_rows, step.vocab),
+        shifted=bool(step.shift),
         dtype=step.torch_dtype,
         chunk_size=chunk_size if get_spec(kernel).uses_chunk_size else None,
         forward_entries=step.forward,

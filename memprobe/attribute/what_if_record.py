@@ -28,6 +28,7 @@ class WhatIf:
     predicted: Findings  # the spliced trace, attributed: the new peak's place and makeup
     capacity_bytes: int | None
     capacity_source: str | None
+    shifted: bool = False  # the loss ran on logits[:, :-1] (``shape`` has its S − 1 rows)
 
     @property
     def saved_bytes(self) -> int:
@@ -44,6 +45,7 @@ class WhatIf:
         return {
             "kernel": self.kernel,
             "shape": list(self.shape),
+            "shifted": self.shifted,
             "dtype": self.dtype,
             "chunk_size": self.chunk_size,
             "recorded_peak_bytes": self.recorded_peak_bytes,
@@ -67,6 +69,7 @@ class WhatIf:
     def lines(self) -> list[str]:
         b, s, v = self.shape
         chunk = f", chunk {self.chunk_size}" if self.chunk_size else ""
+        on = " on logits[:, :-1] (a shifted loss)" if self.shifted else ""
         (fa, fb), (ba, bb) = self.forward_entries, self.backward_entries
         p = self.predicted
         where = f"at entry #{p.peak_index}" if p.peak_index is not None else "at snapshot time"
@@ -84,7 +87,7 @@ class WhatIf:
         out = [
             f"what-if {self.kernel}: the loss step (forward entries #{fa}-#{fb}, backward "
             f"#{ba}-#{bb}: {self.cut_blocks} blocks) replaced by {self.kernel} at "
-            f"[B={b:,}, S={s:,}, V={v:,}] {self.dtype}{chunk}, simulated on meta",
+            f"[B={b:,}, S={s:,}, V={v:,}] {self.dtype}{chunk}{on}, simulated on meta",
             f"  peak allocated: {format_bytes(self.recorded_peak_bytes)} recorded -> "
             f"{format_bytes(self.predicted_peak_bytes)} predicted "
             f"({_saving(self.saved_bytes)}), {where}",
