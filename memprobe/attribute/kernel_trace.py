@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memprobe.attribute.loss_step import LossStep
+from memprobe.attribute.loss_step_record import LossStep
 from memprobe.records import Event
 
 # Phases of the kernel's simulation (the tracker's labels).

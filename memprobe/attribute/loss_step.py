@@ -10,55 +10,22 @@ says so: a guess is never shown as a prediction.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from typing import Any
 
 from memprobe.allocator.snapshot_format import (
     ALLOC,
 )
 from memprobe.attribute.findings import Findings
+from memprobe.attribute.loss_step_record import LossStep
 from memprobe.attribute.ops import is_matmul, is_opaque_generated
+from memprobe.attribute.own_kernel_step import own_kernel_step
 from memprobe.attribute.sites import SiteCache, resolve_phases
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
 from memprobe.records import normalize_dtype
-from memprobe.snapshot.replay import BEFORE_TRACE, Replay, ReplayBlock
+from memprobe.snapshot.replay import BEFORE_TRACE, Replay
 
 _CONFIDENT = ("given", "high", "medium")
-
-
-@dataclass(frozen=True)
-class LossStep:
-    """Where a snapshot's loss step lies in its trace (positions into its entries)."""
-
-    forward: tuple[int, int]  # first and last alloc of the step's forward
-    backward: tuple[int, int]  # first alloc of its backward, and the logits' gradient
-    logits: ReplayBlock  # the lm_head's output the step consumes
-    gradient: ReplayBlock
-    cut: tuple[ReplayBlock, ...]  # every block allocated in either window
-    batch: int
-    rows: int  # S: tokens per sequence of the lm_head's output
-    vocab: int
-    dtype: str  # memprobe's dtype name of the logits ("bf16")
-    torch_dtype: str  # as attribution names it ("bfloat16")
-    # 1 for a shifted loss (Hugging Face's logits[:, :-1] against labels[:, 1:]): the loss
-    # runs on S − 1 rows per sequence, on a copy of the sliced logits made inside the cut.
-    shift: int = 0
-    # The step copies its shifted targets (labels[:, 1:].contiguous(), int64 [B, S − 1])
-    # inside the cut: the stand-in copies them too, so they stay as recorded.
-    copies_targets: bool = False
-    # The user's code holds the sliced logits' copy past the step (a variable kept through
-    # backward): the stand-in holds its copy too, freed where the recorded one was.
-    holds_copy: bool = False
-
-    @property
-    def loss_rows(self) -> int:
-        """Tokens per sequence the loss covers: S, or S − 1 for a shifted loss."""
-        return self.rows - self.shift
-
-    def inside(self, pos: int) -> bool:
-        (a, b), (c, d) = self.forward, self.backward
-        return a <= pos <= b or c <= pos <= d
 
 
 def find_loss_step(
@@ -72,7 +39,18 @@ def find_loss_step(
             "the snapshot has no trace: the loss step cannot be found in it",
             "record it with torch.cuda.memory._record_memory_history() (or memprobe profile)",
         )
-    return _materialized_step(found, rep)
+    try:
+        return _materialized_step(found, rep)
+    except UserError:
+        if found.inference.shards or found.inference.per_rank:
+            raise
+        # A step made with one of memprobe's own kernels (chunked: no [N, V] float32
+        # blocks) is found by its frames instead.
+        sites = SiteCache()
+        own = own_kernel_step(found, rep, sites, resolve_phases(rep.entries, sites))
+        if own is None:
+            raise
+        return own
 
 
 def _materialized_step(found: Findings, rep: Replay) -> LossStep:

@@ -23,7 +23,7 @@ from memprobe.allocator.snapshot_format import (
     INACTIVE,
 )
 from memprobe.attribute.kernel_trace import KernelTrace
-from memprobe.attribute.loss_step import LossStep
+from memprobe.attribute.loss_step_record import LossStep
 from memprobe.records import Event
 from memprobe.snapshot.labels import format_label
 from memprobe.snapshot.replay import ReplayBlock
@@ -55,10 +55,15 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
     logits_entries: list[dict[str, Any]] = []
     logits_at: tuple[str, int] | None = None
     la, lf = step.logits.alloc_pos, step.logits.free_pos
-    if lf is not None and lf <= be:
+    # Freed inside the step, or as its backward ended (nothing allocated in between: the
+    # recorded kernel's saved tensors going), the logits were the loss's alone.
+    held_by_loss = lf is not None and (
+        lf <= be or not any(entries[pos]["action"] == ALLOC for pos in range(be + 1, lf))
+    )
+    if lf is not None and held_by_loss:
         where, k = kt.logits_release
         at = {"forward": fe, "backward": be}.get(where, step.gradient.free_pos)
-        if at is None or at >= lf:
+        if at is None or at >= lf or lf > be:
             positions = by_addr[step.logits.addr]
             for pos in positions[bisect.bisect_right(positions, la) :]:
                 if entries[pos]["action"] == ALLOC:

@@ -9,7 +9,9 @@ live there, and the reserved bytes memprobe's model of the caching allocator giv
 
 This module is the facade; each concern has its own module:
 
-- :mod:`memprobe.attribute.loss_step`: the cut (where the step lies, or why it cannot be cut);
+- :mod:`memprobe.attribute.loss_step`: the cut (where the step lies, or why it cannot be cut),
+  by the logits family, or for memprobe's own kernels by their frames
+  (:mod:`memprobe.attribute.own_kernel_step`), as a :class:`LossStep`;
 - :mod:`memprobe.attribute.kernel_trace`: KERNEL simulated on meta in a stand-in step;
 - :mod:`memprobe.attribute.splice`: its blocks spliced in where the cut ones were;
 - :mod:`memprobe.attribute.what_if_record`: the prediction as a record (JSON, text);
@@ -23,7 +25,8 @@ from typing import Any
 from memprobe.allocator import replay_snapshot
 from memprobe.attribute.findings import attribute
 from memprobe.attribute.kernel_trace import KernelTrace, simulate_kernel
-from memprobe.attribute.loss_step import LossStep, find_loss_step
+from memprobe.attribute.loss_step import find_loss_step
+from memprobe.attribute.loss_step_record import LossStep
 from memprobe.attribute.other_memory import OtherMemory, other_memory
 from memprobe.attribute.splice import SPLICE_ADDRESS, splice
 from memprobe.attribute.what_if_record import WhatIf
