@@ -84,3 +84,13 @@ def test_an_upcast_before_the_shift_is_part_of_the_cut() -> None:
     w = what_if(profiled("unchunked", hold=0, upcast=1), "local_chunked", chunk_size=CHUNK)
     assert w.shape == (BATCH, SEQ - 1, VOCAB) and w.dtype == "bfloat16"
     assert w.predicted_peak_bytes == recorded.peak_allocated_bytes
+
+
+@pytest.mark.parametrize("hold", [1, 0])
+def test_a_shifted_step_recorded_with_a_chunked_kernel(hold: int) -> None:
+    """memprobe's kernel on the shifted copy, found by its frames: the copy stands for the
+    logits and the slice's backward stays as recorded; the naive loss's cost is exact."""
+    truth = attribute(profiled("unchunked", hold=hold))
+    w = what_if(profiled("local_chunked", hold=hold), "unchunked", chunk_size=CHUNK)
+    assert w.predicted_peak_bytes == truth.peak_allocated_bytes
+    assert w.shape == (BATCH, SEQ - 1, VOCAB)
