@@ -73,7 +73,8 @@ def _labelled_bsv(site: Site, shapes: ShapeInference) -> bool:
     elements = 1
     for d in shape:
         elements *= d
-    return shape[-1] == shapes.vocab and elements == shapes.tokens * shapes.vocab
+    # The lm_head's B·S rows, or a shifted loss's B·(S − 1).
+    return shape[-1] == shapes.vocab and any(elements == n * shapes.vocab for n in shapes.rows())
 
 
 def classify(

@@ -298,12 +298,28 @@ class _Context:
             and not s.attention
             and (is_matmul(s.op, s.node) or is_opaque_generated(s.op, s.via))
         }
+        matmul_labelled = {
+            s.label_shape
+            for size, s in loss_sites
+            if size in matmuls
+            and s.label_shape
+            and s.phase == "forward"
+            and not s.attention
+            and (is_matmul(s.op, s.node) or is_opaque_generated(s.op, s.via))
+        }
         collective = next(
             (s.collective for _, s in loss_sites if s.collective and (s.loss or s.node)), None
         )
         self.direct = direct
         return infer_shapes(
-            sizes, loss_sizes, hints, labelled, matmuls, collective=collective, direct=direct
+            sizes,
+            loss_sizes,
+            hints,
+            labelled,
+            matmuls,
+            collective=collective,
+            direct=direct,
+            matmul_labelled=matmul_labelled,
         )
 
     def verdict(self, b: ReplayBlock) -> Classification:

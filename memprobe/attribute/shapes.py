@@ -272,13 +272,15 @@ def infer_shapes(
     *,
     collective: str | None = None,
     direct: Direct = Direct(),
+    matmul_labelled: Iterable[tuple[int, ...]] = (),
 ) -> ShapeInference:
     """``sizes``: how many blocks of each byte count the trace holds; ``loss_sizes``:
     byte counts of blocks made by a softmax/loss over V (or their backward);
     ``labelled``: shapes memprobe's own labels record for such blocks (exact);
     ``matmul_sizes``: byte counts of forward matmul outputs (the lm_head is one);
     ``collective``: what names a collective on the logits path (``all_reduce``);
-    ``direct``: sizes made by ops that name a shape (positions, masks, attention)."""
+    ``direct``: sizes made by ops that name a shape (positions, masks, attention);
+    ``matmul_labelled``: shapes memprobe's labels record for forward matmul outputs."""
     matmuls = frozenset(matmul_sizes)
     candidates = sorted({s for s in loss_sizes if s >= MIN_LOSS_BLOCK}, reverse=True)
     labelled = tuple(labelled)
@@ -286,7 +288,9 @@ def infer_shapes(
         sources = [s for s in sources if s >= MIN_LOSS_BLOCK]
         if not sources:
             continue
-        found = _infer_from(sources, sizes, hints, labelled, matmuls, forward_only, direct)
+        found = _infer_from(
+            sources, sizes, hints, labelled, matmuls, forward_only, direct, matmul_labelled
+        )
         if hints.vocab is not None:
             found = _sharded(sources, sizes, hints, matmuls, forward_only, found, direct) or found
         if found is not None:
@@ -328,6 +332,7 @@ def _infer_from(
     matmuls: frozenset[int],
     forward_only: bool,
     direct: Direct = Direct(),
+    matmul_labelled: Iterable[tuple[int, ...]] = (),
 ) -> tuple[ShapeInference, float] | None:
     """The best reading of ``sources`` (loss-made sizes, or forward matmul outputs when
     ``forward_only``) as ``[N, V]``, with its score; None when none is a reading at all."""
@@ -344,6 +349,20 @@ def _infer_from(
         reading.score += 10
         reading.reasons.insert(0, f"memprobe's label records {list(shape)}")
         readings[(n, v, None)] = reading
+    heads = {(_elements(shape[:-1]), shape[-1]): shape for shape in matmul_labelled if shape}
+    for (n, v), shape in list(recorded.items()):
+        # Labels that record the lm_head's [B·S, V] beside the loss's [B, S − 1, V]: the
+        # loss on logits[:, :-1] (Hugging Face's shift), read as such.
+        b = shape[0] if len(shape) == 3 else 0
+        head = heads.get((n + b, v)) if b and b <= MAX_SHIFT_BATCH else None
+        if head is not None and not forward_only:
+            reading = _score(n, v, sizes, sources, matmuls, shift=b, direct=direct)
+            reading.score += 11
+            reading.reasons.insert(
+                0,
+                f"memprobe's labels record the loss's {list(shape)} and the lm_head's {list(head)}",
+            )
+            readings[(n, v, b)] = reading
     small_sizes = [s for s in sizes if s % 4 == 0]
     tokens = _token_set(small_sizes, hints)
     for x in sources[:MAX_CANDIDATE_SIZES]:
@@ -854,3 +873,10 @@ def _vocab_argued(r: _Reading) -> bool:
         return False
     weight = bool(r.weight_itemsizes) and (r.weight_blocks >= 2 or r.weight_agrees)
     return weight or (r.ids and r.tokens >= MIN_LOSS_TOKENS)
+
+
+def _elements(dims: Iterable[int]) -> int:
+    n = 1
+    for d in dims:
+        n *= d
+    return n

@@ -64,6 +64,10 @@ class PlanOutcome:
                 if choice and choice.for_time is not None
                 else None
             )
+            # --other-from's fit (other = other_bytes + per token · N): None for --other.
+            fitted = self.budget.other_residual is not None
+            row["other_per_token_bytes"] = self.budget.other_per_token if fitted else None
+            row["other_fit_residual_bytes"] = self.budget.other_residual
             rows.append(row)
         return rows
 
@@ -92,7 +96,10 @@ def budget_from(
     fit = other_from_snapshots(other_from)
     limit = make_budget(budget, fit.at(0))
     return Budget(
-        limit.budget_bytes, limit.other_bytes, other_per_token=fit.per_token_bytes
+        limit.budget_bytes,
+        limit.other_bytes,
+        other_per_token=fit.per_token_bytes,
+        other_residual=fit.residual_bytes,
     ), fit.describe()
 
 

@@ -35,6 +35,8 @@ class Budget:
     # The part of "other" that grows with the step's tokens (activations), fitted from
     # snapshots by ``--other-from``; the searches add it to each simulated peak.
     other_per_token: float = 0.0
+    # How far the farthest snapshot's reading lies from that fit (None: --other was given).
+    other_residual: float | None = None
 
     @property
     def limit_bytes(self) -> int:

@@ -1,7 +1,7 @@
 """``--other`` read from snapshots: what the rest of the job holds beside the logprob step.
 
 Each snapshot gives one reading (tokens N = B·S, bytes) of the memory that is not the
-logprob step at that step's moment (:func:`memprobe.attribute.what_if.other_memory`).
+logprob step at that step's moment (:func:`memprobe.attribute.other_memory.other_memory`).
 One reading (or several at one token count) is a constant; readings at two or more
 token counts are fitted by least squares to ``constant + per_token · N``: weights and
 optimizer state do not grow with the tokens, activations do. The fit's residual (the
@@ -65,7 +65,7 @@ def fit_other(points: Sequence[tuple[int, int]]) -> OtherFit:
 
 def other_from_snapshots(paths: Sequence[str | os.PathLike[str]]) -> OtherFit:
     """Read each snapshot's other memory and fit them (see the module notes)."""
-    from memprobe.attribute.what_if import other_memory
+    from memprobe.attribute.other_memory import other_memory
     from memprobe.snapshot.load import load_snapshot
 
     points = []

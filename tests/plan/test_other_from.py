@@ -99,6 +99,26 @@ def test_plan_other_from_agrees_with_plan_other(run_cli, tmp_path: Path) -> None
         assert above[0]["max_tokens"] <= t <= at[0]["max_tokens"]
 
 
+def test_json_states_the_fit(run_cli, tmp_path: Path) -> None:
+    """Each row carries the fit it planned on: constant, per-token bytes and residual."""
+    fit = other_from_snapshots(written(tmp_path, 256, 1024).split(","))
+    fitted = rows(run_cli, "--budget", "16MiB", "--other-from", written(tmp_path, 256, 1024))
+    for row in fitted:
+        assert row["other_per_token_bytes"] == fit.per_token_bytes > 0
+        assert row["other_fit_residual_bytes"] == fit.residual_bytes >= 0
+        assert row["other_bytes"] == fit.at(0)
+        # The fit reproduces both readings within its residual.
+        for tokens, read in fit.points:
+            at = row["other_bytes"] + row["other_per_token_bytes"] * tokens
+            assert abs(at - read) <= row["other_fit_residual_bytes"] + 1
+    one = rows(run_cli, "--budget", "16MiB", "--other-from", written(tmp_path, 512))
+    assert all(r["other_per_token_bytes"] == 0 for r in one)
+    given = rows(run_cli, "--budget", "16MiB", "--other", "1MiB")
+    assert all(
+        r["other_per_token_bytes"] is None and r["other_fit_residual_bytes"] is None for r in given
+    )
+
+
 def test_text_states_the_fit(run_cli, tmp_path: Path) -> None:
     code, out, err = run_cli(
         *PLAN, "--kernel", "local_chunked", "--budget", "16MiB",

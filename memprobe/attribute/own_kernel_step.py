@@ -1,0 +1,162 @@
+"""The loss step of a snapshot made with one of memprobe's own kernels, found by its frames.
+
+A chunked kernel (``local_chunked``, ``local_tiled``, ...) never materializes ``[N, V]``
+float32 blocks, so the logits family alone does not show where its step lies. Its blocks
+are made under the kernel's custom autograd Function, whose Python frames are in
+``memprobe/kernels/``: the step's forward runs from the first to the last block made
+there in forward, its backward from the first block made there in backward to the last,
+and the logits' gradient is the block of the logits' size among them. The shape comes
+from memprobe's label on that gradient (``[B, S, V]``), else from attribution's reading
+(or ``--vocab/--tokens/--batch``).
+"""
+
+from __future__ import annotations
+
+from memprobe.allocator.snapshot_format import ALLOC
+from memprobe.attribute.findings import Findings
+from memprobe.attribute.loss_step_record import LossStep
+from memprobe.attribute.sites import Phases, SiteCache
+from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes
+from memprobe.records import normalize_dtype
+from memprobe.snapshot.replay import BEFORE_TRACE, Replay
+
+_KERNELS_DIR = "memprobe/kernels/"
+_ITEMSIZE_NAMES = {4: "float32", 2: "bfloat16"}
+
+
+# Kernel modules whose step --what-if cannot swap: they take the hidden states and the
+# lm_head weight (the lm_head is inside them), or one rank's vocabulary shard.
+_HIDDEN_MODULES = frozenset({"fused_linear", "linear_unfused", "torch_linear_ce"})
+_PARALLEL_MODULES = frozenset({"distributed"})
+
+
+def kernel_files(entry: dict[str, object]) -> list[str]:
+    """The memprobe kernel modules (``local_chunked``) in ``entry``'s stack, innermost first."""
+    frames = entry.get("frames")
+    if not isinstance(frames, list):
+        return []
+    out: list[str] = []
+    for frame in frames:
+        name = str(frame.get("filename", "")).replace("\\", "/") if isinstance(frame, dict) else ""
+        at = name.rfind(_KERNELS_DIR)
+        if at >= 0 and name.endswith(".py"):
+            out.append(name[at + len(_KERNELS_DIR) : -3])
+    return out
+
+
+def kernel_file(entry: dict[str, object]) -> str | None:
+    """The memprobe kernel module (``local_chunked``) whose frames made ``entry``, if any."""
+    files = kernel_files(entry)
+    return files[0] if files else None
+
+
+def own_kernel_step(
+    found: Findings, rep: Replay, sites: SiteCache, phases: Phases
+) -> LossStep | None:
+    """The step of a memprobe kernel that ran forward and backward in the trace; None when
+    no memprobe kernel's backward made blocks there (see the module notes)."""
+    entries = rep.entries
+    forward: list[int] = []
+    backward: list[int] = []
+    names: set[str] = set()
+    outer: set[str] = set()
+    for pos, e in enumerate(entries):
+        if e["action"] != ALLOC:
+            continue
+        files = kernel_files(e)
+        if not files:
+            continue
+        name = files[0]
+        outer.update(files)
+        phase = phases.phase(pos)
+        if phase == "forward":
+            forward.append(pos)
+        elif phase == "backward":
+            backward.append(pos)
+        else:
+            continue
+        names.add(name)
+    if not forward or not backward:
+        return None
+    kernel = ", ".join(sorted(names))
+    if outer & _HIDDEN_MODULES:
+        raise UserError(
+            f"the step's loss is memprobe's {', '.join(sorted(outer & _HIDDEN_MODULES))}, "
+            "which takes the hidden states and the lm_head weight: --what-if swaps a loss "
+            "on the logits",
+            "profile the step with a logits kernel (e.g. local_chunked) to compare kernels",
+        )
+    if outer & _PARALLEL_MODULES:
+        raise UserError(
+            "the step's loss is memprobe's vocabulary-parallel kernel: --what-if swaps a "
+            "single-device loss",
+            "profile the step with one rank's whole vocabulary",
+        )
+    if len(names) > 1 or forward[-1] > backward[0]:
+        raise UserError(
+            f"the trace holds several loss steps of memprobe's kernels ({kernel}): "
+            "--what-if cuts exactly one",
+            "record a single training step (memprobe profile, or a shorter history)",
+        )
+    fs, fe = forward[0], forward[-1]
+    bs, be = backward[0], backward[-1]
+    blocks = [b for b in rep.blocks if b.alloc_pos != BEFORE_TRACE]
+    live_at_start = {
+        b.size: b
+        for b in sorted(blocks, key=lambda b: b.alloc_pos)
+        if b.alloc_pos < fs and b.live_at(fs)
+    }
+    made = [b for b in blocks if bs <= b.alloc_pos <= be and b.size in live_at_start]
+    if not made:
+        raise UserError(
+            f"{kernel}'s backward made no block of the logits' size (it writes the "
+            "gradient into the logits' buffer): nothing marks where its step ends",
+            "profile the step with a kernel that makes the logits' gradient (e.g. local_chunked)",
+        )
+    gradient = max(made, key=lambda b: b.size)
+    logits = live_at_start[gradient.size]
+    oom = next((m.pos for m in rep.ooms if m.pos > bs), None)
+    if oom is not None and (gradient.free_pos is None or gradient.free_pos > oom):
+        raise UserError(
+            f"the trace ends at an OOM (entry #{oom}) inside {kernel}'s backward: the rest "
+            "of the step was never recorded, so it cannot be cut out",
+            "profile the step at a size that completes (e.g. memprobe profile on meta)",
+        )
+    site = sites.site(gradient.alloc_entry) if gradient.alloc_entry is not None else None
+    shape = site.label_shape if site is not None else None
+    shapes = found.inference
+    if shape is not None and len(shape) == 3:
+        batch, seq, vocab = shape
+    elif shapes.known and shapes.tokens and shapes.vocab:
+        batch = shapes.batch if shapes.batch and shapes.tokens % shapes.batch == 0 else 1
+        seq, vocab = shapes.tokens // batch, shapes.vocab
+    else:
+        raise UserError(
+            f"{kernel}'s step is in the trace, but the logits' shape is not: its gradient "
+            f"is {format_bytes(gradient.size)}, with no [B, S, V] recorded",
+            "give it with --vocab, --tokens and --batch",
+        )
+    elements = batch * seq * vocab
+    itemsize = gradient.size // elements if elements else 0
+    torch_name = (site.label_dtype if site is not None else None) or _ITEMSIZE_NAMES.get(itemsize)
+    dtype = normalize_dtype(torch_name) if torch_name else None
+    if dtype is None or gradient.size != elements * itemsize:
+        raise UserError(
+            f"the logits' gradient ({format_bytes(gradient.size)}) is not [B={batch:,}, "
+            f"S={seq:,}, V={vocab:,}] in a 16- or 32-bit dtype",
+            "give the shape with --vocab, --tokens and --batch",
+        )
+    cut = tuple(b for b in blocks if fs <= b.alloc_pos <= fe or bs <= b.alloc_pos <= be)
+    return LossStep(
+        forward=(fs, fe),
+        backward=(bs, be),
+        logits=logits,
+        gradient=gradient,
+        cut=cut,
+        batch=batch,
+        rows=seq,
+        vocab=vocab,
+        dtype=dtype,
+        torch_dtype=torch_name or dtype,
+    )

@@ -1,0 +1,113 @@
+"""The what-if prediction as a record: recorded beside predicted, as JSON and text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memprobe.attribute.findings import Findings
+from memprobe.io.sizes import format_bytes
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    """The prediction: the recorded step beside the same step with ``kernel``."""
+
+    kernel: str
+    shape: tuple[int, int, int]  # B, S, V of the logits the kernel was simulated at
+    dtype: str
+    chunk_size: int | None
+    forward_entries: tuple[int, int]
+    backward_entries: tuple[int, int]
+    cut_blocks: int
+    recorded_peak_bytes: int
+    predicted_peak_bytes: int
+    recorded_reserved_peak_bytes: int | None
+    model_reserved_peak_bytes: int  # the allocator model on the recorded trace
+    predicted_reserved_peak_bytes: int
+    predicted: Findings  # the spliced trace, attributed: the new peak's place and makeup
+    capacity_bytes: int | None
+    capacity_source: str | None
+    shifted: bool = False  # the loss ran on logits[:, :-1] (``shape`` has its S − 1 rows)
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.recorded_peak_bytes - self.predicted_peak_bytes
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the predicted reserved peak fits the capacity (None: none known)."""
+        if self.capacity_bytes is None:
+            return None
+        return self.predicted_reserved_peak_bytes <= self.capacity_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kernel": self.kernel,
+            "shape": list(self.shape),
+            "shifted": self.shifted,
+            "dtype": self.dtype,
+            "chunk_size": self.chunk_size,
+            "recorded_peak_bytes": self.recorded_peak_bytes,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "recorded_reserved_peak_bytes": self.recorded_reserved_peak_bytes,
+            "model_reserved_peak_bytes": self.model_reserved_peak_bytes,
+            "predicted_reserved_peak_bytes": self.predicted_reserved_peak_bytes,
+            "saved_bytes": self.saved_bytes,
+            "fits": self.fits,
+            "capacity_bytes": self.capacity_bytes,
+            "capacity_source": self.capacity_source,
+            "predicted_peak_index": self.predicted.peak_index,
+            "predicted_peak_phase": self.predicted.peak_phase,
+            "predicted_peak_op": self.predicted.peak_op,
+            "predicted_breakdown": [list(b) for b in self.predicted.breakdown],
+            "forward_entries": list(self.forward_entries),
+            "backward_entries": list(self.backward_entries),
+            "cut_blocks": self.cut_blocks,
+        }
+
+    def lines(self) -> list[str]:
+        b, s, v = self.shape
+        chunk = f", chunk {self.chunk_size}" if self.chunk_size else ""
+        on = " on logits[:, :-1] (a shifted loss)" if self.shifted else ""
+        (fa, fb), (ba, bb) = self.forward_entries, self.backward_entries
+        p = self.predicted
+        where = f"at entry #{p.peak_index}" if p.peak_index is not None else "at snapshot time"
+        if p.peak_phase:
+            where += f" during {p.peak_phase}"
+        if p.peak_op:
+            where += f" (op {p.peak_op})"
+        total = self.predicted_peak_bytes or 1
+        made = ", ".join(f"{format_bytes(n)} {c} ({100 * n / total:.0f}%)" for c, n in p.breakdown)
+        recorded_reserved = (
+            format_bytes(self.recorded_reserved_peak_bytes)
+            if self.recorded_reserved_peak_bytes is not None
+            else "not recorded"
+        )
+        out = [
+            f"what-if {self.kernel}: the loss step (forward entries #{fa}-#{fb}, backward "
+            f"#{ba}-#{bb}: {self.cut_blocks} blocks) replaced by {self.kernel} at "
+            f"[B={b:,}, S={s:,}, V={v:,}] {self.dtype}{chunk}{on}, simulated on meta",
+            f"  peak allocated: {format_bytes(self.recorded_peak_bytes)} recorded -> "
+            f"{format_bytes(self.predicted_peak_bytes)} predicted "
+            f"({_saving(self.saved_bytes)}), {where}",
+            f"  made of: {made}",
+            f"  peak reserved:  {recorded_reserved} recorded -> "
+            f"{format_bytes(self.predicted_reserved_peak_bytes)} predicted by memprobe's "
+            "caching-allocator model (which gives "
+            f"{format_bytes(self.model_reserved_peak_bytes)} on the recorded trace)",
+        ]
+        verdict = f"  with {self.kernel}: {format_bytes(self.predicted_peak_bytes)} allocated, "
+        verdict += f"{format_bytes(self.predicted_reserved_peak_bytes)} reserved"
+        if self.capacity_bytes is None:
+            verdict += "; no device capacity recorded (give --budget to say whether it fits)"
+        else:
+            word = "fits" if self.fits else "does not fit"
+            verdict += f": {word} {format_bytes(self.capacity_bytes)} ({self.capacity_source})"
+        return [*out, verdict]
+
+
+def _saving(saved: int) -> str:
+    if saved >= 0:
+        return f"saves {format_bytes(saved)}"
+    return f"costs {format_bytes(-saved)} more"
