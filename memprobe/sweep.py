@@ -24,6 +24,7 @@ from memprobe import results
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
+from memprobe.kernels.peers import PEERS
 from memprobe.kernels.registry import check_inputs_match
 from memprobe.measure import measure, resolve_device
 from memprobe.measure.parallel import (
@@ -105,12 +106,15 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     hidden = _positive(grid.hidden, "hidden") if grid.hidden is not None else None
     # --tp shards the vocabulary, which only the distributed kernels can take;
     # --hidden H runs the hidden family (the lm_head matmul and the log-prob together).
+    dev = resolve_device(grid.device)
+    # On a GPU the peers that are installed (Liger-Kernel, Cut Cross-Entropy) run beside
+    # memprobe's own; one named with --kernel where it cannot run is a skipped row.
     if grid.kernel:
         kernels = list(grid.kernel)
     elif hidden:
-        kernels = kernel_names(inputs="hidden")
+        kernels = kernel_names(inputs="hidden", peers=dev == "cuda")
     else:
-        kernels = kernel_names(distributed=max(tp) > 1)
+        kernels = kernel_names(distributed=max(tp) > 1, peers=dev == "cuda")
     for name in kernels:
         try:
             get_spec(name)
@@ -118,7 +122,6 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
             raise UserError(str(exc), "see `memprobe kernels`") from None
     check_inputs_match(kernels, hidden[0] if hidden else None)
     dtypes = [_dtype(d) for d in grid.dtype]
-    dev = resolve_device(grid.device)
     single = [k for k in kernels if not get_spec(k).distributed]
     if max(tp) > 1 and single:
         sharded = ", ".join(kernel_names(distributed=True)) or "none"
@@ -337,7 +340,9 @@ def measure_one(case: Case, *, verify: bool, layout: RankLayout | None) -> Run:
     # Under torchrun every rank agrees to run the case, stops it when a peer fails
     # mid-step, and learns every rank's status, so none waits on a collective forever.
     run, every_rank_ok = run_agreed(case, lambda c: _measure_or_error(c, layout), _unfit, layout)
-    if verify and run.status == "ok" and every_rank_ok:
+    # The check runs on CPU, where a Triton peer cannot: benchmarks/gpu_check.py
+    # measures the peers' error against float64 on the GPU instead.
+    if verify and run.status == "ok" and every_rank_ok and case.kernel not in PEERS:
         from memprobe.measure.numerics import verify as verify_numerics
 
         # Both gradients for the hidden family; one rank's whole vocabulary under torchrun.
