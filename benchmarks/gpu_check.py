@@ -18,9 +18,25 @@ simulation:
   runs on autograd's device thread), and nothing else;
 
 then a real out-of-memory error of ``unchunked`` at 160,000 tokens, captured in the
-allocator snapshot and attributed with memprobe's attribution code; and the whole run's
-wall time. It writes ``summary.json`` and ``summary.md`` (and the sweep's run directory
-and the OOM snapshot) under ``--out``. Exit 0 when every judged check passes, 1 otherwise.
+allocator snapshot and attributed with memprobe's attribution code;
+
+* the sharded sweep (``torchrun --nproc-per-node <visible GPUs> -m memprobe sweep
+  --shard``) of the logits kernels at the first ``--tokens``: judged on writing the
+  same cases, statuses and allocated peaks as the one-process sweep above, in the same
+  order; its wall time is shown beside the one-process one;
+* the GPU peers (Liger-Kernel's fused linear cross-entropy and cross-entropy, Cut
+  Cross-Entropy's linear cross-entropy) beside ``fused_linear_chunked`` and torch's
+  ``linear_cross_entropy``: peak, time, and the worst error of the log-probs and of the
+  gradients against float64 at a smaller shape (a peer not installed is listed as
+  skipped with the reason; shown, not judged);
+* each logits kernel's forward + backward time against the HBM floor: the bytes any
+  such kernel must move (read the logits in forward; read them and write their
+  gradient in backward: 3 × the logits' bytes) over the device's copy bandwidth,
+  measured here with a device-to-device copy (shown, not judged);
+
+and the whole run's wall time. It writes ``summary.json`` and ``summary.md`` (and the
+sweeps' run directories and the OOM snapshot) under ``--out``. Exit 0 when every judged
+check passes, 1 otherwise.
 
 Without a GPU it says so in one line and exits 0, measuring nothing.
 """
@@ -30,6 +46,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -49,6 +67,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--oom-tokens", type=int, default=160_000)
     parser.add_argument("--hidden", type=int, default=4096, help="0 leaves the hidden family out")
     parser.add_argument("--hidden-tokens", type=int, default=4096)
+    parser.add_argument(
+        "--error-shape",
+        type=int,
+        nargs=3,
+        default=[1024, 32768, 1024],
+        metavar=("TOKENS", "VOCAB", "HIDDEN"),
+        help="where the peers' error against float64 is measured",
+    )
     return parser.parse_args(argv)
 
 
@@ -59,10 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     started = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
+    sweep_started = time.perf_counter()
     cases = _sweep(args)
+    sweep_s = time.perf_counter() - sweep_started
     oom = _oom_check(args)
+    sharded = _sharded_sweep(args, sweep_s)
+    peers = _peers(args)
+    floors = _hbm_floors(cases, peers)
     wall_s = time.perf_counter() - started
-    judged = [c["pass"] for c in cases] + [oom["pass"], wall_s <= BUDGET_S]
+    judged = [c["pass"] for c in cases] + [oom["pass"], sharded["pass"], wall_s <= BUDGET_S]
     summary = {
         "torch_version": torch.__version__,
         "device_name": torch.cuda.get_device_name(),
@@ -72,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         "tolerance": "measured - simulated in [0, 511 B x most blocks live at once (per case)]",
         "cases": cases,
         "oom": oom,
+        "sharded": sharded,
+        "peers": peers,
+        "hbm_floor": floors,
         "wall_s": round(wall_s, 1),
         "budget_s": BUDGET_S,
         "pass": all(judged),
@@ -129,6 +163,7 @@ def _check_case(case: Any, row: dict[str, Any], run_dir: Path) -> dict[str, Any]
         "case": case.case_id,
         "kernel": case.kernel,
         "tokens": case.tokens,
+        "vocab": case.vocab,
         "hidden": case.hidden,
         "status": row["status"],
         "note": row["note"],
@@ -241,6 +276,185 @@ def _oom_check(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# -- the sharded sweep ----------------------------------------------------------
+TIMING_COLUMNS = ("fwd_time_s", "bwd_time_s", "reserved_peak_bytes", "reserved_source")
+
+
+def _sharded_sweep(args: argparse.Namespace, single_s: float) -> dict[str, Any]:
+    """``torchrun ... sweep --shard`` on every visible GPU, against the one-process rows."""
+    from memprobe.results import read_rows
+
+    gpus = torch.cuda.device_count()
+    run_dir = args.out / "sharded"
+    tokens = args.tokens[0]
+    if _device() != "cuda":
+        # tests/measure/test_gpu_check.py's fake GPU lives in this process only.
+        return {"gpus": gpus, "tokens": tokens, "pass": True, "skipped": "no real GPU"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus),
+        "-m", "memprobe", "sweep", "--shard", "--device", "cuda", "--kernel",
+        ",".join(_single_device_kernels()), "--tokens", str(tokens), "--vocab",
+        str(args.vocab), "--dtype", "bf16", "--no-ladder", "--no-verify", "--quiet",
+        "--out", str(run_dir),
+    ]  # fmt: skip
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=BUDGET_S)
+    wall_s = time.perf_counter() - started
+    out: dict[str, Any] = {"gpus": gpus, "tokens": tokens, "wall_s": round(wall_s, 1)}
+    out["one_process_sweep_s"] = round(single_s, 1)
+    if done.returncode != 0:
+        out.update({"pass": False, "error": done.stderr[-2000:]})
+        return out
+    single = [r for r in read_rows(args.out / "sweep") if r["tokens"] == tokens and not r["hidden"]]
+    shard = read_rows(run_dir)
+
+    def key(row: dict[str, Any]) -> tuple[Any, ...]:
+        return (row["case_id"], row["status"], row["peak_bytes"])
+
+    out["cases"] = len(shard)
+    out["same_cases_in_order"] = [r["case_id"] for r in shard] == [r["case_id"] for r in single]
+    out["same_status_and_peak"] = [key(r) for r in shard] == [key(r) for r in single]
+    out["pass"] = out["same_cases_in_order"] and out["same_status_and_peak"]
+    return out
+
+
+def _device() -> str:
+    """Where "cuda" tensors are made: the GPU, or the CPU under the tests' fake GPU."""
+    from memprobe.measure import cuda_backend
+
+    return cuda_backend.DEVICE
+
+
+def _single_device_kernels() -> list[str]:
+    from memprobe.kernels import kernel_names
+
+    return kernel_names(distributed=False)
+
+
+# -- the GPU peers -------------------------------------------------------------
+HIDDEN_PEERS = ("liger_fused_linear_ce", "cce_linear_ce", "fused_linear_chunked", "torch_linear_ce")
+LOGITS_PEERS = ("liger_cross_entropy", "local_chunked")
+
+
+def _peers(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Peak and time at the hidden family's shape, error against float64 at a smaller one."""
+    from memprobe.measure import measure
+    from memprobe.records import Case
+
+    out = []
+    for kernel in (*HIDDEN_PEERS, *LOGITS_PEERS):
+        hidden = args.hidden if kernel in HIDDEN_PEERS else None
+        case = Case(
+            kernel, 1, args.hidden_tokens, args.vocab, "bf16", 1024, device="cuda", hidden=hidden
+        )
+        run = measure(case)
+        row: dict[str, Any] = {
+            "kernel": kernel,
+            "hidden": hidden,
+            "tokens": case.tokens,
+            "vocab": case.vocab,
+            "status": run.status,
+            "note": run.note,
+            "peak_bytes": run.peak_bytes,
+            "floor_bytes": run.floor_bytes,
+            "fwd_time_s": run.fwd_time_s,
+            "bwd_time_s": run.bwd_time_s,
+        }
+        if run.status == "ok":
+            row.update(_error_vs_float64(kernel, hidden is not None, args.error_shape))
+        out.append(row)
+    return out
+
+
+def _error_vs_float64(kernel: str, hidden_family: bool, shape: list[int]) -> dict[str, Any]:
+    """Worst |error| of the log-probs and of the gradients against a float64 reference
+    from the same (bf16-rounded) values, with a random upstream gradient (as memprobe's
+    step has) and with ones (what a mean or sum loss hands down)."""
+    from memprobe.kernels import get_spec
+
+    tokens, vocab, size = shape
+    device = _device()
+    gen = torch.Generator(device=device).manual_seed(0)
+    targets = torch.randint(0, vocab, (1, tokens), generator=gen, device=device)
+    upstream = torch.randn(1, tokens, generator=gen, device=device)
+    if hidden_family:
+        leaves = [
+            torch.randn(1, tokens, size, generator=gen, device=device).bfloat16(),
+            (torch.randn(vocab, size, generator=gen, device=device) / size**0.5).bfloat16(),
+        ]
+    else:
+        leaves = [(3 * torch.randn(1, tokens, vocab, generator=gen, device=device)).bfloat16()]
+
+    def logits_of(ts: list[torch.Tensor]) -> torch.Tensor:
+        return ts[0] @ ts[1].T if hidden_family else ts[0]
+
+    result: dict[str, Any] = {"error_shape": shape}
+    for name, grad_out in (("random", upstream), ("ones", torch.ones_like(upstream))):
+        ref_leaves = [t.double().requires_grad_() for t in leaves]
+        ref = logits_of(ref_leaves).log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+        ref_grads = torch.autograd.grad(ref, ref_leaves, grad_out.double())
+        mine = [t.clone().requires_grad_() for t in leaves]  # a consuming kernel gets a copy
+        fn: Any = get_spec(kernel).fn
+        got = fn(*mine, targets) if hidden_family else fn(mine[0], targets)
+        grads = torch.autograd.grad(got, mine, grad_out)
+        result[f"max_abs_err_fwd_{name}"] = (got.double() - ref.detach()).abs().max().item()
+        result[f"max_abs_err_bwd_{name}"] = max(
+            (g.double() - r).abs().max().item() for g, r in zip(grads, ref_grads, strict=True)
+        )
+        del ref_leaves, ref, ref_grads, mine, got, grads
+        torch.cuda.empty_cache()
+    return result
+
+
+# -- logits kernels against the HBM floor -------------------------------------
+def _copy_bandwidth(repeats: int = 5) -> float:
+    """Bytes per second a device-to-device copy moves (each byte read once, written once),
+    over 2 GiB (or a quarter of the free memory): far past every cache."""
+    free, _ = torch.cuda.mem_get_info()
+    nbytes = min(2**31, free // 4)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=_device())
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / min(times)
+
+
+def _hbm_floors(cases: list[dict[str, Any]], peers: list[dict[str, Any]]) -> dict[str, Any]:
+    """fwd + bwd time over the time the floor's bytes take at the copy bandwidth."""
+    bandwidth = _copy_bandwidth()
+    rows = []
+    timed = [c for c in cases if c["hidden"] is None] + [p for p in peers if p["hidden"] is None]
+    for c in timed:
+        if c["status"] != "ok" or c["fwd_time_s"] is None or c["bwd_time_s"] is None:
+            continue
+        logits_bytes = c["tokens"] * c["vocab"] * 2  # bf16
+        moved = 3 * logits_bytes
+        floor_s = moved / bandwidth
+        total = c["fwd_time_s"] + c["bwd_time_s"]
+        rows.append(
+            {
+                "kernel": c["kernel"],
+                "tokens": c["tokens"],
+                "bytes_moved": moved,
+                "floor_s": floor_s,
+                "fwd_bwd_s": total,
+                "x_floor": round(total / floor_s, 2),
+            }
+        )
+    return {"copy_bandwidth_bytes_per_s": bandwidth, "kernels": rows}
+
+
 # -- the summary --------------------------------------------------------------
 def _gib(n: int | None) -> str:
     return "—" if n is None else f"{n / 2**30:.3f} GiB"
@@ -288,7 +502,68 @@ def _markdown(s: dict[str, Any]) -> str:
             f"- {_gib(block['bytes'])} {block['dtype']} {block['shape']} "
             f"op {block['op']} phase {block['phase']}"
         )
+    lines += _sharded_lines(s["sharded"]) + _peer_lines(s["peers"]) + _floor_lines(s["hbm_floor"])
     return "\n".join(lines) + "\n"
+
+
+def _sharded_lines(sh: dict[str, Any]) -> list[str]:
+    head = ["", f"## Sharded sweep: {sh['gpus']} GPU(s), {sh['tokens']} tokens", ""]
+    if "skipped" in sh:
+        return [*head, f"Not run: {sh['skipped']}."]
+    if "error" in sh:
+        return [*head, "torchrun failed:", "", "```", sh["error"], "```"]
+    return [
+        *head,
+        f"{sh['cases']} cases in {sh['wall_s']} s (the one-process sweep of every case above: "
+        f"{sh['one_process_sweep_s']} s); same cases in the same order: "
+        f"{sh['same_cases_in_order']}; same statuses and allocated peaks: "
+        f"{sh['same_status_and_peak']}.",
+    ]
+
+
+def _peer_lines(peers: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "",
+        "## GPU peers",
+        "",
+        "| kernel | hidden | tokens | status | peak | floor | fwd s | bwd s "
+        "| err fwd | err bwd (random upstream) | err bwd (ones) | note |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for p in peers:
+        lines.append(
+            f"| {p['kernel']} | {p['hidden'] or '—'} | {p['tokens']} | {p['status']} "
+            f"| {_gib(p['peak_bytes'])} | {_gib(p['floor_bytes'])} | {_secs(p['fwd_time_s'])} "
+            f"| {_secs(p['bwd_time_s'])} | {_err(p.get('max_abs_err_fwd_random'))} "
+            f"| {_err(p.get('max_abs_err_bwd_random'))} | {_err(p.get('max_abs_err_bwd_ones'))} "
+            f"| {p['note']} |"
+        )
+    return lines
+
+
+def _floor_lines(floor: dict[str, Any]) -> list[str]:
+    bandwidth = floor["copy_bandwidth_bytes_per_s"]
+    lines = [
+        "",
+        "## Logits kernels against the HBM floor",
+        "",
+        f"Copy bandwidth (device to device, read + write): {bandwidth / 1e9:.0f} GB/s. "
+        "Floor: 3 x the logits' bytes (read in forward; read and gradient written in "
+        "backward) at that bandwidth.",
+        "",
+        "| kernel | tokens | bytes moved | floor s | fwd+bwd s | x floor |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in floor["kernels"]:
+        lines.append(
+            f"| {r['kernel']} | {r['tokens']} | {_gib(r['bytes_moved'])} | {_secs(r['floor_s'])} "
+            f"| {_secs(r['fwd_bwd_s'])} | {r['x_floor']} |"
+        )
+    return lines
+
+
+def _err(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2e}"
 
 
 def _secs(value: float | None) -> str:

@@ -211,6 +211,14 @@ def unplanned_rows(rows: Sequence[Row], cases: Sequence[Case]) -> list[int]:
     return [i for i, r in enumerate(rows) if case_key(r) not in planned]
 
 
+def in_plan_order(rows: Sequence[Row], cases: Sequence[Case]) -> list[dict[str, Any]]:
+    """``rows`` in the order ``cases`` (run.json's plan) lists their cases, so a run's files
+    read the same however its cases were run: one process, resumed, or shared out
+    across ranks (which finish them in any order). A row of no planned case goes last."""
+    position = {case_key(asdict(c)): i for i, c in enumerate(cases)}
+    return sorted((dict(r) for r in rows), key=lambda r: position.get(case_key(r), len(position)))
+
+
 def read_results(path: str | Path) -> pd.DataFrame:
     """A run directory or its results.json → the results table."""
     return frame_of(read_rows(path))

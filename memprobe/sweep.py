@@ -3,7 +3,8 @@
 The run directory itself (run.json, results files, snapshots) belongs to
 :mod:`memprobe.results`; this module decides what runs and runs it.
 :func:`run_sweep_job` is the whole job ``memprobe sweep`` runs (allocator settings,
-torchrun ranks, resume), and the one ``memprobe gate`` runs for its configured sweep.
+torchrun ranks, resume), and the one ``memprobe gate`` runs for its configured sweep;
+``--shard`` runs :func:`memprobe.sharded_sweep.run_sharded_job` instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from memprobe import results
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
+from memprobe.kernels.peers import PEERS
 from memprobe.kernels.registry import check_inputs_match
 from memprobe.measure import measure, resolve_device
 from memprobe.measure.parallel import (
@@ -104,12 +106,15 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     hidden = _positive(grid.hidden, "hidden") if grid.hidden is not None else None
     # --tp shards the vocabulary, which only the distributed kernels can take;
     # --hidden H runs the hidden family (the lm_head matmul and the log-prob together).
+    dev = resolve_device(grid.device)
+    # On a GPU the peers that are installed (Liger-Kernel, Cut Cross-Entropy) run beside
+    # memprobe's own; one named with --kernel where it cannot run is a skipped row.
     if grid.kernel:
         kernels = list(grid.kernel)
     elif hidden:
-        kernels = kernel_names(inputs="hidden")
+        kernels = kernel_names(inputs="hidden", peers=dev == "cuda")
     else:
-        kernels = kernel_names(distributed=max(tp) > 1)
+        kernels = kernel_names(distributed=max(tp) > 1, peers=dev == "cuda")
     for name in kernels:
         try:
             get_spec(name)
@@ -117,7 +122,6 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
             raise UserError(str(exc), "see `memprobe kernels`") from None
     check_inputs_match(kernels, hidden[0] if hidden else None)
     dtypes = [_dtype(d) for d in grid.dtype]
-    dev = resolve_device(grid.device)
     single = [k for k in kernels if not get_spec(k).distributed]
     if max(tp) > 1 and single:
         sharded = ", ".join(kernel_names(distributed=True)) or "none"
@@ -264,10 +268,11 @@ def run_sweep(
     lead = layout is None or layout.rank == 0
     rows: list[dict[str, Any]] = []
     todo: list[Case] = []
+    planned: list[Case] = []
     error: UserError | None = None
     if lead:
         try:
-            rows, todo = _open_run(cases, out_dir, command, resume, alloc_conf)
+            planned, rows, todo = open_run(cases, out_dir, command, resume, alloc_conf)
         except UserError as exc:
             error = exc
     if layout is not None:
@@ -280,24 +285,25 @@ def run_sweep(
     elif error is not None:
         raise error
     for i, case in enumerate(todo, start=1):
-        run = _with_reserved(_measure_one(case, verify=verify, layout=layout), alloc_conf)
+        run = with_reserved(measure_one(case, verify=verify, layout=layout), alloc_conf)
         if snapshots and lead:
             run = _with_snapshot(run, out_dir, alloc_conf)
         # Under torchrun rank 0 gathers every rank's row; the others get None.
         row = run.row() if layout is None else gather_row(run.row())
         if row is None:
             continue
-        rows.append(row)
+        rows = results.in_plan_order([*rows, row], planned)
         results.write_results(out_dir, rows)
         if progress is not None:
             progress(i, len(todo), case, run)
     return results.frame_of(rows)
 
 
-def _open_run(
+def open_run(
     cases: list[Case], out_dir: Path, command: str, resume: bool, conf: AllocConf | None
-) -> tuple[list[dict[str, Any]], list[Case]]:
-    """(rows already finished, cases still to run) for a new or resumed run."""
+) -> tuple[list[Case], list[dict[str, Any]], list[Case]]:
+    """(every planned case, rows already finished, cases still to run) for a new or
+    resumed run."""
     if resume:
         if not out_dir.is_dir():
             raise UserError(f"cannot resume {out_dir}: no such directory", "give a run directory")
@@ -326,14 +332,17 @@ def _open_run(
         results.create_run_dir(out_dir, cases, info)
         done = []
     finished = {results.case_key(r) for r in done}
-    return list(done), [c for c in cases if results.case_key(asdict(c)) not in finished]
+    todo = [c for c in cases if results.case_key(asdict(c)) not in finished]
+    return cases, list(done), todo
 
 
-def _measure_one(case: Case, *, verify: bool, layout: RankLayout | None) -> Run:
+def measure_one(case: Case, *, verify: bool, layout: RankLayout | None) -> Run:
     # Under torchrun every rank agrees to run the case, stops it when a peer fails
     # mid-step, and learns every rank's status, so none waits on a collective forever.
     run, every_rank_ok = run_agreed(case, lambda c: _measure_or_error(c, layout), _unfit, layout)
-    if verify and run.status == "ok" and every_rank_ok:
+    # The check runs on CPU, where a Triton peer cannot: benchmarks/gpu_check.py
+    # measures the peers' error against float64 on the GPU instead.
+    if verify and run.status == "ok" and every_rank_ok and case.kernel not in PEERS:
         from memprobe.measure.numerics import verify as verify_numerics
 
         # Both gradients for the hidden family; one rank's whole vocabulary under torchrun.
@@ -364,7 +373,7 @@ def _unfit(case: Case) -> str | None:
     return sticky_error_note()
 
 
-def _with_reserved(run: Run, conf: AllocConf | None) -> Run:
+def with_reserved(run: Run, conf: AllocConf | None) -> Run:
     """Reserved bytes for every case: the allocator's own figure where it measured one
     (cuda), else what memprobe's model of the caching allocator reserves for the
     tracked allocations."""
@@ -379,17 +388,28 @@ def _with_reserved(run: Run, conf: AllocConf | None) -> Run:
 
 
 def _with_snapshot(run: Run, out_dir: Path, conf: AllocConf | None = None) -> Run:
-    """Write the case's allocator snapshot (torch's format, protocol 4) and
-    point the row at it: the real one on cuda, one synthesized from the
-    tracker's trace on meta and cpu."""
-    from memprobe.snapshot import synthesize_snapshot, write_snapshot
+    """Write the case's allocator snapshot and point the row at it."""
+    return with_snapshot_written(run, snapshot_of(run, conf), out_dir)
+
+
+def snapshot_of(run: Run, conf: AllocConf | None) -> dict[str, Any] | None:
+    """The case's allocator snapshot (torch's format): the real one on cuda, one
+    synthesized from the tracker's trace on meta and cpu; None when nothing ran."""
+    from memprobe.snapshot import synthesize_snapshot
 
     if run.cuda_snapshot is not None:
-        snapshot = run.cuda_snapshot
-    elif run.events:
-        snapshot = synthesize_snapshot(run.events, case=run.case, conf=conf)
-    else:
-        return run  # skipped or failed before anything ran
+        return run.cuda_snapshot
+    if run.events:
+        return synthesize_snapshot(run.events, case=run.case, conf=conf)
+    return None  # skipped or failed before anything ran
+
+
+def with_snapshot_written(run: Run, snapshot: dict[str, Any] | None, out_dir: Path) -> Run:
+    """Write ``snapshot`` (pickle protocol 4) under the run directory, and point the row at it."""
+    from memprobe.snapshot import write_snapshot
+
+    if snapshot is None:
+        return run
     relative = results.snapshot_relpath(run.case)
     write_snapshot(snapshot, out_dir / relative)
     return replace(run, snapshot=relative)

@@ -26,7 +26,7 @@ FLOORS: dict[str, int] = {
     # 2: what reads snapshots and run directories
     "attribute": 2, "results": 2, "profile": 2,
     # 3: the stages over measurement
-    "sweep": 3, "gate": 3, "plan": 3,
+    "sweep": 3, "sharded_sweep": 3, "gate": 3, "plan": 3,
     # 3: the page model, built from results and attribution (render/ only formats it)
     "report": 3,
     # 4: every output format; 5: the front ends; 6: their assembly

@@ -25,5 +25,19 @@ def command() -> None:
         typer.echo(heading)
         for name in names:
             typer.echo(f"  {name:<{width}}  {KERNELS[name].summary}")
+    _list_peers()
     typer.echo("")
     typer.echo("your own: --kernel package.module:function (either protocol)")
+
+
+def _list_peers() -> None:
+    """The GPU peers, each with the protocol it takes and, where it cannot run here, why."""
+    from memprobe.kernels.peers import PEERS, unavailable_reason
+
+    width = max(len(n) for n in PEERS)
+    typer.echo("")
+    typer.echo("GPU peers (optional, Triton, CUDA only; negated to log-probs):")
+    for name, spec in PEERS.items():
+        why = unavailable_reason(name)
+        state = f"unavailable: {why}" if why else "available"
+        typer.echo(f"  {name:<{width}}  [{spec.inputs}] {spec.summary}; {state}")

@@ -119,6 +119,14 @@ def command(
             "the real allocator's on cuda."
         ),
     ] = None,
+    shard: Annotated[
+        bool,
+        typer.Option(
+            "--shard",
+            help="Under torchrun: share the cases out across the ranks (one device each); "
+            "rank 0 writes the one run directory.",
+        ),
+    ] = False,
     budget: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -145,6 +153,11 @@ def command(
     from memprobe.render.terminal import answer_lines, json_summary, sweep_table
     from memprobe.sweep import SweepRequest, run_sweep_job
 
+    if shard:
+        from memprobe.sharded_sweep import run_sharded_job as run_job
+    else:
+        run_job = run_sweep_job
+
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
     warn_on_size(budget, "--budget")
     warn_on_size(other, "--other")
@@ -166,7 +179,9 @@ def command(
             )
         budget_bytes, budget_text = with_other.limit_bytes, budget_line(with_other)
     if resume is not None:
-        check_resume_flags(given_flags(ctx, exclude=("resume", "verify", "as_json", "quiet")))
+        check_resume_flags(
+            given_flags(ctx, exclude=("resume", "verify", "as_json", "quiet", "shard"))
+        )
     elif out is None:
         out = default_run_dir()
     request = SweepRequest(
@@ -191,7 +206,7 @@ def command(
         command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
     )
     try:
-        outcome = run_sweep_job(request, Progress(enabled=not quiet and not as_json).case)
+        outcome = run_job(request, Progress(enabled=not quiet and not as_json).case)
     except KeyboardInterrupt:
         where = resume or out
         typer.echo(

@@ -28,6 +28,7 @@ from memprobe.kernels.local_chunked import (
     local_chunked_logprobs,
 )
 from memprobe.kernels.local_tiled import local_tiled_inplace_logprobs, local_tiled_logprobs
+from memprobe.kernels.peers import PEERS, unavailable_reason
 from memprobe.kernels.spec import HiddenLogprobKernel, KernelSpec, LogprobKernel
 from memprobe.kernels.torch_linear_ce import (
     torch_linear_ce_accurate_logprobs,
@@ -154,15 +155,20 @@ KERNELS: dict[str, KernelSpec] = {
 }
 
 
-def kernel_names(*, distributed: bool | None = None, inputs: str | None = "logits") -> list[str]:
+def kernel_names(
+    *, distributed: bool | None = None, inputs: str | None = "logits", peers: bool = False
+) -> list[str]:
     """Registered names, optionally only the (non-)distributed ones.
 
     ``inputs`` picks one input protocol, ``"logits"`` by default (the kernels a
-    logits sweep runs), ``"hidden"`` for the hidden family, None for all.
+    logits sweep runs), ``"hidden"`` for the hidden family, None for all. With
+    ``peers`` the GPU peers (:mod:`memprobe.kernels.peers`) that can run here come
+    too (a CUDA sweep's default; never a meta simulation's, which cannot run them).
     """
+    runnable = {n: s for n, s in PEERS.items() if peers and unavailable_reason(n) is None}
     return [
         n
-        for n, s in KERNELS.items()
+        for n, s in {**KERNELS, **runnable}.items()
         if (distributed is None or s.distributed == distributed)
         and (inputs is None or s.inputs == inputs)
     ]
@@ -180,11 +186,11 @@ def get_spec(name: str) -> KernelSpec:
 
         return resolve_user_kernel(name)
     try:
-        return KERNELS[name]
+        return KERNELS[name] if name in KERNELS else PEERS[name]
     except KeyError:
-        close = difflib.get_close_matches(name, KERNELS, n=1)
+        close = difflib.get_close_matches(name, [*KERNELS, *PEERS], n=1)
         guess = f" (did you mean {close[0]!r}?)" if close else ""
-        known = ", ".join(KERNELS)
+        known = ", ".join([*KERNELS, *PEERS])
         raise ValueError(
             f"unknown kernel {name!r}{guess}; known kernels: {known} "
             "(or your own as package.module:function)"

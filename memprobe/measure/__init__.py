@@ -35,12 +35,18 @@ def measure(case: Case, *, layout: RankLayout | None = None) -> Run:
     """Measure one case on ``case.device`` (meta, cpu or cuda). ``layout`` is this
     process's place in a torchrun job (None: one process; meta never has one)."""
     from memprobe.kernels import KernelUnavailable
+    from memprobe.kernels.peers import unavailable_reason
     from memprobe.measure.protocol import protocol_for
 
     protocol = protocol_for(case.kernel)
     why = protocol.unfit(case)
     if why is not None:
         return Run(case, "skipped", note=why)
+    # A GPU peer (Liger-Kernel, Cut Cross-Entropy) off CUDA or not installed: a row
+    # that says so, not a missing one.
+    why = unavailable_reason(case.kernel, case.device)
+    if why is not None:
+        return Run(case, "skipped", floor_bytes=protocol.floor_bytes(case), note=why)
     try:
         return _measure_on_device(case, layout)
     except KernelUnavailable as exc:  # e.g. a torch without linear_cross_entropy

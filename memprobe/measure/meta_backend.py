@@ -6,6 +6,8 @@ kernel would make is seen at its true size. Times are not measured.
 
 from __future__ import annotations
 
+from memprobe.errors import UserError
+from memprobe.kernels.peers import unavailable_reason
 from memprobe.measure.protocol import protocol_for
 from memprobe.measure.step import process_group_for
 from memprobe.measure.traced import StepTrace, run_from_trace, traced_step
@@ -16,6 +18,12 @@ from memprobe.records import Case, Run
 def simulate_step(case: Case, *, capture_frames: bool = True) -> StepTrace:
     """One representative rank: a vocabulary-parallel kernel runs under a fake
     process group of ``case.tp`` ranks whose collectives do nothing."""
+    if unavailable_reason(case.kernel, "meta") is not None:
+        # A Triton peer: rather no figure than a guessed one (`memprobe plan` says so).
+        raise UserError(
+            f"{case.kernel} is a Triton kernel: its memory cannot be simulated on meta",
+            f"measure it on a GPU: memprobe sweep --device cuda --kernel {case.kernel}",
+        )
     with process_group_for(case):
         inputs = protocol_for(case.kernel).make_inputs(case, "meta")
         return traced_step(case, inputs, capture_frames=capture_frames)

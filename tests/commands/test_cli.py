@@ -6,6 +6,7 @@ import pytest
 
 from memprobe import __version__
 from memprobe.kernels import KERNELS
+from memprobe.kernels.peers import PEERS
 
 
 def test_version_and_kernels(run_cli):
@@ -17,7 +18,7 @@ def test_version_and_kernels(run_cli):
     listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
     assert listed == [n for n, s in KERNELS.items() if s.inputs == "logits"] + [
         n for n, s in KERNELS.items() if s.inputs == "hidden"
-    ]
+    ] + list(PEERS)
     assert "hidden family (sweep/plan --hidden H)" in out
 
 

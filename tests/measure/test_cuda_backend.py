@@ -180,15 +180,15 @@ def test_out_of_memory_outside_the_allocator_is_an_oom(fake_cuda, message: str) 
 
 
 def test_a_sticky_cuda_error_stops_later_cases_with_a_note(fake_cuda) -> None:
-    from memprobe.sweep import _measure_one
+    from memprobe.sweep import measure_one
 
     fake = fake_cuda()
     error = RuntimeError("CUDA error: an illegal memory access was encountered")
     fake.state.fail_on_op = ("log_softmax", error)
     fake.poison("an illegal memory access was encountered")
-    first = _measure_one(cuda_case("unchunked"), verify=False, layout=None)
+    first = measure_one(cuda_case("unchunked"), verify=False, layout=None)
     assert first.status == "error" and "illegal memory access" in first.note
-    later = _measure_one(cuda_case("local_chunked"), verify=False, layout=None)
+    later = measure_one(cuda_case("local_chunked"), verify=False, layout=None)
     assert later.status == "error"
     assert later.note.startswith("not run: an earlier case left a sticky CUDA error")
 

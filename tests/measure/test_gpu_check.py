@@ -43,7 +43,7 @@ def test_on_a_fake_gpu_every_check_runs_and_passes(
     # segment), unchunked at the OOM shape does not.
     fake_cuda(capacity=256 << 20)
     argv = ["--out", str(tmp_path), "--tokens", "256", "--vocab", "1024"]
-    argv += ["--hidden", "64", "--hidden-tokens", "256"]
+    argv += ["--hidden", "64", "--hidden-tokens", "256", "--error-shape", "32", "256", "16"]
     code = gpu_check.main([*argv, "--oom-tokens", "32768"])
     summary = json.loads((tmp_path / "summary.json").read_text())
     failed = [(c["kernel"], c["checks"]) for c in summary["cases"] if not c["pass"]]
@@ -57,4 +57,19 @@ def test_on_a_fake_gpu_every_check_runs_and_passes(
     assert all(c["tolerance_bytes"] > 0 for c in summary["cases"])
     assert summary["oom"]["status"] == "oom" and summary["oom"]["ooms"]
     assert "PASS" in (tmp_path / "summary.md").read_text()
+    # The GPU peers are not installed here: listed as skipped with the reason; the
+    # kernels beside them are measured and checked against float64.
+    peers = {p["kernel"]: p for p in summary["peers"]}
+    assert peers["liger_fused_linear_ce"]["status"] == "skipped"
+    assert peers["liger_fused_linear_ce"]["note"].startswith("needs CUDA + liger-kernel")
+    assert peers["cce_linear_ce"]["note"].startswith("needs CUDA + cut-cross-entropy")
+    for kernel in ("fused_linear_chunked", "torch_linear_ce", "local_chunked"):
+        assert peers[kernel]["status"] == "ok" and peers[kernel]["peak_bytes"] > 0
+        assert 0 < peers[kernel]["max_abs_err_fwd_random"] < 0.1
+        assert 0 < peers[kernel]["max_abs_err_bwd_random"] < 0.1
+    # Every timed logits kernel against the HBM floor (3 x the logits' bytes).
+    floors = summary["hbm_floor"]["kernels"]
+    assert {f["kernel"] for f in floors} >= {"local_chunked", "unchunked"}
+    assert all(f["bytes_moved"] == 3 * 2 * f["tokens"] * 1024 for f in floors)
+    assert summary["sharded"]["skipped"]  # torchrun's ranks cannot see the fake GPU
     assert capsys.readouterr().out.startswith("gpu_check: PASS")
