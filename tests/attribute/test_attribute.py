@@ -16,6 +16,7 @@ from memprobe.attribute.frames import (
 )
 from memprobe.commands.attribute import attribute_command
 from memprobe.errors import UserError
+from memprobe.io.codec import from_json, to_json
 from memprobe.records import Frame
 from memprobe.render.findings_text import render_findings
 from memprobe.snapshot import write_snapshot
@@ -179,8 +180,8 @@ def test_legacy_segment_list_uses_rounding_slack() -> None:
 
 def test_json_round_trip_and_required_keys() -> None:
     findings = attribute(fx.oom_snapshot())
-    data = json.loads(json.dumps(findings.to_json()))
-    assert Findings.from_json(data) == findings
+    data = json.loads(json.dumps(to_json(findings)))
+    assert from_json(Findings, data) == findings
     for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_time_us", "peak_index"):
         assert key in data
     for f in data["findings"]:
