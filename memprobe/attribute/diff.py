@@ -126,8 +126,10 @@ def diff_findings(a: Findings, b: Findings) -> PeakDiff:
     contributors.sort(key=lambda c: (-c.delta_bytes, -c.bytes_b))
     cat_a: Counter[str] = Counter(dict(a.breakdown))
     cat_b: Counter[str] = Counter(dict(b.breakdown))
+    # A's categories largest first, then B's new ones; a stable sort by delta keeps that
+    # order among equal deltas (a set's order would change with each process's hash seed).
     categories = sorted(
-        ((c, cat_a[c], cat_b[c]) for c in set(cat_a) | set(cat_b)),
+        ((c, cat_a[c], cat_b[c]) for c in dict.fromkeys([*cat_a, *cat_b])),
         key=lambda t: -(t[2] - t[1]),
     )
     return PeakDiff(

@@ -8,6 +8,7 @@ import pytest
 import snapshot_fixtures as fx
 
 from memprobe.attribute import Findings, attribute
+from memprobe.attribute.diff import diff_findings
 from memprobe.attribute.frames import (
     is_internal,
     op_from_frames,
@@ -295,3 +296,12 @@ def test_notes_name_synthesized_files_and_other_devices() -> None:
     assert any("synthesized by memprobe" in n for n in findings.notes)
     assert any("other devices with a trace: 1 (3 entries)" in n for n in findings.notes)
     assert attribute(snap, device=1).peak_allocated_bytes == 40 * fx.MiB + 1000
+
+
+def test_diff_lists_categories_of_equal_delta_in_a_stable_order() -> None:
+    """Equal deltas (a file against itself: all 0) keep A's order, largest first, in
+    every process (a set's order changed with the hash seed)."""
+    findings = attribute(fx.real_style_snapshot())
+    assert len(findings.breakdown) >= 2
+    same = diff_findings(findings, findings)
+    assert [c for c, _, _ in same.categories] == [c for c, _ in findings.breakdown]
