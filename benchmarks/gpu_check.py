@@ -238,6 +238,7 @@ def _labels(run_dir: Path, snapshot: str | None) -> dict[str, int]:
 # -- a real out-of-memory error -----------------------------------------------
 def _oom_check(args: argparse.Namespace) -> dict[str, Any]:
     from memprobe.attribute import attribute
+    from memprobe.io.codec import to_json
     from memprobe.measure import measure
     from memprobe.measure.meta_backend import simulate_tracker
     from memprobe.records import Case
@@ -259,7 +260,7 @@ def _oom_check(args: argparse.Namespace) -> dict[str, Any]:
     path = write_snapshot(run.cuda_snapshot, args.out / "oom.pickle")
     findings = attribute(run.cuda_snapshot, vocab=case.vocab, tokens=case.tokens, batch=1, top=5)
     out["snapshot"] = str(path)
-    out["ooms"] = [o.to_json() for o in findings.ooms]
+    out["ooms"] = to_json(findings.ooms)
     live = [f for f in findings.findings if f.live_at_oom]
     out["live_at_oom"] = [
         {

@@ -14,6 +14,7 @@ import typer
 
 from memprobe import __version__
 from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, step, sweep
+from memprobe.commands.help import Command, Group
 
 app = typer.Typer(
     name="memprobe",
@@ -26,6 +27,7 @@ app = typer.Typer(
     ),
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 
 
@@ -51,15 +53,15 @@ def _root(
         raise typer.Exit(2)
 
 
-app.command("kernels")(kernels.command)
-app.command("sweep")(sweep.command)
-app.command("gate")(gate.command)
-app.command("attribute")(attribute.command)
-app.command("diff")(diff.command)
-app.command("report")(report.command)
-app.command("plan")(plan.command)
-app.command("profile")(profile.command)
-app.command("step")(step.command)
+app.command("kernels", cls=Command)(kernels.command)
+app.command("sweep", cls=Command)(sweep.command)
+app.command("gate", cls=Command)(gate.command)
+app.command("attribute", cls=Command)(attribute.command)
+app.command("diff", cls=Command)(diff.command)
+app.command("report", cls=Command)(report.command)
+app.command("plan", cls=Command)(plan.command)
+app.command("profile", cls=Command)(profile.command)
+app.command("step", cls=Command)(step.command)
 
 
 _SPLIT_UNIT = re.compile(r"unexpected extra argument(?:s|\(s\))? \(([KMGT]i?B|B)\b", re.I)

@@ -1,6 +1,7 @@
 """The plain records that flow between stages: Case → Run (with its Event trace).
 
-Each is a frozen dataclass that can be written to JSON and read back.
+Each is a frozen dataclass that can be written to JSON and read back
+(:mod:`memprobe.io.codec`).
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import math
 import operator
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from memprobe.io.codec import NOT_JSON, to_json
 
 # Logits dtypes by memprobe's short name: (torch's name, bytes per element). Names,
 # not torch.dtype objects, so reading results or snapshots never imports torch;
@@ -165,18 +168,6 @@ class Event:
     phase: str
     frames: tuple[Frame, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["shape"] = list(self.shape)
-        d["frames"] = [asdict(f) for f in self.frames]
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Event:
-        return cls(
-            **{**d, "shape": tuple(d["shape"]), "frames": tuple(Frame(**f) for f in d["frames"])}
-        )
-
 
 @dataclass(frozen=True)
 class Run:
@@ -201,19 +192,19 @@ class Run:
     bwd_collectives: int | None = None
     note: str = ""
     snapshot: str | None = None
-    events: tuple[Event, ...] = field(default=(), repr=False, compare=False)
+    events: tuple[Event, ...] = field(default=(), repr=False, compare=False, metadata=NOT_JSON)
     # A real CUDA allocator snapshot taken by the cuda backend (not a results column).
-    cuda_snapshot: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    cuda_snapshot: dict[str, Any] | None = field(
+        default=None, repr=False, compare=False, metadata=NOT_JSON
+    )
 
     def row(self) -> dict[str, Any]:
-        """One flat results row (no trace)."""
-        row: dict[str, Any] = {"case_id": self.case.case_id, **asdict(self.case)}
-        for f in fields(self):
-            if f.name not in ("case", "events", "cuda_snapshot"):
-                value = getattr(self, f.name)
-                if isinstance(value, float) and not math.isfinite(value):
-                    value = None
-                row[f.name] = value
+        """One flat results row (no trace): the case's id and fields, then the outcome's."""
+        row: dict[str, Any] = {"case_id": self.case.case_id, **to_json(self.case)}
+        for name, value in to_json(self).items():
+            if name != "case":
+                finite = not isinstance(value, float) or math.isfinite(value)
+                row[name] = value if finite else None
         return row
 
 

@@ -390,7 +390,7 @@ def test_each_allocator_constant_is_defined_once() -> None:
 def test_the_snapshot_words_are_grouped_in_one_module() -> None:
     """Only allocator/snapshot_format.py defines groups of trace actions or block states:
     a module-level tuple or set of two or more of them elsewhere is a second definition
-    (allocator/replay.py once kept its own live states and segment actions)."""
+    (allocator/snapshot_replay.py once kept its own live states and segment actions)."""
     from memprobe.allocator import snapshot_format as fmt
 
     words = {*fmt.ACTIONS, fmt.FREE, *fmt.LIVE_STATES, fmt.INACTIVE, *fmt.STATE_ALIASES}

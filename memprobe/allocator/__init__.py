@@ -6,7 +6,7 @@ Pure Python (no torch import). The pieces:
 - :mod:`~memprobe.allocator.model`: :class:`CachingAllocatorModel`, one device's allocator
   (``malloc``/``free``/``empty_cache``, stats, torch-format ``segments`` and segment events).
 - :mod:`~memprobe.allocator.simulate`: :func:`simulate` a sequence of (alloc|free, key, bytes).
-- :mod:`~memprobe.allocator.replay`: :func:`replay_snapshot` a real snapshot's trace and
+- :mod:`~memprobe.allocator.snapshot_replay`: :func:`replay_snapshot` a real snapshot's trace and
   compare with what the real allocator did.
 """
 
@@ -18,12 +18,12 @@ from memprobe.allocator.model import (
     allocation_size,
     round_size,
 )
-from memprobe.allocator.replay import (
+from memprobe.allocator.simulate import Simulation, simulate
+from memprobe.allocator.snapshot_replay import (
     DeviceReplay,
     conf_from_snapshot,
     replay_snapshot,
 )
-from memprobe.allocator.simulate import Simulation, simulate
 
 __all__ = [
     "AllocConf",

@@ -3,7 +3,7 @@
 
 Defined once, here on the lowest floor, because both sides read them: the snapshot
 floor (:mod:`memprobe.snapshot`: loading, block lifetimes) and this package (the model
-records what it does in these words; :mod:`memprobe.allocator.replay` reads a trace).
+records what it does in these words; :mod:`memprobe.allocator.snapshot_replay` reads a trace).
 """
 
 from __future__ import annotations

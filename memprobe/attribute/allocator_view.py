@@ -35,15 +35,6 @@ class AllocatorView:
     free_in_reserved_at_peak_bytes: int | None  # reserved − allocated at the peak
     settings: tuple[tuple[str, str], ...]
 
-    def to_json(self) -> dict[str, Any]:
-        out = dict(self.__dict__)
-        out["settings"] = [list(s) for s in self.settings]
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> AllocatorView:
-        return cls(**{**d, "settings": tuple((str(k), str(v)) for k, v in d["settings"])})
-
 
 def allocator_view(
     segments: list[dict[str, Any]],
@@ -160,9 +151,6 @@ class OomVerdict:
     free_in_reserved_bytes: int | None
     largest_free_block: int | None
     text: str
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def oom_verdict(

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from memprobe.attribute.categories import AUTOCAST, PARAMETERS
 from memprobe.attribute.findings import Findings
-from memprobe.attribute.records import frame_json
 from memprobe.records import Frame
 
 
@@ -32,19 +31,14 @@ class Contributor:
     bytes_b: int
     caller: Frame | None = None  # told in the text; the --json schema has no place for it
 
+    # The --json form (memprobe.io.codec): the delta beside its two sides, no caller.
+    JSON_KEYS: ClassVar[tuple[str, ...]] = (
+        "frame", "op", "category", "bytes_a", "bytes_b", "delta_bytes",
+    )  # fmt: skip
+
     @property
     def delta_bytes(self) -> int:
         return self.bytes_b - self.bytes_a
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "frame": frame_json(self.frame),
-            "op": self.op,
-            "category": self.category,
-            "bytes_a": self.bytes_a,
-            "bytes_b": self.bytes_b,
-            "delta_bytes": self.delta_bytes,
-        }
 
 
 @dataclass(frozen=True)
@@ -58,9 +52,6 @@ class Difference:
     a: int | str | None
     b: int | str | None
     evidence: str
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def _parameter_blocks(f: Findings) -> Counter[int]:
@@ -118,13 +109,10 @@ class PeakDiff:
     contributors: tuple[Contributor, ...]  # by delta, largest growth first
     differences: tuple[Difference, ...] = ()  # what differs between the runs
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "peak_a_bytes": self.peak_a_bytes,
-            "peak_b_bytes": self.peak_b_bytes,
-            "differences": [d.to_json() for d in self.differences],
-            "contributors": [c.to_json() for c in self.contributors],
-        }
+    # The --json form (memprobe.io.codec): the peaks, what differs, the lines.
+    JSON_KEYS: ClassVar[tuple[str, ...]] = (
+        "peak_a_bytes", "peak_b_bytes", "differences", "contributors",
+    )  # fmt: skip
 
 
 def diff_findings(a: Findings, b: Findings) -> PeakDiff:
@@ -138,8 +126,10 @@ def diff_findings(a: Findings, b: Findings) -> PeakDiff:
     contributors.sort(key=lambda c: (-c.delta_bytes, -c.bytes_b))
     cat_a: Counter[str] = Counter(dict(a.breakdown))
     cat_b: Counter[str] = Counter(dict(b.breakdown))
+    # A's categories largest first, then B's new ones; a stable sort by delta keeps that
+    # order among equal deltas (a set's order would change with each process's hash seed).
     categories = sorted(
-        ((c, cat_a[c], cat_b[c]) for c in set(cat_a) | set(cat_b)),
+        ((c, cat_a[c], cat_b[c]) for c in dict.fromkeys([*cat_a, *cat_b])),
         key=lambda t: -(t[2] - t[1]),
     )
     return PeakDiff(

@@ -8,12 +8,17 @@ path (:mod:`memprobe.attribute.categories`). Bytes alone never make a reading.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
 class Explanation:
     """One ``[B, S, V] × dtype`` reading of a block, with why it ranks where it does."""
+
+    # The JSON form (memprobe.io.codec) writes the shape beside the dtype.
+    JSON_KEYS: ClassVar[tuple[str, ...]] = (
+        "dtype", "shape", "batch", "tokens", "vocab", "exact", "score", "reasons", "split",
+    )  # fmt: skip
 
     dtype: str
     batch: int
@@ -34,29 +39,3 @@ class Explanation:
         if not self.split:
             return f"{self.dtype} [N={self.tokens}, V={self.vocab}]"
         return f"{self.dtype} [{self.batch}, {self.tokens}, {self.vocab}]"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "batch": self.batch,
-            "tokens": self.tokens,
-            "vocab": self.vocab,
-            "exact": self.exact,
-            "score": self.score,
-            "reasons": list(self.reasons),
-            "split": self.split,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Explanation:
-        return cls(
-            dtype=d["dtype"],
-            batch=d["batch"],
-            tokens=d["tokens"],
-            vocab=d["vocab"],
-            exact=d["exact"],
-            score=d["score"],
-            reasons=tuple(d["reasons"]),
-            split=d.get("split", True),
-        )

@@ -5,7 +5,8 @@ read each allocation's site (op, autograd node, phase, the user's line); infer t
 step's shapes from the trace (:mod:`memprobe.attribute.shapes`); classify every live
 byte at the peak and at each OOM (:mod:`memprobe.attribute.categories`); group
 identical blocks; list every logits-family block of the trace; describe the
-allocator's state. ``Findings`` is a frozen record with a plain JSON form.
+allocator's state. ``Findings`` is a frozen record with a plain JSON form
+(:mod:`memprobe.io.codec`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from memprobe.attribute.allocator_view import (
@@ -39,8 +40,6 @@ from memprobe.attribute.records import (
     OomFinding,
     SiteBytes,
     Timeline,
-    frame_from_json,
-    frame_json,
 )
 from memprobe.attribute.shapes import (
     MIN_LOSS_BLOCK,
@@ -116,40 +115,6 @@ class Findings:
         blocks = [f for f in self.findings if f.logits]
         return tuple(
             sorted(blocks, key=lambda f: BEFORE_TRACE if f.alloc_index is None else f.alloc_index)
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out.update(
-            peak_frame=frame_json(self.peak_frame),
-            inference=self.inference.to_json(),
-            breakdown=[list(b) for b in self.breakdown],
-            groups=[g.to_json() for g in self.groups],
-            peak_sites=[s.to_json() for s in self.peak_sites],
-            findings=[f.to_json() for f in self.findings],
-            ooms=[o.to_json() for o in self.ooms],
-            allocator=self.allocator.to_json(),
-            timeline=None if self.timeline is None else self.timeline.to_json(),
-            notes=list(self.notes),
-        )
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Findings:
-        return cls(
-            **{
-                **d,
-                "peak_frame": frame_from_json(d["peak_frame"]),
-                "inference": ShapeInference.from_json(d["inference"]),
-                "breakdown": tuple((str(c), int(b)) for c, b in d["breakdown"]),
-                "groups": tuple(BlockGroup.from_json(g) for g in d["groups"]),
-                "peak_sites": tuple(SiteBytes.from_json(s) for s in d["peak_sites"]),
-                "findings": tuple(BlockFinding.from_json(f) for f in d["findings"]),
-                "ooms": tuple(OomFinding.from_json(o) for o in d["ooms"]),
-                "allocator": AllocatorView.from_json(d["allocator"]),
-                "timeline": None if d["timeline"] is None else Timeline.from_json(d["timeline"]),
-                "notes": tuple(d["notes"]),
-            }
         )
 
 

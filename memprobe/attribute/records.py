@@ -1,24 +1,15 @@
 """The records attribution hands on: one block, a group of identical blocks, an OOM,
-bytes per source line, and a sampled timeline. Each has a plain JSON form."""
+bytes per source line, and a sampled timeline. Each has a plain JSON form
+(:mod:`memprobe.io.codec`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import ClassVar
 
 from memprobe.attribute.allocator_view import OomVerdict
 from memprobe.attribute.explain import Explanation
 from memprobe.records import Frame
-
-
-def frame_json(frame: Frame | None) -> dict[str, Any] | None:
-    if frame is None:
-        return None
-    return {"name": frame.name, "filename": frame.filename, "line": frame.line}
-
-
-def frame_from_json(d: dict[str, Any] | None) -> Frame | None:
-    return None if d is None else Frame(d["name"], d["filename"], d["line"])
 
 
 @dataclass(frozen=True)
@@ -57,32 +48,6 @@ class BlockFinding:
     label: str
     stream: int
 
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out.update(
-            shape=None if self.shape is None else list(self.shape),
-            frame=frame_json(self.frame),
-            chain=[frame_json(f) for f in self.chain],
-            via=list(self.via),
-            oom_numbers=list(self.oom_numbers),
-            explanations=[e.to_json() for e in self.explanations],
-        )
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> BlockFinding:
-        return cls(
-            **{
-                **d,
-                "shape": None if d["shape"] is None else tuple(d["shape"]),
-                "frame": frame_from_json(d["frame"]),
-                "chain": tuple(frame_from_json(f) for f in d["chain"]),
-                "via": tuple(d["via"]),
-                "oom_numbers": tuple(d["oom_numbers"]),
-                "explanations": tuple(Explanation.from_json(e) for e in d["explanations"]),
-            }
-        )
-
 
 @dataclass(frozen=True)
 class BlockGroup:
@@ -99,15 +64,6 @@ class BlockGroup:
     logits: bool
     reason: str = ""  # why the category: the evidence most of the group's blocks rest on
 
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["frame"] = frame_json(self.frame)
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> BlockGroup:
-        return cls(**{**d, "frame": frame_from_json(d["frame"])})
-
 
 @dataclass(frozen=True)
 class SiteBytes:
@@ -121,25 +77,8 @@ class SiteBytes:
     count: int
     caller: Frame | None = None  # the user frame that called ``frame``'s function
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "frame": frame_json(self.frame),
-            "caller": frame_json(self.caller),
-            "op": self.op,
-            "category": self.category,
-            "bytes": self.bytes,
-            "count": self.count,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SiteBytes:
-        return cls(
-            **{
-                **d,
-                "frame": frame_from_json(d["frame"]),
-                "caller": frame_from_json(d.get("caller")),
-            }
-        )
+    # The JSON form (memprobe.io.codec) writes the caller beside the frame.
+    JSON_KEYS: ClassVar[tuple[str, ...]] = ("frame", "caller", "op", "category", "bytes", "count")
 
 
 @dataclass(frozen=True)
@@ -160,28 +99,6 @@ class OomFinding:
     breakdown: tuple[tuple[str, int], ...]  # category -> bytes live then
     verdict: OomVerdict
 
-    def to_json(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out.update(
-            live_addresses=list(self.live_addresses),
-            frame=frame_json(self.frame),
-            breakdown=[list(b) for b in self.breakdown],
-            verdict=self.verdict.to_json(),
-        )
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> OomFinding:
-        return cls(
-            **{
-                **d,
-                "live_addresses": tuple(d["live_addresses"]),
-                "frame": frame_from_json(d["frame"]),
-                "breakdown": tuple((str(c), int(b)) for c, b in d["breakdown"]),
-                "verdict": OomVerdict(**d["verdict"]),
-            }
-        )
-
 
 @dataclass(frozen=True)
 class Timeline:
@@ -189,13 +106,3 @@ class Timeline:
 
     positions: tuple[int, ...]
     series: tuple[tuple[str, tuple[int, ...]], ...]  # category -> bytes at each position
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "positions": list(self.positions),
-            "series": [[c, list(v)] for c, v in self.series],
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Timeline:
-        return cls(tuple(d["positions"]), tuple((str(c), tuple(v)) for c, v in d["series"]))

@@ -42,7 +42,6 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
 
 MIN_VOCAB = 256  # a classifier over fewer classes is not a language model's head
 MAX_VOCAB = 1 << 20
@@ -136,37 +135,6 @@ class ShapeInference:
         if self.batch is not None and self.seq is not None:
             return f"[B={self.batch:,}, S={self.seq:,}{shifted}, {vocab}]"
         return f"[N=B·S={self.tokens:,}{shifted}, {vocab}]"
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "tokens": self.tokens,
-            "vocab": self.vocab,
-            "hidden": self.hidden,
-            "batch": self.batch,
-            "seq": self.seq,
-            "family": [list(f) for f in self.family],
-            "logits_dtype": self.logits_dtype,
-            "logits_path": self.logits_path,
-            "confidence": self.confidence,
-            "evidence": list(self.evidence),
-            "alternatives": list(self.alternatives),
-            "loss_tokens": self.loss_tokens,
-            "forward_only": self.forward_only,
-            "shards": self.shards,
-            "full_vocab": self.full_vocab,
-            "per_rank": self.per_rank,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> ShapeInference:
-        return cls(
-            **{
-                **d,
-                "family": tuple((int(b), str(t)) for b, t in d["family"]),
-                "evidence": tuple(d["evidence"]),
-                "alternatives": tuple(d["alternatives"]),
-            }
-        )
 
 
 @dataclass(frozen=True)

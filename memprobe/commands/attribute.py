@@ -16,6 +16,7 @@ from memprobe.attribute.what_if import WhatIf, check_what_if_kernel
 from memprobe.attribute.what_if import what_if as predict_with
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
+from memprobe.io.codec import to_json
 from memprobe.io.files import guard_outputs
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.render.findings_text import render_devices
@@ -130,7 +131,7 @@ def attribution_output(
     if as_json:
         devices = []
         for f in found:
-            out = f.to_json()
+            out = to_json(f)
             if replay:
                 out["replay"] = replays[f.device].json if f.device in replays else None
             devices.append(out)

@@ -13,6 +13,7 @@ from memprobe.attribute import attribute_file_devices
 from memprobe.attribute.diff import Difference, PeakDiff, diff_findings
 from memprobe.attribute.frames import describe_frame
 from memprobe.commands.flags import MAX_COUNT, user_errors
+from memprobe.io.codec import to_json
 from memprobe.io.sizes import format_bytes
 
 DEFAULT_SHOWN = 10
@@ -87,7 +88,7 @@ def diff_command(
     fb = attribute_file_devices(b, device=device)[0]
     d = diff_findings(fa, fb)
     if as_json:
-        return json.dumps(d.to_json(), indent=1)
+        return json.dumps(to_json(d), indent=1)
     return "\n".join(render_diff(d, top=top))
 
 

@@ -65,9 +65,10 @@ def command(
     step: Annotated[
         str,
         typer.Argument(
+            metavar="MODULE:FUNCTION",
             help="The step, as package.module:function: fn(device) builds its model and "
             "inputs on that device and runs forward, loss, backward (and optionally an "
-            "optimizer step)."
+            "optimizer step).",
         ),
     ],
     device: Annotated[

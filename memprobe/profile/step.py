@@ -12,13 +12,14 @@ storage) and marks where its log-prob kernel runs.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from memprobe.allocator import AllocConf
+from memprobe.io.codec import NOT_JSON, to_json
 from memprobe.profile import hf
 from memprobe.profile.phases import events_so_far
 from memprobe.profile.run import TrackedStep, trace_step
@@ -88,7 +89,7 @@ class StepResult:
     # the step's peak is (its working set on top of the rest).
     logprob_working_bytes: int = 0
     budget_bytes: int | None = None
-    events: tuple[Event, ...] = field(default=(), repr=False, compare=False)
+    events: tuple[Event, ...] = field(default=(), repr=False, compare=False, metadata=NOT_JSON)
 
     @property
     def logprob_bytes(self) -> int:
@@ -115,7 +116,7 @@ class StepResult:
 
     def row(self) -> dict[str, Any]:
         """The ``--json`` object."""
-        row = {k: v for k, v in asdict(self).items() if k != "events"}
+        row = to_json(self)
         row["logprob_bytes"] = self.logprob_bytes
         row["logprob_share"] = round(self.logprob_share, 6)
         row["fits_allocated"] = self.fits("allocated")

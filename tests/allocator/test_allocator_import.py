@@ -10,7 +10,7 @@ def test_import_pulls_in_no_torch():
     code = (
         "import sys\n"
         "import memprobe.allocator, memprobe.allocator.config, memprobe.allocator.model\n"
-        "import memprobe.allocator.replay, memprobe.allocator.simulate\n"
+        "import memprobe.allocator.snapshot_replay, memprobe.allocator.simulate\n"
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))\n"
         "mine = sorted(m for m in sys.modules if m.startswith('memprobe.'))\n"
         "print(bad, mine)\n"

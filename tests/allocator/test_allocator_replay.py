@@ -8,7 +8,7 @@ import pytest
 
 from memprobe.allocator.config import parse_alloc_conf
 from memprobe.allocator.model import CachingAllocatorModel
-from memprobe.allocator.replay import conf_from_snapshot, replay_snapshot
+from memprobe.allocator.snapshot_replay import conf_from_snapshot, replay_snapshot
 from memprobe.snapshot.load import normalize_snapshot
 
 MiB = 1 << 20

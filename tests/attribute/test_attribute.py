@@ -8,6 +8,7 @@ import pytest
 import snapshot_fixtures as fx
 
 from memprobe.attribute import Findings, attribute
+from memprobe.attribute.diff import diff_findings
 from memprobe.attribute.frames import (
     is_internal,
     op_from_frames,
@@ -16,6 +17,7 @@ from memprobe.attribute.frames import (
 )
 from memprobe.commands.attribute import attribute_command
 from memprobe.errors import UserError
+from memprobe.io.codec import from_json, to_json
 from memprobe.records import Frame
 from memprobe.render.findings_text import render_findings
 from memprobe.snapshot import write_snapshot
@@ -179,8 +181,8 @@ def test_legacy_segment_list_uses_rounding_slack() -> None:
 
 def test_json_round_trip_and_required_keys() -> None:
     findings = attribute(fx.oom_snapshot())
-    data = json.loads(json.dumps(findings.to_json()))
-    assert Findings.from_json(data) == findings
+    data = json.loads(json.dumps(to_json(findings)))
+    assert from_json(Findings, data) == findings
     for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_time_us", "peak_index"):
         assert key in data
     for f in data["findings"]:
@@ -294,3 +296,12 @@ def test_notes_name_synthesized_files_and_other_devices() -> None:
     assert any("synthesized by memprobe" in n for n in findings.notes)
     assert any("other devices with a trace: 1 (3 entries)" in n for n in findings.notes)
     assert attribute(snap, device=1).peak_allocated_bytes == 40 * fx.MiB + 1000
+
+
+def test_diff_lists_categories_of_equal_delta_in_a_stable_order() -> None:
+    """Equal deltas (a file against itself: all 0) keep A's order, largest first, in
+    every process (a set's order changed with the hash seed)."""
+    findings = attribute(fx.real_style_snapshot())
+    assert len(findings.breakdown) >= 2
+    same = diff_findings(findings, findings)
+    assert [c for c, _, _ in same.categories] == [c for c, _ in findings.breakdown]

@@ -9,6 +9,7 @@ import json
 import training_fixtures as tf
 
 from memprobe.attribute import attribute
+from memprobe.io.codec import to_json
 from memprobe.render.attribute_page import write_attribute_page
 from memprobe.render.findings_text import render_findings
 
@@ -32,7 +33,7 @@ def test_simulated_times_are_never_presented_as_measured(tmp_path) -> None:
     text = _text(f)
     assert "simulated: no times" in text
     assert "lived " not in text and "t=+" not in text
-    dumped = json.dumps(f.to_json())
+    dumped = json.dumps(to_json(f))
     assert '"times": "simulated"' in dumped and '"lifetime_us": 1' not in dumped
     page = write_attribute_page((f,), tmp_path / "p.html", title="t").read_text()
     assert "simulated: no times" in page and " µs" not in page

@@ -17,6 +17,7 @@ from memprobe.attribute.categories import LOGITS, OPTIMIZER
 from memprobe.attribute.diff import diff_findings
 from memprobe.attribute.frames import is_internal
 from memprobe.commands.diff import render_diff
+from memprobe.io.codec import to_json
 from memprobe.io.sizes import format_bytes
 from memprobe.render.findings_text import render_devices, render_findings
 
@@ -256,7 +257,7 @@ def test_every_reading_states_its_evidence_in_text_and_json(name: str) -> None:
     assert len(listed) == 2 * min(8, len(f.groups))
     for line, why, g in zip(listed[::2], listed[1::2], f.groups, strict=False):
         assert g.category in line and why == f"     why {g.category}: {g.reason}" and g.reason
-    data = f.to_json()
+    data = to_json(f)
     assert [row["reason"] for row in data["groups"]] == [g.reason for g in f.groups]
     for b, row in zip(f.findings, data["findings"], strict=True):
         assert row["category_reason"] == b.category_reason != ""

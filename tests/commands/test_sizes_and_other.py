@@ -135,3 +135,27 @@ def test_help_off_a_terminal_never_cuts_an_option_name(command):
         capture_output=True, text=True, env=env, check=True,
     ).stdout  # fmt: skip
     assert "…" not in out
+
+
+USAGES = {
+    "": "memprobe [OPTIONS] COMMAND [ARGS]...",
+    "attribute": "memprobe attribute [OPTIONS] SNAPSHOT",
+    "diff": "memprobe diff [OPTIONS] A B",
+    "gate": "memprobe gate [OPTIONS] [RESULTS]",
+    "profile": "memprobe profile [OPTIONS] MODULE:FUNCTION",
+    "report": "memprobe report [OPTIONS] RUN_DIR",
+    "kernels": "memprobe kernels [OPTIONS]",
+    "plan": "memprobe plan [OPTIONS]",
+    "step": "memprobe step [OPTIONS]",
+    "sweep": "memprobe sweep [OPTIONS]",
+}
+
+
+@pytest.mark.parametrize("command", sorted(USAGES))
+def test_help_names_arguments_as_click_did_and_flags_without_a_type(run_cli, command: str) -> None:
+    """typer 0.29 wrote `{a} {b}` for arguments and `<bool>` beside every flag."""
+    code, out, _ = run_cli(*([command] if command else []), "--help")
+    assert code == 0
+    usage = " ".join(out.split()).split("memprobe", 1)[1]
+    assert usage.startswith(USAGES[command].removeprefix("memprobe"))
+    assert "<bool>" not in out and "--help " in out

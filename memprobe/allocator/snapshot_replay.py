@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from memprobe.allocator.config import (
@@ -98,11 +98,6 @@ class DeviceReplay:
     notes: tuple[str, ...]
     recorded_from: str | None = None
     first_address_mismatch: tuple[int, int, int] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["notes"] = list(self.notes)
-        return out
 
 
 def conf_from_snapshot(snapshot: dict) -> AllocConf:
