@@ -27,15 +27,25 @@ from torch.utils._pytree import tree_flatten
 from memprobe.errors import UserError
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.profile import attention
+from memprobe.profile import memo as memo_module
+from memprobe.profile.memo import MetaMemo, RememberedOp
 
 
 class StepTracker(AllocationTracker):
     """:class:`AllocationTracker` whose phase follows the step (see the module notes)."""
 
-    skip_files = frozenset({__file__, attention.__file__})
+    skip_files = frozenset({__file__, attention.__file__, memo_module.__file__})
 
-    def __init__(self, *, capture_frames: bool = True, device: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        capture_frames: bool = True,
+        device: str | None = None,
+        memo: MetaMemo | None = None,
+    ) -> None:
         super().__init__(capture_frames=capture_frames, device=device)
+        # Meta ops answered from memory where that is exact (profile.memo).
+        self.memo = memo
         self._handles: list[Any] = []
         self.failed_op: str | None = None
         self.failure: BaseException | None = None
@@ -89,8 +99,9 @@ class StepTracker(AllocationTracker):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         self.follow_phase(args, kwargs)
+        op = func if self.memo is None else RememberedOp(func, self.memo)
         try:
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            return super().__torch_dispatch__(op, types, args, kwargs)
         except Exception as exc:
             # The op that raised: what a failure on meta is reported by.
             self.failed_op, self.failure = str(func), exc
