@@ -56,7 +56,7 @@ CATEGORIES = (
 
 # The attention backend in words, by what profile.attention counted.
 _BACKEND_WORDS = {
-    "flash": "flash attention (CUDA's choice: no [S,S] scores)",
+    "flash": "flash attention (CUDA's choice: no [S,S] scores; backward workspace counted)",
     "efficient": "memory-efficient attention (CUDA's choice: no [S,S] scores)",
     "cpu-flash": "the fused CPU kernel (no [S,S] scores)",
     "math": "math SDPA ([B,h,S,S] scores materialized)",
