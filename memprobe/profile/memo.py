@@ -18,7 +18,8 @@ Only ops where that is exactly what the kernel would do are remembered:
 - every tensor input is on meta, and the key holds its shape, strides, storage offset,
   dtype, layout and conjugate/negative bits,
   and every other argument by type and value (``1`` and ``1.0`` and ``True`` promote
-  differently); an argument of any other type is never remembered.
+  differently), and the default dtype (a factory op without a dtype uses it); an argument
+  of any other type is never remembered.
 
 Anything else runs the real kernel. Meta tensors hold no values, so a meta kernel's
 answer depends on nothing else; the tests compare a remembered trace with a plain one
@@ -154,7 +155,9 @@ class MetaMemo:
         if not functional:
             return func(*args, **kwargs)
         try:
-            key = (func, _arg_key(args), _arg_key(kwargs))
+            # The default dtype decides a factory op's dtype when none is given, and
+            # model building changes it for a while (transformers' ``dtype=``).
+            key = (func, torch.get_default_dtype(), _arg_key(args), _arg_key(kwargs))
         except _Unkeyable:
             return func(*args, **kwargs)
         answer = self._answers.get(key)

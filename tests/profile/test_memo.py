@@ -82,3 +82,15 @@ def test_only_fresh_outputs_of_functional_ops_are_remembered() -> None:
     assert add_(x, x) is x and add_(x, x) is x
     assert memo.hits == hits
     assert str(add) == str(torch.ops.aten.add.Tensor)
+
+
+def test_a_factory_op_follows_the_default_dtype() -> None:
+    memo = MetaMemo()
+    empty = RememberedOp(torch.ops.aten.empty.memory_format, memo)
+    before = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        assert empty([3], device="meta").dtype == torch.float64
+    finally:
+        torch.set_default_dtype(before)
+    assert empty([3], device="meta").dtype == before
