@@ -45,8 +45,11 @@ def plan_step(
     that is often the optimizer's, which does not grow with tokens: a line through the
     overall peaks would be flat. So the search is seeded with the line of the phase
     that reaches the limit first (each phase's peak is read from the same two seed
-    traces), and the reserved search with that line shifted by the allocator's
-    overhead at the allocated answer. Each token count is traced once."""
+    traces). The reserved search starts from what the allocated one's traces say of
+    reserved (each trace has both peaks): below the smallest count known not to fit, on
+    the line through the reserved peaks either side of the limit (the allocated line
+    shifted by the allocator's overhead only when none fits). Each token count is traced
+    once."""
     plans = []
     for kernel in kernels:
         step = replace(base, kernel=kernel)
@@ -66,12 +69,9 @@ def plan_step(
         )
         on_reserved = None
         if reserved:
-            overhead = peaks.overhead(allocated.max_tokens)
-            shifted = Line(line.slope, line.fixed + overhead)
+            below, reserved_line = peaks.reserved_start(allocated, line, budget.limit_bytes)
             on_reserved = peaks.search(
-                search_max_tokens(
-                    budget.limit_bytes, seeds, below=allocated.max_tokens + 1, line=shifted
-                ),
+                search_max_tokens(budget.limit_bytes, seeds, below=below, line=reserved_line),
                 reserved=True,
             )
         plan = TokenPlan(target, budget, peaks.with_seeds(allocated, seeds), on_reserved)
@@ -106,6 +106,21 @@ class _StepPeaks:
             if tokens is not None and (best_tokens is None or tokens < best_tokens):
                 best, best_tokens = line, tokens
         return best
+
+    def reserved_start(self, allocated: Search, line: Line, limit: int) -> tuple[int, Line]:
+        """Where the reserved search starts, from the traces the allocated one made (each
+        has its reserved peak too): below the smallest count known not to fit, on the line
+        through the reserved peaks either side of the limit. Without a fitting one, the
+        allocated line shifted by the allocator's overhead at the allocated answer."""
+        known = {t: self.peak(t, reserved=True) for t in self.traced}
+        over = [t for t, p in known.items() if p > limit and t <= allocated.max_tokens + 1]
+        below = min(over, default=allocated.max_tokens + 1)
+        fitting = [t for t, p in known.items() if p <= limit and t < below]
+        if fitting and below in known:
+            lo = max(fitting)
+            return below, Line.through((lo, known[lo]), (below, known[below]))
+        overhead = self.overhead(allocated.max_tokens)
+        return below, Line(line.slope, line.fixed + overhead)
 
     def overhead(self, tokens: int) -> int:
         """Reserved minus allocated at ``tokens`` (0 when nothing fits)."""

@@ -19,6 +19,7 @@ and the moments the step marks with :func:`mark` (where its loss starts and ends
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -27,15 +28,26 @@ from torch.utils._pytree import tree_flatten
 from memprobe.errors import UserError
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.profile import attention
+from memprobe.profile import memo as memo_module
+from memprobe.profile.flash_workspace import FLASH_BACKWARD, flash_backward_workspace, free_order
+from memprobe.profile.memo import MetaMemo, RememberedOp
 
 
 class StepTracker(AllocationTracker):
     """:class:`AllocationTracker` whose phase follows the step (see the module notes)."""
 
-    skip_files = frozenset({__file__, attention.__file__})
+    skip_files = frozenset({__file__, attention.__file__, memo_module.__file__})
 
-    def __init__(self, *, capture_frames: bool = True, device: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        capture_frames: bool = True,
+        device: str | None = None,
+        memo: MetaMemo | None = None,
+    ) -> None:
         super().__init__(capture_frames=capture_frames, device=device)
+        # Meta ops answered from memory where that is exact (profile.memo).
+        self.memo = memo
         self._handles: list[Any] = []
         self.failed_op: str | None = None
         self.failure: BaseException | None = None
@@ -89,12 +101,37 @@ class StepTracker(AllocationTracker):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         self.follow_phase(args, kwargs)
+        op = func if self.memo is None else RememberedOp(func, self.memo)
         try:
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            if func is FLASH_BACKWARD and self.device == "meta":
+                return self._flash_backward(op, types, args, kwargs)
+            return super().__torch_dispatch__(op, types, args, kwargs)
         except Exception as exc:
             # The op that raised: what a failure on meta is reported by.
             self.failed_op, self.failure = str(func), exc
             raise
+
+    def _flash_backward(
+        self, op: Any, types: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+    ) -> Any:
+        """Flash attention backward with the workspace CUDA allocates around its outputs
+        (:mod:`memprobe.profile.flash_workspace`), each freed where CUDA frees it."""
+        workspace = flash_backward_workspace(args)
+        frames = self._frames(sys._getframe(1))
+        held: dict[int, torch.Tensor] = {}
+
+        def allocate(before: bool) -> None:
+            for i, w in enumerate(workspace):
+                if w.before == before:
+                    held[i] = w.make()
+                    self._register(held[i], w.op, frames)
+
+        allocate(before=True)
+        out = super().__torch_dispatch__(op, types, args, kwargs)
+        allocate(before=False)
+        for i in free_order(workspace):
+            del held[i]  # the only reference: its storage is freed (and recorded) now
+        return out
 
 
 # The trackers running a step now, innermost last (what :func:`mark` writes to).

@@ -20,6 +20,7 @@ from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.profile.attention import sdpa_on_meta
 from memprobe.profile.load import Step
+from memprobe.profile.memo import MetaMemo
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.records import Event
 from memprobe.snapshot.synthesize import synthesize_snapshot
@@ -58,7 +59,12 @@ class TrackedStep:
 
 
 def trace_step(
-    step: Step, device: str = "meta", *, capture_frames: bool = True, attention: str = "cpu"
+    step: Step,
+    device: str = "meta",
+    *,
+    capture_frames: bool = True,
+    attention: str = "cpu",
+    memo: bool = False,
 ) -> TrackedStep:
     """Run ``step(torch.device(device))`` once under the tracker (``meta`` or ``cpu``).
 
@@ -68,6 +74,10 @@ def trace_step(
     ``F.scaled_dot_product_attention`` runs the kernel the ``attention`` target would
     pick (:func:`memprobe.profile.attention.sdpa_on_meta`: ``cpu``, ``cuda`` or ``math``).
 
+    ``memo``: on meta, answer repeated ops from memory where that is exact
+    (:mod:`memprobe.profile.memo`): the same events, faster for a model whose layers
+    repeat.
+
     Raises :class:`UserError` when the step fails: on meta, one line naming the op that
     raised and suggesting ``--device cpu`` at a smaller size.
     """
@@ -75,7 +85,8 @@ def trace_step(
         raise UserError(
             f"trace_step runs on meta or cpu, not {device!r}", "use profile_step for cuda"
         )
-    tracker = StepTracker(capture_frames=capture_frames, device=device)
+    remembered = MetaMemo() if memo and device == "meta" else None
+    tracker = StepTracker(capture_frames=capture_frames, device=device, memo=remembered)
     tracker.stop_code = _call.__code__
     tracker.install_hooks()
     routing = sdpa_on_meta(attention) if device == "meta" else contextlib.nullcontext(None)

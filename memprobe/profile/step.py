@@ -57,7 +57,7 @@ CATEGORIES = (
 
 # The attention backend in words, by what profile.attention counted.
 _BACKEND_WORDS = {
-    "flash": "flash attention (CUDA's choice: no [S,S] scores)",
+    "flash": "flash attention (CUDA's choice: no [S,S] scores; backward workspace counted)",
     "efficient": "memory-efficient attention (CUDA's choice: no [S,S] scores)",
     "cpu-flash": "the fused CPU kernel (no [S,S] scores)",
     "math": "math SDPA ([B,h,S,S] scores materialized)",
@@ -135,15 +135,20 @@ def trace_hf_step(
     *,
     capture_frames: bool = False,
     attention: str | None = None,
+    memo: bool = True,
 ) -> tuple[TrackedStep, _Owners]:
     """The tracker's record of ``step`` and who owns which storage (for the breakdown).
 
     ``attention``: the meta routing target; by default what ``step.attn`` asks
     (``cuda``'s choice for ``auto``). ``cpu`` makes a meta trace equal a real cpu run.
+    ``memo``: a layer's repeated meta ops answered from memory (exact; see
+    :mod:`memprobe.profile.memo`).
     """
     owners = _Owners()
     target = attention or attention_target(step.attn)
-    tracked = trace_step(owners.wrap(step), device, capture_frames=capture_frames, attention=target)
+    tracked = trace_step(
+        owners.wrap(step), device, capture_frames=capture_frames, attention=target, memo=memo
+    )
     return tracked, owners
 
 

@@ -1,0 +1,192 @@
+"""Meta ops answered from memory: a step's repeated ops skip torch's meta kernels.
+
+On meta an op computes nothing but its outputs' metadata, and many of torch's meta
+kernels are Python (``torch._refs``, ``torch._meta_registrations``): a whole training
+step of an 8B model spends most of its simulation there. Yet a transformer runs the
+same ops on the same shapes in every layer, so the answer to an op is already known
+from the first layer. :class:`MetaMemo` remembers, per op and exact input metadata,
+what the op returned, and afterwards makes fresh tensors of that metadata instead of
+running the kernel again.
+
+Only ops where that is exactly what the kernel would do are remembered:
+
+- the op mutates nothing and none of its outputs aliases an input (its schema says so);
+- every tensor it returned was a plain, dense-from-zero meta tensor of its own storage:
+  storage offset 0 and the storage exactly as large as its shape and strides need, so
+  ``torch.empty_strided`` with the same shape, strides and dtype makes the same
+  allocation (same bytes, same shape, same dtype, a new storage);
+- every tensor input is on meta, and the key holds its shape, strides, storage offset,
+  dtype, layout and conjugate/negative bits,
+  and every other argument by type and value (``1`` and ``1.0`` and ``True`` promote
+  differently), and the default dtype (a factory op without a dtype uses it); an argument
+  of any other type is never remembered.
+
+Anything else runs the real kernel. Meta tensors hold no values, so a meta kernel's
+answer depends on nothing else; the tests compare a remembered trace with a plain one
+event by event.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+# A remembered answer: the output's tree and, per leaf, ("t", shape, stride, dtype) for a
+# tensor to make afresh, or ("v", value) for a value to return as it was.
+_Recipe = tuple[Any, tuple[tuple[Any, ...], ...]]
+_NOT_REMEMBERED = object()
+_SCALARS = (
+    bool,
+    int,
+    float,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
+
+class _Unkeyable(Exception):
+    pass
+
+
+def _arg_key(arg: Any) -> Any:
+    if isinstance(arg, torch.Tensor):
+        if (
+            type(arg) is not torch.Tensor
+            or arg.layout != torch.strided
+            or arg.device.type != "meta"
+        ):
+            raise _Unkeyable
+        return (
+            "T",
+            tuple(arg.shape),
+            arg.stride(),
+            arg.storage_offset(),
+            arg.dtype,
+            arg.device,
+            arg.is_conj(),
+            arg.is_neg(),
+        )
+    if isinstance(arg, (list, tuple)):
+        return (type(arg).__name__, tuple(_arg_key(a) for a in arg))
+    if isinstance(arg, dict):
+        return ("dict", tuple(sorted((k, _arg_key(v)) for k, v in arg.items())))
+    if isinstance(arg, _SCALARS):
+        if isinstance(arg, float) and math.isnan(arg):
+            raise _Unkeyable  # nan != nan: never found again
+        return (type(arg).__name__, arg)
+    raise _Unkeyable
+
+
+def _dense_nbytes(t: torch.Tensor) -> int:
+    if t.numel() == 0:
+        return 0
+    span = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    return span * t.element_size()
+
+
+def _recipe(out: Any, inputs: set[int]) -> _Recipe | None:
+    """How to make ``out`` again, or None when fresh tensors would not be the same."""
+    leaves, spec = tree_flatten(out)
+    made: list[tuple[Any, ...]] = []
+    storages: set[int] = set()
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if (
+                type(leaf) is not torch.Tensor
+                or leaf.device.type != "meta"
+                or leaf.layout != torch.strided
+                or leaf.is_conj()
+                or leaf.is_neg()
+                or leaf.storage_offset() != 0
+            ):
+                return None
+            storage = leaf.untyped_storage()
+            key = storage._cdata
+            if key in inputs or key in storages or storage.nbytes() != _dense_nbytes(leaf):
+                return None
+            storages.add(key)
+            made.append(("t", tuple(leaf.shape), leaf.stride(), leaf.dtype))
+        elif isinstance(leaf, (bool, int, float, type(None))):
+            made.append(("v", leaf))
+        else:
+            return None
+    return spec, tuple(made)
+
+
+def _make(recipe: _Recipe) -> Any:
+    spec, made = recipe
+    leaves = [
+        torch.empty_strided(m[1], m[2], dtype=m[3], device="meta") if m[0] == "t" else m[1]
+        for m in made
+    ]
+    return tree_unflatten(leaves, spec)
+
+
+def _functional(func: Any) -> bool:
+    schema = getattr(func, "_schema", None)
+    return (
+        schema is not None
+        and not schema.is_mutable
+        and all(r.alias_info is None for r in schema.returns)
+    )
+
+
+class MetaMemo:
+    """Remembered meta ops (see the module notes). :meth:`call` runs ``func`` or makes
+    its outputs afresh; ``hits`` counts the ops answered from memory."""
+
+    def __init__(self) -> None:
+        self._answers: dict[Any, Any] = {}
+        self._functional: dict[Any, bool] = {}
+        self.hits = 0
+
+    def call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        functional = self._functional.get(func)
+        if functional is None:
+            functional = self._functional[func] = _functional(func)
+        if not functional:
+            return func(*args, **kwargs)
+        try:
+            # The default dtype decides a factory op's dtype when none is given, and
+            # model building changes it for a while (transformers' ``dtype=``).
+            key = (func, torch.get_default_dtype(), _arg_key(args), _arg_key(kwargs))
+        except _Unkeyable:
+            return func(*args, **kwargs)
+        answer = self._answers.get(key)
+        if answer is None:
+            out = func(*args, **kwargs)
+            inputs = {
+                t.untyped_storage()._cdata
+                for t in tree_flatten((args, kwargs))[0]
+                if isinstance(t, torch.Tensor)
+            }
+            recipe = _recipe(out, inputs)
+            self._answers[key] = recipe if recipe is not None else _NOT_REMEMBERED
+            return out
+        if answer is _NOT_REMEMBERED:
+            return func(*args, **kwargs)
+        self.hits += 1
+        return _make(answer)
+
+
+class RememberedOp:
+    """``func`` answered through ``memo``; named as ``func`` is (the events' op)."""
+
+    __slots__ = ("func", "memo")
+
+    def __init__(self, func: Any, memo: MetaMemo) -> None:
+        self.func, self.memo = func, memo
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.memo.call(self.func, args, kwargs)
+
+    def __str__(self) -> str:
+        return str(self.func)

@@ -1,0 +1,96 @@
+"""Meta ops answered from memory (``memprobe.profile.memo``) change nothing: the trace of a
+step is the same event by event, with and without the memo."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from memprobe.profile.memo import MetaMemo, RememberedOp
+
+pytest.importorskip("transformers")
+
+from memprobe.profile.hf import HFStep, config_from_dict  # noqa: E402
+from memprobe.profile.step import trace_hf_step  # noqa: E402
+
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+}
+
+
+def _signature(tracked: Any) -> list[tuple[Any, ...]]:
+    """Every event, with storages numbered by the event that allocated them (keys are
+    addresses, which differ from run to run)."""
+    alloc_at: dict[int, int] = {}
+    out = []
+    for i, e in enumerate(tracked.events):
+        if e.action == "alloc":
+            alloc_at[e.storage] = i
+        out.append((e.action, alloc_at[e.storage], e.nbytes, e.shape, e.dtype, e.op, e.phase))
+    return out
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"kernel": "unchunked", "checkpointing": True},
+        {"kernel": "fused_linear_chunked", "param_dtype": "fp32", "optimizer": "sgd"},
+        {"kernel": "local_tiled", "attn": "eager", "dtype": "fp32", "batch": 2},
+    ],
+)
+def test_a_remembered_trace_equals_a_plain_one(options: dict[str, Any]) -> None:
+    step = HFStep(config_from_dict(dict(LLAMA)), tokens=48, chunk_size=16, **options)
+    plain, _ = trace_hf_step(step, memo=False)
+    remembered, _ = trace_hf_step(step, memo=True)
+    assert _signature(remembered) == _signature(plain)
+    assert remembered.peak_bytes == plain.peak_bytes > 0
+    assert remembered.phase_peaks == plain.phase_peaks
+    assert remembered.marks == plain.marks
+    assert remembered.attention == plain.attention
+
+
+def test_only_fresh_outputs_of_functional_ops_are_remembered() -> None:
+    memo = MetaMemo()
+    x = torch.empty(4, 6, dtype=torch.bfloat16, device="meta")
+    add = RememberedOp(torch.ops.aten.add.Tensor, memo)
+    first, second = add(x, x), add(x, x)
+    assert memo.hits == 1
+    assert second.shape == first.shape and second.stride() == first.stride()
+    assert second.untyped_storage()._cdata != first.untyped_storage()._cdata
+    # The same value as another type promotes differently: not the same question.
+    ints = torch.empty(4, dtype=torch.int64, device="meta")
+    add_int = RememberedOp(torch.ops.aten.add.Tensor, memo)
+    assert add_int(ints, 1).dtype == torch.int64
+    assert add_int(ints, 1.0).dtype == torch.float32
+    # A view shares its input's storage: always run.
+    view = RememberedOp(torch.ops.aten._unsafe_view.default, memo)
+    hits = memo.hits
+    for _ in range(2):
+        out = view(x, [24])
+        assert out.untyped_storage()._cdata == x.untyped_storage()._cdata
+    assert memo.hits == hits
+    # In place: mutates its input, never remembered.
+    add_ = RememberedOp(torch.ops.aten.add_.Tensor, memo)
+    assert add_(x, x) is x and add_(x, x) is x
+    assert memo.hits == hits
+    assert str(add) == str(torch.ops.aten.add.Tensor)
+
+
+def test_a_factory_op_follows_the_default_dtype() -> None:
+    memo = MetaMemo()
+    empty = RememberedOp(torch.ops.aten.empty.memory_format, memo)
+    before = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        assert empty([3], device="meta").dtype == torch.float64
+    finally:
+        torch.set_default_dtype(before)
+    assert empty([3], device="meta").dtype == before
