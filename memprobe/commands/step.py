@@ -266,6 +266,7 @@ def plan_step_lines(
     reserved: bool,
     as_json: bool,
     step: bool,
+    **sharded: Any,
 ) -> list[str]:
     """``memprobe plan --step --config CONFIG``: the plan table for the whole step."""
     from memprobe.allocator import parse_alloc_conf
@@ -291,6 +292,7 @@ def plan_step_lines(
         checkpointing=checkpointing,
         optimizer=optimizer,
         dtype=dtype,
+        **sharded,
     )
     kernels = name_list(kernel, "--kernel") if kernel is not None else step_kernels()
     for name in kernels:  # every name checked before the first simulation
@@ -303,6 +305,12 @@ def plan_step_lines(
         f"checkpointing {'on' if checkpointing else 'off'}, optimizer {optimizer}): "
         "tokens per sequence"
     )
+    layout = base.sharded_summary()
+    if layout:  # the sharded step: per rank, the tokens each GPU holds
+        what = what.replace("tokens per sequence", "tokens per GPU") + (
+            f"; sharded: rank 0 of {layout['world']}, FSDP {layout['fsdp']} x CP "
+            f"{layout['cp']} (the table's tp/cp columns are the logprob kernel's own)"
+        )
     where = "reserved in the last column" if reserved else "reserved not planned: --no-reserved"
     head = f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; {where})"
     return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]

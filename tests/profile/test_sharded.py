@@ -151,6 +151,27 @@ def test_what_cannot_be_simulated_is_one_line(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--vocab", "1000", "--fsdp", "2"], "add --step --config CONFIG"),
+        (["--vocab", "1000", "--mp-output", "fp32"], "add --step --config CONFIG"),
+        (["--step", "CONFIG", "--fsdp", "2", "--tp", "2"], "--tp is not simulated"),
+        (["--step", "CONFIG", "--fsdp", "2", "--cp", "2,4"], "--cp takes one value"),
+    ],
+)
+def test_plan_step_takes_the_same_flags(
+    run_cli: Any, tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    flags = [f for flag in flags for f in (["--config", str(path)] if flag == "CONFIG" else [flag])]
+    code, _, err = run_cli("plan", "--budget", "1GiB", *flags)
+    assert code == 2
+    assert expected in err
+    assert "Traceback" not in err
+
+
 def test_cli_prints_the_layout_and_the_arithmetic(run_cli: Any, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CONFIG))
