@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from memprobe.commands import sharded_flags as sharded
 from memprobe.commands.flags import (
     MAX_COUNT,
     CpOption,
@@ -151,6 +152,11 @@ def command(
         bool, typer.Option(help="--step: activation checkpointing of every layer.")
     ] = False,
     optimizer: Annotated[str, typer.Option(help="--step: adamw, sgd or none.")] = "adamw",
+    fsdp: sharded.FsdpOption = 1,
+    reshard_after_forward: sharded.ReshardOption = "true",
+    mp_param: sharded.MpParamOption = None,
+    mp_reduce: sharded.MpReduceOption = None,
+    mp_output: sharded.MpOutputOption = None,
 ) -> None:
     """The largest token count per GPU whose simulated peak fits BUDGET - OTHER.
 
@@ -172,16 +178,30 @@ def command(
         raise UserError(f"--jobs {jobs} must be 1 or more", "e.g. --jobs 2")
     warn_on_size(budget, "--budget")
     warn_on_size(other, "--other")
+    fsdp_flags: dict[str, Any] = {
+        "reshard_after_forward": reshard_after_forward,
+        "mp_param": mp_param,
+        "mp_reduce": mp_reduce,
+        "mp_output": mp_output,
+    }
     if step or config is not None:
         from memprobe.commands.step import plan_step_lines
 
+        sharding = sharded.sharded_flags(
+            fsdp=fsdp, cp=_single(cp, "--cp"), tp=_single(tp, "--tp"), **fsdp_flags
+        )
         for line in plan_step_lines(
             config, budget=budget, kernel=kernel, batch=_single(batch, "--batch"), dtype=dtype,
             chunk_size=chunk_size, checkpointing=checkpointing, optimizer=optimizer,
-            alloc_conf=alloc_conf, reserved=reserved, as_json=as_json, step=step,
+            alloc_conf=alloc_conf, reserved=reserved, as_json=as_json, step=step, **sharding,
         ):  # fmt: skip
             typer.echo(line)
         return
+    if fsdp != 1 or any(v not in (None, "true") for v in fsdp_flags.values()):
+        raise UserError(
+            "--fsdp, --reshard-after-forward and --mp-* plan the sharded whole step",
+            "add --step --config CONFIG",
+        )
     if vocab is None:
         raise UserError("--vocab is missing", "e.g. --vocab 131072 (or --step --config CONFIG)")
     request = PlanRequest(

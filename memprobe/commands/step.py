@@ -12,6 +12,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from memprobe.commands import sharded_flags as sharded
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
@@ -30,8 +31,11 @@ def build_step(
     dtype: str = "bf16",
     param_dtype: str | None = None,
     attn: str = "auto",
+    sharding: Any = None,
+    mp_param: str | None = None,
 ) -> Any:
-    """The checked :class:`memprobe.profile.hf.HFStep` the flags describe."""
+    """The checked :class:`memprobe.profile.hf.HFStep` the flags describe; with an active
+    ``sharding`` (:func:`memprobe.profile.sharded.sharding_from_flags`), the sharded step."""
     from memprobe.profile.hf import HFStep, load_config
 
     if fused and kernel is not None:
@@ -39,7 +43,16 @@ def build_step(
             "--fused and --kernel both name the log-prob kernel",
             "--fused is --kernel fused_linear_chunked; give one of them",
         )
-    return HFStep(
+    cls: Any = HFStep
+    extra: dict[str, Any] = {}
+    if sharding is not None and sharding.active:
+        from memprobe.profile.sharded import ShardedHFStep, sharded_dtypes
+
+        dtype, param_dtype = sharded_dtypes(dtype, param_dtype, mp_param)
+        cls, extra = ShardedHFStep, {"sharding": sharding}
+    elif mp_param is not None:
+        raise UserError("--mp-param is FSDP2's", "add --fsdp N, or use --dtype")
+    return cls(
         load_config(config),
         tokens=tokens,
         batch=batch,
@@ -50,6 +63,7 @@ def build_step(
         dtype=dtype,
         param_dtype=param_dtype,
         attn=attn,
+        **extra,
     )
 
 
@@ -62,6 +76,7 @@ def step_lines(result: Any) -> list[str]:
         f"{r.dtype} (parameters {r.param_dtype}), kernel {r.kernel}, "
         f"checkpointing {'on' if r.checkpointing else 'off'}, optimizer {r.optimizer}",
         f"attention: {r.attention_words}",
+        *sharded_lines(r.sharded),
         f"peak allocated {format_bytes(peak)}, reserved {format_bytes(r.peak_reserved_bytes)} "
         f"(allocator model), in the {r.peak_phase} phase",
         "peak by phase: "
@@ -87,6 +102,25 @@ def step_lines(result: Any) -> list[str]:
             f"(reserved {format_bytes(r.peak_reserved_bytes)}, allocated {format_bytes(peak)})"
         )
     return lines
+
+
+def sharded_lines(sharded: dict[str, Any] | None) -> list[str]:
+    """The sharded step's layout and its per-rank parameter arithmetic (none unsharded)."""
+    if not sharded:
+        return []
+    s = sharded
+    n = s["shard_ranks"]
+    cp = f" x CP {s['cp']}: a {s['sequence_tokens']:,}-token sequence" if s["cp"] > 1 else ""
+    mp = ", ".join(
+        f"{k} {s[k] or 'as is'}" for k in ("mp_param", "mp_reduce", "mp_output")
+    ).replace("_", "-")
+    return [
+        f"sharded: rank 0 of {s['world']} (FSDP {s['fsdp']}{cp}); FSDP2 shards over {n} ranks, "
+        f"reshard after forward {'on' if s['reshard_after_forward'] else 'off'}; {mp}",
+        f"parameters per rank {format_bytes(s['rank_parameter_bytes'])} = "
+        f"{format_bytes(s['unsharded_parameter_bytes'])} / {n} + "
+        f"{format_bytes(s['padding_bytes'])} padding (gradients and optimizer state alike)",
+    ]
 
 
 def step_command(
@@ -178,6 +212,13 @@ def command(
         typer.Option(help="Write the CUDA-format snapshot here (open it with attribute)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    fsdp: sharded.FsdpOption = 1,
+    cp: sharded.CpOption = 1,
+    tp: sharded.TpOption = 1,
+    reshard_after_forward: sharded.ReshardOption = "true",
+    mp_param: sharded.MpParamOption = None,
+    mp_reduce: sharded.MpReduceOption = None,
+    mp_output: sharded.MpOutputOption = None,
 ) -> None:
     """A Hugging Face model's whole training step, simulated on meta from its config: the
     peak, what it is made of, and the log-prob step's share."""
@@ -198,6 +239,15 @@ def command(
             alloc_conf=alloc_conf,
             out=out,
             as_json=as_json,
+            **sharded.sharded_flags(
+                fsdp=fsdp,
+                cp=cp,
+                tp=tp,
+                reshard_after_forward=reshard_after_forward,
+                mp_param=mp_param,
+                mp_reduce=mp_reduce,
+                mp_output=mp_output,
+            ),
         )
     )
 
@@ -216,6 +266,7 @@ def plan_step_lines(
     reserved: bool,
     as_json: bool,
     step: bool,
+    **sharded: Any,
 ) -> list[str]:
     """``memprobe plan --step --config CONFIG``: the plan table for the whole step."""
     from memprobe.allocator import parse_alloc_conf
@@ -241,6 +292,7 @@ def plan_step_lines(
         checkpointing=checkpointing,
         optimizer=optimizer,
         dtype=dtype,
+        **sharded,
     )
     kernels = name_list(kernel, "--kernel") if kernel is not None else step_kernels()
     for name in kernels:  # every name checked before the first simulation
@@ -253,6 +305,12 @@ def plan_step_lines(
         f"checkpointing {'on' if checkpointing else 'off'}, optimizer {optimizer}): "
         "tokens per sequence"
     )
+    layout = base.sharded_summary()
+    if layout:  # the sharded step: per rank, the tokens each GPU holds
+        what = what.replace("tokens per sequence", "tokens per GPU") + (
+            f"; sharded: rank 0 of {layout['world']}, FSDP {layout['fsdp']} x CP "
+            f"{layout['cp']} (the table's tp/cp columns are the logprob kernel's own)"
+        )
     where = "reserved in the last column" if reserved else "reserved not planned: --no-reserved"
     head = f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; {where})"
     return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]

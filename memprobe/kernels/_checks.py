@@ -37,8 +37,11 @@ def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
 
 
 def _check_target_range(targets: torch.Tensor, vocab: int) -> None:
-    # Meta tensors carry no values, so there is nothing to range-check there.
-    if targets.numel() and targets.device.type != "meta":
+    # Meta and fake tensors (memprobe's sharded simulation) carry no values, so there
+    # is nothing to range-check there.
+    from torch._subclasses.fake_tensor import is_fake
+
+    if targets.numel() and targets.device.type != "meta" and not is_fake(targets):
         lo, hi = int(targets.min()), int(targets.max())
         if lo < 0 or hi >= vocab:
             raise ValueError(

@@ -22,11 +22,20 @@ from torch.utils._pytree import tree_flatten
 from memprobe.records import Event, Frame
 
 _MAX_FRAMES = 24
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _THIS_FILE = __file__
 
 
+def physical(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage holds ``tensor``'s bytes on this rank: a DTensor's local
+    shard (its own storage reports the global size, which no rank allocates)."""
+    while hasattr(tensor, "_local_tensor"):
+        tensor = tensor._local_tensor
+    return tensor
+
+
 def _storage_key(tensor: torch.Tensor) -> tuple[int, Any]:
-    storage = tensor.untyped_storage()
+    storage = physical(tensor).untyped_storage()
     return storage._cdata, storage
 
 
@@ -101,17 +110,31 @@ class AllocationTracker(TorchDispatchMode):
     def _register(self, tensor: torch.Tensor, op: str, frames: tuple[Frame, ...]) -> None:
         if self.device is not None and tensor.device.type != self.device:
             return
+        tensor = physical(tensor)
         key, storage = _storage_key(tensor)
         if key in self._live:
             return
+        self._alloc(
+            key, storage, tuple(int(d) for d in tensor.shape), str(tensor.dtype), op, frames
+        )
+
+    def _alloc(
+        self,
+        key: int,
+        storage: Any,
+        shape: tuple[int, ...],
+        dtype: str,
+        op: str,
+        frames: tuple[Frame, ...],
+    ) -> None:
         event = Event(
             index=len(self.events),
             time_us=self._now_us(),
             action="alloc",
             storage=key,
             nbytes=int(storage.nbytes()),
-            shape=tuple(int(d) for d in tensor.shape),
-            dtype=str(tensor.dtype),
+            shape=shape,
+            dtype=dtype,
             op=op,
             phase=self.phase,
             frames=frames,
@@ -145,6 +168,17 @@ class AllocationTracker(TorchDispatchMode):
             )
         )
 
+    def resized(self, tensor: torch.Tensor, op: str) -> None:
+        """``tensor``'s storage was just resized in place (``UntypedStorage.resize_``,
+        which FSDP2 uses to free and re-allocate an unsharded parameter without a new
+        tensor): what it held is freed, and what it holds now, if anything, is a new
+        allocation."""
+        key, storage = _storage_key(tensor)
+        self._on_free(key)
+        if storage.nbytes():
+            shape = tuple(int(d) for d in tensor.shape)
+            self._alloc(key, storage, shape, str(tensor.dtype), op, self._frames(sys._getframe(1)))
+
     def track(self, tensor: torch.Tensor, op: str = "input") -> None:
         """Count an existing tensor (e.g. the logits) as live from now on."""
         self._register(tensor, op, self._frames(sys._getframe(1)))
@@ -158,14 +192,19 @@ class AllocationTracker(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func is _LIFT_FRESH:
+            # torch.tensor(data)'s storage was made before dispatch (on the cpu, outside
+            # any device): a real lift returns it as is. Under FakeTensorMode the lift
+            # makes a fake copy, which no device would allocate.
+            return out
         inputs = {
-            t.untyped_storage()._cdata
+            physical(t).untyped_storage()._cdata
             for t in tree_flatten((args, kwargs))[0]
             if isinstance(t, torch.Tensor)
         }
         frames: tuple[Frame, ...] | None = None
         for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.untyped_storage()._cdata in inputs:
+            if not isinstance(t, torch.Tensor) or physical(t).untyped_storage()._cdata in inputs:
                 continue  # a view or an in-place result: no new storage
             if frames is None:
                 frames = self._frames(sys._getframe(1))

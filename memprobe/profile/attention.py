@@ -96,6 +96,13 @@ def _cpu_fused_applies(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
     )
 
 
+def _simulated(t: torch.Tensor) -> bool:
+    """A tensor without data: meta, or a fake tensor (a sharded step's fake world)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type == "meta" or is_fake(t)
+
+
 def _routed(original: Any, target: str, log: AttentionLog) -> Any:
     def attention(
         query,
@@ -120,7 +127,7 @@ def _routed(original: Any, target: str, log: AttentionLog) -> Any:
                 enable_gqa=enable_gqa,
             )
 
-        if query.device.type != "meta" or target == "math":
+        if not _simulated(query) or target == "math":
             return fallback()
         if target == "cpu":
             gqa_ok = enable_gqa or query.shape[1] == key.shape[1]

@@ -27,7 +27,7 @@ import torch
 from memprobe.errors import UserError
 from memprobe.kernels.registry import get_spec
 from memprobe.profile.phases import mark
-from memprobe.records import normalize_dtype
+from memprobe.records import Event, normalize_dtype
 
 INSTALL_HINT = "install it with: pip install 'memprobe[hf]'"
 OPTIMIZERS = ("adamw", "sgd", "none")
@@ -183,6 +183,24 @@ class HFStep:
             self.dtype, "--dtype"
         )
 
+    @property
+    def build_dtype(self) -> torch.dtype:
+        """What the model is built in: ``dtype`` (master weights are copies made later)."""
+        return _torch_dtype(self.dtype, "--dtype")
+
+    def simulation(self, device: str) -> contextlib.AbstractContextManager[str]:
+        """Where the step is traced for ``device``: here, there (a sharded step runs in a
+        fake world of ranks: :mod:`memprobe.profile.sharded`)."""
+        return contextlib.nullcontext(device)
+
+    def category_of(self, event: Event) -> str | None:
+        """What ``event`` is when this step knows better than the plain breakdown."""
+        return None
+
+    def sharded_summary(self) -> dict[str, Any] | None:
+        """A sharded step's layout and per-rank arithmetic, once traced (None here)."""
+        return None
+
     def build(self, device: torch.device) -> torch.nn.Module:
         """The model on ``device`` in ``dtype``, weights initialized there (no download)."""
         from transformers import AutoModelForCausalLM
@@ -194,7 +212,7 @@ class HFStep:
             with torch.device(device), torch.no_grad():
                 model = AutoModelForCausalLM.from_config(
                     self.config,
-                    dtype=_torch_dtype(self.dtype, "--dtype"),
+                    dtype=self.build_dtype,
                     attn_implementation=implementation,
                 )
         except (ValueError, TypeError, KeyError) as exc:

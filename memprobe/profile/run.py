@@ -89,7 +89,11 @@ def trace_step(
     tracker = StepTracker(capture_frames=capture_frames, device=device, memo=remembered)
     tracker.stop_code = _call.__code__
     tracker.install_hooks()
-    routing = sdpa_on_meta(attention) if device == "meta" else contextlib.nullcontext(None)
+    # Fake tensors (a sharded step's fake world) hold no data either: routed like meta.
+    from torch._guards import detect_fake_mode
+
+    simulated = device == "meta" or detect_fake_mode() is not None
+    routing = sdpa_on_meta(attention) if simulated else contextlib.nullcontext(None)
     try:
         with tracker, routing as chosen:
             _call(step, torch.device(device))

@@ -20,6 +20,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from memprobe.allocator import AllocConf
 from memprobe.io.codec import NOT_JSON, to_json
+from memprobe.measure.tracker import physical
 from memprobe.profile import hf
 from memprobe.profile.phases import events_so_far
 from memprobe.profile.run import TrackedStep, trace_step
@@ -30,6 +31,11 @@ PARAMETERS = "parameters"
 GRADIENTS = "gradients"
 OPTIMIZER_STATE = "optimizer state"
 MASTER_WEIGHTS = "fp32 master weights"
+# A sharded step's (memprobe.profile.sharded): FSDP2's all-gather and reduce-scatter
+# buffers, and the parameters a unit holds all-gathered while it runs.
+COMMUNICATION = "FSDP communication buffers"
+UNSHARDED = "unsharded parameters"
+CP_KV = "context-parallel K/V (all-gathered)"
 LOGPROB = "logprob step"
 LOGITS = "logits"
 ATTENTION = "attention"
@@ -44,6 +50,9 @@ CATEGORIES = (
     GRADIENTS,
     OPTIMIZER_STATE,
     MASTER_WEIGHTS,
+    COMMUNICATION,
+    UNSHARDED,
+    CP_KV,
     LOGPROB,
     LOGITS,
     ATTENTION,
@@ -89,6 +98,8 @@ class StepResult:
     # the step's peak is (its working set on top of the rest).
     logprob_working_bytes: int = 0
     budget_bytes: int | None = None
+    # A sharded step's layout and per-rank sharding arithmetic (profile.sharded).
+    sharded: dict[str, Any] | None = None
     events: tuple[Event, ...] = field(default=(), repr=False, compare=False, metadata=NOT_JSON)
 
     @property
@@ -146,9 +157,11 @@ def trace_hf_step(
     """
     owners = _Owners()
     target = attention or attention_target(step.attn)
-    tracked = trace_step(
-        owners.wrap(step), device, capture_frames=capture_frames, attention=target, memo=memo
-    )
+    # A sharded step runs in a fake world of ranks (profile.sharded); a plain one as is.
+    with step.simulation(device) as traced_on:
+        tracked = trace_step(
+            owners.wrap(step), traced_on, capture_frames=capture_frames, attention=target, memo=memo
+        )
     return tracked, owners
 
 
@@ -188,6 +201,7 @@ def simulate_step(
         phase_peaks=dict(tracked.phase_peaks),
         logprob_working_bytes=working_set(tracked.events, logprob_windows(tracked.marks)),
         budget_bytes=budget_bytes,
+        sharded=step.sharded_summary(),
         events=tracked.events,
     )
 
@@ -249,7 +263,7 @@ class _Owners:
 
 
 def _key(t: torch.Tensor) -> int:
-    return int(t.untyped_storage()._cdata)
+    return int(physical(t).untyped_storage()._cdata)
 
 
 def _note(notes: dict[int, list[int]], t: torch.Tensor) -> None:
@@ -335,6 +349,9 @@ def _category(
         return OPTIMIZER_STATE
     if key in owners.master and event.phase == "setup":
         return MASTER_WEIGHTS
+    special = step.category_of(event)
+    if special is not None:
+        return special
     if any(start <= event.index < end for start, end in windows):
         return LOGPROB
     if (
