@@ -10,7 +10,9 @@ and three numbers per token, which describe the kept set exactly:
 * ``cut``: of the logits equal to ``tau``, those at vocabulary index
   ``<= cut`` are kept (``V - 1`` when all are). Top-p can stop inside a run of
   equal logits; ``filtered`` sorts stably, so it keeps such ties in vocabulary
-  order, and so does this kernel;
+  order, and so does this kernel. Where p is crossed is decided on the exact
+  integer masses both kernels share (:func:`~memprobe.kernels.filtered.top_p_masses`),
+  so no summation order can move it;
 * ``logsum``: ``log Σ_kept exp(x - max)``, the row max recomputed in backward.
 
 Work per chunk of ``c`` positions. Backward: one float32 ``[B, c, V]`` copy of
@@ -32,12 +34,13 @@ histogram cannot settle, sorted alone after the chunk's buffers are freed.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
-from memprobe.kernels.filtered import check_filters
+from memprobe.kernels.filtered import check_filters, mass_bits, top_p_limit, top_p_masses
 from memprobe.kernels.local_chunked import _chunk_float32, _row_max
 
 DEFAULT_FILTERED_CHUNK_SIZE = 1024
@@ -61,20 +64,28 @@ def _count_ties(values: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
 
 
 def _crossing(
-    vals: torch.Tensor, e: torch.Tensor, above: torch.Tensor | float, limit: torch.Tensor
+    vals: torch.Tensor, q: torch.Tensor, above: torch.Tensor | int, limit: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-p on a descending list of candidates with float64 exps ``e`` and mass
-    ``above`` before them: keep a candidate while the mass before it is below
-    ``limit``. Returns (count kept, kept mass including ``above``, tau, how many of
-    the kept equal tau), ``[B, c]`` each. At least one finite candidate is kept."""
-    before = e.cumsum(dim=-1).sub_(e).add_(above.unsqueeze(-1) if torch.is_tensor(above) else 0.0)
+    """Top-p on a descending list of candidates with int64 masses ``q`` (see
+    :func:`~memprobe.kernels.filtered.top_p_masses`) and exact mass ``above`` before
+    them: keep a candidate while the mass before it is below ``limit``. Returns
+    (count kept, kept mass including ``above``, tau, how many of the kept equal
+    tau), ``[B, c]`` each. At least one finite candidate is kept."""
+    before = q.cumsum(dim=-1).sub_(q)
+    if torch.is_tensor(above):
+        before.add_(above.unsqueeze(-1))
     finite = (vals > float("-inf")).sum(dim=-1, keepdim=True)
     n_in = (before < limit.unsqueeze(-1)).sum(dim=-1, keepdim=True)
     n_in = torch.minimum(n_in, finite).clamp_(min=1)
-    kept_mass = (before.gather(-1, n_in - 1) + e.gather(-1, n_in - 1)).squeeze(-1)
+    kept_mass = (before.gather(-1, n_in - 1) + q.gather(-1, n_in - 1)).squeeze(-1)
     tau = vals.gather(-1, n_in - 1).squeeze(-1)
     n_in = n_in.squeeze(-1)
     return n_in, kept_mass, tau, n_in - (vals > tau.unsqueeze(-1)).sum(dim=-1)
+
+
+def _log_mass(mass: torch.Tensor, bits: int) -> torch.Tensor:
+    """``log Σ exp(x - max)`` of an int64 mass in units of 2^-bits, float32."""
+    return (mass.double().log_() - bits * math.log(2.0)).float()
 
 
 Selection = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
@@ -87,32 +98,37 @@ def _select(x: torch.Tensor, m: torch.Tensor, top_k: int | None, top_p: float | 
     With top_k the candidates are the kept-by-k set in descending order: ``topk``'s
     k values, then ``extra`` more logits equal to the k-th that ``topk`` left out.
     Top-p keeps a candidate while the mass before it is below ``p`` of the kept-by-k
-    total, as ``filtered`` does (there in float32 softmax and cumsum; here float64
-    sums of the same float32 exps). Without top_k: :func:`_select_top_p`.
+    total, in ``filtered``'s exact integer masses. Without top_k: :func:`_select_top_p`.
     """
     if top_k is None:
         assert top_p is not None
         return _select_top_p(x, m, top_p)
+    bits = mass_bits(x.shape[-1])
     vals = torch.topk(x, top_k, dim=-1, sorted=True).values
     last = vals[..., -1]
     extra = _count_ties(x, last) - _count_ties(vals, last)
-    e = torch.exp(vals - m).double()
-    e_last = e[..., -1]
-    listed = e.sum(dim=-1)
-    total = listed + extra * e_last
+    q = top_p_masses(vals - m, bits)
+    q_last = q[..., -1]
+    listed = q.sum(dim=-1)
+    total = listed + extra * q_last
     if top_p is None:
         # top_k alone keeps every logit equal to the k-th.
-        return last, total.log().float(), None, None
-    limit = top_p * total
-    n_in, kept_mass, tau, ties_kept = _crossing(vals, e, 0.0, limit)
-    # The extra ties follow the list: the i-th is kept while listed + i·e_last < limit.
-    room = ((limit - listed) / e_last).ceil_().clamp_(min=0)
+        return last, _log_mass(total, bits), None, None
+    limit = top_p_limit(total, top_p)
+    n_in, kept_mass, tau, ties_kept = _crossing(vals, q, 0, limit)
+    # The extra ties follow the list: the i-th is kept while listed + i·q_last < limit,
+    # for i < ceil((limit - listed) / q_last), in exact integers.
+    room = torch.where(
+        q_last > 0,
+        torch.div(limit - listed + q_last - 1, q_last.clamp(min=1), rounding_mode="floor"),
+        torch.where(listed < limit, extra, 0),
+    )
     whole_list = n_in == vals.shape[-1]
-    extra_kept = torch.where(whole_list, torch.minimum(room, extra.double()), 0).long()
-    kept_mass = kept_mass + extra_kept * e_last
+    extra_kept = torch.where(whole_list, room.clamp(min=0).minimum(extra), 0)
+    kept_mass = kept_mass + extra_kept * q_last
     ties_kept = ties_kept + extra_kept
     ties_all = _count_ties(vals, tau) + torch.where(tau == last, extra, 0)
-    return tau, kept_mass.log().float(), ties_kept, ties_all
+    return tau, _log_mass(kept_mass, bits), ties_kept, ties_all
 
 
 # Top-p without top-k: a histogram of each row's mass over its distance below the
@@ -127,30 +143,32 @@ BUCKET_CAP = 1024
 
 def _select_top_p(x: torch.Tensor, m: torch.Tensor, top_p: float) -> Selection:
     vocab = x.shape[-1]
+    bits = mass_bits(vocab)
     e = torch.sub(x, m)
-    # x - m <= 0; its bucket is floor(-(x - m) · 64), and x - m then becomes exp(x - m).
+    # x - m <= 0; its bucket is floor(-(x - m) · 64), and x - m then becomes its mass.
     bucket = torch.mul(e, -BUCKETS_PER_NAT).clamp_(max=BUCKETS - 1).long()
-    e.exp_()
-    cum = e.new_zeros((*e.shape[:-1], BUCKETS)).scatter_add_(-1, bucket, e).double().cumsum_(-1)
+    q = top_p_masses(e, bits)
     del e
-    limit = top_p * cum[..., -1]  # the row's total mass, summed as the buckets are
+    cum = q.new_zeros((*q.shape[:-1], BUCKETS)).scatter_add_(-1, bucket, q).cumsum_(-1)
+    del q
+    limit = top_p_limit(cum[..., -1], top_p)  # exact: the row's total mass
     # The first bucket whose cumulative mass reaches the limit, and the mass before it.
     hit = torch.searchsorted(cum, limit.unsqueeze(-1)).clamp_(max=BUCKETS - 1)
-    above = torch.where(hit > 0, cum.gather(-1, (hit - 1).clamp(min=0)), 0.0).squeeze(-1)
+    above = torch.where(hit > 0, cum.gather(-1, (hit - 1).clamp(min=0)), 0).squeeze(-1)
     del cum
     candidates = torch.where(bucket == hit, x, float("-inf"))
     del bucket
     cap = min(BUCKET_CAP, vocab)
     vals = torch.topk(candidates, cap, dim=-1, sorted=True).values
     del candidates
-    n_in, kept_mass, tau, ties_kept = _crossing(vals, torch.exp(vals - m).double(), above, limit)
+    n_in, kept_mass, tau, ties_kept = _crossing(vals, top_p_masses(vals - m, bits), above, limit)
     ties_all = _count_ties(vals, tau)
     # A full list may have left part of its bucket out: such a row's ties at tau are
     # counted on the row (vocab + 1 asks for it), and a row whose crossing lies beyond
     # the list is redone with a sort of that row alone.
     full = vals[..., -1] > float("-inf")
     ties_all = torch.where(full & (tau == vals[..., -1]), vocab + 1, ties_all)
-    logsum = kept_mass.log().float()
+    logsum = _log_mass(kept_mass, bits)
     if x.device.type != "meta":
         for r in (full & (n_in == cap)).cpu().numpy().reshape(-1).nonzero()[0]:
             b, s = divmod(int(r), x.shape[1])
@@ -163,10 +181,11 @@ def _sorted_select(
     x: torch.Tensor, m: torch.Tensor, top_p: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-p on stably sorted rows: the fallback for rows the histogram cannot settle."""
+    bits = mass_bits(x.shape[-1])
     vals = torch.sort(x, dim=-1, descending=True, stable=True).values
-    e = torch.exp(vals - m).double()
-    _, kept_mass, tau, ties_kept = _crossing(vals, e, 0.0, top_p * e.sum(dim=-1))
-    return tau, kept_mass.log().float(), ties_kept, _count_ties(vals, tau)
+    q = top_p_masses(vals - m, bits)
+    _, kept_mass, tau, ties_kept = _crossing(vals, q, 0, top_p_limit(q.sum(dim=-1), top_p))
+    return tau, _log_mass(kept_mass, bits), ties_kept, _count_ties(vals, tau)
 
 
 def _cut_indices(
