@@ -21,15 +21,20 @@ the logits and a bool ``[B, c, V]``, and no selection at all: the kept set is
 dtype, is that of ``filtered``: ``(onehot_t · kept_t - softmax_kept) ·
 grad_output``, zero on every dropped logit. Forward: with ``top_k``, a ``topk``
 of the chunk (top-p then runs on its k sorted values); top-p alone, a histogram
-of the chunk's mass (:func:`_select_top_p`), 20 bytes per element at most. The
-forward has no gradient beside it, so its peak stays under the backward's for
-any S above c (at 20,000 × 131,072 bf16, chunk 1024: 7.38 GiB vs 10.39 GiB).
+of the chunk's integer masses and a ``topk`` of the one bucket where they cross p
+(:func:`_select_top_p`), 25 bytes per element in buffers reused by every chunk.
+The forward has no gradient beside it, so its peak stays under the backward's at
+the headline shape (20,000 × 131,072 bf16, chunk 1024, top-p alone: 8.06 GiB vs
+10.39 GiB).
 
-Ties at the cut are rare in float32 logits and common in bf16 ones; the rows
-that have them are fixed up one by one on the host with a preallocated bool
-row, so the memory is the same whatever the values (a meta simulation, which
-has no values, skips the fix-ups and allocates the same). So is a row the
-histogram cannot settle, sorted alone after the chunk's buffers are freed.
+Ties at the cut are rare in float32 logits and common in bf16 ones. Top-p alone
+reads the cut from the bucket's ``topk`` indices, put in filtered's order; with
+top-k the rows whose run is split are looked up one by one on the host, and
+backward lowers each split row's later ties on that row's tail, both in a
+preallocated bool row, so the memory is the same whatever the values (a meta
+simulation, which has no values, skips them and allocates the same). A row the
+histogram cannot settle is sorted alone; its ~40 bytes per vocabulary entry stay
+under the chunk's bool mask, freed before it, for a chunk of 40 positions or more.
 """
 
 from __future__ import annotations
