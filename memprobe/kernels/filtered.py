@@ -18,6 +18,33 @@ def check_filters(top_k: int | None, top_p: float | None) -> None:
         raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
 
 
+# Top-p's rule, shared with filtered_chunked so that both keep exactly the same
+# tokens on any machine. Float sums of probabilities round differently with the
+# summation order (a float32 softmax's vectorised denominator differs between
+# AVX2 and AVX-512), and in a run of tied logits that moves the token where the
+# cumulative mass crosses p. So the masses are integers: token i weighs
+# q_i = trunc(exp(x_i - max) * 2^bits) (a float32 exp, exact scaling), sums of q
+# are exact in int64 in any order, and a token is kept while the mass before it
+# (in descending order, ties in vocabulary order) is below
+# ceil(p * total), rounded once in float64.
+
+
+def mass_bits(vocab: int) -> int:
+    """Fraction bits of a token's mass: V masses of at most 2^bits sum below 2^62."""
+    return 62 - max(vocab - 1, 0).bit_length()
+
+
+def top_p_masses(shifted: torch.Tensor, bits: int) -> torch.Tensor:
+    """int64 ``trunc(exp(shifted) * 2^bits)`` of float32 ``shifted = x - max``,
+    computed in ``shifted``'s storage (which it consumes) before the int64 copy."""
+    return shifted.exp_().mul_(2.0**bits).to(torch.int64)
+
+
+def top_p_limit(total: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The mass before a kept token stays below this: ``ceil(p * total)``, int64."""
+    return total.double().mul_(top_p).ceil_().to(torch.int64)
+
+
 def filter_logits(
     logits: torch.Tensor, *, top_k: int | None = None, top_p: float | None = None
 ) -> torch.Tensor:
@@ -47,10 +74,19 @@ def filtered_out_mask(
         # Stable: where top-p stops inside a run of equal logits, the ties kept
         # are the first in vocabulary order, not whatever an unstable sort leaves.
         sorted_logits, order = torch.sort(masked, dim=-1, descending=True, stable=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # Drop a token once the mass before it already reaches top_p; the most
-        # likely token is therefore always kept.
-        drop_sorted = (probs.cumsum(dim=-1) - probs) >= float(top_p)
+        # Exact integer masses summed in place: the same 24 bytes per element at
+        # the peak as the float32 softmax, cumsum and difference they replace
+        # (the row max is a temporary, gone before the int64 copy).
+        lowest = torch.finfo(torch.float32).min
+        shifted = torch.sub(sorted_logits, sorted_logits[..., :1].clamp(min=lowest))
+        cum = top_p_masses(shifted, mass_bits(vocab))
+        del shifted
+        cum.cumsum_(-1)
+        # Drop a token once the mass before it reaches the limit; the most likely
+        # token is therefore always kept.
+        drop_sorted = torch.zeros_like(cum, dtype=torch.bool)
+        torch.ge(cum[..., :-1], top_p_limit(cum[..., -1:], float(top_p)), out=drop_sorted[..., 1:])
+        del cum
         by_p = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         drop = by_p if drop is None else drop | by_p
     return drop

@@ -10,7 +10,9 @@ and three numbers per token, which describe the kept set exactly:
 * ``cut``: of the logits equal to ``tau``, those at vocabulary index
   ``<= cut`` are kept (``V - 1`` when all are). Top-p can stop inside a run of
   equal logits; ``filtered`` sorts stably, so it keeps such ties in vocabulary
-  order, and so does this kernel;
+  order, and so does this kernel. Where p is crossed is decided on the exact
+  integer masses both kernels share (:func:`~memprobe.kernels.filtered.top_p_masses`),
+  so no summation order can move it;
 * ``logsum``: ``log Σ_kept exp(x - max)``, the row max recomputed in backward.
 
 Work per chunk of ``c`` positions. Backward: one float32 ``[B, c, V]`` copy of
@@ -19,26 +21,32 @@ the logits and a bool ``[B, c, V]``, and no selection at all: the kept set is
 dtype, is that of ``filtered``: ``(onehot_t · kept_t - softmax_kept) ·
 grad_output``, zero on every dropped logit. Forward: with ``top_k``, a ``topk``
 of the chunk (top-p then runs on its k sorted values); top-p alone, a histogram
-of the chunk's mass (:func:`_select_top_p`), 20 bytes per element at most. The
-forward has no gradient beside it, so its peak stays under the backward's for
-any S above c (at 20,000 × 131,072 bf16, chunk 1024: 7.38 GiB vs 10.39 GiB).
+of the chunk's integer masses and a ``topk`` of the one bucket where they cross p
+(:func:`_select_top_p`), 25 bytes per element in buffers reused by every chunk.
+The forward has no gradient beside it, so its peak stays under the backward's at
+the headline shape (20,000 × 131,072 bf16, chunk 1024, top-p alone: 8.06 GiB vs
+10.39 GiB).
 
-Ties at the cut are rare in float32 logits and common in bf16 ones; the rows
-that have them are fixed up one by one on the host with a preallocated bool
-row, so the memory is the same whatever the values (a meta simulation, which
-has no values, skips the fix-ups and allocates the same). So is a row the
-histogram cannot settle, sorted alone after the chunk's buffers are freed.
+Ties at the cut are rare in float32 logits and common in bf16 ones. Top-p alone
+reads the cut from the bucket's ``topk`` indices, put in filtered's order; with
+top-k the rows whose run is split are looked up one by one on the host, and
+backward lowers each split row's later ties on that row's tail, both in a
+preallocated bool row, so the memory is the same whatever the values (a meta
+simulation, which has no values, skips them and allocates the same). A row the
+histogram cannot settle is sorted alone; its ~40 bytes per vocabulary entry stay
+under the chunk's bool mask, freed before it, for a chunk of 40 positions or more.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
-from memprobe.kernels.filtered import check_filters
-from memprobe.kernels.local_chunked import _chunk_float32, _row_max
+from memprobe.kernels.filtered import check_filters, mass_bits, top_p_limit, top_p_masses
+from memprobe.kernels.local_chunked import _row_max
 
 DEFAULT_FILTERED_CHUNK_SIZE = 1024
 
@@ -61,112 +69,167 @@ def _count_ties(values: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
 
 
 def _crossing(
-    vals: torch.Tensor, e: torch.Tensor, above: torch.Tensor | float, limit: torch.Tensor
+    vals: torch.Tensor, q: torch.Tensor, above: torch.Tensor | int, limit: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-p on a descending list of candidates with float64 exps ``e`` and mass
-    ``above`` before them: keep a candidate while the mass before it is below
-    ``limit``. Returns (count kept, kept mass including ``above``, tau, how many of
-    the kept equal tau), ``[B, c]`` each. At least one finite candidate is kept."""
-    before = e.cumsum(dim=-1).sub_(e).add_(above.unsqueeze(-1) if torch.is_tensor(above) else 0.0)
+    """Top-p on a descending list of candidates with int64 masses ``q`` (see
+    :func:`~memprobe.kernels.filtered.top_p_masses`) and exact mass ``above`` before
+    them: keep a candidate while the mass before it is below ``limit``. Returns
+    (count kept, kept mass including ``above``, tau, how many of the kept equal
+    tau), ``[B, c]`` each. At least one finite candidate is kept."""
+    before = q.cumsum(dim=-1).sub_(q)
+    if torch.is_tensor(above):
+        before.add_(above.unsqueeze(-1))
     finite = (vals > float("-inf")).sum(dim=-1, keepdim=True)
     n_in = (before < limit.unsqueeze(-1)).sum(dim=-1, keepdim=True)
     n_in = torch.minimum(n_in, finite).clamp_(min=1)
-    kept_mass = (before.gather(-1, n_in - 1) + e.gather(-1, n_in - 1)).squeeze(-1)
+    kept_mass = (before.gather(-1, n_in - 1) + q.gather(-1, n_in - 1)).squeeze(-1)
     tau = vals.gather(-1, n_in - 1).squeeze(-1)
     n_in = n_in.squeeze(-1)
     return n_in, kept_mass, tau, n_in - (vals > tau.unsqueeze(-1)).sum(dim=-1)
 
 
+def _log_mass(mass: torch.Tensor, bits: int) -> torch.Tensor:
+    """``log Σ exp(x - max)`` of an int64 mass in units of 2^-bits, float32."""
+    return (mass.double().log_() - bits * math.log(2.0)).float()
+
+
 Selection = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
-def _select(x: torch.Tensor, m: torch.Tensor, top_k: int | None, top_p: float | None) -> Selection:
+def _select(x: torch.Tensor, m: torch.Tensor, top_k: int, top_p: float | None) -> Selection:
     """Per row of a float32 chunk: (tau, logsum, ties kept, ties in all), ``[B, c]``
     each; the tie counts are None when every logit equal to tau is kept.
 
     With top_k the candidates are the kept-by-k set in descending order: ``topk``'s
     k values, then ``extra`` more logits equal to the k-th that ``topk`` left out.
     Top-p keeps a candidate while the mass before it is below ``p`` of the kept-by-k
-    total, as ``filtered`` does (there in float32 softmax and cumsum; here float64
-    sums of the same float32 exps). Without top_k: :func:`_select_top_p`.
+    total, in ``filtered``'s exact integer masses. Without top_k: :func:`_select_top_p`.
     """
-    if top_k is None:
-        assert top_p is not None
-        return _select_top_p(x, m, top_p)
+    assert top_k is not None
+    bits = mass_bits(x.shape[-1])
     vals = torch.topk(x, top_k, dim=-1, sorted=True).values
     last = vals[..., -1]
     extra = _count_ties(x, last) - _count_ties(vals, last)
-    e = torch.exp(vals - m).double()
-    e_last = e[..., -1]
-    listed = e.sum(dim=-1)
-    total = listed + extra * e_last
+    q = top_p_masses(vals - m, bits)
+    q_last = q[..., -1]
+    listed = q.sum(dim=-1)
+    total = listed + extra * q_last
     if top_p is None:
         # top_k alone keeps every logit equal to the k-th.
-        return last, total.log().float(), None, None
-    limit = top_p * total
-    n_in, kept_mass, tau, ties_kept = _crossing(vals, e, 0.0, limit)
-    # The extra ties follow the list: the i-th is kept while listed + i·e_last < limit.
-    room = ((limit - listed) / e_last).ceil_().clamp_(min=0)
+        return last, _log_mass(total, bits), None, None
+    limit = top_p_limit(total, top_p)
+    n_in, kept_mass, tau, ties_kept = _crossing(vals, q, 0, limit)
+    # The extra ties follow the list: the i-th is kept while listed + i·q_last < limit,
+    # for i < ceil((limit - listed) / q_last), in exact integers.
+    room = torch.where(
+        q_last > 0,
+        torch.div(limit - listed + q_last - 1, q_last.clamp(min=1), rounding_mode="floor"),
+        torch.where(listed < limit, extra, 0),
+    )
     whole_list = n_in == vals.shape[-1]
-    extra_kept = torch.where(whole_list, torch.minimum(room, extra.double()), 0).long()
-    kept_mass = kept_mass + extra_kept * e_last
+    extra_kept = torch.where(whole_list, room.clamp(min=0).minimum(extra), 0)
+    kept_mass = kept_mass + extra_kept * q_last
     ties_kept = ties_kept + extra_kept
     ties_all = _count_ties(vals, tau) + torch.where(tau == last, extra, 0)
-    return tau, kept_mass.log().float(), ties_kept, ties_all
+    return tau, _log_mass(kept_mass, bits), ties_kept, ties_all
 
 
-# Top-p without top-k: a histogram of each row's mass over its distance below the
-# row max, in buckets of 1/64 nat up to 104 nats (where float32 exp underflows),
-# finds the bucket where the cumulative mass crosses p; a topk of that bucket alone
-# (at most BUCKET_CAP logits) finds the token. One pass of scatter_add instead of a
-# sort: the sort of a [B, c, V] chunk costs ~50 exps per element on cpu.
-BUCKETS_PER_NAT = 64
-BUCKETS = BUCKETS_PER_NAT * 104
-BUCKET_CAP = 1024
+# Top-p without top-k: a histogram of each row's integer mass over buckets of the
+# mass's own float32 bits (exponent and the top mantissa bits: a fixed fraction of a
+# nat, finer for a larger vocabulary, so a bucket holds ~V/150 logits) finds the
+# bucket where the cumulative mass crosses p; a topk of that bucket alone (at most
+# BUCKET_CAP logits), ordered as filtered orders ties, finds the token and its index.
+# One pass of scatter_add instead of a sort: the sort of a [B, c, V] chunk costs
+# ~50 exps per element on cpu.
+BUCKET_CAP = 512
+_HALF_BITS = 126 << 23  # float32 0.5: masses below 1 (zero in int64) share bucket 0
 
 
-def _select_top_p(x: torch.Tensor, m: torch.Tensor, top_p: float) -> Selection:
+def _bucket_shift(vocab: int) -> int:
+    """Right shift of a mass's float32 bits to its bucket: 2^-6 of a binade at
+    V = 32768, and one more mantissa bit per doubling of V."""
+    return 23 - min(max(vocab.bit_length() - 10, 3), 11)
+
+
+class TopPBuffers:
+    """The forward's chunk-sized work buffers for top-p alone, allocated once and
+    reused by every chunk: a fresh [B, c, V] buffer per chunk costs its page
+    faults again (more than a pass over it on cpu), and the peak is the same."""
+
+    def __init__(self, batch: int, rows: int, vocab: int, device: torch.device) -> None:
+        shape = (batch, rows, vocab)
+        self.f = torch.empty(shape, dtype=torch.float32, device=device)
+        self.bucket = torch.empty(shape, dtype=torch.long, device=device)
+        self.q = torch.empty(shape, dtype=torch.long, device=device)
+
+    def views(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.f[:, :rows], self.bucket[:, :rows], self.q[:, :rows]
+
+
+def _select_top_p(
+    x: torch.Tensor, m: torch.Tensor, top_p: float, bufs: TopPBuffers
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tau, logsum, cut) per row of a float32 chunk, top-p alone."""
     vocab = x.shape[-1]
-    e = torch.sub(x, m)
-    # x - m <= 0; its bucket is floor(-(x - m) · 64), and x - m then becomes exp(x - m).
-    bucket = torch.mul(e, -BUCKETS_PER_NAT).clamp_(max=BUCKETS - 1).long()
-    e.exp_()
-    cum = e.new_zeros((*e.shape[:-1], BUCKETS)).scatter_add_(-1, bucket, e).double().cumsum_(-1)
-    del e
-    limit = top_p * cum[..., -1]  # the row's total mass, summed as the buckets are
-    # The first bucket whose cumulative mass reaches the limit, and the mass before it.
-    hit = torch.searchsorted(cum, limit.unsqueeze(-1)).clamp_(max=BUCKETS - 1)
-    above = torch.where(hit > 0, cum.gather(-1, (hit - 1).clamp(min=0)), 0.0).squeeze(-1)
+    bits, shift = mass_bits(vocab), _bucket_shift(vocab)
+    f, bucket, q = bufs.views(x.shape[1])
+    torch.sub(x, m, out=f)
+    q.copy_(f.exp_().mul_(2.0**bits))  # top_p_masses, in the reused buffers
+    # The bucket: the mass's float bits, which grow with it (so with x), less 0.5's.
+    # In place in int32 (a shift into int64 takes a slow casting path), then widened
+    # for scatter_add; the int32 copy in f's storage serves the bucket look-up below.
+    ids = f.clamp_(min=0.5).view(torch.int32).sub_(_HALF_BITS).bitwise_right_shift_(shift)
+    bucket.copy_(ids)
+    buckets = ((bits + 1) << (23 - shift)) + 1
+    bins = q.new_zeros((*q.shape[:-1], buckets)).scatter_add_(-1, bucket, q)
+    # Cumulative mass from the top bucket down; the first to reach the limit is hit.
+    cum = bins.flip(-1).cumsum_(-1)
+    del bins
+    limit = top_p_limit(cum[..., -1], top_p)  # exact: the row's total mass
+    down = torch.searchsorted(cum, limit.unsqueeze(-1)).clamp_(max=buckets - 1)
+    above = torch.where(down > 0, cum.gather(-1, (down - 1).clamp(min=0)), 0).squeeze(-1)
     del cum
-    candidates = torch.where(bucket == hit, x, float("-inf"))
-    del bucket
+    lowest = x.new_full((), float("-inf"))
+    torch.where(ids == (buckets - 1 - down).to(torch.int32), x, lowest, out=f)
     cap = min(BUCKET_CAP, vocab)
-    vals = torch.topk(candidates, cap, dim=-1, sorted=True).values
-    del candidates
-    n_in, kept_mass, tau, ties_kept = _crossing(vals, torch.exp(vals - m).double(), above, limit)
-    ties_all = _count_ties(vals, tau)
-    # A full list may have left part of its bucket out: such a row's ties at tau are
-    # counted on the row (vocab + 1 asks for it), and a row whose crossing lies beyond
-    # the list is redone with a sort of that row alone.
+    vals, idx = _tie_order(*torch.topk(f, cap, dim=-1, sorted=True))
+    n_in, kept_mass = _crossing(vals, top_p_masses(vals - m, bits), above, limit)[:2]
+    at = (n_in - 1).unsqueeze(-1)
+    tau, cut = vals.gather(-1, at).squeeze(-1), idx.gather(-1, at).squeeze(-1)
+    logsum = _log_mass(kept_mass, bits)
+    # A full list may have left part of its bucket out: a row whose crossing is at
+    # its end, or at a value that reaches its end, is redone with a sort of that row.
     full = vals[..., -1] > float("-inf")
-    ties_all = torch.where(full & (tau == vals[..., -1]), vocab + 1, ties_all)
-    logsum = kept_mass.log().float()
+    unsettled = full & ((n_in == cap) | (tau == vals[..., -1]))
     if x.device.type != "meta":
-        for r in (full & (n_in == cap)).cpu().numpy().reshape(-1).nonzero()[0]:
+        for r in unsettled.cpu().numpy().reshape(-1).nonzero()[0]:
             b, s = divmod(int(r), x.shape[1])
             row = _sorted_select(x[b : b + 1, s : s + 1], m[b : b + 1, s : s + 1], top_p)
-            tau[b, s], logsum[b, s], ties_kept[b, s], ties_all[b, s] = (t[0, 0] for t in row)
-    return tau, logsum, ties_kept, ties_all
+            tau[b, s], logsum[b, s], cut[b, s] = (t[0, 0] for t in row)
+    return tau, logsum, cut
+
+
+def _tie_order(vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A descending candidate list reordered as filtered's stable sort orders it:
+    equal values by vocabulary index."""
+    by_index = idx.argsort(dim=-1)
+    vals, idx = vals.gather(-1, by_index), idx.gather(-1, by_index)
+    by_value = vals.argsort(dim=-1, descending=True, stable=True)
+    return vals.gather(-1, by_value), idx.gather(-1, by_value)
 
 
 def _sorted_select(
     x: torch.Tensor, m: torch.Tensor, top_p: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-p on stably sorted rows: the fallback for rows the histogram cannot settle."""
-    vals = torch.sort(x, dim=-1, descending=True, stable=True).values
-    e = torch.exp(vals - m).double()
-    _, kept_mass, tau, ties_kept = _crossing(vals, e, 0.0, top_p * e.sum(dim=-1))
-    return tau, kept_mass.log().float(), ties_kept, _count_ties(vals, tau)
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tau, logsum, cut) by a stable sort of whole rows: the fallback for rows the
+    histogram cannot settle."""
+    bits = mass_bits(x.shape[-1])
+    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+    q = top_p_masses(vals - m, bits)
+    n_in, kept_mass = _crossing(vals, q, 0, top_p_limit(q.sum(dim=-1), top_p))[:2]
+    at = (n_in - 1).unsqueeze(-1)
+    tau, cut = vals.gather(-1, at).squeeze(-1), idx.gather(-1, at).squeeze(-1)
+    return tau, _log_mass(kept_mass, bits), cut
 
 
 def _cut_indices(
@@ -216,27 +279,34 @@ def _forward(
     index = targets.long()
     # One bool row for the tie look-ups, allocated on every device alike.
     scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
+    rows = min(chunk, seq)
+    work = logits.new_empty((batch, rows, vocab), dtype=torch.float32)
+    bufs = None
+    if top_k is None and top_p is not None:
+        bufs = TopPBuffers(batch, rows, vocab, logits.device)
     for start in range(0, seq, chunk):
         end = min(start + chunk, seq)
-        x = _chunk_float32(logits, start, end)
+        x = work[:, : end - start]
+        x.copy_(logits[:, start:end])
         m = _row_max(x)
-        if top_k is None and top_p is None:
+        x_t = x.gather(-1, index[:, start:end].unsqueeze(-1)).squeeze(-1)
+        if bufs is not None:
+            assert top_p is not None
+            chunk_tau, chunk_logsum, chunk_cut = _select_top_p(x, m, top_p, bufs)
+        elif top_k is not None:
+            chunk_tau, chunk_logsum, ties_kept, ties_all = _select(x, m, top_k, top_p)
+            chunk_cut = _cut_indices(x, chunk_tau, ties_kept, ties_all, scratch)
+        else:
             chunk_tau = x.new_full(m.shape[:-1], float("-inf"))
             chunk_cut = torch.full(m.shape[:-1], vocab - 1, dtype=torch.long, device=x.device)
             # logsumexp by hand, in place, as local_chunked does.
-            x_t = x.gather(-1, index[:, start:end].unsqueeze(-1)).squeeze(-1)
             chunk_logsum = x.sub_(m).exp_().sum(dim=-1).log_()
-        else:
-            x_t = x.gather(-1, index[:, start:end].unsqueeze(-1)).squeeze(-1)
-            chunk_tau, chunk_logsum, ties_kept, ties_all = _select(x, m, top_k, top_p)
-            chunk_cut = _cut_indices(x, chunk_tau, ties_kept, ties_all, scratch)
         kept = _kept_target(x_t, chunk_tau, chunk_cut, index[:, start:end])
         shifted = x_t - m.squeeze(-1)
         out[:, start:end] = torch.where(kept, shifted - chunk_logsum, float("-inf"))
         tau[:, start:end] = chunk_tau
         cut[:, start:end] = chunk_cut
         logsum[:, start:end] = chunk_logsum
-        del x
     return out, tau, cut, logsum
 
 
@@ -254,46 +324,49 @@ def _backward(
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     index = targets.long()
     grad_output = grad_output.float()
-    # One bool row for the tie fix-ups, allocated on every device alike.
+    # One float32 chunk for every chunk (see TopPBuffers: page faults cost more than
+    # a pass), and one bool row for the tie fix-ups, allocated on every device alike.
+    buffer = logits.new_empty((logits.shape[0], min(chunk, seq), vocab), dtype=torch.float32)
     scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
     for start in range(0, seq, chunk):
         end = min(start + chunk, seq)
-        work = _chunk_float32(logits, start, end)
+        work = buffer[:, : end - start]
+        work.copy_(logits[:, start:end])
         t = tau[:, start:end]
         c = cut[:, start:end]
         idx = index[:, start:end].unsqueeze(-1)
         x_t = work.gather(-1, idx).squeeze(-1)
         g = grad_output[:, start:end] * _kept_target(x_t, t, c, index[:, start:end])
+        m = _row_max(work)
+        _drop_split_ties(work, t, c, scratch)
         drop = work < t.unsqueeze(-1)
-        _drop_split_ties(work, drop, t, c, scratch)
-        work.sub_(_row_max(work)).sub_(logsum[:, start:end].unsqueeze(-1))
+        work.sub_(m).sub_(logsum[:, start:end].unsqueeze(-1))
         work.masked_fill_(drop, float("-inf"))
         del drop
         work.exp_().mul_(grad_output[:, start:end].unsqueeze(-1).neg())
         work.scatter_add_(-1, idx, g.unsqueeze(-1))
         grad[:, start:end].copy_(work)
-        del work
     return grad
 
 
 def _drop_split_ties(
-    work: torch.Tensor,
-    drop: torch.Tensor,
-    tau: torch.Tensor,
-    cut: torch.Tensor,
-    scratch: torch.Tensor,
+    work: torch.Tensor, tau: torch.Tensor, cut: torch.Tensor, scratch: torch.Tensor
 ) -> None:
-    """Also drop the logits equal to tau after ``cut``, in the rows where it splits them."""
+    """Lower the logits equal to tau after ``cut`` to -inf (they are dropped, and
+    the row max, taken before, is unchanged) in the rows where top-p split their
+    run: row by row in the preallocated ``scratch``, reading only each row's tail,
+    so the memory is the same whatever the values (a meta simulation skips this)."""
     vocab = work.shape[-1]
-    split = cut < vocab - 1
     if work.device.type == "meta":
         return
-    for r in split.cpu().numpy().reshape(-1).nonzero()[0]:
-        b, s = divmod(int(r), tau.shape[1])
-        first = int(cut[b, s]) + 1
+    # Indexed per (b, s): a reshape of the last chunk's (strided) view would copy it.
+    split = (cut < vocab - 1).nonzero()
+    firsts = (cut[split[:, 0], split[:, 1]] + 1).tolist()
+    values = tau[split[:, 0], split[:, 1]].tolist()
+    for (b, s), first, value in zip(split.tolist(), firsts, values, strict=True):
         tail = scratch[: vocab - first]
-        torch.eq(work[b, s, first:], tau[b, s], out=tail)
-        drop[b, s, first:].logical_or_(tail)
+        torch.eq(work[b, s, first:], value, out=tail)
+        work[b, s, first:].masked_fill_(tail, float("-inf"))
 
 
 class FilteredChunkedLogprob(torch.autograd.Function):

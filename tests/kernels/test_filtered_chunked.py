@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from reference import FP32_FWD_TOL, bwd_tolerance
@@ -12,7 +14,7 @@ from memprobe.kernels import (
     filtered_logprobs,
     next_token_logprobs,
 )
-from memprobe.kernels.filtered import filtered_out_mask
+from memprobe.kernels.filtered import filtered_out_mask, mass_bits, top_p_masses
 from memprobe.measure import step
 from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.step import make_inputs
@@ -94,6 +96,72 @@ def test_ties_at_the_threshold_are_kept_as_filtered_keeps_them(dtype, filters):
     logits = torch.randint(-3, 3, (2, 23, 1201), generator=gen).to(dtype)
     targets = torch.randint(0, 1201, (2, 23), generator=gen)
     _check(logits, targets, torch.randn(2, 23, generator=gen), FILTERS[filters], 5)
+
+
+def _exact_top_p_drop(logits, top_k, top_p):
+    """filtered's top-p rule in Python integers, row by row: the spec, with no
+    float sum whose order could differ between machines."""
+    x = logits.float().reshape(-1, logits.shape[-1])
+    drop = torch.zeros(x.shape, dtype=torch.bool)
+    bits = mass_bits(x.shape[-1])
+    for r, row in enumerate(x):
+        by_k = top_k is not None and top_k < len(row)
+        kept = (row >= torch.topk(row, top_k).values[-1]) if by_k else row == row
+        q = top_p_masses(row - row.max(), bits).tolist()  # per element: no sum yet
+        values = row.tolist()
+        order = sorted((i for i in range(len(values)) if kept[i]), key=lambda i: (-values[i], i))
+        limit = math.ceil(float(sum(q[i] for i in order)) * top_p)
+        before = 0
+        for i in order:
+            kept[i] = before < limit
+            before += q[i]
+        drop[r] = ~kept
+    return drop.view(logits.shape)
+
+
+def _rows_near_a_boundary(top_k, top_p, rows=1000, vocab=2000, within=2e-6):
+    """Integer-logit rows in which p of the (kept-by-k) mass lies within ``within``
+    of the mass before some token: a float32 cumsum of probabilities (error ~1e-6
+    here) can put the crossing on either side of that token."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randint(-3, 3, (rows, vocab), generator=gen).float()
+    if top_k is not None:
+        x_k = x.masked_fill(x < torch.topk(x, top_k).values[:, -1:], float("-inf"))
+    else:
+        x_k = x
+    v = torch.sort(x_k, dim=-1, descending=True, stable=True).values
+    cum = top_p_masses(v - v[:, :1], mass_bits(vocab)).cumsum(-1).double()
+    gap = (cum - top_p * cum[:, -1:]).abs().min(dim=-1).values / cum[:, -1]
+    return x[gap < within]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("filters", [{"top_p": 0.9}, {"top_k": 1500, "top_p": 0.9}])
+def test_top_p_keeps_what_exact_integer_sums_keep(dtype, filters):
+    # Long runs of tied logits put p's crossing inside a run, and in these rows
+    # within a float rounding of a token boundary: float sums of probabilities
+    # decided them differently on different cpus (summation order). Both kernels
+    # must keep exactly the tokens that exact integer sums keep.
+    near = _rows_near_a_boundary(filters.get("top_k"), filters["top_p"])
+    assert len(near) >= 10
+    logits = near.to(dtype).unsqueeze(0)
+    shape = logits.shape[:2]
+    gen = torch.Generator().manual_seed(8)
+    targets = torch.randint(0, logits.shape[-1], shape, generator=gen)
+    targets[:, ::2] = logits.float().argmax(-1)[:, ::2]  # kept
+    spec = _exact_top_p_drop(logits, filters.get("top_k"), filters["top_p"])
+    mask = filtered_out_mask(logits.float(), top_k=filters.get("top_k"), top_p=filters["top_p"])
+    assert torch.equal(mask, spec)
+    _check(logits, targets, torch.randn(shape, generator=gen), filters, 3)
+    # Every kept logit gets a gradient (its softmax is far from underflow here).
+    x = logits.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(
+        filtered_chunked_logprobs(
+            x, targets, top_p=0.9, **{k: v for k, v in filters.items() if k != "top_p"}
+        ).sum(),
+        x,
+    )
+    assert torch.equal(grad != 0, ~spec)
 
 
 @pytest.mark.parametrize("cap", [1024, 3])
