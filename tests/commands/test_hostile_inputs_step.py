@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,46 @@ def test_a_fifo_named_config_is_refused_without_waiting(run_cli: Any, tmp_path: 
     for target in (fifo, tmp_path):  # the FIFO itself, and the folder holding it
         code, _, err = run_cli("step", "--config", str(target), "--tokens", "64")
         assert code == 2 and "FIFO" in err and err.count("\n") == 1
+
+
+STEP_SOURCE = """
+import torch
+
+
+def step(device):
+    w = torch.zeros(8, 8, device=device, requires_grad=True)
+    (w @ w).sum().backward()
+"""
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        ["--out", "{source}"],
+        ["--html", "{source}", "--top", "1"],
+        ["--out", "{here}/same", "--html", "{here}/same"],
+    ],
+)
+def test_profile_outputs_never_replace_the_step_or_each_other(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outputs: list[str]
+) -> None:
+    # A module name of its own per case: an imported module stays in sys.modules.
+    name = f"hostile_step_{len(outputs)}_{outputs[1].count('source')}"
+    source = tmp_path / f"{name}.py"
+    source.write_text(STEP_SOURCE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    args = [a.format(source=source, here=tmp_path) for a in outputs]
+    code, _, err = run_cli("profile", f"{name}:step", *args)
+    assert code == 2 and err.count("\n") == 1, err
+    assert source.read_text() == STEP_SOURCE and not (tmp_path / "same").exists()
+
+
+def test_step_out_never_replaces_its_config(run_cli: Any, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(OK_TEXT)
+    for config in (tmp_path / "config.json", tmp_path):  # the file, or its folder
+        code, _, err = run_cli(
+            "step", "--config", str(config), "--tokens", "8", "--out", str(tmp_path / "config.json")
+        )
+        assert code == 2 and "would overwrite" in err and err.count("\n") == 1
+        assert (tmp_path / "config.json").read_text() == OK_TEXT
