@@ -175,6 +175,21 @@ def command(
     if step or config is not None:
         from memprobe.commands.step import plan_step_lines
 
+        # The whole step takes these from the config (and runs on one GPU): given, they
+        # would be silently ignored.
+        given = {
+            "--vocab": vocab is not None,
+            "--hidden": hidden is not None,
+            "--tp": tp.strip() != "1",
+            "--cp": cp.strip() != "1",
+            "--other-includes-lm-head": other_includes_lm_head,
+        }
+        for flag in (f for f, used in given.items() if used):
+            raise UserError(
+                f"{flag} does not apply to --step: the config gives the model, on one GPU",
+                f"drop {flag}",
+            )
+
         for line in plan_step_lines(
             config, budget=budget, kernel=kernel, batch=_single(batch, "--batch"), dtype=dtype,
             chunk_size=chunk_size, checkpointing=checkpointing, optimizer=optimizer,

@@ -162,3 +162,21 @@ def test_step_out_never_replaces_its_config(run_cli: Any, tmp_path: Path) -> Non
         )
         assert code == 2 and "would overwrite" in err and err.count("\n") == 1
         assert (tmp_path / "config.json").read_text() == OK_TEXT
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--vocab", "1000"], "--vocab"),
+        (["--hidden", "64"], "--hidden"),
+        (["--tp", "2"], "--tp"),
+        (["--cp", "1,2"], "--cp"),
+        (["--other-includes-lm-head"], "--other-includes-lm-head"),
+    ],
+)
+def test_plan_step_refuses_flags_it_would_ignore(
+    run_cli: Any, tmp_path: Path, flags: list[str], named: str
+) -> None:
+    (tmp_path / "config.json").write_text(OK_TEXT)
+    code, _, err = run_cli("plan", "--step", "--config", str(tmp_path), "--budget", "1GiB", *flags)
+    assert code == 2 and f"{named} does not apply to --step" in err and err.count("\n") == 1
