@@ -187,6 +187,19 @@ def command(
     if step or config is not None:
         from memprobe.commands.step import plan_step_lines
 
+        # The whole step takes these from the config: given, they would be silently
+        # ignored. (--tp/--cp/--fsdp lay the step out over ranks: sharded_flags.)
+        given = {
+            "--vocab": vocab is not None,
+            "--hidden": hidden is not None,
+            "--other-includes-lm-head": other_includes_lm_head,
+        }
+        for flag in (f for f, used in given.items() if used):
+            raise UserError(
+                f"{flag} does not apply to --step: the config gives the model",
+                f"drop {flag}",
+            )
+
         sharding = sharded.sharded_flags(
             fsdp=fsdp, cp=_single(cp, "--cp"), tp=_single(tp, "--tp"), **fsdp_flags
         )

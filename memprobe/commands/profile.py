@@ -41,13 +41,15 @@ def profile_command(
             "on cuda set PYTORCH_ALLOC_CONF in the environment instead",
         )
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
-    if out is not None and html_path is not None:
-        guard_outputs({"--html": html_path}, [Path(out)])
+    outputs = {"--out": out, "--html": html_path}
+    guard_outputs(outputs, [])
     # torch only now: the CLI starts without it.
     from memprobe.profile import load_step, profile_step
     from memprobe.snapshot.write import write_snapshot
 
     fn = load_step(step)
+    # The step's own source file is an input: an output must never replace it.
+    guard_outputs(outputs, _source_files(fn))
     snapshot = profile_step(fn, device, alloc_conf=conf, name=step)
     if out is not None:
         write_snapshot(snapshot, out)
@@ -58,6 +60,16 @@ def profile_command(
         as_json=as_json,
         html_path=html_path,
     )
+
+
+def _source_files(fn: object) -> list[Path]:
+    import inspect
+
+    try:
+        source = inspect.getsourcefile(fn)  # type: ignore[arg-type]
+    except TypeError:  # a builtin, or a callable object without a file
+        source = None
+    return [Path(source)] if source else []
 
 
 @user_errors

@@ -27,6 +27,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
     """
     target = Path(path)
     label = f"{what} {target}" if what else str(target)
+    _refuse_special(target, label)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -48,6 +49,19 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
             ) from None
         raise
     return target
+
+
+def _refuse_special(target: Path, label: str) -> None:
+    """A device, FIFO, socket or folder at ``target`` is never replaced: moving a file
+    onto it would swap a device node (``--out /dev/null`` run as root) for a file."""
+    try:
+        mode = os.stat(target).st_mode  # a link is judged by what it points to
+    except OSError:
+        return  # nothing there yet (or a dangling link): the write makes a file
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        hint = "name a file inside it" if stat.S_ISDIR(mode) else "give a path for a regular file"
+        raise UserError(f"cannot write {label}: it is {kind}, not a regular file", hint)
 
 
 def guard_outputs(

@@ -107,7 +107,9 @@ def _import(module_name: str, path: str, what: str) -> Any:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
-    except Exception as exc:  # the module itself raised while importing
+    # The module itself raised while importing, or called sys.exit (which would end
+    # memprobe with the module's status and no word).
+    except (Exception, SystemExit) as exc:
         raise _import_failed(module_name, path, exc, what) from None
     cwd = os.getcwd()
     if missing.name == module_name.split(".")[0] and cwd not in sys.path and "" not in sys.path:
@@ -119,7 +121,7 @@ def _import(module_name: str, path: str, what: str) -> Any:
             return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             missing = exc
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise _import_failed(module_name, path, exc, what) from None
         finally:
             sys.path.remove(cwd)
@@ -131,7 +133,7 @@ def _import(module_name: str, path: str, what: str) -> Any:
     raise UserError(f"{what} {path!r}: cannot import {module_name!r} ({missing})", hint)
 
 
-def _import_failed(module_name: str, path: str, exc: Exception, what: str) -> UserError:
+def _import_failed(module_name: str, path: str, exc: BaseException, what: str) -> UserError:
     return UserError(
         f"{what} {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}".replace(
             "\n", " "

@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
 
+from memprobe.plan.long_loops import allocated_peak, reserved_plannable
 from memprobe.plan.model import ALLOCATED, RESERVED, Budget, PlanTarget, Search, TokenPlan
 from memprobe.plan.search import SearchSteps, search_max_tokens, seed_tokens
 from memprobe.records import Case
@@ -37,7 +38,9 @@ def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
     limit = budget.limit_bytes
     allocated = yield from _tagged(ALLOCATED, search_max_tokens(limit, seed_tokens(target)))
     on_reserved: Search | None = None
-    if reserved:
+    # A loop that simulates every chunk is planned on reserved only while it is short
+    # (see memprobe.plan.long_loops); the message names the plans left without it.
+    if reserved and reserved_plannable(target.case(allocated.max_tokens + 1)):
         # Reserved is never below allocated: the allocated answer + 1 cannot fit either.
         on_reserved = yield from _tagged(
             RESERVED,
@@ -52,9 +55,9 @@ def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = N
     """The peak of one case on the meta simulation the sweep uses (one rank)."""
     from memprobe.measure.meta_backend import simulate_tracker
 
-    tracker = simulate_tracker(case, capture_frames=False)
     if kind == ALLOCATED:
-        return tracker.peak_bytes
+        return allocated_peak(case, lambda c: simulate_tracker(c, capture_frames=False).peak_bytes)
+    tracker = simulate_tracker(case, capture_frames=False)
     from memprobe.measure.reserved import modelled_reserved_peak
 
     return modelled_reserved_peak(tracker.events, alloc_conf)

@@ -12,7 +12,7 @@ from memprobe.allocator import parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans
-from memprobe.plan.message import lm_head_status, reserved_status
+from memprobe.plan.message import lm_head_status, long_loop_status, reserved_status
 from memprobe.plan.model import Budget, TokenPlan, make_budget, with_lm_head_in_other
 from memprobe.plan.other import other_from_snapshots
 from memprobe.plan.targets import plan_targets
@@ -147,6 +147,8 @@ def run_plan_job(request: PlanRequest, on_plan: OnPlan | None = None) -> PlanOut
         if request.reserved
         else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
     ] + ([other_note] if other_note else [])
+    long_loops = long_loop_status(plans) if request.reserved else None
+    notes += [long_loops] if long_loops else []
     lm_head = lm_head_status(targets, budget)
     notes += [lm_head] if lm_head else []
     return PlanOutcome(plans, budget, choices, skipped, notes)

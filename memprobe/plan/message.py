@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memprobe.io.sizes import format_bytes
-from memprobe.plan.model import Budget, PlanTarget
+from memprobe.plan.long_loops import RESERVED_MAX_CHUNKS
+from memprobe.plan.model import Budget, PlanTarget, TokenPlan
 
 
 def reserved_status(alloc_conf: str | None = None) -> str:
@@ -34,4 +35,18 @@ def lm_head_status(targets: Sequence[PlanTarget], budget: Budget) -> str | None:
         f"lm_head: the step counts the weight [V,H] ({size}), its gradient and the hidden "
         "states [B,S,H] with theirs; keep the weight out of --other, or pass "
         "--other-includes-lm-head"
+    )
+
+
+def long_loop_status(plans: Sequence[TokenPlan]) -> str | None:
+    """Which plans have no reserved answer because their loop is too long to replay."""
+    left = [p for p in plans if p.reserved is None]
+    if not left:
+        return None
+    names = ", ".join(
+        dict.fromkeys(f"{p.target.kernel} (chunk {p.target.chunk_size})" for p in left)
+    )
+    return (
+        f"reserved: not planned for {names}: past {RESERVED_MAX_CHUNKS} chunks its simulation "
+        "runs every chunk (the allocated answer is exact); a larger --chunk-size shortens it"
     )

@@ -15,7 +15,6 @@ so its share of the peak is known exactly.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import torch
 
 from memprobe.errors import UserError
 from memprobe.kernels.registry import get_spec
+from memprobe.profile.hf_config import check_sizes, load_error, read_config_json
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype
 
@@ -58,16 +58,12 @@ def load_config(path: str | os.PathLike[str]) -> Any:
     transformers = require_transformers()
     source = Path(path)
     file = source / "config.json" if source.is_dir() else source
-    if not file.is_file():
-        where = f"no config.json in {source}" if source.is_dir() else f"no such file: {source}"
-        raise UserError(f"--config: {where}", "give a config.json or the directory holding it")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    if source.is_dir() and not file.exists():
         raise UserError(
-            f"--config {file} is not readable JSON ({type(exc).__name__})",
-            "give a model's config.json",
-        ) from None
+            f"--config: no config.json in {source}",
+            "give a config.json or the directory holding it",
+        )
+    data = read_config_json(file)
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise UserError(
             f"--config {file} has no model_type", "a Hugging Face config.json names its model_type"
@@ -94,12 +90,12 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
             f"architecture {model_type!r} has no causal-LM model in transformers {version}",
             "memprobe step trains causal LMs (Llama, Qwen, Mistral, Gemma, ...)",
         )
+    config_class = transformers.CONFIG_MAPPING[model_type]
+    check_sizes(model_type, fields, dict(getattr(config_class, "attribute_map", {}) or {}))
     try:
         return transformers.AutoConfig.for_model(model_type, **fields)
-    except (TypeError, ValueError) as exc:
-        raise UserError(
-            f"the {model_type} config does not load ({exc})", "fix config.json"
-        ) from None
+    except Exception as exc:  # its strict validators raise their own types
+        raise load_error(model_type, exc) from None
 
 
 def _torch_dtype(name: str, flag: str) -> torch.dtype:

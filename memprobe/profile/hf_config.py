@@ -1,0 +1,102 @@
+"""A ``config.json`` checked before transformers sees it: read as a bounded regular file,
+numbers JSON allows and a machine can hold, and the sizes a step is built from present,
+whole and within reach.
+
+transformers fills a missing size from its own defaults (a Llama config without
+``hidden_size`` became a 4096-wide model without a word), raises its own validation
+errors for a wrong type, and builds a model of a billion layers if told to. A step
+planned on any of those is not the user's model, so each is one line here instead.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from memprobe.errors import UserError
+from memprobe.io.files import read_regular
+from memprobe.io.text import printable
+
+# A config.json is a few KiB; this leaves room for inlined maps, not for a data file.
+MAX_CONFIG_BYTES = 16 << 20
+# Any count memprobe takes stops at 2^40 (tokens, batch, vocabulary...).
+MAX_SIZE = 2**40
+# The deepest public models have under 200 layers; a step builds every one of them.
+MAX_LAYERS = 1024
+# Digits of the largest integer a config may hold (int64: 19).
+_MAX_DIGITS = 19
+# The sizes a step is built from, under transformers' standard names (a config may use
+# its architecture's own, e.g. GPT-2's n_embd: the config class's attribute_map says).
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+# Sizes checked when the config gives them (None means "as the attention heads").
+OPTIONAL = ("intermediate_size", "num_key_value_heads", "head_dim")
+
+
+def read_config_json(file: Path) -> Any:
+    """The parsed JSON of ``file``: a regular file under the cap, integers of at most 19
+    digits, no NaN or Infinity (which JSON does not have), nesting Python can parse."""
+    raw = read_regular(file, what="--config", max_bytes=MAX_CONFIG_BYTES)
+
+    def whole(text: str) -> int:
+        if len(text.lstrip("-")) > _MAX_DIGITS:
+            raise UserError(
+                f"--config {file} holds an integer of {len(text.lstrip('-')):,} digits",
+                "a model's config.json holds sizes, not numbers beyond 64 bits",
+            )
+        return int(text)
+
+    def constant(name: str) -> float:
+        raise UserError(
+            f"--config {file} holds {name}, which JSON does not allow", "fix config.json"
+        )
+
+    try:
+        return json.loads(raw.decode("utf-8"), parse_int=whole, parse_constant=constant)
+    except RecursionError:
+        raise UserError(
+            f"--config {file} nests too deep to read", "give a model's config.json"
+        ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(
+            f"--config {file} is not readable JSON ({type(exc).__name__})",
+            "give a model's config.json",
+        ) from None
+
+
+def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]) -> None:
+    """Every size in :data:`REQUIRED` present (a multimodal config's ``text_config`` is
+    left to transformers) and each size given a whole number within reach."""
+    nested = isinstance(fields.get("text_config"), dict)
+    for name in REQUIRED + OPTIONAL:
+        key = name if name in fields else aliases.get(name, name)
+        if key not in fields:
+            if name in REQUIRED and not nested:
+                raise UserError(
+                    f"the {printable(model_type)} config gives no {key}",
+                    "a model's config.json gives its sizes; memprobe does not fill them "
+                    "from transformers' defaults",
+                )
+            continue
+        value = fields[key]
+        if value is None and name in OPTIONAL:
+            continue
+        top = MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            shown = printable(repr(value))
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            raise UserError(
+                f"the {printable(model_type)} config's {key} is {shown}: "
+                f"a whole number from 1 to {top:,} is needed",
+                "fix config.json",
+            )
+
+
+def load_error(model_type: str, exc: BaseException) -> UserError:
+    """transformers' own refusal of a config (its strict validators raise their own
+    error types), as one printable line of bounded length."""
+    what = printable(" ".join(str(exc).split()))
+    what = what if len(what) <= 200 else what[:197] + "..."
+    return UserError(
+        f"the {printable(model_type)} config does not load ({what})", "fix config.json"
+    )
