@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
+from memprobe.kernels._steps import block_starts
 from memprobe.kernels.filtered import check_filters, mass_bits, top_p_limit, top_p_masses
 from memprobe.kernels.local_chunked import _row_max
 
@@ -284,7 +285,7 @@ def _forward(
     bufs = None
     if top_k is None and top_p is not None:
         bufs = TopPBuffers(batch, rows, vocab, logits.device)
-    for start in range(0, seq, chunk):
+    for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         x = work[:, : end - start]
         x.copy_(logits[:, start:end])
@@ -328,7 +329,7 @@ def _backward(
     # a pass), and one bool row for the tie fix-ups, allocated on every device alike.
     buffer = logits.new_empty((logits.shape[0], min(chunk, seq), vocab), dtype=torch.float32)
     scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
-    for start in range(0, seq, chunk):
+    for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         work = buffer[:, : end - start]
         work.copy_(logits[:, start:end])
