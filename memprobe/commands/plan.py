@@ -193,6 +193,12 @@ def command(
             "--vocab": vocab is not None,
             "--hidden": hidden is not None,
             "--other-includes-lm-head": other_includes_lm_head,
+            # The whole step is everything on the GPU: there is no "rest of the job".
+            "--other": other.strip() != "0",
+            "--other-from": other_from is not None,
+            # Not written for a step plan yet (plan.html/png/json are the logprob plan's).
+            "--out": out is not None,
+            "--from-run": from_run is not None,
         }
         for flag in (f for f, used in given.items() if used):
             raise UserError(

@@ -170,6 +170,10 @@ def test_step_out_never_replaces_its_config(run_cli: Any, tmp_path: Path) -> Non
         (["--vocab", "1000"], "--vocab"),
         (["--hidden", "64"], "--hidden"),
         (["--other-includes-lm-head"], "--other-includes-lm-head"),
+        (["--other", "10GiB"], "--other"),
+        (["--other-from", "a.pickle"], "--other-from"),
+        (["--out", "plan-dir"], "--out"),
+        (["--from-run", "run-dir"], "--from-run"),
     ],
 )
 def test_plan_step_refuses_flags_it_would_ignore(
