@@ -38,7 +38,9 @@ def _plain(step: HFStep, tokens: int) -> tuple[int, int]:
     return tracked.peak_bytes, sim.reserved_peak_bytes
 
 
-@pytest.mark.parametrize("kernel", ["unchunked", "local_chunked", "fused_linear_chunked"])
+# One logits kernel and the fused route (each a few dozen whole steps, ~18 s here);
+# local_chunked's answers go through the same search as unchunked's.
+@pytest.mark.parametrize("kernel", ["unchunked", "fused_linear_chunked"])
 def test_plan_step_answers_are_boundaries_of_the_plain_path(kernel: str) -> None:
     base = HFStep(config_from_dict(dict(CONFIG)), tokens=1, chunk_size=32, optimizer="sgd")
     budget = make_budget("2MiB")
