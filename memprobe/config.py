@@ -321,6 +321,7 @@ def _dtypes(value: Any, where: str) -> tuple[str, ...]:
 
 def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
     from memprobe.kernels import KERNELS
+    from memprobe.kernels.peers import PEERS
     from memprobe.kernels.user import is_import_path
 
     items = value if isinstance(value, list) else [value]
@@ -333,8 +334,10 @@ def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
             # Your own kernel: imported when a sweep runs it, never when the config is
             # read (`memprobe gate RUN` only reads results; importing would run its code).
             continue
-        elif item not in KERNELS:
-            raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
+        # A GPU peer is known even where it cannot run: its row says why (skipped).
+        elif item not in KERNELS and item not in PEERS:
+            known = ", ".join([*KERNELS, *PEERS])
+            raise UserError(f"{where}: unknown kernel {item!r}", f"known: {known}")
     return tuple(items)
 
 

@@ -175,6 +175,12 @@ def test_sweep_needs_tokens_and_known_kernels(tmp_path: Path) -> None:
     assert "unknown kernel 'local_chunkd'" in load_error(tmp_path, bad)
 
 
+def test_a_gpu_peer_is_a_known_kernel_in_the_sweep_config(tmp_path: Path) -> None:
+    # Known even without CUDA or the package: the sweep makes it a skipped row with the reason.
+    text = '[tool.memprobe.sweep]\ntokens = [8]\nvocab = [8]\nkernel = ["liger_cross_entropy"]\n'
+    assert load_config(write(tmp_path, text)).sweep is not None
+
+
 def test_gate_defaults_for_baseline_flags(tmp_path: Path) -> None:
     text = '[tool.memprobe.gate]\nbaseline = "ci/baseline.json"\nmax_regression = 2.5\n'
     gate = load_config(write(tmp_path, text)).gate
