@@ -17,6 +17,8 @@ import argparse
 import os
 import time
 
+from bench_step import LLAMA_8B_131K  # the one 8B config of the benchmarks
+
 from memprobe.kernels.registry import kernel_names
 from memprobe.plan import make_budget
 from memprobe.plan.model import TokenPlan
@@ -24,15 +26,6 @@ from memprobe.plan.whole_step import plan_step
 from memprobe.profile.hf import HFStep, config_from_dict
 
 PLAN_TARGET_S = 300.0
-LLAMA_8B_131K = {
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 131_072,
-}
 
 
 def main() -> None:

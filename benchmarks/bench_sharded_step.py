@@ -18,27 +18,20 @@ from __future__ import annotations
 import argparse
 import time
 
+from bench_step import LLAMA_8B_131K  # the one 8B config of the benchmarks
+
 from memprobe.io.sizes import format_bytes
 from memprobe.profile.hf import config_from_dict
 from memprobe.profile.sharded import ShardedHFStep, Sharding
 from memprobe.profile.step import StepResult, simulate_step
 
 TARGET_S = 90.0
-LLAMA_8B = {
-    "model_type": "llama",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 131_072,
-}
 
 
 def run(kernel: str, mp_output: str | None, tokens: int) -> tuple[StepResult, float, float]:
     """The simulated step, its wall and CPU seconds."""
     step = ShardedHFStep(
-        config_from_dict(dict(LLAMA_8B)),
+        config_from_dict(dict(LLAMA_8B_131K)),
         tokens=tokens,
         kernel=kernel,
         checkpointing=True,

@@ -1,7 +1,9 @@
-"""``memprobe step`` / ``plan --step`` on an 8B Llama-shaped config, on meta.
+"""``memprobe step`` on an 8B Llama-shaped config, on meta.
 
     python benchmarks/bench_step.py            # the timed step and the origin story
-    python benchmarks/bench_step.py --plan     # also time plan --step over the kernels
+
+(``plan --step``'s speed: ``benchmarks/bench_plan_step.py``; the sharded step's:
+``benchmarks/bench_sharded_step.py``. Both take their config from here.)
 
 1. Speed (issue 24): an 8B-parameter Llama-shaped config (hidden 4096, 32 layers,
    intermediate 14336, 32 heads / 8 key-value heads, V 128,256) at 20,000 tokens with
@@ -12,8 +14,6 @@
    step's peak (allocated and reserved), and the logprob step's own working set. The
    unchunked kernel adds two float32 [B,S,V] blocks (2 x 9.77 GiB) on top of the rest;
    local_chunked and local_tiled do not.
-3. ``--plan``: ``plan --step`` over the kernels (default: the shipped single-device
-   ones): target <= 5 min.
 """
 
 from __future__ import annotations
@@ -22,13 +22,10 @@ import argparse
 import time
 
 from memprobe.io.sizes import format_bytes
-from memprobe.plan import make_budget
-from memprobe.plan.whole_step import plan_step, step_kernels
 from memprobe.profile.hf import HFStep, config_from_dict
 from memprobe.profile.step import simulate_step
 
 STEP_TARGET_S = 60.0
-PLAN_TARGET_S = 300.0
 LLAMA_8B = {
     "model_type": "llama",
     "hidden_size": 4096,
@@ -38,15 +35,14 @@ LLAMA_8B = {
     "num_key_value_heads": 8,
     "vocab_size": 128_256,
 }
+# The origin story's vocabulary (and the other 8B benchmarks').
+LLAMA_8B_131K = {**LLAMA_8B, "vocab_size": 131_072}
 ORIGIN_KERNELS = ("unchunked", "local_chunked", "local_tiled", "fused_linear_chunked")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=20_000)
-    parser.add_argument("--plan", action="store_true", help="also time plan --step")
-    parser.add_argument("--plan-kernels", default=None, help="comma list (default: shipped)")
-    parser.add_argument("--budget", default="80GiB")
     args = parser.parse_args()
 
     config = config_from_dict(dict(LLAMA_8B))
@@ -62,7 +58,7 @@ def main() -> None:
     verdict = "PASS" if took <= STEP_TARGET_S else "FAIL"
     print(f"{verdict}: the whole step took {took:.1f} s (target <= {STEP_TARGET_S:.0f} s)")
 
-    origin = config_from_dict({**LLAMA_8B, "vocab_size": 131_072})
+    origin = config_from_dict(dict(LLAMA_8B_131K))
     print(f"\nV = 131,072, {args.tokens:,} tokens, checkpointing, AdamW, bf16:")
     print(
         f"{'kernel':<22}{'fwd+bwd peak':>14}{'step peak':>12}{'reserved':>12}"
@@ -77,27 +73,6 @@ def main() -> None:
             f"{kernel:<22}{format_bytes(fwd_bwd):>14}{format_bytes(r.peak_allocated_bytes):>12}"
             f"{format_bytes(r.peak_reserved_bytes):>12}"
             f"{format_bytes(r.logprob_working_bytes):>21}{took:>7.1f}s"
-        )
-
-    if args.plan:
-        kernels = args.plan_kernels.split(",") if args.plan_kernels else step_kernels()
-        base = HFStep(config, tokens=1, checkpointing=True)
-        start = time.perf_counter()
-        plans = plan_step(
-            base,
-            kernels,
-            make_budget(args.budget),
-            on_done=lambda p: print(
-                f"  {p.target.kernel}: {p.max_tokens:,} tokens "
-                f"({p.allocated.simulations} simulations, {time.perf_counter() - start:.0f} s)",
-                flush=True,
-            ),
-        )
-        took = time.perf_counter() - start
-        verdict = "PASS" if took <= PLAN_TARGET_S else "FAIL"
-        print(
-            f"{verdict}: plan --step over {len(plans)} kernels took {took:.0f} s "
-            f"(target <= {PLAN_TARGET_S:.0f} s)"
         )
 
 
