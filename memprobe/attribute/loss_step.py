@@ -16,7 +16,7 @@ from memprobe.allocator.snapshot_format import (
     ALLOC,
 )
 from memprobe.attribute.findings import Findings
-from memprobe.attribute.loss_step_record import LossStep
+from memprobe.attribute.loss_step_record import LossStep, refuse_an_oom_inside
 from memprobe.attribute.ops import is_matmul, is_opaque_generated
 from memprobe.attribute.own_kernel_step import own_kernel_step
 from memprobe.attribute.sites import SiteCache, resolve_phases
@@ -130,13 +130,7 @@ def _materialized_step(found: Findings, rep: Replay) -> LossStep:
     bs, be = step_bwd[0], step_bwd[-1]
     by_pos = {b.alloc_pos: b for b in rep.blocks if b.alloc_pos != BEFORE_TRACE}
     gradient = by_pos[be]
-    oom = next((m.pos for m in rep.ooms if m.pos > bs), None)
-    if oom is not None and (gradient.free_pos is None or gradient.free_pos > oom):
-        raise UserError(
-            f"the trace ends at an OOM (entry #{oom}) inside the loss step's backward: the "
-            "rest of the step was never recorded, so it cannot be cut out",
-            "profile the step at a size that completes (e.g. memprobe profile on meta)",
-        )
+    refuse_an_oom_inside(rep, bs, gradient, "the loss step")
     before = [
         b for b in rep.blocks if b.alloc_pos < fs and b.size == gradient.size and b.live_at(fs)
     ]

@@ -1,10 +1,26 @@
-"""Where a snapshot's loss step lies in its trace: the record both ways of finding it make."""
+"""Where a snapshot's loss step lies in its trace: the record both ways of finding it make,
+and the check both make before trusting the step's backward."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memprobe.snapshot.replay import ReplayBlock
+from memprobe.errors import UserError
+from memprobe.snapshot.replay import Replay, ReplayBlock
+
+
+def refuse_an_oom_inside(
+    rep: Replay, backward_start: int, gradient: ReplayBlock, what: str
+) -> None:
+    """One line, exit 2, when the trace ends at an OOM before ``what``'s backward freed the
+    logits' gradient: the rest of the step was never recorded."""
+    oom = next((m.pos for m in rep.ooms if m.pos > backward_start), None)
+    if oom is not None and (gradient.free_pos is None or gradient.free_pos > oom):
+        raise UserError(
+            f"the trace ends at an OOM (entry #{oom}) inside {what}'s backward: the "
+            "rest of the step was never recorded, so it cannot be cut out",
+            "profile the step at a size that completes (e.g. memprobe profile on meta)",
+        )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from memprobe.allocator.snapshot_format import ALLOC
 from memprobe.attribute.findings import Findings
-from memprobe.attribute.loss_step_record import LossStep
+from memprobe.attribute.loss_step_record import LossStep, refuse_an_oom_inside
 from memprobe.attribute.sites import Phases, SiteCache
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
@@ -116,13 +116,7 @@ def own_kernel_step(
         )
     gradient = max(made, key=lambda b: b.size)
     logits = live_at_start[gradient.size]
-    oom = next((m.pos for m in rep.ooms if m.pos > bs), None)
-    if oom is not None and (gradient.free_pos is None or gradient.free_pos > oom):
-        raise UserError(
-            f"the trace ends at an OOM (entry #{oom}) inside {kernel}'s backward: the rest "
-            "of the step was never recorded, so it cannot be cut out",
-            "profile the step at a size that completes (e.g. memprobe profile on meta)",
-        )
+    refuse_an_oom_inside(rep, bs, gradient, kernel)
     site = sites.site(gradient.alloc_entry) if gradient.alloc_entry is not None else None
     shape = site.label_shape if site is not None else None
     shapes = found.inference
