@@ -34,32 +34,28 @@ def _usage(command: Any, ctx: Any) -> list[str]:
     return pieces
 
 
-class Command(TyperCommand):
-    """A memprobe command: flags without a type, arguments by their metavar."""
+class _Named:
+    """Flags without a type, arguments by their metavar (mixed into a click command)."""
+
+    params: list[Any]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _name_params(self.params)
 
     def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
+        option = super().get_help_option(ctx)  # type: ignore[misc]
         if option is not None:
             _name_params([option])
         return option
+
+
+class Command(_Named, TyperCommand):
+    """A memprobe command: flags without a type, arguments by their metavar."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return _usage(self, ctx)
 
 
-class Group(TyperGroup):
+class Group(_Named, TyperGroup):
     """memprobe itself (``memprobe --help``): its flags without a type too."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        _name_params(self.params)
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)
-        if option is not None:
-            _name_params([option])
-        return option
