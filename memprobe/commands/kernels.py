@@ -1,8 +1,8 @@
-"""``memprobe kernels``: what ``memprobe.kernels`` ships, one line each, by input protocol."""
+"""``memprobe kernels``: what ``memprobe.kernels`` ships, one row each, by input protocol."""
 
 from __future__ import annotations
 
-import typer
+from memprobe.render.console import Part
 
 HEADINGS = {
     "logits": "logits kernels: fn(logits [B,S,V], targets [B,S], *, chunk_size=None)",
@@ -13,31 +13,35 @@ HEADINGS = {
 }
 
 
-def command() -> None:
-    """List the kernels memprobe ships: one line each, name and what it is."""
+def kernel_parts() -> list[Part]:
+    """The listing as printable parts: a heading and a table per protocol, then the
+    GPU peers with whether each can run here."""
     from memprobe.kernels import KERNELS
+    from memprobe.kernels.peers import PEERS, unavailable_reason
+    from memprobe.render.console import table
 
-    width = max(len(n) for n in KERNELS)
+    parts: list[Part] = []
     for protocol, heading in HEADINGS.items():
         names = [n for n, spec in KERNELS.items() if spec.inputs == protocol]
-        if protocol != "logits":
-            typer.echo("")
-        typer.echo(heading)
-        for name in names:
-            typer.echo(f"  {name:<{width}}  {KERNELS[name].summary}")
-    _list_peers()
-    typer.echo("")
-    typer.echo("your own: --kernel package.module:function (either protocol)")
-
-
-def _list_peers() -> None:
-    """The GPU peers, each with the protocol it takes and, where it cannot run here, why."""
-    from memprobe.kernels.peers import PEERS, unavailable_reason
-
-    width = max(len(n) for n in PEERS)
-    typer.echo("")
-    typer.echo("GPU peers (optional, Triton, CUDA only; negated to log-probs):")
+        if parts:
+            parts.append("")
+        parts.append(heading)
+        rows = [(name, KERNELS[name].summary) for name in names]
+        parts.append(table(("kernel", "what it is"), rows, left={"kernel", "what it is"}))
+    parts += ["", "GPU peers (optional, Triton, CUDA only; negated to log-probs):"]
+    peer_rows = []
     for name, spec in PEERS.items():
         why = unavailable_reason(name)
         state = f"unavailable: {why}" if why else "available"
-        typer.echo(f"  {name:<{width}}  [{spec.inputs}] {spec.summary}; {state}")
+        peer_rows.append((name, spec.inputs, state, spec.summary))
+    every = ("kernel", "inputs", "here", "what it is")
+    parts.append(table(every, peer_rows, left=set(every)))
+    parts += ["", "your own: --kernel package.module:function (either protocol)"]
+    return parts
+
+
+def command() -> None:
+    """List the kernels memprobe ships: one row each, name and what it is."""
+    from memprobe.render.console import show
+
+    show(kernel_parts())

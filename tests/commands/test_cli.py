@@ -14,11 +14,15 @@ def test_version_and_kernels(run_cli):
     assert code == 0 and out.strip() == f"memprobe {__version__}"
     code, out, _ = run_cli("kernels")
     assert code == 0
-    # One indented line per kernel, grouped under its input protocol's heading.
-    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ")]
-    assert listed == [n for n, s in KERNELS.items() if s.inputs == "logits"] + [
-        n for n, s in KERNELS.items() if s.inputs == "hidden"
-    ] + list(PEERS)
+    # One row per kernel, grouped under its input protocol's heading, peers last.
+    expected = (
+        [n for n, s in KERNELS.items() if s.inputs == "logits"]
+        + [n for n, s in KERNELS.items() if s.inputs == "hidden"]
+        + list(PEERS)
+    )
+    rows = [line.split() for line in out.splitlines()]
+    listed = [words[0] for words in rows if words and words[0] in expected]
+    assert listed == expected
     assert "hidden family (sweep/plan --hidden H)" in out
 
 
