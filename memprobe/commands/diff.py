@@ -15,6 +15,7 @@ from memprobe.attribute.frames import describe_frame
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.io.codec import to_json
 from memprobe.io.sizes import format_bytes
+from memprobe.render.console import Part, show, table
 
 DEFAULT_SHOWN = 10
 
@@ -39,9 +40,11 @@ def _difference(x: Difference) -> str:
     return f"{x.what}: {a} -> {b} ({x.evidence})"
 
 
-def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
+def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[Part]:
+    """The difference as printable parts: the peaks, what differs between the runs,
+    then two tables (by category; by source line and op)."""
     delta = d.peak_b_bytes - d.peak_a_bytes
-    out = [
+    out: list[Part] = [
         f"A: {d.path_a}",
         f"B: {d.path_b}",
         f"peak: {format_bytes(d.peak_a_bytes)} -> {format_bytes(d.peak_b_bytes)} "
@@ -51,10 +54,11 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
         out += ["", "what differs between the runs (from each file's reading):"]
         out += [f"  {_difference(x)}" for x in d.differences]
     out += ["", "by category (bytes live at each peak):"]
-    for category, a, b in d.categories:
-        out.append(
-            f"  {category:<22} {format_bytes(a):>12} -> {format_bytes(b):>12}  {_signed(b - a)}"
-        )
+    rows = [
+        (category, format_bytes(a), format_bytes(b), _signed(b - a))
+        for category, a, b in d.categories
+    ]
+    out.append(table(("category", "A", "B", "change"), rows, left={"category"}))
     # The N largest changes either way (a fix that frees 9.77 GiB must show), listed
     # growth first like the --json list; lines that did not change are left out.
     changed = [c for c in d.contributors if c.delta_bytes]
@@ -62,34 +66,35 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[str]:
     shown.sort(key=lambda c: -c.delta_bytes)
     if not shown:
         out += ["", "by source line and op: no line's bytes changed"]
-    else:
-        out += ["", f"by source line and op (the {len(shown)} largest changes, growth first):"]
+        return out
+    out += ["", f"by source line and op (the {len(shown)} largest changes, growth first):"]
+    lines = []
     for c in shown:
         where = describe_frame(c.frame) if c.frame else "no user frame"
         if c.caller is not None:
             where += f" <- {describe_frame(c.caller)}"
-        out.append(
-            f"  {_signed(c.delta_bytes):>13}  {where}  op {c.op or '?'}  {c.category}  "
-            f"({format_bytes(c.bytes_a)} -> {format_bytes(c.bytes_b)})"
+        lines.append(
+            (
+                _signed(c.delta_bytes),
+                format_bytes(c.bytes_a),
+                format_bytes(c.bytes_b),
+                c.op or "?",
+                c.category,
+                where,
+            )
         )
+    header = ("change", "A", "B", "op", "category", "where")
+    out.append(table(header, lines, left={"op", "category", "where"}))
     return out
 
 
-def diff_command(
-    a: str | os.PathLike[str],
-    b: str | os.PathLike[str],
-    *,
-    device: int | None = None,
-    top: int = DEFAULT_SHOWN,
-    as_json: bool = False,
-) -> str:
-    # Each file's lead device (the one that hit an OOM, else the largest peak).
+def diff_files(
+    a: str | os.PathLike[str], b: str | os.PathLike[str], *, device: int | None = None
+) -> PeakDiff:
+    """Each file's lead device (the one that hit an OOM, else the largest peak), compared."""
     fa = attribute_file_devices(a, device=device)[0]
     fb = attribute_file_devices(b, device=device)[0]
-    d = diff_findings(fa, fb)
-    if as_json:
-        return json.dumps(to_json(d), indent=1)
-    return "\n".join(render_diff(d, top=top))
+    return diff_findings(fa, fb)
 
 
 @user_errors
@@ -108,4 +113,8 @@ def command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Attribute the difference between two snapshots' peaks, by category and source line."""
-    typer.echo(diff_command(a, b, device=device, top=top, as_json=as_json))
+    d = diff_files(a, b, device=device)
+    if as_json:
+        typer.echo(json.dumps(to_json(d), indent=1))
+    else:
+        show(render_diff(d, top=top))

@@ -19,6 +19,7 @@ from memprobe.attribute.frames import is_internal
 from memprobe.commands.diff import render_diff
 from memprobe.io.codec import to_json
 from memprobe.io.sizes import format_bytes
+from memprobe.render.console import plain_lines
 from memprobe.render.findings_text import render_devices, render_findings
 
 _CACHE: dict[str, dict[str, Any]] = {}
@@ -231,7 +232,7 @@ def test_diff_names_batch_and_sequence_of_one_model() -> None:
     bigger = attribute(corpus.gpt_program(8, 192).snapshot(), top=50)
     assert _differences(one, bigger) == {"batch": (4, 8), "sequence": (96, 192)}
     assert _differences(one, one) == {}
-    text = render_diff(diff_findings(one, bigger))
+    text = [line for part in render_diff(diff_findings(one, bigger)) for line in plain_lines(part)]
     head = text.index("what differs between the runs (from each file's reading):")
     starts = [next(i for i, x in enumerate(text) if x.startswith(w)) for w in ("by c", "by s")]
     assert head < starts[0] < starts[1]
