@@ -180,11 +180,20 @@ def failure_message(
         f"largest blocks live at the peak ({len(shown)} of {len(blocks)}, "
         f"{format_bytes(sum(b.nbytes for b in shown))} of {format_bytes(peak)}):"
     )
-    for block in shown:
-        lines.append(
-            f"  {format_bytes(block.nbytes):>12}  {block.dtype.removeprefix('torch.')} "
-            f"{list(block.shape)}  {block.op}  {_where(block, test_file)}"
+    from memprobe.render.console import indented, table
+
+    rows = [
+        (
+            format_bytes(block.nbytes),
+            block.dtype.removeprefix("torch."),
+            str(list(block.shape)),
+            block.op,
+            _where(block, test_file),
         )
+        for block in shown
+    ]
+    header = ("bytes", "dtype", "shape", "op", "made")
+    lines += indented(table(header, rows, left={"dtype", "shape", "op", "made"}))
     return "\n".join(lines)
 
 

@@ -74,9 +74,10 @@ def test_marker_passes_and_fails_with_peak_limit_and_blocks(pytester: pytest.Pyt
             "*limit_peak_memory: torch tensors peaked at 14.65 GiB on meta, over the limit "
             "10.50 GiB by 4.15 GiB (+39.5%)",
             "*largest blocks live at the peak (2 of 2, 14.65 GiB of 14.65 GiB):",
-            "*9.77 GiB  float32 [[]1, 20000, 131072[]]  aten._to_copy.default  "
+            "*bytes*dtype*shape*op*made",
+            "*9.77 GiB  float32 *[[]1, 20000, 131072[]]  aten._to_copy.default *"
             "at test_marked.py:17 in test_float32_copy",
-            "*4.88 GiB  bfloat16 [[]1, 20000, 131072[]]  aten.empty.memory_format  "
+            "*4.88 GiB  bfloat16 *[[]1, 20000, 131072[]]  aten.empty.memory_format *"
             "at test_marked.py:16 in test_float32_copy",
         ]
     )

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from launch import TORCHRUN
 
 from memprobe.results import read_results
 
@@ -22,11 +22,7 @@ def test_one_ranks_oom_mid_kernel_ends_the_case_on_every_rank(tmp_path: Path) ->
     out = tmp_path / "run"
     done = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            "2",
+            *TORCHRUN,
             str(SCRIPT),
             "sweep",
             "--device",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launch import TORCHRUN
 
 from memprobe.errors import UserError
 from memprobe.records import Case
@@ -30,9 +30,8 @@ def torchrun(*args: str, cwd: Path, script: str | None = None, fail: str | None 
     if fail is not None:
         env["SHARD_TEST_FAIL"] = fail
     target = [str(HERE / script)] if script else ["-m", "memprobe"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     return subprocess.run(
-        [*command, *target, "sweep", *args],
+        [*TORCHRUN, *target, "sweep", *args],
         capture_output=True,
         text=True,
         timeout=300,

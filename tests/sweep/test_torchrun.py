@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pytest
+from launch import TORCHRUN
 
 from memprobe.measure import measure
 from memprobe.records import Case
 from memprobe.results import read_results
-
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
 
 # Real torchrun jobs: several processes each, seconds per test.
 pytestmark = pytest.mark.multiprocess
