@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 from memprobe.attribute.findings import Findings
 from memprobe.io.sizes import format_bytes
@@ -30,6 +30,16 @@ class WhatIf:
     capacity_source: str | None
     shifted: bool = False  # the loss ran on logits[:, :-1] (``shape`` has its S − 1 rows)
 
+    # The --json keys, in the order the schema has always had (io/codec.py): the
+    # prediction's findings enter only as its peak's place and makeup.
+    JSON_KEYS: ClassVar[tuple[str, ...]] = (
+        "kernel", "shape", "shifted", "dtype", "chunk_size", "recorded_peak_bytes",
+        "predicted_peak_bytes", "recorded_reserved_peak_bytes", "model_reserved_peak_bytes",
+        "predicted_reserved_peak_bytes", "saved_bytes", "fits", "capacity_bytes",
+        "capacity_source", "predicted_peak_index", "predicted_peak_phase", "predicted_peak_op",
+        "predicted_breakdown", "forward_entries", "backward_entries", "cut_blocks",
+    )  # fmt: skip
+
     @property
     def saved_bytes(self) -> int:
         return self.recorded_peak_bytes - self.predicted_peak_bytes
@@ -41,30 +51,21 @@ class WhatIf:
             return None
         return self.predicted_reserved_peak_bytes <= self.capacity_bytes
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kernel": self.kernel,
-            "shape": list(self.shape),
-            "shifted": self.shifted,
-            "dtype": self.dtype,
-            "chunk_size": self.chunk_size,
-            "recorded_peak_bytes": self.recorded_peak_bytes,
-            "predicted_peak_bytes": self.predicted_peak_bytes,
-            "recorded_reserved_peak_bytes": self.recorded_reserved_peak_bytes,
-            "model_reserved_peak_bytes": self.model_reserved_peak_bytes,
-            "predicted_reserved_peak_bytes": self.predicted_reserved_peak_bytes,
-            "saved_bytes": self.saved_bytes,
-            "fits": self.fits,
-            "capacity_bytes": self.capacity_bytes,
-            "capacity_source": self.capacity_source,
-            "predicted_peak_index": self.predicted.peak_index,
-            "predicted_peak_phase": self.predicted.peak_phase,
-            "predicted_peak_op": self.predicted.peak_op,
-            "predicted_breakdown": [list(b) for b in self.predicted.breakdown],
-            "forward_entries": list(self.forward_entries),
-            "backward_entries": list(self.backward_entries),
-            "cut_blocks": self.cut_blocks,
-        }
+    @property
+    def predicted_peak_index(self) -> int | None:
+        return self.predicted.peak_index
+
+    @property
+    def predicted_peak_phase(self) -> str | None:
+        return self.predicted.peak_phase
+
+    @property
+    def predicted_peak_op(self) -> str | None:
+        return self.predicted.peak_op
+
+    @property
+    def predicted_breakdown(self) -> tuple[tuple[str, int], ...]:
+        return tuple(self.predicted.breakdown)
 
     def lines(self) -> list[str]:
         b, s, v = self.shape

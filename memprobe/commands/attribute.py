@@ -138,7 +138,7 @@ def attribution_output(
         lead = devices[0]
         lead["other_devices"] = devices[1:]
         if what_if is not None:
-            lead["what_if"] = what_if.to_json()
+            lead["what_if"] = to_json(what_if)
         return json.dumps(lead, indent=1)
     lines = render_devices(found, top=top)
     for f in found:

@@ -12,6 +12,7 @@ from torch import nn
 
 from memprobe.attribute import attribute
 from memprobe.attribute.what_if import what_if
+from memprobe.io.codec import to_json
 from memprobe.kernels import get_kernel
 from memprobe.profile import profile_step
 
@@ -65,7 +66,7 @@ def test_what_if_predicts_the_shifted_step_with_the_other_kernel(kernel: str, ho
     assert abs(w.predicted_reserved_peak_bytes - recorded.peak_reserved_bytes) <= PAGE
     # Simulated at the loss's rows: S − 1 per sequence.
     assert w.shifted and w.shape == (BATCH, SEQ - 1, VOCAB) and w.dtype == "bfloat16"
-    assert w.to_json()["shifted"] is True
+    assert to_json(w)["shifted"] is True
     if kernel != "unchunked":
         # More than a float32 [B, S − 1, V] block is gone from the peak.
         assert w.saved_bytes > BATCH * (SEQ - 1) * VOCAB * 4
