@@ -17,7 +17,7 @@ TORCH = "torch==2.13.0"
 @nox.session
 def tests(session: nox.Session) -> None:
     session.install(TORCH, "-e", ".[test]")
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    session.run("python", "-m", "pytest", "-q", "-n", "auto", *session.posargs)
 
 
 # The checkers' pinned versions live in pyproject's `lint` extra (CI installs the same);
