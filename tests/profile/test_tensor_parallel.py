@@ -2,8 +2,9 @@
 projections and the vocabulary-parallel lm_head into ``chunked_distributed``, alone and
 on a 2-D mesh with FSDP2, simulated as rank 0 of a fake world.
 
-The exactness check runs real tensor parallel on two gloo ranks on the cpu
-(``multiprocess``) and compares each rank's peaks with the fake-world simulation."""
+The exactness checks run real tensor parallel on gloo ranks on the cpu (``multiprocess``:
+tp 2 on two ranks, FSDP 2 x tp 2 on four) and compare each rank's peaks with the
+fake-world simulation."""
 
 from __future__ import annotations
 
@@ -158,18 +159,23 @@ def test_plan_step_refuses_a_single_device_kernel_under_tp(run_cli: Any, tmp_pat
     assert "which local_chunked cannot take" in err
 
 
-# -- exactness: real tensor parallel on two gloo ranks ----------------------------------
+# -- exactness: real tensor parallel on gloo ranks ---------------------------------------
 
 
-def _gloo_rank(rank: int, store: str, out: str) -> None:
+def _exact_step(fsdp: int) -> ShardedHFStep:
+    return _step(tp=2, fsdp=fsdp, param_dtype="fp32")
+
+
+def _gloo_rank(rank: int, fsdp: int, store: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    world = 2 * fsdp
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
-        # One batch for the tp group: the same token ids and targets on both ranks.
+        # One batch for the tp group: the same token ids and targets on its ranks.
         torch.manual_seed(0)
-        tracked, _ = trace_hf_step(_step(tp=2, param_dtype="fp32"), "cpu", attention="cpu")
+        tracked, _ = trace_hf_step(_exact_step(fsdp), "cpu", attention="cpu")
         Path(f"{out}.{rank}").write_text(
             json.dumps({"peak": tracked.peak_bytes, "phases": tracked.phase_peaks})
         )
@@ -178,16 +184,19 @@ def _gloo_rank(rank: int, store: str, out: str) -> None:
 
 
 @pytest.mark.multiprocess
-def test_two_real_gloo_tp_ranks_peak_at_the_simulated_bytes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fsdp", [1, 2], ids=["tp2", "fsdp2xtp2"])
+def test_real_gloo_tp_ranks_peak_at_the_simulated_bytes(tmp_path: Path, fsdp: int) -> None:
     """Real DTensor tensor parallel (its all-reduces over gloo, the vocabulary-parallel
-    kernel's too) and float32 master weights: each rank's peak and phase peaks equal
-    rank 0 of the fake world to the byte."""
+    kernel's too), with float32 master weights on 2 ranks, or FSDP2's float32 shards on a
+    2 x 2 mesh of 4 ranks: each rank's peak and phase peaks equal rank 0 of the fake world
+    to the byte."""
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_gloo_rank, args=(str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
-    real = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(2)]
-    simulated, _ = trace_hf_step(_step(tp=2, param_dtype="fp32"), "meta", attention="cpu")
+    args = (fsdp, str(tmp_path / "store"), str(tmp_path / "out"))
+    mp.spawn(_gloo_rank, args=args, nprocs=2 * fsdp)
+    real = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(2 * fsdp)]
+    simulated, _ = trace_hf_step(_exact_step(fsdp), "meta", attention="cpu")
     for rank in real:
         assert rank["peak"] == simulated.peak_bytes
         assert rank["phases"] == simulated.phase_peaks
