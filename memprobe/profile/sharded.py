@@ -356,9 +356,9 @@ def _laid_out(model: torch.nn.Module, device: torch.device) -> None:
                 module._parameters[name] = params[id(p)]
         for name, b in list(module._buffers.items()):
             if b is not None:
-                module._buffers[name] = buffers.setdefault(
-                    id(b), torch.empty_like(b, device=device)
-                )
+                if id(b) not in buffers:
+                    buffers[id(b)] = torch.empty_like(b, device=device)
+                module._buffers[name] = buffers[id(b)]
 
 
 def _tied(model: Any) -> bool:

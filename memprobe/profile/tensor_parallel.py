@@ -37,14 +37,16 @@ LAYER_PLAN = {
 
 
 def split_sizes(config: Any) -> dict[str, int]:
-    """The sizes tensor parallel splits, whole (each rank holds ``size / tp``)."""
-    heads = int(config.num_attention_heads)
-    return {
+    """The sizes tensor parallel splits, whole (each rank holds ``size / tp``); those
+    the config does not name are left out (its layers are then refused by name)."""
+    heads = getattr(config, "num_attention_heads", None)
+    sizes = {
         "attention heads": heads,
-        "key/value heads": int(getattr(config, "num_key_value_heads", None) or heads),
-        "intermediate size": int(config.intermediate_size),
-        "vocabulary ids": int(config.vocab_size),
+        "key/value heads": getattr(config, "num_key_value_heads", None) or heads,
+        "intermediate size": getattr(config, "intermediate_size", None),
+        "vocabulary ids": getattr(config, "vocab_size", None),
     }
+    return {what: int(size) for what, size in sizes.items() if isinstance(size, int)}
 
 
 def check_tp_sizes(config: Any, tp: int) -> None:
