@@ -141,7 +141,9 @@ def command(
     step: Annotated[
         bool,
         typer.Option(
-            "--step", help="Plan the whole training step of --config's model (`memprobe step`)."
+            "--step",
+            help="Plan the whole training step of --config's model (`memprobe step`); "
+            "--fsdp, --cp and --tp (one value each) shard it over ranks.",
         ),
     ] = False,
     config: Annotated[

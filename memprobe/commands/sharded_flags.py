@@ -1,5 +1,6 @@
 """The sharded step's flags, shared by ``memprobe step`` and ``plan --step``: FSDP2, context
-and tensor parallel over a fake world of ranks (:mod:`memprobe.profile.sharded`)."""
+and tensor parallel over a fake world of ranks (:mod:`memprobe.profile.sharded`,
+:mod:`memprobe.profile.tensor_parallel`)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ CpOption = Annotated[
     ),
 ]
 TpOption = Annotated[
-    int, typer.Option(min=1, max=MAX_COUNT, help="Tensor parallel (not simulated yet: refused).")
+    int,
+    typer.Option(
+        min=1,
+        max=MAX_COUNT,
+        help="Tensor parallel over N ranks (DTensor): q/k/v/gate/up colwise, o/down "
+        "rowwise (heads / N per rank), the lm_head vocabulary-parallel into the "
+        "chunked_distributed kernel. With --fsdp: a (fsdp x cp, tp) mesh.",
+    ),
 ]
 ReshardOption = Annotated[
     str,

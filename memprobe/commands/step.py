@@ -46,18 +46,19 @@ def build_step(
         )
     cls: Any = HFStep
     extra: dict[str, Any] = {}
+    fsdp = sharding is not None and sharding.shard_ranks > 1
+    if mp_param is not None and not fsdp:
+        raise UserError("--mp-param is FSDP2's", "add --fsdp N, or use --dtype")
     if sharding is not None and sharding.active:
         from memprobe.profile.sharded import ShardedHFStep, sharded_dtypes
 
         dtype, param_dtype = sharded_dtypes(dtype, param_dtype, mp_param)
         cls, extra = ShardedHFStep, {"sharding": sharding}
-    elif mp_param is not None:
-        raise UserError("--mp-param is FSDP2's", "add --fsdp N, or use --dtype")
     return cls(
         load_config(config),
         tokens=tokens,
         batch=batch,
-        kernel="fused_linear_chunked" if fused else (kernel or "local_chunked"),
+        kernel="fused_linear_chunked" if fused else (kernel or default_kernel(sharding)),
         chunk_size=chunk_size,
         checkpointing=checkpointing,
         optimizer=optimizer,
@@ -66,6 +67,12 @@ def build_step(
         attn=attn,
         **extra,
     )
+
+
+def default_kernel(sharding: Any) -> str:
+    """The log-prob kernel when none is named: the chunked one, vocabulary-parallel under
+    tensor parallel (the lm_head's logits are sharded on the vocabulary)."""
+    return "chunked_distributed" if sharding is not None and sharding.tp > 1 else "local_chunked"
 
 
 def step_lines(result: Any) -> list[str]:
@@ -110,18 +117,38 @@ def sharded_lines(sharded: dict[str, Any] | None) -> list[str]:
     if not sharded:
         return []
     s = sharded
-    n = s["shard_ranks"]
-    cp = f" x CP {s['cp']}: a {s['sequence_tokens']:,}-token sequence" if s["cp"] > 1 else ""
-    mp = ", ".join(
-        f"{k} {s[k] or 'as is'}" for k in ("mp_param", "mp_reduce", "mp_output")
-    ).replace("_", "-")
-    return [
-        f"sharded: rank 0 of {s['world']} (FSDP {s['fsdp']}{cp}); FSDP2 shards over {n} ranks, "
-        f"reshard after forward {'on' if s['reshard_after_forward'] else 'off'}; {mp}",
-        f"parameters per rank {format_bytes(s['rank_parameter_bytes'])} = "
-        f"{format_bytes(s['unsharded_parameter_bytes'])} / {n} + "
-        f"{format_bytes(s['padding_bytes'])} padding (gradients and optimizer state alike)",
-    ]
+    n, tp = s["shard_ranks"], s["tp"]
+    layout = [f"FSDP {s['fsdp']}"] if s["fsdp"] > 1 or s["cp"] > 1 or tp == 1 else []
+    layout += [f"CP {s['cp']}"] if s["cp"] > 1 else []
+    layout += [f"TP {tp}"] if tp > 1 else []
+    sequence = f": a {s['sequence_tokens']:,}-token sequence" if s["cp"] > 1 else ""
+    if n > 1:
+        mp = ", ".join(
+            f"{k} {s[k] or 'as is'}" for k in ("mp_param", "mp_reduce", "mp_output")
+        ).replace("_", "-")
+        fsdp = (
+            f"FSDP2 shards over {n} ranks, reshard after forward "
+            f"{'on' if s['reshard_after_forward'] else 'off'}; {mp}"
+        )
+    else:
+        fsdp = "no FSDP: the parameters tp does not split are whole on every rank"
+    lines = [f"sharded: rank 0 of {s['world']} ({' x '.join(layout)}{sequence}); {fsdp}"]
+    if tp > 1:
+        whole = {k: v * tp for k, v in s["tp_per_rank"].items()}
+        lines.append(
+            f"tensor parallel {tp}, per rank: "
+            + ", ".join(f"{v:,} of {whole[k]:,} {k}" for k, v in s["tp_per_rank"].items())
+            + " (embedding and norms not split)"
+        )
+        split = f"{format_bytes(s['even_split_parameter_bytes'])} (projections and lm_head / {tp}"
+        split += f", all / {n} FSDP)" if n > 1 else ", the rest whole)"
+    else:
+        split = f"{format_bytes(s['unsharded_parameter_bytes'])} / {n}"
+    lines.append(
+        f"parameters per rank {format_bytes(s['rank_parameter_bytes'])} = {split} + "
+        f"{format_bytes(s['padding_bytes'])} padding (gradients and optimizer state alike)"
+    )
+    return lines
 
 
 def step_command(
@@ -297,9 +324,13 @@ def plan_step_lines(
         dtype=dtype,
         **sharded,
     )
-    kernels = name_list(kernel, "--kernel") if kernel is not None else step_kernels()
+    kernels = (
+        name_list(kernel, "--kernel")
+        if kernel is not None
+        else step_kernels(vocab_parallel=base.vocab_shards > 1)
+    )
     for name in kernels:  # every name checked before the first simulation
-        build_step(config, tokens=1, kernel=name, dtype=dtype)
+        build_step(config, tokens=1, kernel=name, dtype=dtype, **sharded)
     plans = plan_step(base, kernels, limit, reserved=reserved, alloc_conf=conf)
     if as_json:
         return [json.dumps([p.row() for p in plans], indent=1)]
@@ -312,7 +343,9 @@ def plan_step_lines(
     if layout:  # the sharded step: per rank, the tokens each GPU holds
         what = what.replace("tokens per sequence", "tokens per GPU") + (
             f"; sharded: rank 0 of {layout['world']}, FSDP {layout['fsdp']} x CP "
-            f"{layout['cp']} (the table's tp/cp columns are the logprob kernel's own)"
+            f"{layout['cp']} x TP {layout['tp']} (the table's tp/cp columns are the logprob "
+            "kernel's own: the vocabulary shards of its logits, and 1: it sees this rank's "
+            "tokens)"
         )
     where = "reserved in the last column" if reserved else "reserved not planned: --no-reserved"
     head = f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; {where})"

@@ -36,12 +36,16 @@ def check_logprob_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
     _check_target_range(targets, logits.shape[-1])
 
 
-def _check_target_range(targets: torch.Tensor, vocab: int) -> None:
-    # Meta and fake tensors (memprobe's sharded simulation) carry no values, so there
-    # is nothing to range-check there.
+def carries_values(tensor: torch.Tensor) -> bool:
+    """False for meta and fake tensors (memprobe's sharded simulation): no values, so
+    there is nothing to range-check."""
     from torch._subclasses.fake_tensor import is_fake
 
-    if targets.numel() and targets.device.type != "meta" and not is_fake(targets):
+    return tensor.device.type != "meta" and not is_fake(tensor)
+
+
+def _check_target_range(targets: torch.Tensor, vocab: int) -> None:
+    if targets.numel() and carries_values(targets):
         lo, hi = int(targets.min()), int(targets.max())
         if lo < 0 or hi >= vocab:
             raise ValueError(

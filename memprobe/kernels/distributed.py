@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from memprobe.kernels._checks import check_chunk_size, check_logprob_shapes
+from memprobe.kernels._checks import carries_values, check_chunk_size, check_logprob_shapes
 from memprobe.kernels._steps import block_starts
 from memprobe.kernels.local_chunked import DEFAULT_LOCAL_LOGPROB_CHUNK_SIZE
 
@@ -98,7 +98,7 @@ def _check_shard_inputs(
             f"vocabulary range [{vocab_start}, {vocab_end}) does not match the shard's "
             f"{local_vocab} columns"
         )
-    if targets.numel() and targets.device.type != "meta" and int(targets.min()) < 0:
+    if targets.numel() and carries_values(targets) and int(targets.min()) < 0:
         raise ValueError(f"targets must be non-negative token ids, found {int(targets.min())}")
 
 

@@ -19,11 +19,15 @@ from memprobe.profile import hf
 from memprobe.profile.step import trace_hf_step
 
 
-def step_kernels() -> list[str]:
-    """The shipped single-device kernels ``plan --step`` compares by default: every logits
-    kernel, then the hidden family (each on the model's final hidden states)."""
+def step_kernels(*, vocab_parallel: bool = False) -> list[str]:
+    """The shipped kernels ``plan --step`` compares by default: every single-device logits
+    kernel, then the hidden family (each on the model's final hidden states); under
+    tensor parallel (``vocab_parallel``: the lm_head's logits sharded on the
+    vocabulary), the vocabulary-parallel ones."""
     from memprobe.kernels.registry import kernel_names
 
+    if vocab_parallel:
+        return kernel_names(distributed=True)
     return [*kernel_names(distributed=False), *kernel_names(inputs="hidden")]
 
 
@@ -59,6 +63,7 @@ def plan_step(
             batch=base.batch,
             dtype=base.dtype,
             chunk_size=base.chunk_size,
+            tp=base.vocab_shards,
             hidden=base.hidden_size if step.hidden_route else None,
         )
         peaks = _StepPeaks(step, reserved, alloc_conf)

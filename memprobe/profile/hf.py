@@ -138,10 +138,19 @@ class HFStep:
             get_spec(self.kernel)
         except ValueError as exc:
             raise UserError(str(exc), "see `memprobe kernels`") from None
-        if get_spec(self.kernel).distributed:
+        distributed = get_spec(self.kernel).distributed
+        if distributed and self.vocab_shards == 1:
             raise UserError(
                 f"{self.kernel} shards the vocabulary over ranks; memprobe step runs one GPU",
-                "pick a single-device kernel (`memprobe kernels`)",
+                "pick a single-device kernel (`memprobe kernels`), or add --tp N",
+            )
+        if not distributed and self.vocab_shards > 1:
+            from memprobe.kernels.registry import kernel_names
+
+            raise UserError(
+                f"--tp {self.vocab_shards} shards the lm_head's vocabulary, which "
+                f"{self.kernel} cannot take",
+                f"use --kernel {' or '.join(kernel_names(distributed=True))}",
             )
         if self.optimizer not in OPTIMIZERS:
             raise UserError(
@@ -168,6 +177,20 @@ class HFStep:
     @property
     def vocab(self) -> int:
         return int(self.config.vocab_size)
+
+    @property
+    def vocab_shards(self) -> int:
+        """The ranks the lm_head's vocabulary is split over (tensor parallel)."""
+        return 1
+
+    @property
+    def local_vocab(self) -> int:
+        """The vocabulary ids whose logits this rank computes."""
+        return self.vocab // self.vocab_shards
+
+    def logprob_kwargs(self) -> dict[str, Any]:
+        """What the log-prob kernel is given besides its tensors (a tp group)."""
+        return {}
 
     @property
     def hidden_size(self) -> int:
@@ -259,7 +282,7 @@ class HFStep:
             logits = lm(input_ids=ids, use_cache=False).logits
             logits.register_hook(_mark_grad)
             mark(LOGPROB_START)
-            logprobs = fn(logits, targets, chunk_size=self.chunk_size)
+            logprobs = fn(logits, targets, chunk_size=self.chunk_size, **self.logprob_kwargs())
             del logits  # the kernel holds what it saved; the step keeps no other reference
         loss = -logprobs.mean()
         mark(LOGPROB_END)
@@ -289,9 +312,25 @@ def _optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer |
     # per-tensor loop, whose temporaries are one parameter's, not all of them at once).
     if name == "none":
         return None
+    groups = _param_groups(params)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
-    return torch.optim.AdamW(params, lr=1e-3, foreach=True)
+        return torch.optim.SGD(groups, lr=1e-3, momentum=0.9, foreach=True)
+    return torch.optim.AdamW(groups, lr=1e-3, foreach=True)
+
+
+def _param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """One parameter group, or two when DTensors and plain tensors mix (tensor parallel
+    without FSDP leaves the embedding and norms plain): a foreach kernel refuses a
+    list that mixes them, so a tensor-parallel training loop groups them apart."""
+    dtensor: Any = ()
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        dtensor = DTensor
+    groups: dict[bool, list[torch.Tensor]] = {}
+    for p in params:
+        groups.setdefault(isinstance(p, dtensor), []).append(p)
+    return [{"params": group} for group in groups.values()]
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
-"""The sharded step: a Hugging Face model under FSDP2 (and context parallel), simulated as
-rank 0 of a fake world of ranks in this one process.
+"""The sharded step: a Hugging Face model under FSDP2, context and tensor parallel,
+simulated as rank 0 of a fake world of ranks in this one process.
 
 torch's fake process group (``backend="fake"``, the one its own distributed tests and
 ``MemTracker`` use) makes every collective a no-op, and ``FakeTensorMode`` makes every
@@ -22,13 +22,17 @@ the one FSDP2 makes. FSDP2's collectives are bracketed while they run: what they
 allocate (all-gather buffers, reduce-scatter input) is its own category, except the
 reduce-scatter output that becomes the sharded gradients.
 
-Context parallel (``cp``): each rank holds ``tokens`` of a sequence ``cp`` times as
-long (memprobe's CP kernels assume the same: the logits are ``[B, tokens, V]`` per
-rank). Attention all-gathers K and V over the ``cp`` ranks before the attention
-kernel and reduce-scatters their gradients after it, as torch's context parallel does
-with its all-gather rotation; the gathered K and V are saved for backward. Ring
-(pass-KV) attention, which holds one peer's K/V at a time, is not modelled. FSDP shards
-over all ``fsdp x cp`` ranks (torchtitan's ``dp_shard_cp`` mesh).
+Context parallel (``cp``, :mod:`memprobe.profile.context_parallel`): each rank holds
+``tokens`` of a sequence ``cp`` times as long (memprobe's CP kernels assume the same:
+the logits are ``[B, tokens, V]`` per rank), K and V all-gathered for attention. FSDP
+shards over all ``fsdp x cp`` ranks (torchtitan's ``dp_shard_cp`` mesh).
+
+Tensor parallel (``tp``, :mod:`memprobe.profile.tensor_parallel`): DTensor's colwise
+and rowwise projections and a vocabulary-parallel lm_head on the innermost dimension
+of a ``(fsdp x cp, tp)`` mesh, applied before ``fully_shard`` (FSDP2 then shards each
+tp shard over the other dimension); the log-prob kernel gets this rank's vocabulary
+shard of the logits and the tp group. Without FSDP (``--tp`` alone) the parameters are
+laid out as they are, no ``fully_shard``.
 """
 
 from __future__ import annotations
@@ -39,12 +43,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from memprobe.errors import UserError
 from memprobe.measure.tracker import physical
+from memprobe.profile.context_parallel import cp_attention
 from memprobe.profile.hf import HFStep, _torch_dtype
 from memprobe.profile.phases import events_so_far
 from memprobe.profile.step import COMMUNICATION, CP_KV, UNSHARDED
+from memprobe.profile.tensor_parallel import (
+    check_tp_sizes,
+    even_split_bytes,
+    parallelize,
+    split_sizes,
+)
 from memprobe.records import Event
 
 # The op name of an unsharded parameter re-allocated by FSDP2's storage resize.
@@ -76,7 +88,7 @@ def sharding_from_flags(
         mp_reduce=mp_reduce,
         mp_output=None if mp_output == "none" else mp_output,
     )
-    if not sharding.active and (mp_reduce or mp_output or reshard_after_forward != "true"):
+    if sharding.shard_ranks == 1 and (mp_reduce or mp_output or reshard_after_forward != "true"):
         raise UserError(
             "--mp-reduce, --mp-output and --reshard-after-forward are FSDP2's",
             "add --fsdp N (or --cp N)",
@@ -101,7 +113,9 @@ class Sharding:
     these too); ``reshard_after_forward``: FSDP2 frees a unit's unsharded parameters
     after its forward (all-gathers them again in backward); ``mp_reduce``: the
     reduce-scatter's dtype (None: the gradients'); ``mp_output``: ``fp32`` casts every
-    FSDP unit's floating outputs to float32 (``MixedPrecisionPolicy.output_dtype``)."""
+    FSDP unit's floating outputs to float32 (``MixedPrecisionPolicy.output_dtype``);
+    ``tp``: tensor-parallel ranks, the innermost mesh dimension
+    (:mod:`memprobe.profile.tensor_parallel`; FSDP2 then shards each tp shard)."""
 
     fsdp: int = 1
     cp: int = 1
@@ -115,12 +129,6 @@ class Sharding:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UserError(f"--{name} must be a positive integer, got {value!r}", "e.g. 8")
-        if self.tp > 1:
-            raise UserError(
-                "--tp is not simulated in the sharded step yet (DTensor tensor parallel of "
-                "the HF model's projections is not wired up)",
-                "use --fsdp and --cp, or plan --tp for the logprob kernels alone",
-            )
         if self.mp_reduce is not None:
             _torch_dtype(self.mp_reduce, "--mp-reduce")
         if self.mp_output is not None and self.mp_output not in MP_OUTPUTS:
@@ -134,11 +142,18 @@ class Sharding:
         return self.fsdp * self.cp * self.tp
 
     @property
+    def shard_ranks(self) -> int:
+        """The ranks FSDP2 shards over (1: no FSDP, tensor parallel alone)."""
+        return self.fsdp * self.cp
+
+    @property
     def active(self) -> bool:
         return self.world > 1
 
     def words(self) -> str:
-        parts = [f"FSDP2 over {self.fsdp * self.cp} ranks"]
+        parts = [f"FSDP2 over {self.shard_ranks} ranks"] if self.shard_ranks > 1 else []
+        if self.tp > 1:
+            parts.append(f"tensor parallel {self.tp}")
         if self.cp > 1:
             parts.append(f"context parallel {self.cp} (K/V all-gathered)")
         parts.append(f"reshard after forward {'on' if self.reshard_after_forward else 'off'}")
@@ -153,11 +168,15 @@ class _Notes:
     comm: list[tuple[int, int]] = field(default_factory=list)
     cp: list[tuple[int, int]] = field(default_factory=list)
     unsharded: dict[int, list[int]] = field(default_factory=dict)
-    # The fake world's device mesh (made before fake tensors: it reads real ones).
+    # The fake world's FSDP and tp meshes (made before fake tensors: they read real
+    # ones); None where that dimension has one rank.
     mesh: Any = None
-    # Parameter bytes: unsharded (every element once) and this rank's shards (padded).
+    tp_mesh: Any = None
+    # Parameter bytes: unsharded (every element once), this rank's shards (padded), and
+    # an even split over the ranks each parameter is sharded over (no padding).
     unsharded_bytes: int = 0
     rank_bytes: int = 0
+    even_bytes: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -170,13 +189,31 @@ class ShardedHFStep(HFStep):
     sharding: Sharding = Sharding()
     notes: _Notes = field(default_factory=_Notes, init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_tp_sizes(self.config, self.sharding.tp)
+
+    @property
+    def vocab_shards(self) -> int:
+        return self.sharding.tp
+
     @property
     def master_weights(self) -> bool:
+        if self.sharding.shard_ranks == 1:  # tensor parallel alone: as one GPU does
+            return super().master_weights
         return False  # FSDP2 keeps the parameters in param_dtype and casts per unit
 
     @property
     def build_dtype(self) -> torch.dtype:
+        if self.sharding.shard_ranks == 1:
+            return super().build_dtype
         return _torch_dtype(self.param_dtype or self.dtype, "--param-dtype")
+
+    def logprob_kwargs(self) -> dict[str, Any]:
+        if self.notes.tp_mesh is None:
+            return {}
+        # This rank's vocabulary ids follow from its rank in the tp group (even split).
+        return {"group": self.notes.tp_mesh.get_group()}
 
     def simulation(self, device: str) -> contextlib.AbstractContextManager[str]:
         if device == "cpu":
@@ -198,7 +235,7 @@ class ShardedHFStep(HFStep):
         return None
 
     def build(self, device: torch.device) -> torch.nn.Module:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import fully_shard
 
         model = super().build(torch.device("meta"))
         layers = getattr(getattr(model, "base_model", None), "layers", None)
@@ -207,6 +244,30 @@ class ShardedHFStep(HFStep):
                 f"{self.config.model_type}: no decoder layers at model.base_model.layers",
                 "the sharded step wraps each decoder layer with fully_shard (Llama-like models)",
             )
+        # No autograd while the model is laid out (the trace's phase stays "setup"), and
+        # on meta, outside the fake world's tensors: with tp, FSDP2 joins the two meshes
+        # into one, whose coordinates are read from a real mesh tensor.
+        with torch.no_grad(), unset_fake_temporarily():
+            if self.notes.tp_mesh is not None:
+                # Tensor parallel first, then FSDP2 over the other dimension (2-D).
+                parallelize(model, layers, self.notes.tp_mesh)
+            if self.notes.mesh is not None:
+                options = self._fsdp_options()
+                for unit in _units(model, layers):
+                    fully_shard(unit, **options)
+                fully_shard(model, **options)
+        # The shards only, on the (fake) device: what each rank allocates.
+        with torch.no_grad():
+            if self.notes.mesh is not None:
+                model.to_empty(device=device)
+            else:  # tensor parallel alone
+                _laid_out(model, device)
+        return model
+
+    def _fsdp_options(self) -> dict[str, Any]:
+        """``fully_shard``'s keyword arguments: the FSDP mesh, one mixed precision policy."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         compute, stored = _torch_dtype(self.dtype, "--dtype"), self.build_dtype
         policy = MixedPrecisionPolicy(
             param_dtype=compute if compute != stored else None,
@@ -215,19 +276,11 @@ class ShardedHFStep(HFStep):
             else None,
             output_dtype=torch.float32 if self.sharding.mp_output == "fp32" else None,
         )
-        options: dict[str, Any] = {
+        return {
             "mesh": self.notes.mesh,
             "mp_policy": policy,
             "reshard_after_forward": self.sharding.reshard_after_forward,
         }
-        # No autograd while the model is laid out (the trace's phase stays "setup").
-        with torch.no_grad():
-            for unit in _units(model, layers):
-                fully_shard(unit, **options)
-            fully_shard(model, **options)
-            # The shards only, on the (fake) device: what each rank allocates.
-            model.to_empty(device=device)
-        return model
 
     def run(
         self, device: torch.device, on_model: Callable[[torch.nn.Module], None] | None = None
@@ -236,17 +289,20 @@ class ShardedHFStep(HFStep):
             params = list(model.parameters())
             self.notes.unsharded_bytes = sum(p.numel() * p.element_size() for p in params)
             self.notes.rank_bytes = sum(physical(p).untyped_storage().nbytes() for p in params)
+            self.notes.even_bytes = even_split_bytes(params)
             if on_model is not None:
                 on_model(model)
 
-        with _fsdp_noted(self.notes), _cp_attention(self.sharding.cp, self.notes):
+        with _fsdp_noted(self.notes), cp_attention(self.sharding.cp, self.notes.cp):
             super().run(device, noted)
 
     def sharded_summary(self) -> dict[str, Any] | None:
-        """The layout, and the parameter bytes per rank against the unsharded bytes /
-        ranks (the difference is FSDP2's padding of dim 0 to a multiple of the ranks).
-        Gradients and each AdamW moment are sharded the same way, in the same dtype."""
-        s, n = self.sharding, self.sharding.fsdp * self.sharding.cp
+        """The layout, and the parameter bytes per rank against an even split of each
+        parameter over the ranks it is sharded over (the unsharded bytes / the FSDP ranks
+        without tp; the difference is FSDP2's padding of dim 0 to a multiple of the
+        ranks). Gradients and each AdamW moment are sharded the same way, in the same
+        dtype."""
+        s, n = self.sharding, self.sharding.shard_ranks
         return {
             "fsdp": s.fsdp,
             "cp": s.cp,
@@ -260,7 +316,10 @@ class ShardedHFStep(HFStep):
             "sequence_tokens": self.tokens * s.cp,
             "unsharded_parameter_bytes": self.notes.unsharded_bytes,
             "rank_parameter_bytes": self.notes.rank_bytes,
-            "padding_bytes": self.notes.rank_bytes - self.notes.unsharded_bytes // n,
+            "even_split_parameter_bytes": self.notes.even_bytes,
+            "padding_bytes": self.notes.rank_bytes - self.notes.even_bytes,
+            # What each tp rank computes: heads / tp, ... (the whole sizes at tp 1).
+            "tp_per_rank": {k: v // s.tp for k, v in split_sizes(self.config).items()},
         }
 
 
@@ -281,6 +340,27 @@ def _units(model: Any, layers: torch.nn.ModuleList) -> list[Any]:
     return units
 
 
+def _laid_out(model: torch.nn.Module, device: torch.device) -> None:
+    """``model.to_empty(device=device)`` without FSDP2: each parameter (a DTensor:
+    its local shard) and buffer replaced by an empty one on ``device``, ties kept.
+    ``to_empty`` itself would swap a meta parameter for its fake counterpart in place,
+    which the fake tensor converter's weak reference to it forbids."""
+    params: dict[int, torch.nn.Parameter] = {}
+    buffers: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in params:
+                    empty = torch.empty_like(p, device=device)
+                    params[id(p)] = torch.nn.Parameter(empty, requires_grad=p.requires_grad)
+                module._parameters[name] = params[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                if id(b) not in buffers:
+                    buffers[id(b)] = torch.empty_like(b, device=device)
+                module._buffers[name] = buffers[id(b)]
+
+
 def _tied(model: Any) -> bool:
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     return head is not None and embed is not None and head.weight is embed.weight
@@ -293,7 +373,6 @@ def _fake_world(sharding: Sharding, notes: _Notes) -> Iterator[str]:
     device to trace on."""
     import torch.distributed as dist
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if not dist.is_available():
@@ -305,11 +384,11 @@ def _fake_world(sharding: Sharding, notes: _Notes) -> Iterator[str]:
         )
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=sharding.world)
     try:
-        notes.mesh = init_device_mesh("cpu", (sharding.fsdp * sharding.cp,))
+        _meshes(sharding, notes)
         with FakeTensorMode(allow_non_fake_inputs=True):
             yield "cpu"
     finally:
-        notes.mesh = None
+        notes.mesh = notes.tp_mesh = None
         dist.destroy_process_group()
 
 
@@ -318,18 +397,29 @@ def _real_world(sharding: Sharding, notes: _Notes) -> Iterator[str]:
     """The process group this process already belongs to (a real gloo run: the check
     of the fake world), its FSDP mesh in ``notes``; the step runs on the cpu."""
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized() or dist.get_world_size() != sharding.world:
         raise UserError(
             f"a real sharded run needs a process group of {sharding.world} ranks",
             "start it with torchrun, or simulate on meta",
         )
-    notes.mesh = init_device_mesh("cpu", (sharding.fsdp * sharding.cp,))
+    _meshes(sharding, notes)
     try:
         yield "cpu"
     finally:
-        notes.mesh = None
+        notes.mesh = notes.tp_mesh = None
+
+
+def _meshes(sharding: Sharding, notes: _Notes) -> None:
+    """The world's device mesh, ``(fsdp x cp, tp)`` as torchtitan lays it out (tp
+    innermost: its ranks are neighbours), its dimensions into ``notes``."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(
+        "cpu", (sharding.shard_ranks, sharding.tp), mesh_dim_names=("dp_shard_cp", "tp")
+    )
+    notes.mesh = mesh["dp_shard_cp"] if sharding.shard_ranks > 1 else None
+    notes.tp_mesh = mesh["tp"] if sharding.tp > 1 else None
 
 
 def _noted(event: Event, notes: dict[int, list[int]]) -> bool:
@@ -389,61 +479,3 @@ def _fsdp_noted(notes: _Notes) -> Iterator[None]:
         _fsdp_param.FSDPParam.init_all_gather_outputs = original_init  # type: ignore[method-assign]
         for module, name, value in saved:
             setattr(module, name, value)
-
-
-class _GatherSequence(torch.autograd.Function):
-    """K or V all-gathered over the CP ranks along the sequence (dim -2); backward
-    reduce-scatters the gradient back to this rank's block."""
-
-    @staticmethod
-    def forward(ctx: Any, local: torch.Tensor, ranks: int) -> torch.Tensor:
-        ctx.ranks = ranks
-        shape = list(local.shape)
-        shape[-2] *= ranks
-        gathered = local.new_empty(shape)
-        # This rank's block; the other ranks' arrive over the (fake, no-op) all-gather.
-        gathered.narrow(-2, 0, local.shape[-2]).copy_(local)
-        return gathered
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        rows = grad.shape[-2] // ctx.ranks
-        mine = torch.empty_like(grad.narrow(-2, 0, rows), memory_format=torch.contiguous_format)
-        mine.copy_(grad.narrow(-2, 0, rows))
-        return mine, None
-
-
-@contextlib.contextmanager
-def _cp_attention(ranks: int, notes: _Notes) -> Iterator[None]:
-    """While active (``ranks`` > 1), every SDPA call sees K and V all-gathered over the
-    CP ranks: a local query block against the whole sequence's keys."""
-    if ranks == 1:
-        yield
-        return
-    import torch.nn.functional as F
-
-    original = F.scaled_dot_product_attention
-
-    def attention(
-        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *a: Any, **k: Any
-    ) -> torch.Tensor:
-        start = events_so_far() or 0
-        key = _GatherSequence.apply(key, ranks)
-        value = _GatherSequence.apply(value, ranks)
-        notes.cp.append((start, events_so_far() or 0))
-        # The local query block against the whole sequence's keys. Torch's CP runs the
-        # fused kernel per block, causal on the diagonal only; a fused kernel's memory
-        # does not depend on the mask, and CUDA's flash kernel refuses a causal
-        # non-square call, so the call is made non-causal (same bytes, no [S,S] scores).
-        rest = list(a)
-        if len(rest) >= 3:  # (attn_mask, dropout_p, is_causal, ...)
-            rest[2] = False
-        else:
-            k["is_causal"] = False
-        return original(query, key, value, *rest, **k)
-
-    F.scaled_dot_product_attention = attention
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original

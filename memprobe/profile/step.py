@@ -358,7 +358,7 @@ def _category(
         not step.hidden_route
         and logits_start is not None
         and event.index < logits_start
-        and event.shape[-1:] == (step.vocab,)
+        and event.shape[-1:] == (step.local_vocab,)
         and event.shape[-2:-1] == (seq,)
     ):
         return LOGITS

@@ -132,7 +132,6 @@ def test_context_parallel_gathers_k_and_v_over_the_cp_ranks() -> None:
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [
-        (["--tp", "2"], "--tp is not simulated"),
         (["--mp-output", "fp32"], "are FSDP2's"),
         (["--mp-param", "bf16"], "--mp-param is FSDP2's"),
         (["--fsdp", "2", "--reshard-after-forward", "maybe"], "is not true or false"),
@@ -156,7 +155,8 @@ def test_what_cannot_be_simulated_is_one_line(
     [
         (["--vocab", "1000", "--fsdp", "2"], "add --step --config CONFIG"),
         (["--vocab", "1000", "--mp-output", "fp32"], "add --step --config CONFIG"),
-        (["--step", "CONFIG", "--fsdp", "2", "--tp", "2"], "--tp is not simulated"),
+        (["--step", "CONFIG", "--fsdp", "2", "--tp", "3"], "--tp 3 does not divide"),
+        (["--step", "CONFIG", "--fsdp", "2", "--tp", "2,4"], "--tp takes one value"),
         (["--step", "CONFIG", "--fsdp", "2", "--cp", "2,4"], "--cp takes one value"),
     ],
 )
