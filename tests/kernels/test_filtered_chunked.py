@@ -261,3 +261,42 @@ def test_bad_filters_are_rejected():
         filtered_chunked_logprobs(logits, targets, top_p=0.0)
     with pytest.raises(ValueError, match="top_k"):
         filtered_chunked_logprobs(logits, targets, top_k=0)
+
+
+def _p_keeping(logits, n_kept, top_k=None):
+    """A top_p under which filtered's exact integer rule keeps exactly the first
+    ``n_kept`` tokens of the row's (kept-by-k) stable descending order."""
+    row = logits.float().reshape(-1)
+    if top_k is not None:
+        row = row.masked_fill(row < torch.topk(row, top_k).values[-1], float("-inf"))
+    ordered = torch.sort(row, descending=True, stable=True).values
+    q = top_p_masses(ordered - ordered[0], mass_bits(len(row))).tolist()
+    before, total = sum(q[: n_kept - 1]), sum(q)
+    # A limit in (before, before + q_n] keeps the n-th token (the mass before it is
+    # below) and drops the next; the middle of that range survives float64 rounding.
+    return (before + q[n_kept - 1] / 2) / total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("top_k", [None, 700])
+@pytest.mark.parametrize("kept_ties", [1, 9, 10])
+def test_a_run_of_ties_at_the_end_of_the_vocabulary_cut_by_top_p(dtype, top_k, kept_ties):
+    # The last ten vocabulary entries tie; top-p stops on the first, the ninth, or
+    # the last of them (index V - 1): the ties after the cut get -inf and no
+    # gradient, and the kept ones filtered's gradient.
+    vocab, run = 1000, 10
+    gen = torch.Generator().manual_seed(11)
+    logits = (torch.randn(1, 1, vocab, generator=gen) * 2).to(dtype)
+    logits[..., vocab - run :] = 0.75
+    above = int((logits.float() > 0.75).sum())
+    top_p = _p_keeping(logits, above + kept_ties, top_k)
+    filters = {"top_p": top_p} if top_k is None else {"top_k": top_k, "top_p": top_p}
+    kept = ~filtered_out_mask(logits.float(), **{"top_k": top_k, "top_p": top_p})
+    assert kept[..., vocab - run :].sum() == kept_ties and kept[..., vocab - run].all()
+    # Two positions, so the chunk of one runs the row twice; targets on the run.
+    logits = logits.expand(1, 3, vocab).contiguous()
+    targets = torch.tensor([[vocab - 1, vocab - run + kept_ties - 1, vocab - run]])
+    _check(logits, targets, torch.tensor([[0.5, -1.0, 2.0]]), filters, 1)
+    x = logits.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(filtered_chunked_logprobs(x, targets, **filters).sum(), x)
+    assert torch.equal(grad[0, 0] != 0, kept[0, 0])
