@@ -16,25 +16,28 @@ and three numbers per token, which describe the kept set exactly:
 * ``logsum``: ``log Σ_kept exp(x - max)``, the row max recomputed in backward.
 
 Work per chunk of ``c`` positions. Backward: one float32 ``[B, c, V]`` copy of
-the logits and a bool ``[B, c, V]``, and no selection at all: the kept set is
-``x > tau`` or ``x == tau`` at index ``<= cut``. The gradient, in the logits'
-dtype, is that of ``filtered``: ``(onehot_t · kept_t - softmax_kept) ·
-grad_output``, zero on every dropped logit. Forward: with ``top_k``, a ``topk``
-of the chunk (top-p then runs on its k sorted values); top-p alone, a histogram
-of the chunk's integer masses and a ``topk`` of the one bucket where they cross p
+the logits and a bool ``[B, c, V]`` mask, plus a second bool chunk for the tie
+fix-up below, and no selection at all: the kept set is ``x > tau`` or
+``x == tau`` at index ``<= cut``. The gradient, in the logits' dtype, is that
+of ``filtered``: ``(onehot_t · kept_t - softmax_kept) · grad_output``, zero on
+every dropped logit. Forward: with ``top_k``, a ``topk`` of the chunk (top-p
+then runs on its k sorted values); top-p alone, a histogram of the chunk's
+integer masses and a ``topk`` of the one bucket where they cross p
 (:func:`_select_top_p`), 25 bytes per element in buffers reused by every chunk.
-The forward has no gradient beside it, so its peak stays under the backward's at
-the headline shape (20,000 × 131,072 bf16, chunk 1024, top-p alone: 8.06 GiB vs
-10.39 GiB).
+The forward has no gradient beside it, so its peak stays under the backward's
+at the headline shape (20,000 × 131,072 bf16, chunk 1024, top-p alone).
 
-Ties at the cut are rare in float32 logits and common in bf16 ones. Top-p alone
-reads the cut from the bucket's ``topk`` indices, put in filtered's order; with
-top-k the rows whose run is split are looked up one by one on the host, and
-backward lowers each split row's later ties on that row's tail, both in a
-preallocated bool row, so the memory is the same whatever the values (a meta
-simulation, which has no values, skips them and allocates the same). A row the
-histogram cannot settle is sorted alone; its ~40 bytes per vocabulary entry stay
-under the chunk's bool mask, freed before it, for a chunk of 40 positions or more.
+Ties at the cut are rare in float32 logits and common in bf16 ones (at top-p
+0.9 over a bf16 vocabulary nearly every row splits a run). ``cut`` is ``V - 1``
+unless the run is split. Top-p alone reads the cut from the bucket's ``topk``
+indices, put in filtered's order; with top-k, the running count of the chunk's
+ties (an int32 chunk) finds the last kept one; backward adds the ties after the
+cut to its mask. Both work on whole chunks in buffers allocated once whatever
+the values, and only for a chunk with a split row (a meta simulation, which has
+no values, skips them and allocates the same): a loop over rows cost more in
+dispatch than the chunk's passes. A row the histogram cannot settle is sorted
+alone; its ~40 bytes per vocabulary entry stay under the chunk's bool mask,
+freed before it, for a chunk of 40 positions or more.
 """
 
 from __future__ import annotations
@@ -194,9 +197,8 @@ def _select_top_p(
     torch.where(ids == (buckets - 1 - down).to(torch.int32), x, lowest, out=f)
     cap = min(BUCKET_CAP, vocab)
     vals, idx = _tie_order(*torch.topk(f, cap, dim=-1, sorted=True))
-    n_in, kept_mass = _crossing(vals, top_p_masses(vals - m, bits), above, limit)[:2]
-    at = (n_in - 1).unsqueeze(-1)
-    tau, cut = vals.gather(-1, at).squeeze(-1), idx.gather(-1, at).squeeze(-1)
+    n_in, kept_mass, tau, ties_kept = _crossing(vals, top_p_masses(vals - m, bits), above, limit)
+    cut = _split_cut(vals, idx, tau, n_in, ties_kept, vocab)
     logsum = _log_mass(kept_mass, bits)
     # A full list may have left part of its bucket out: a row whose crossing is at
     # its end, or at a value that reaches its end, is redone with a sort of that row.
@@ -208,6 +210,22 @@ def _select_top_p(
             row = _sorted_select(x[b : b + 1, s : s + 1], m[b : b + 1, s : s + 1], top_p)
             tau[b, s], logsum[b, s], cut[b, s] = (t[0, 0] for t in row)
     return tau, logsum, cut
+
+
+def _split_cut(
+    vals: torch.Tensor,
+    idx: torch.Tensor,
+    tau: torch.Tensor,
+    n_in: torch.Tensor,
+    ties_kept: torch.Tensor,
+    vocab: int,
+) -> torch.Tensor:
+    """``cut`` from a candidate list in filtered's order holding every logit equal
+    to tau: the last kept candidate's index where top-p splits the run of ties,
+    else ``V - 1`` (so backward has no ties to lower in that row)."""
+    split = ties_kept < _count_ties(vals, tau)
+    last_kept = idx.gather(-1, (n_in - 1).unsqueeze(-1)).squeeze(-1)
+    return torch.where(split, last_kept, vocab - 1)
 
 
 def _tie_order(vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -227,10 +245,24 @@ def _sorted_select(
     bits = mass_bits(x.shape[-1])
     vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
     q = top_p_masses(vals - m, bits)
-    n_in, kept_mass = _crossing(vals, q, 0, top_p_limit(q.sum(dim=-1), top_p))[:2]
-    at = (n_in - 1).unsqueeze(-1)
-    tau, cut = vals.gather(-1, at).squeeze(-1), idx.gather(-1, at).squeeze(-1)
+    n_in, kept_mass, tau, ties_kept = _crossing(vals, q, 0, top_p_limit(q.sum(dim=-1), top_p))
+    cut = _split_cut(vals, idx, tau, n_in, ties_kept, x.shape[-1])
     return tau, _log_mass(kept_mass, bits), cut
+
+
+class CutBuffers:
+    """The forward's buffers for top-k's tie look-ups: a bool and an int32 chunk,
+    allocated once on every device alike, used only by a chunk with a split row."""
+
+    def __init__(self, batch: int, rows: int, vocab: int, device: torch.device) -> None:
+        self.equal = torch.empty((batch, rows, vocab), dtype=torch.bool, device=device)
+        self.rank = torch.empty((batch, rows, vocab), dtype=torch.int32, device=device)
+
+
+def _leading(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The first elements of a buffer viewed as a contiguous tensor of ``shape``:
+    a ragged last chunk of a batch of several rows is then contiguous too."""
+    return buffer.view(-1)[: math.prod(shape)].view(shape)
 
 
 def _cut_indices(
@@ -238,24 +270,24 @@ def _cut_indices(
     tau: torch.Tensor,
     ties_kept: torch.Tensor | None,
     ties_all: torch.Tensor | None,
-    scratch: torch.Tensor,
+    bufs: CutBuffers | None,
 ) -> torch.Tensor:
     """``cut`` per row: ``V - 1``, or the index of the last kept tie where top-p
-    splits a run of logits equal to tau. Found row by row (see the module)."""
+    splits a run of logits equal to tau: where the running count of ties reaches
+    the number kept. Whole-chunk operations (a loop over rows costs more in
+    dispatch than it saves); a meta simulation, which has no values, skips them."""
     vocab = x.shape[-1]
     cut = torch.full(tau.shape, vocab - 1, dtype=torch.long, device=x.device)
-    if ties_kept is None or ties_all is None:
+    if ties_kept is None or ties_all is None or bufs is None:
         return cut
     split = ties_kept < ties_all
-    if x.device.type == "meta":
+    if x.device.type == "meta" or not bool(split.any()):
         return cut
-    for r in split.cpu().numpy().reshape(-1).nonzero()[0]:
-        b, s = divmod(int(r), tau.shape[1])
-        torch.eq(x[b, s], tau[b, s], out=scratch)
-        where = scratch.cpu().numpy().nonzero()[0]
-        if int(ties_kept[b, s]) < len(where):
-            cut[b, s] = int(where[int(ties_kept[b, s]) - 1])
-    return cut
+    equal = torch.eq(x, tau.unsqueeze(-1), out=_leading(bufs.equal, x.shape))
+    # Contiguous for searchsorted, the ragged last chunk too (see _leading).
+    rank = torch.cumsum(equal, dim=-1, dtype=torch.int32, out=_leading(bufs.rank, x.shape))
+    last_kept = torch.searchsorted(rank, ties_kept.to(torch.int32).unsqueeze(-1)).squeeze(-1)
+    return torch.where(split, last_kept, cut)
 
 
 def _kept_target(
@@ -278,13 +310,14 @@ def _forward(
     cut = logits.new_empty((batch, seq), dtype=torch.long)
     logsum = logits.new_empty((batch, seq), dtype=torch.float32)
     index = targets.long()
-    # One bool row for the tie look-ups, allocated on every device alike.
-    scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
     rows = min(chunk, seq)
     work = logits.new_empty((batch, rows, vocab), dtype=torch.float32)
     bufs = None
     if top_k is None and top_p is not None:
         bufs = TopPBuffers(batch, rows, vocab, logits.device)
+    cut_bufs = None
+    if top_k is not None and top_p is not None:
+        cut_bufs = CutBuffers(batch, rows, vocab, logits.device)
     for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         x = work[:, : end - start]
@@ -296,7 +329,7 @@ def _forward(
             chunk_tau, chunk_logsum, chunk_cut = _select_top_p(x, m, top_p, bufs)
         elif top_k is not None:
             chunk_tau, chunk_logsum, ties_kept, ties_all = _select(x, m, top_k, top_p)
-            chunk_cut = _cut_indices(x, chunk_tau, ties_kept, ties_all, scratch)
+            chunk_cut = _cut_indices(x, chunk_tau, ties_kept, ties_all, cut_bufs)
         else:
             chunk_tau = x.new_full(m.shape[:-1], float("-inf"))
             chunk_cut = torch.full(m.shape[:-1], vocab - 1, dtype=torch.long, device=x.device)
@@ -326,9 +359,9 @@ def _backward(
     index = targets.long()
     grad_output = grad_output.float()
     # One float32 chunk for every chunk (see TopPBuffers: page faults cost more than
-    # a pass), and one bool row for the tie fix-ups, allocated on every device alike.
+    # a pass), and the tie fix-up's buffers, allocated on every device alike.
     buffer = logits.new_empty((logits.shape[0], min(chunk, seq), vocab), dtype=torch.float32)
-    scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
+    ties = TieScratch(logits.shape[0], min(chunk, seq), vocab, logits.device)
     for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         work = buffer[:, : end - start]
@@ -339,8 +372,7 @@ def _backward(
         x_t = work.gather(-1, idx).squeeze(-1)
         g = grad_output[:, start:end] * _kept_target(x_t, t, c, index[:, start:end])
         m = _row_max(work)
-        _drop_split_ties(work, t, c, scratch)
-        drop = work < t.unsqueeze(-1)
+        drop = _dropped(work, t, c, ties)
         work.sub_(m).sub_(logsum[:, start:end].unsqueeze(-1))
         work.masked_fill_(drop, float("-inf"))
         del drop
@@ -350,24 +382,31 @@ def _backward(
     return grad
 
 
-def _drop_split_ties(
-    work: torch.Tensor, tau: torch.Tensor, cut: torch.Tensor, scratch: torch.Tensor
-) -> None:
-    """Lower the logits equal to tau after ``cut`` to -inf (they are dropped, and
-    the row max, taken before, is unchanged) in the rows where top-p split their
-    run: row by row in the preallocated ``scratch``, reading only each row's tail,
-    so the memory is the same whatever the values (a meta simulation skips this)."""
+class TieScratch:
+    """Backward's buffers for the ties after ``cut``: a bool chunk and the column
+    indices, allocated once on every device alike, used only by a chunk with a
+    split row, so the memory is the same whatever the values."""
+
+    def __init__(self, batch: int, rows: int, vocab: int, device: torch.device) -> None:
+        self.equal = torch.empty((batch, rows, vocab), dtype=torch.bool, device=device)
+        self.column = torch.arange(vocab, device=device)
+
+
+def _dropped(
+    work: torch.Tensor, tau: torch.Tensor, cut: torch.Tensor, ties: TieScratch
+) -> torch.Tensor:
+    """The chunk's dropped logits: below tau, or equal to it after ``cut`` in a row
+    where top-p split their run (``cut < V - 1``). Whole-chunk operations: a loop
+    over rows or small blocks costs more in dispatch and thread wake-ups than it
+    saves (a meta simulation, which has no values, takes the short path)."""
     vocab = work.shape[-1]
-    if work.device.type == "meta":
-        return
-    # Indexed per (b, s): a reshape of the last chunk's (strided) view would copy it.
-    split = (cut < vocab - 1).nonzero()
-    firsts = (cut[split[:, 0], split[:, 1]] + 1).tolist()
-    values = tau[split[:, 0], split[:, 1]].tolist()
-    for (b, s), first, value in zip(split.tolist(), firsts, values, strict=True):
-        tail = scratch[: vocab - first]
-        torch.eq(work[b, s, first:], value, out=tail)
-        work[b, s, first:].masked_fill_(tail, float("-inf"))
+    t = tau.unsqueeze(-1)
+    split = cut < vocab - 1
+    if work.device.type == "meta" or not bool(split.any()):
+        return work < t
+    drop = torch.gt(ties.column, cut.unsqueeze(-1))  # after the cut, for now
+    equal = torch.eq(work, t, out=_leading(ties.equal, work.shape)).logical_and_(drop)
+    return torch.lt(work, t, out=drop).logical_or_(equal)
 
 
 class FilteredChunkedLogprob(torch.autograd.Function):
