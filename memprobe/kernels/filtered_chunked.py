@@ -250,44 +250,29 @@ def _sorted_select(
     return tau, _log_mass(kept_mass, bits), cut
 
 
-class CutBuffers:
-    """The forward's buffers for top-k's tie look-ups: a bool and an int32 chunk,
-    allocated once on every device alike, used only by a chunk with a split row."""
-
-    def __init__(self, batch: int, rows: int, vocab: int, device: torch.device) -> None:
-        self.equal = torch.empty((batch, rows, vocab), dtype=torch.bool, device=device)
-        self.rank = torch.empty((batch, rows, vocab), dtype=torch.int32, device=device)
-
-
-def _leading(buffer: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """The first elements of a buffer viewed as a contiguous tensor of ``shape``:
-    a ragged last chunk of a batch of several rows is then contiguous too."""
-    return buffer.view(-1)[: math.prod(shape)].view(shape)
-
-
 def _cut_indices(
     x: torch.Tensor,
     tau: torch.Tensor,
     ties_kept: torch.Tensor | None,
     ties_all: torch.Tensor | None,
-    bufs: CutBuffers | None,
+    scratch: torch.Tensor,
 ) -> torch.Tensor:
     """``cut`` per row: ``V - 1``, or the index of the last kept tie where top-p
-    splits a run of logits equal to tau: where the running count of ties reaches
-    the number kept. Whole-chunk operations (a loop over rows costs more in
-    dispatch than it saves); a meta simulation, which has no values, skips them."""
+    splits a run of logits equal to tau. Found row by row (see the module)."""
     vocab = x.shape[-1]
     cut = torch.full(tau.shape, vocab - 1, dtype=torch.long, device=x.device)
-    if ties_kept is None or ties_all is None or bufs is None:
+    if ties_kept is None or ties_all is None:
         return cut
     split = ties_kept < ties_all
-    if x.device.type == "meta" or not bool(split.any()):
+    if x.device.type == "meta":
         return cut
-    equal = torch.eq(x, tau.unsqueeze(-1), out=_leading(bufs.equal, x.shape))
-    # Contiguous for searchsorted, the ragged last chunk too (see _leading).
-    rank = torch.cumsum(equal, dim=-1, dtype=torch.int32, out=_leading(bufs.rank, x.shape))
-    last_kept = torch.searchsorted(rank, ties_kept.to(torch.int32).unsqueeze(-1)).squeeze(-1)
-    return torch.where(split, last_kept, cut)
+    for r in split.cpu().numpy().reshape(-1).nonzero()[0]:
+        b, s = divmod(int(r), tau.shape[1])
+        torch.eq(x[b, s], tau[b, s], out=scratch)
+        where = scratch.cpu().numpy().nonzero()[0]
+        if int(ties_kept[b, s]) < len(where):
+            cut[b, s] = int(where[int(ties_kept[b, s]) - 1])
+    return cut
 
 
 def _kept_target(
@@ -310,14 +295,13 @@ def _forward(
     cut = logits.new_empty((batch, seq), dtype=torch.long)
     logsum = logits.new_empty((batch, seq), dtype=torch.float32)
     index = targets.long()
+    # One bool row for the tie look-ups, allocated on every device alike.
+    scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
     rows = min(chunk, seq)
     work = logits.new_empty((batch, rows, vocab), dtype=torch.float32)
     bufs = None
     if top_k is None and top_p is not None:
         bufs = TopPBuffers(batch, rows, vocab, logits.device)
-    cut_bufs = None
-    if top_k is not None and top_p is not None:
-        cut_bufs = CutBuffers(batch, rows, vocab, logits.device)
     for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         x = work[:, : end - start]
@@ -329,7 +313,7 @@ def _forward(
             chunk_tau, chunk_logsum, chunk_cut = _select_top_p(x, m, top_p, bufs)
         elif top_k is not None:
             chunk_tau, chunk_logsum, ties_kept, ties_all = _select(x, m, top_k, top_p)
-            chunk_cut = _cut_indices(x, chunk_tau, ties_kept, ties_all, cut_bufs)
+            chunk_cut = _cut_indices(x, chunk_tau, ties_kept, ties_all, scratch)
         else:
             chunk_tau = x.new_full(m.shape[:-1], float("-inf"))
             chunk_cut = torch.full(m.shape[:-1], vocab - 1, dtype=torch.long, device=x.device)
@@ -352,16 +336,18 @@ def _backward(
     logsum: torch.Tensor,
     grad_output: torch.Tensor,
     chunk: int,
+    filtered: bool,
 ) -> torch.Tensor:
-    """d(logprob)/d(logits) · grad_output, chunk by chunk, in the logits' dtype."""
+    """d(logprob)/d(logits) · grad_output, chunk by chunk, in the logits' dtype;
+    ``filtered`` false when no filter removes anything (tau is -inf)."""
     seq, vocab = logits.shape[1], logits.shape[2]
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     index = targets.long()
     grad_output = grad_output.float()
     # One float32 chunk for every chunk (see TopPBuffers: page faults cost more than
-    # a pass), and the tie fix-up's buffers, allocated on every device alike.
+    # a pass), and one bool row for the tie fix-ups, allocated on every device alike.
     buffer = logits.new_empty((logits.shape[0], min(chunk, seq), vocab), dtype=torch.float32)
-    ties = TieScratch(logits.shape[0], min(chunk, seq), vocab, logits.device)
+    scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
     for start in block_starts(seq, chunk, logits.device):
         end = min(start + chunk, seq)
         work = buffer[:, : end - start]
@@ -372,41 +358,95 @@ def _backward(
         x_t = work.gather(-1, idx).squeeze(-1)
         g = grad_output[:, start:end] * _kept_target(x_t, t, c, index[:, start:end])
         m = _row_max(work)
-        drop = _dropped(work, t, c, ties)
-        work.sub_(m).sub_(logsum[:, start:end].unsqueeze(-1))
-        work.masked_fill_(drop, float("-inf"))
-        del drop
-        work.exp_().mul_(grad_output[:, start:end].unsqueeze(-1).neg())
+        if not filtered:
+            work.sub_(m).sub_(logsum[:, start:end].unsqueeze(-1)).exp_()
+        elif logits.element_size() == 2:
+            _kept_softmax_16bit(work, m, t, c, logsum[:, start:end])
+        else:
+            _kept_softmax_exact(work, m, t, c, logsum[:, start:end], scratch)
+        work.mul_(grad_output[:, start:end].unsqueeze(-1).neg())
         work.scatter_add_(-1, idx, g.unsqueeze(-1))
         grad[:, start:end].copy_(work)
     return grad
 
 
-class TieScratch:
-    """Backward's buffers for the ties after ``cut``: a bool chunk and the column
-    indices, allocated once on every device alike, used only by a chunk with a
-    split row, so the memory is the same whatever the values."""
+def _kept_softmax_exact(
+    work: torch.Tensor,
+    m: torch.Tensor,
+    tau: torch.Tensor,
+    cut: torch.Tensor,
+    logsum: torch.Tensor,
+    scratch: torch.Tensor,
+) -> None:
+    """``exp((x - max) - logsum)`` on the kept logits, 0 on the dropped, in place:
+    the shifts of filtered's float32 log_softmax, the dropped masked to -inf."""
+    _drop_split_ties(work, tau, cut, scratch)
+    drop = work < tau.unsqueeze(-1)
+    work.sub_(m).sub_(logsum.unsqueeze(-1))
+    work.masked_fill_(drop, float("-inf"))
+    del drop
+    work.exp_()
 
-    def __init__(self, batch: int, rows: int, vocab: int, device: torch.device) -> None:
-        self.equal = torch.empty((batch, rows, vocab), dtype=torch.bool, device=device)
-        self.column = torch.arange(vocab, device=device)
+
+# The 16-bit path's arguments of exp are clamped here: exp's vectorised cpu path
+# takes a slow scalar one on -inf or an underflowing argument (8x on a bf16 chunk
+# with top-p's 40% dropped). exp(-87) is a normal float32; anything at most a hair
+# above it is then zeroed (a kept softmax that small has a gradient below 2e-38).
+_LOWEST_ARG = -87.0
+_ZERO_AT_OR_BELOW = math.exp(_LOWEST_ARG) * 1.001
+_BELOW_ZERO = -(2.0**-149)  # the negative float32 nearest zero: y > it iff y >= 0
 
 
-def _dropped(
-    work: torch.Tensor, tau: torch.Tensor, cut: torch.Tensor, ties: TieScratch
-) -> torch.Tensor:
-    """The chunk's dropped logits: below tau, or equal to it after ``cut`` in a row
-    where top-p split their run (``cut < V - 1``). Whole-chunk operations: a loop
-    over rows or small blocks costs more in dispatch and thread wake-ups than it
-    saves (a meta simulation, which has no values, takes the short path)."""
+def _kept_softmax_16bit(
+    work: torch.Tensor, m: torch.Tensor, tau: torch.Tensor, cut: torch.Tensor, logsum: torch.Tensor
+) -> None:
+    """As :func:`_kept_softmax_exact`, in cheap vectorised passes (no bool mask, no
+    masked_fill, no -inf into exp) for 16-bit logits: ``y = x - tau`` has the
+    exact sign of ``x - tau`` (0 on a tie), a scalar threshold drops ``y < 0``, and
+    ``y + ((tau - max) - logsum)`` differs from ``(x - max) - logsum`` by float32
+    roundings far below the 16-bit rounding of the gradient (both shifts are
+    exact for 16-bit values less than 2^16 apart)."""
+    # A row of -inf logits has tau -inf: the lowest finite float keeps it nan-free.
+    tau = tau.clamp(min=torch.finfo(torch.float32).min)
+    work.sub_(tau.unsqueeze(-1))
+    torch.nn.functional.threshold(work, _BELOW_ZERO, float("-inf"), inplace=True)
+    _drop_split_tail_ties(work, cut)
+    work.add_(((tau - m.squeeze(-1)) - logsum).unsqueeze(-1))
+    work.clamp_(min=_LOWEST_ARG).exp_()
+    torch.nn.functional.threshold(work, _ZERO_AT_OR_BELOW, 0.0, inplace=True)
+
+
+def _drop_split_tail_ties(shifted: torch.Tensor, cut: torch.Tensor) -> None:
+    """In ``x - tau`` after the scalar threshold, lower the ties (0) after ``cut``
+    to -inf in the rows where top-p split their run: one threshold of each such
+    row's tail (a meta simulation, which has no values, skips this)."""
+    if shifted.device.type == "meta":
+        return
+    # On the host, in numpy: no torch allocation, so a real run's peak is meta's.
+    cuts = cut.cpu().numpy()
+    for b, s in zip(*(cuts < shifted.shape[-1] - 1).nonzero(), strict=True):
+        tail = shifted[b, s, int(cuts[b, s]) + 1 :]
+        torch.nn.functional.threshold(tail, 0.0, float("-inf"), inplace=True)
+
+
+def _drop_split_ties(
+    work: torch.Tensor, tau: torch.Tensor, cut: torch.Tensor, scratch: torch.Tensor
+) -> None:
+    """Lower the logits equal to tau after ``cut`` to -inf (they are dropped, and
+    the row max, taken before, is unchanged) in the rows where top-p split their
+    run: row by row in the preallocated ``scratch``, reading only each row's tail,
+    so the memory is the same whatever the values (a meta simulation skips this)."""
     vocab = work.shape[-1]
-    t = tau.unsqueeze(-1)
-    split = cut < vocab - 1
-    if work.device.type == "meta" or not bool(split.any()):
-        return work < t
-    drop = torch.gt(ties.column, cut.unsqueeze(-1))  # after the cut, for now
-    equal = torch.eq(work, t, out=_leading(ties.equal, work.shape)).logical_and_(drop)
-    return torch.lt(work, t, out=drop).logical_or_(equal)
+    if work.device.type == "meta":
+        return
+    # Indexed per (b, s): a reshape of the last chunk's (strided) view would copy it.
+    split = (cut < vocab - 1).nonzero()
+    firsts = (cut[split[:, 0], split[:, 1]] + 1).tolist()
+    values = tau[split[:, 0], split[:, 1]].tolist()
+    for (b, s), first, value in zip(split.tolist(), firsts, values, strict=True):
+        tail = scratch[: vocab - first]
+        torch.eq(work[b, s, first:], value, out=tail)
+        work[b, s, first:].masked_fill_(tail, float("-inf"))
 
 
 class FilteredChunkedLogprob(torch.autograd.Function):
@@ -433,6 +473,7 @@ class FilteredChunkedLogprob(torch.autograd.Function):
         k, p = _active(top_k, top_p, logits.shape[-1])
         out, tau, cut, logsum = _forward(logits, targets, chunk, k, p)
         ctx.chunk = chunk
+        ctx.filtered = k is not None or p is not None
         ctx.saved_nothing = inference_only or not ctx.needs_input_grad[0]
         if not ctx.saved_nothing:
             ctx.save_for_backward(logits, targets, tau, cut, logsum)
@@ -446,7 +487,7 @@ class FilteredChunkedLogprob(torch.autograd.Function):
                 "and saved nothing: run it again with gradients enabled"
             )
         logits, targets, tau, cut, logsum = ctx.saved_tensors
-        grad = _backward(logits, targets, tau, cut, logsum, grad_output, ctx.chunk)
+        grad = _backward(logits, targets, tau, cut, logsum, grad_output, ctx.chunk, ctx.filtered)
         return grad, None, None, None, None, None
 
 
