@@ -196,9 +196,11 @@ def _select_top_p(
     lowest = x.new_full((), float("-inf"))
     torch.where(ids == (buckets - 1 - down).to(torch.int32), x, lowest, out=f)
     cap = min(BUCKET_CAP, vocab)
-    vals, idx = _tie_order(*torch.topk(f, cap, dim=-1, sorted=True))
+    # Descending values; equal ones in any order: n_in, tau, the kept mass and the
+    # number of ties kept do not depend on it, and _split_cut puts ties in order.
+    vals, idx = torch.topk(f, cap, dim=-1, sorted=True)
     n_in, kept_mass, tau, ties_kept = _crossing(vals, top_p_masses(vals - m, bits), above, limit)
-    cut = _split_cut(vals, idx, tau, n_in, ties_kept, vocab)
+    cut = _split_cut(vals, idx, tau, ties_kept, vocab)
     logsum = _log_mass(kept_mass, bits)
     # A full list may have left part of its bucket out: a row whose crossing is at
     # its end, or at a value that reaches its end, is redone with a sort of that row.
@@ -216,25 +218,18 @@ def _split_cut(
     vals: torch.Tensor,
     idx: torch.Tensor,
     tau: torch.Tensor,
-    n_in: torch.Tensor,
     ties_kept: torch.Tensor,
     vocab: int,
 ) -> torch.Tensor:
-    """``cut`` from a candidate list in filtered's order holding every logit equal
-    to tau: the last kept candidate's index where top-p splits the run of ties,
-    else ``V - 1`` (so backward has no ties to lower in that row)."""
-    split = ties_kept < _count_ties(vals, tau)
-    last_kept = idx.gather(-1, (n_in - 1).unsqueeze(-1)).squeeze(-1)
+    """``cut`` from a descending candidate list holding every logit equal to tau
+    (ties in any order): where top-p splits the run of ties, the index of the last
+    kept tie in vocabulary order (filtered's stable order), else ``V - 1`` (so
+    backward has no ties to lower in that row)."""
+    is_tie = vals == tau.unsqueeze(-1)
+    split = ties_kept < is_tie.sum(dim=-1)
+    tie_index = torch.where(is_tie, idx, vocab).sort(dim=-1).values
+    last_kept = tie_index.gather(-1, (ties_kept - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return torch.where(split, last_kept, vocab - 1)
-
-
-def _tie_order(vals: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A descending candidate list reordered as filtered's stable sort orders it:
-    equal values by vocabulary index."""
-    by_index = idx.argsort(dim=-1)
-    vals, idx = vals.gather(-1, by_index), idx.gather(-1, by_index)
-    by_value = vals.argsort(dim=-1, descending=True, stable=True)
-    return vals.gather(-1, by_value), idx.gather(-1, by_value)
 
 
 def _sorted_select(
@@ -246,7 +241,7 @@ def _sorted_select(
     vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
     q = top_p_masses(vals - m, bits)
     n_in, kept_mass, tau, ties_kept = _crossing(vals, q, 0, top_p_limit(q.sum(dim=-1), top_p))
-    cut = _split_cut(vals, idx, tau, n_in, ties_kept, x.shape[-1])
+    cut = _split_cut(vals, idx, tau, ties_kept, x.shape[-1])
     return tau, _log_mass(kept_mass, bits), cut
 
 
