@@ -100,9 +100,12 @@ def _log_mass(mass: torch.Tensor, bits: int) -> torch.Tensor:
 Selection = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]
 
 
-def _select(x: torch.Tensor, m: torch.Tensor, top_k: int, top_p: float | None) -> Selection:
+def _select_counting(
+    x: torch.Tensor, m: torch.Tensor, top_k: int, top_p: float | None
+) -> Selection:
     """Per row of a float32 chunk: (tau, logsum, ties kept, ties in all), ``[B, c]``
-    each; the tie counts are None when every logit equal to tau is kept.
+    each; the tie counts are None when every logit equal to tau is kept. The rows
+    :func:`_select_top_k`'s list cannot settle (with :func:`_cut_indices`).
 
     With top_k the candidates are the kept-by-k set in descending order: ``topk``'s
     k values, then ``extra`` more logits equal to the k-th that ``topk`` left out.
@@ -136,6 +139,49 @@ def _select(x: torch.Tensor, m: torch.Tensor, top_k: int, top_p: float | None) -
     ties_kept = ties_kept + extra_kept
     ties_all = _count_ties(vals, tau) + torch.where(tau == last, extra, 0)
     return tau, _log_mass(kept_mass, bits), ties_kept, ties_all
+
+
+# Top-k's list holds this many more logits than k, so that a run of logits equal to
+# the k-th (common in bf16) is listed whole in nearly every row.
+TIE_ROOM = 32
+
+
+def _select_top_k(
+    x: torch.Tensor, m: torch.Tensor, top_k: int, top_p: float | None, scratch: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tau, logsum, cut) per row of a float32 chunk, with top_k (then top_p).
+
+    One ``topk`` of ``k + TIE_ROOM`` logits: where the list ends below the k-th
+    value it holds every logit top-k keeps, so top-p's crossing, its ties and the
+    cut are read from the list alone (no pass over the chunk to count ties, no
+    look-up per row). A row whose k-th value runs to the list's end is redone by
+    :func:`_select_counting` and :func:`_cut_indices` alone (a meta simulation,
+    which has no values, skips it: a row's temporaries, under the chunk's lists).
+    """
+    vocab = x.shape[-1]
+    bits = mass_bits(vocab)
+    vals, idx = torch.topk(x, min(top_k + TIE_ROOM, vocab), dim=-1, sorted=True)
+    last = vals[..., top_k - 1]
+    listed = vals.masked_fill(vals < last.unsqueeze(-1), float("-inf"))
+    q = top_p_masses(listed - m, bits)
+    total = q.sum(dim=-1)
+    if top_p is None:
+        # top_k alone keeps every logit equal to the k-th.
+        tau, logsum = last, _log_mass(total, bits)
+        cut = torch.full_like(idx[..., 0], vocab - 1)
+    else:
+        n_in, kept_mass, tau, ties_kept = _crossing(listed, q, 0, top_p_limit(total, top_p))
+        logsum = _log_mass(kept_mass, bits)
+        cut = _split_cut(listed, idx, tau, ties_kept, vocab)
+    unsettled = vals[..., -1] == last if vals.shape[-1] < vocab else None
+    if unsettled is not None and x.device.type != "meta":
+        for r in unsettled.cpu().numpy().reshape(-1).nonzero()[0]:
+            b, s = divmod(int(r), x.shape[1])
+            row, m_row = x[b : b + 1, s : s + 1], m[b : b + 1, s : s + 1]
+            row_tau, row_logsum, kept, ties = _select_counting(row, m_row, top_k, top_p)
+            tau[b, s], logsum[b, s] = row_tau[0, 0], row_logsum[0, 0]
+            cut[b, s] = _cut_indices(row, row_tau, kept, ties, scratch)[0, 0]
+    return tau, logsum, cut
 
 
 # Top-p without top-k: a histogram of each row's integer mass over buckets of the
@@ -307,8 +353,7 @@ def _forward(
             assert top_p is not None
             chunk_tau, chunk_logsum, chunk_cut = _select_top_p(x, m, top_p, bufs)
         elif top_k is not None:
-            chunk_tau, chunk_logsum, ties_kept, ties_all = _select(x, m, top_k, top_p)
-            chunk_cut = _cut_indices(x, chunk_tau, ties_kept, ties_all, scratch)
+            chunk_tau, chunk_logsum, chunk_cut = _select_top_k(x, m, top_k, top_p, scratch)
         else:
             chunk_tau = x.new_full(m.shape[:-1], float("-inf"))
             chunk_cut = torch.full(m.shape[:-1], vocab - 1, dtype=torch.long, device=x.device)
