@@ -300,3 +300,16 @@ def test_a_run_of_ties_at_the_end_of_the_vocabulary_cut_by_top_p(dtype, top_k, k
     x = logits.clone().requires_grad_()
     (grad,) = torch.autograd.grad(filtered_chunked_logprobs(x, targets, **filters).sum(), x)
     assert torch.equal(grad[0, 0] != 0, kept[0, 0])
+
+
+@pytest.mark.parametrize("room", [0, 1])
+def test_rows_whose_top_k_ties_overrun_the_list_are_counted_alone(monkeypatch, room):
+    # bf16 draws tie at the k-th value now and then: with no room past k every row
+    # is redone alone; with one, 3 of these 26 rows' runs overrun topk's list (redone
+    # alone) and the others are settled by it.
+    import memprobe.kernels.filtered_chunked as fc
+
+    monkeypatch.setattr(fc, "TIE_ROOM", room)
+    logits, targets, grad_out = _draw((2, 13, 263), torch.bfloat16, 1.0, 9)
+    for filters in ({"top_k": 30, "top_p": 0.8}, {"top_k": 30}):
+        _check(logits, targets, grad_out, filters, 4)
