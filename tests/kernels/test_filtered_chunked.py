@@ -313,3 +313,14 @@ def test_rows_whose_top_k_ties_overrun_the_list_are_counted_alone(monkeypatch, r
     logits, targets, grad_out = _draw((2, 13, 263), torch.bfloat16, 1.0, 9)
     for filters in ({"top_k": 30, "top_p": 0.8}, {"top_k": 30}):
         _check(logits, targets, grad_out, filters, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("filters", ["p", "k+p", "none"])
+def test_minus_inf_logits(dtype, filters):
+    # A masked vocabulary tail (-inf) is dropped by every filter and gets no
+    # gradient; 16-bit backward's x - tau shift must not turn it into nan.
+    logits, targets, grad_out = _draw((2, 9, 300), dtype, 3.0, 10)
+    logits[..., 250:] = float("-inf")
+    targets[:, 1::4] = 280
+    _check(logits, targets, grad_out, FILTERS[filters], 4)
