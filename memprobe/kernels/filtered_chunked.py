@@ -16,28 +16,31 @@ and three numbers per token, which describe the kept set exactly:
 * ``logsum``: ``log Σ_kept exp(x - max)``, the row max recomputed in backward.
 
 Work per chunk of ``c`` positions. Backward: one float32 ``[B, c, V]`` copy of
-the logits and a bool ``[B, c, V]`` mask, plus a second bool chunk for the tie
-fix-up below, and no selection at all: the kept set is ``x > tau`` or
-``x == tau`` at index ``<= cut``. The gradient, in the logits' dtype, is that
-of ``filtered``: ``(onehot_t · kept_t - softmax_kept) · grad_output``, zero on
-every dropped logit. Forward: with ``top_k``, a ``topk`` of the chunk (top-p
-then runs on its k sorted values); top-p alone, a histogram of the chunk's
-integer masses and a ``topk`` of the one bucket where they cross p
-(:func:`_select_top_p`), 25 bytes per element in buffers reused by every chunk.
-The forward has no gradient beside it, so its peak stays under the backward's
-at the headline shape (20,000 × 131,072 bf16, chunk 1024, top-p alone).
+the logits and no selection at all: the kept set is ``x > tau`` or ``x == tau``
+at index ``<= cut``. The gradient, in the logits' dtype, is that of
+``filtered``: ``(onehot_t · kept_t - softmax_kept) · grad_output``, zero on
+every dropped logit. For 16-bit logits it takes cheap vectorised passes over
+``x - tau`` (:func:`_kept_softmax_16bit`: no mask, no -inf into exp, whose cpu
+path is 8x slower on it); float32 logits keep filtered's exact shifts and a
+bool ``[B, c, V]`` mask. Forward: with ``top_k``, one ``topk`` of ``k + 32``
+logits (:func:`_select_top_k`; top-p then runs on the list); top-p alone, a
+histogram of the chunk's integer masses and a ``topk`` of the one bucket where
+they cross p (:func:`_select_top_p`), 25 bytes per element in buffers reused by
+every chunk. The forward has no gradient beside it, so its peak stays under the
+backward's at the headline shape (20,000 × 131,072 bf16, chunk 1024).
 
 Ties at the cut are rare in float32 logits and common in bf16 ones (at top-p
 0.9 over a bf16 vocabulary nearly every row splits a run). ``cut`` is ``V - 1``
-unless the run is split. Top-p alone reads the cut from the bucket's ``topk``
-indices, put in filtered's order; with top-k, the running count of the chunk's
-ties (an int32 chunk) finds the last kept one; backward adds the ties after the
-cut to its mask. Both work on whole chunks in buffers allocated once whatever
-the values, and only for a chunk with a split row (a meta simulation, which has
-no values, skips them and allocates the same): a loop over rows cost more in
-dispatch than the chunk's passes. A row the histogram cannot settle is sorted
-alone; its ~40 bytes per vocabulary entry stay under the chunk's bool mask,
-freed before it, for a chunk of 40 positions or more.
+unless the run is split. Top-p alone and top-k read the cut from their lists'
+indices (:func:`_split_cut`); backward drops a split row's later ties with one
+threshold (or, float32, one comparison) of that row's tail. Rows a list cannot
+settle are redone alone, and a meta simulation, which has no values, skips
+them: top-k's whose run of logits equal to the k-th goes past the list, by a
+count over the row (:func:`_select_counting`: a bool row, under the chunk's
+float32 list when ``4 · c · (k + 32) >= V``) and a look-up of its ties in a
+preallocated bool row; the histogram's, by a sort of the row, whose ~40 bytes
+per vocabulary entry stay under the chunk's bool mask, freed before it, for a
+chunk of 40 positions or more.
 """
 
 from __future__ import annotations
