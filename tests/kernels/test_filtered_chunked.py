@@ -168,7 +168,7 @@ def test_top_p_keeps_what_exact_integer_sums_keep(dtype, filters):
 def test_rows_the_histogram_cannot_settle_are_sorted(monkeypatch, cap):
     # Two values only: 1,250 logits in a bucket, more than a topk of 1,024 holds
     # (and with a cap of 3 every row of a normal draw falls back too).
-    import memprobe.kernels.filtered_chunked as fc
+    import memprobe.kernels.filtered_select as fc
 
     monkeypatch.setattr(fc, "BUCKET_CAP", cap)
     gen = torch.Generator().manual_seed(5)
@@ -307,7 +307,7 @@ def test_rows_whose_top_k_ties_overrun_the_list_are_counted_alone(monkeypatch, r
     # bf16 draws tie at the k-th value now and then: with no room past k every row
     # is redone alone; with one, 3 of these 26 rows' runs overrun topk's list (redone
     # alone) and the others are settled by it.
-    import memprobe.kernels.filtered_chunked as fc
+    import memprobe.kernels.filtered_select as fc
 
     monkeypatch.setattr(fc, "TIE_ROOM", room)
     logits, targets, grad_out = _draw((2, 13, 263), torch.bfloat16, 1.0, 9)
