@@ -12,6 +12,7 @@ index among the logits equal to tau, ``V - 1`` when all are kept): with top-k,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -92,6 +93,25 @@ def _select_counting(
     return tau, _log_mass(kept_mass, bits), ties_kept, ties_all
 
 
+# torch hands an op over more elements than this to its thread pool. The work on
+# the selections' lists (~100 elements a row) is cheaper than the hand-off, which
+# on a busy cpu costs milliseconds an op, so it runs in blocks of rows below it.
+_GRAIN = 32768
+
+
+def _in_row_blocks(
+    settle: Callable[..., tuple[torch.Tensor, ...]], *per_row: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """``settle`` over blocks of rows (dim 1) of ``[B, c, ...]`` tensors, each block
+    of the first under ``_GRAIN`` elements; its ``[B, rows]`` results concatenated."""
+    first = per_row[0]
+    step = max(1, _GRAIN // (first.shape[0] * first.shape[-1]))
+    parts = [
+        settle(*(t[:, r0 : r0 + step] for t in per_row)) for r0 in range(0, first.shape[1], step)
+    ]
+    return tuple(torch.cat(results, dim=1) for results in zip(*parts, strict=True))
+
+
 # Top-k's list holds this many more logits than k, so that a run of logits equal to
 # the k-th (common in bf16) is listed whole in nearly every row.
 TIE_ROOM = 32
@@ -112,18 +132,22 @@ def select_top_k(
     vocab = x.shape[-1]
     bits = mass_bits(vocab)
     vals, idx = torch.topk(x, min(top_k + TIE_ROOM, vocab), dim=-1, sorted=True)
-    last = vals[..., top_k - 1]
-    listed = vals.masked_fill(vals < last.unsqueeze(-1), float("-inf"))
-    q = top_p_masses(listed - m, bits)
-    total = q.sum(dim=-1)
-    if top_p is None:
-        # top_k alone keeps every logit equal to the k-th.
-        tau, logsum = last, _log_mass(total, bits)
-        cut = torch.full_like(idx[..., 0], vocab - 1)
-    else:
+
+    def settle(
+        vals: torch.Tensor, idx: torch.Tensor, m: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        last = vals[..., top_k - 1]
+        listed = vals.masked_fill(vals < last.unsqueeze(-1), float("-inf"))
+        q = top_p_masses(listed - m, bits)
+        total = q.sum(dim=-1)
+        if top_p is None:
+            # top_k alone keeps every logit equal to the k-th.
+            return last, _log_mass(total, bits), torch.full_like(idx[..., 0], vocab - 1)
         n_in, kept_mass, tau, ties_kept = _crossing(listed, q, 0, top_p_limit(total, top_p))
-        logsum = _log_mass(kept_mass, bits)
-        cut = _split_cut(listed, idx, tau, ties_kept, vocab)
+        return tau, _log_mass(kept_mass, bits), _split_cut(listed, idx, tau, ties_kept, vocab)
+
+    tau, logsum, cut = _in_row_blocks(settle, vals, idx, m)
+    last = vals[..., top_k - 1]
     unsettled = vals[..., -1] == last if vals.shape[-1] < vocab else None
     if unsettled is not None and x.device.type != "meta":
         for r in unsettled.cpu().numpy().reshape(-1).nonzero()[0]:
@@ -196,9 +220,20 @@ def select_top_p(
     # Descending values; equal ones in any order: n_in, tau, the kept mass and the
     # number of ties kept do not depend on it, and _split_cut puts ties in order.
     vals, idx = torch.topk(f, cap, dim=-1, sorted=True)
-    n_in, kept_mass, tau, ties_kept = _crossing(vals, top_p_masses(vals - m, bits), above, limit)
-    cut = _split_cut(vals, idx, tau, ties_kept, vocab)
-    logsum = _log_mass(kept_mass, bits)
+
+    def settle(
+        vals: torch.Tensor,
+        idx: torch.Tensor,
+        m: torch.Tensor,
+        above: torch.Tensor,
+        limit: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        q = top_p_masses(vals - m, bits)
+        n_in, kept_mass, tau, ties_kept = _crossing(vals, q, above, limit)
+        cut = _split_cut(vals, idx, tau, ties_kept, vocab)
+        return tau, _log_mass(kept_mass, bits), cut, n_in
+
+    tau, logsum, cut, n_in = _in_row_blocks(settle, vals, idx, m, above, limit)
     # A full list may have left part of its bucket out: a row whose crossing is at
     # its end, or at a value that reaches its end, is redone with a sort of that row.
     full = vals[..., -1] > float("-inf")
