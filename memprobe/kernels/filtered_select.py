@@ -94,8 +94,8 @@ def _select_counting(
 
 
 # torch hands an op over more elements than this to its thread pool. The work on
-# the selections' lists (~100 elements a row) is cheaper than the hand-off, which
-# on a busy cpu costs milliseconds an op, so it runs in blocks of rows below it.
+# top-k's lists (~100 elements a row) is cheaper than the hand-off, which on a busy
+# cpu costs milliseconds an op, so it runs in blocks of rows below it.
 _GRAIN = 32768
 
 
@@ -233,7 +233,8 @@ def select_top_p(
         cut = _split_cut(vals, idx, tau, ties_kept, vocab)
         return tau, _log_mass(kept_mass, bits), cut, n_in
 
-    tau, logsum, cut, n_in = _in_row_blocks(settle, vals, idx, m, above, limit)
+    # Whole: a 512-long list is worth the thread pool (in blocks it measured slower).
+    tau, logsum, cut, n_in = settle(vals, idx, m, above, limit)
     # A full list may have left part of its bucket out: a row whose crossing is at
     # its end, or at a value that reaches its end, is redone with a sort of that row.
     full = vals[..., -1] > float("-inf")
