@@ -189,7 +189,10 @@ def _kept_softmax_exact(
 # above it is then zeroed (a kept softmax that small has a gradient below 2e-38).
 _LOWEST_ARG = -87.0
 _ZERO_AT_OR_BELOW = math.exp(_LOWEST_ARG) * 1.001
-_BELOW_ZERO = -(2.0**-149)  # the negative float32 nearest zero: y > it iff y >= 0
+# y > -FLT_MIN iff y >= 0, but for a y in (-FLT_MIN, 0), which needs distinct logits
+# within 1.2e-38 of each other (so both below ~1e-31). A normal float, not the
+# nearest subnormal: with torch.set_flush_denormal(True) that one reads as -0.
+_BELOW_ZERO = -torch.finfo(torch.float32).tiny
 
 
 def _kept_softmax_16bit(
