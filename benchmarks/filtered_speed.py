@@ -27,12 +27,14 @@ Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def step_seconds(
     fn: Kernel, logits: torch.Tensor, targets: torch.Tensor, go: torch.Tensor
-) -> float:
+) -> tuple[float, float]:
+    """(forward, backward) wall seconds."""
     x = logits.detach().requires_grad_()
     start = time.perf_counter()
     out = fn(x, targets)
+    middle = time.perf_counter()
     torch.autograd.grad(out, x, go)
-    return time.perf_counter() - start
+    return middle - start, time.perf_counter() - middle
 
 
 def parse_filters(spec: str) -> dict[str, Any]:
@@ -61,17 +63,30 @@ def main() -> None:
         kernels[f"filtered_chunked {spec}"] = functools.partial(
             filtered_chunked_logprobs, **filters
         )
-    times: dict[str, list[float]] = {name: [] for name in kernels}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in kernels}
     for fn in kernels.values():  # warm-up
         step_seconds(fn, logits, targets, go)
     for _ in range(args.reps):
         for name, fn in kernels.items():
             times[name].append(step_seconds(fn, logits, targets, go))
-    base = statistics.median(times["local_chunked"])
+
+    def medians(name: str) -> tuple[float, float, float]:
+        """Median (fwd+bwd, fwd, bwd) seconds of one kernel."""
+        ts = times[name]
+        return (
+            statistics.median(f + b for f, b in ts),
+            statistics.median(f for f, _ in ts),
+            statistics.median(b for _, b in ts),
+        )
+
+    base = medians("local_chunked")
     print(f"bf16 {args.shape}, fwd+bwd, median of {args.reps} interleaved repetitions")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"  {name:40s} {med:7.3f} s  ({med / base:.2f}x local_chunked)")
+    for name in times:
+        total, fwd, bwd = medians(name)
+        print(
+            f"  {name:40s} {total:7.3f} s  ({total / base[0]:.2f}x local_chunked;"
+            f" fwd {fwd / base[1]:.2f}x, bwd {bwd / base[2]:.2f}x)"
+        )
 
 
 if __name__ == "__main__":
