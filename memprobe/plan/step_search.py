@@ -13,18 +13,24 @@ kink. So this search asks for one count at a time, and guesses:
   phase fits, so the boundary is the smallest of the phases' own crossings;
 * for each part, on the line through its two most local samples: a pair on one side
   of the limit (two neighbouring counts give a piece's slope exactly; the growing side
-  of a kink is one line) or the chord across it, whichever reaches least far;
+  of a kink is one line) or the chord across it, whichever reaches least far; after
+  guesses in a row on one side of the limit, the chord is bent towards the other end
+  (the Illinois rule: a kink's chord otherwise creeps along its flat side);
 * first at ``hints`` (other kernels' boundaries: the model's part of the step is the
   same for every kernel and often decides), each as the pair ``h``, ``h + 1``;
 * when the model's guess was right, at the count next to it (the answer's neighbour);
-* when the model contradicts the bracket (the peak jumps inside it), at the last
-  whole number of ``periods`` in it (a chunked loop takes another turn just after);
+* when the model contradicts the bracket (the peak jumps inside it), at the whole
+  number of ``periods`` nearest its guess, then the count after (a chunked loop takes
+  another turn just after a whole number of chunks);
 * by bisection when two guesses in a row have not halved the bracket, and only by
   bisection once that has happened twice.
 
 The guesses only decide which counts are simulated: the search stops when ``T`` fits
 and ``T + 1`` does not, both simulated, so for a peak that grows with tokens the answer
-is the one plain bisection finds (``tests/plan/test_step_search.py``).
+is the one plain bisection finds (``tests/plan/test_step_search.py``). (The modelled
+reserved peak need not grow everywhere: fragmentation can make it a little lower at a
+larger count. Where it falls back under the limit above a boundary, there is more than
+one ``T`` that fits with ``T + 1`` not, and two searches may end at different ones.)
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ def search_step_tokens(
     pending = [t for h in hints for t in (h, h + 1)]
     widths: list[int] = []
     strikes = 0  # times the model stalled
+    side = 0  # model guesses in a row that fit (+) or did not (-)
     last = ""  # how the last count was chosen: hint, model, step, period or bisect
     asked = 0
     while hi is None or hi - lo > 1:
@@ -87,7 +94,7 @@ def search_step_tokens(
             strikes += 1 if stalled else 0
             # A model that stalled this often does not fit this peak: bisect from here.
             stalled = stalled or strikes >= _STRIKES
-            model = None if stalled else crossing(samples, limit, min_gap)
+            model = None if stalled else crossing(samples, limit, min_gap, side)
             if model is not None and hi is None:
                 # Nothing over the limit yet: a nearly flat part's line may say millions
                 # of tokens (and a chunked kernel's step grows with them); go at most
@@ -97,7 +104,11 @@ def search_step_tokens(
         samples[guess] = yield guess
         asked += 1
         last = how
+        fits = samples[guess][0] <= limit
         lo, hi = narrow(lo, hi, guess, samples[guess][0], limit)
+        # Model guesses landing on one side in a row: the line is bent (a kink).
+        sign = 1 if fits else -1
+        side = 0 if how != "model" else side + sign if side * sign > 0 else sign
         if hi is not None:
             widths.append(hi - lo)
     if hi not in samples:  # the bracket came from ``below``: its own peak is still unknown
@@ -156,7 +167,9 @@ def _choose(
     return bisect_bracket(lo, hi), "bisect"
 
 
-def crossing(samples: Mapping[int, Sample], limit: int, min_gap: int = 1) -> int | None:
+def crossing(
+    samples: Mapping[int, Sample], limit: int, min_gap: int = 1, side: int = 0
+) -> int | None:
     """The largest count the samples put within ``limit``: the smallest of the parts'
     crossings when every sample's peak is the largest of its parts, else the peak's own
     (None when no part grows)."""
@@ -169,14 +182,19 @@ def crossing(samples: Mapping[int, Sample], limit: int, min_gap: int = 1) -> int
         keys = [*sorted(common)]
     found = [
         _series_crossing(
-            {t: (s[0] if key is None else s[1][key]) for t, s in samples.items()}, limit, min_gap
+            {t: (s[0] if key is None else s[1][key]) for t, s in samples.items()},
+            limit,
+            min_gap,
+            side,
         )
         for key in keys
     ]
     return min((c for c in found if c is not None), default=None)
 
 
-def _series_crossing(series: Mapping[int, int], limit: int, min_gap: int) -> int | None:
+def _series_crossing(
+    series: Mapping[int, int], limit: int, min_gap: int, side: int = 0
+) -> int | None:
     """Where one series crosses ``limit``, on the line through the two samples that
     reach least far to it: the chord across it, or a pair on one side of it (at least
     ``min_gap`` apart; a pair of neighbouring counts has a piece's exact slope, but
@@ -194,9 +212,15 @@ def _series_crossing(series: Mapping[int, int], limit: int, min_gap: int) -> int
         pairs.append((over[0], beyond[0]))
     found: list[tuple[int, int]] = []  # (how far the line reaches, its crossing)
     for a, b in pairs:
-        rise = series[b] - series[a]
+        below, above = limit - series[a], series[b] - limit  # below >= 0 on a chord
+        if over and under and (a, b) == (under[-1], over[0]) and abs(side) >= 2:
+            # Illinois: after guesses in a row on one side, the end kept (k times)
+            # counts 1/2^(k-1) as far from the limit, so the next guess reaches it.
+            scale = 2 ** (abs(side) - 1)
+            below, above = (below * scale, above) if side > 0 else (below, above * scale)
+        rise = below + above
         if rise > 0:
             # The largest t with series[a] + rise / (b - a) * (t - a) <= limit, in integers.
-            at = max(0, a + (limit - series[a]) * (b - a) // rise)
+            at = max(0, a + below * (b - a) // rise)
             found.append((max(abs(at - a), abs(at - b)), at))
     return min(found)[1] if found else None

@@ -84,7 +84,8 @@ def plan_step(
             gap = _staircase_gap(line)
             # Where an earlier kernel's allocated answer was near this one's, the same
             # part of the step decided both, and its reserved answer likely holds too.
-            hints = [answers[a] for a in _near(list(answers), allocated.max_tokens)]
+            near = _near(list(answers), allocated.max_tokens, _SAME_PART)
+            hints = [answers[a] for a in near]
             shifted = Line(line.slope, line.fixed + peaks.overhead(allocated.max_tokens))
             on_reserved = peaks.search(
                 search_step_tokens(
@@ -109,6 +110,9 @@ def plan_step(
 # An earlier kernel's answer is asked about first when it lies this close (relative)
 # to what a kernel's own first guess says.
 _HINT_REACH = 0.1
+# Two kernels' allocated answers this close (relative): the same part of the step
+# decided both (the seed line's guess is a few percent off; answers are not).
+_SAME_PART = 0.02
 # The reserved peak's steps: the allocator rounds a large block to 2 MiB and puts
 # blocks of 1-10 MiB in 20 MiB segments. Two reserved peaks give a slope only when
 # this many bytes' worth of tokens apart (a few steps).
@@ -117,12 +121,12 @@ _STAIRCASE_BYTES = 32 * 2**20
 _FLASH_ROUNDING = 128
 
 
-def _near(answers: Sequence[int], guess: int | None) -> list[int]:
-    """The earlier answer nearest ``guess`` when within :data:`_HINT_REACH` of it."""
+def _near(answers: Sequence[int], guess: int | None, reach: float = _HINT_REACH) -> list[int]:
+    """The earlier answer nearest ``guess`` when within ``reach`` (relative) of it."""
     if guess is None or not answers:
         return []
     nearest = min(answers, key=lambda a: abs(a - guess))
-    return [nearest] if nearest > 0 and abs(nearest - guess) <= _HINT_REACH * guess else []
+    return [nearest] if nearest > 0 and abs(nearest - guess) <= reach * guess else []
 
 
 def _jump_periods(step: hf.HFStep) -> tuple[int, ...]:
