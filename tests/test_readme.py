@@ -39,7 +39,7 @@ NOT_RUN = {
     ),
     "memprobe plan --step --config examples/llama1b": (
         "a search of whole 1B steps (examples/llama1b/config.json, Llama 3.2 1B's shape): "
-        "about a minute of CPU"
+        "about 40 s of CPU"
     ),
     "memprobe attribute step.pickle --what-if": (
         "reads the 20,000-token origin_step snapshot (20 s to make): "

@@ -51,9 +51,9 @@ def plan_step(
     earlier kernel's answer lies near what a kernel's first guess says, the search asks
     there first: the model's part of the step is the same for every kernel, and where
     it decides the peak the boundary is the same; the reserved search likewise asks
-    first at the reserved answer of the earlier kernel whose allocated answer was
-    nearest. Each token count is simulated once per kernel; the answers do not depend
-    on the guesses."""
+    first at the reserved answer of the earlier kernel whose allocated answer is within
+    2% of this one's. Each token count is simulated once per kernel; where the peak
+    grows with tokens, the answers do not depend on the guesses."""
     plans = []
     answers: dict[int, int] = {}  # earlier kernels' answers: allocated -> reserved
     limit = budget.limit_bytes
