@@ -1,7 +1,7 @@
 """``plan --step``'s answers are plain bisection's: for several kernels at small shapes,
 the allocated and reserved answers of :func:`memprobe.plan.whole_step.plan_step` equal
-those of a bisection (double, then halve) on the same whole-step peaks, and the search
-simulates fewer steps."""
+those of a plain bisection on the same whole-step peaks, and the search simulates fewer
+steps than bisection from one token (double, then halve) would."""
 
 from __future__ import annotations
 
