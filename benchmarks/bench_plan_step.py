@@ -8,7 +8,10 @@ key-value heads, V = 131,072): ``plan --step --budget 80GiB --checkpointing`` ov
 shipped single-device logits kernels and ``fused_linear_chunked`` (``--fused``), AdamW,
 bf16, allocated and reserved. Prints, per kernel as it finishes, the answers, the whole
 steps simulated and the wall and CPU time; then the totals against the target (<= 5 min
-over the kernels) and the load average (the development machine is shared).
+over the kernels) and the load average. The verdict is on this process's CPU time: the
+search runs in one process, so that is its wall time on an idle machine, and the
+development machine is shared (its wall time there says more of the load than of the
+search).
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ def main() -> None:
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     wall0, cpu0 = time.perf_counter(), time.process_time()
     last = [wall0, cpu0]
+    steps = [0]
 
     def done(plan: TokenPlan) -> None:
         wall, cpu = time.perf_counter(), time.process_time()
         traced = len({t for t, _ in plan.allocated.points} | _reserved_points(plan))
+        steps[0] += traced
         reserved = plan.reserved.max_tokens if plan.reserved is not None else None
         print(
             f"  {plan.target.kernel:<22} {plan.max_tokens:>8,} tokens allocated, "
@@ -57,11 +62,11 @@ def main() -> None:
 
     plans = plan_step(base, kernels, make_budget(args.budget), on_done=done)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    verdict = "PASS" if wall <= PLAN_TARGET_S else "FAIL"
+    verdict = "PASS" if cpu <= PLAN_TARGET_S else "FAIL"
     print(
-        f"{verdict}: plan --step over {len(plans)} kernels took {wall:.0f} s wall, "
-        f"{cpu:.0f} s CPU (target <= {PLAN_TARGET_S:.0f} s); load average now "
-        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"{verdict}: plan --step over {len(plans)} kernels simulated {steps[0]} whole steps in "
+        f"{cpu:.0f} s CPU (target <= {PLAN_TARGET_S:.0f} s; {cpu / steps[0]:.2f} s a step), "
+        f"{wall:.0f} s wall; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
 
 

@@ -37,7 +37,10 @@ NOT_RUN = {
     "memprobe step --config llama8b": (
         "an 8B step at 20,000 tokens, about a minute each: benchmarks/bench_step.py runs it"
     ),
-    "memprobe plan --step --config llama1b": "a search of whole 1B steps: minutes",
+    "memprobe plan --step --config examples/llama1b": (
+        "a search of whole 1B steps (examples/llama1b/config.json, Llama 3.2 1B's shape): "
+        "about 40 s of CPU"
+    ),
     "memprobe attribute step.pickle --what-if": (
         "reads the 20,000-token origin_step snapshot (20 s to make): "
         "benchmarks/bench_what_if.py checks the prediction at that scale"

@@ -56,18 +56,18 @@ def search_max_tokens(
         line = Line.through(*((t, peaks[t]) for t in seeds))
     predicted = line.tokens_within(limit)
     for t, p in peaks.items():
-        lo, hi = _narrow(lo, hi, t, p, limit)
+        lo, hi = narrow(lo, hi, t, p, limit)
     guess = predicted
     while hi is None or hi - lo > 1:
         if guess is None or not (lo <= guess and (hi is None or guess < hi)):
-            guess = _bisect(lo, hi)
+            guess = bisect_bracket(lo, hi)
         probes = [t for t in (guess, guess + 1) if t > lo and (hi is None or t < hi)]
-        probes = [t for t in probes if t not in peaks] or [_bisect(lo, hi)]
+        probes = [t for t in probes if t not in peaks] or [bisect_bracket(lo, hi)]
         got = yield probes
         peaks.update(got)
         width = None if hi is None else hi - lo
         for t in probes:
-            lo, hi = _narrow(lo, hi, t, peaks[t], limit)
+            lo, hi = narrow(lo, hi, t, peaks[t], limit)
         # A guess must at least halve the bracket, or the next step bisects: the
         # search then never takes more rounds than bisection would, give or take one.
         halved = width is None or hi is None or 2 * (hi - lo) <= width
@@ -87,13 +87,15 @@ def search_max_tokens(
     )
 
 
-def _narrow(lo: int, hi: int | None, tokens: int, peak: int, limit: int) -> tuple[int, int | None]:
+def narrow(lo: int, hi: int | None, tokens: int, peak: int, limit: int) -> tuple[int, int | None]:
+    """The bracket ``(lo fits, hi does not)`` once ``tokens`` is known to peak at ``peak``."""
     if peak <= limit:
         return max(lo, tokens), hi
     return lo, tokens if hi is None else min(hi, tokens)
 
 
-def _bisect(lo: int, hi: int | None) -> int:
+def bisect_bracket(lo: int, hi: int | None) -> int:
+    """The middle of the bracket; twice ``lo`` while no count is known not to fit."""
     if hi is None:
         if lo >= _MAX_TOKENS:
             raise UserError(

@@ -3,18 +3,21 @@ Hugging Face model fits a budget, per kernel, with this package's search.
 
 The step is :class:`memprobe.profile.hf.HFStep`, traced by
 :func:`memprobe.profile.step.trace_hf_step`; the search is
-:func:`memprobe.plan.search.search_max_tokens`, seeded as described in :func:`plan_step`.
+:func:`memprobe.plan.step_search.search_step_tokens`, seeded as described in
+:func:`plan_step`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from memprobe.allocator import AllocConf
 from memprobe.measure.reserved import modelled_reserved_peak
 from memprobe.plan.model import Budget, Line, PlanTarget, Search, TokenPlan
-from memprobe.plan.search import SearchSteps, search_max_tokens, seed_tokens
+from memprobe.plan.search import seed_tokens
+from memprobe.plan.step_search import Sample, StepSearch, search_step_tokens
 from memprobe.profile import hf
 from memprobe.profile.step import trace_hf_step
 
@@ -42,19 +45,22 @@ def plan_step(
 ) -> list[TokenPlan]:
     """The largest tokens per sequence whose whole simulated step fits ``budget`` (a
     :class:`memprobe.plan.Budget`), for ``base`` with each kernel: one
-    :class:`memprobe.plan.TokenPlan` per kernel, found by the plan package's search
-    (:func:`memprobe.plan.search_max_tokens`: allocated, then reserved below it).
+    :class:`memprobe.plan.TokenPlan` per kernel, found by
+    :func:`memprobe.plan.step_search.search_step_tokens` on the allocated peak, then on
+    the reserved one below it.
 
-    A whole step's peak is the largest of its phases' peaks, and at small token counts
-    that is often the optimizer's, which does not grow with tokens: a line through the
-    overall peaks would be flat. So the search is seeded with the line of the phase
-    that reaches the limit first (each phase's peak is read from the same two seed
-    traces). The reserved search starts from what the allocated one's traces say of
-    reserved (each trace has both peaks): below the smallest count known not to fit, on
-    the line through the reserved peaks either side of the limit (the allocated line
-    shifted by the allocator's overhead only when none fits). Each token count is traced
-    once."""
+    Each kernel's search starts from two seed steps (whole chunks, as the plan package
+    seeds) and guesses from each phase's peak (see the search). The reserved search
+    starts from every step the allocated one simulated (each has both peaks). Where an
+    earlier kernel's answer lies near what a kernel's first guess says, the search asks
+    there first: the model's part of the step is the same for every kernel, and where
+    it decides the peak the boundary is the same; the reserved search likewise asks
+    first at the reserved answer of the earlier kernel whose allocated answer is within
+    2% of this one's. Each token count is simulated once per kernel; where the peak
+    grows with tokens, the answers do not depend on the guesses."""
     plans = []
+    answers: dict[int, int] = {}  # earlier kernels' answers: allocated -> reserved
+    limit = budget.limit_bytes
     for kernel in kernels:
         step = replace(base, kernel=kernel)
         target = PlanTarget(
@@ -68,22 +74,76 @@ def plan_step(
         )
         peaks = _StepPeaks(step, reserved, alloc_conf)
         seeds = seed_tokens(target)
-        line = peaks.limiting_line(seeds, budget.limit_bytes)
+        line = peaks.limiting_line(seeds, limit)
+        known = peaks.samples(reserved=False)
+        hints = _near(list(answers), line.tokens_within(limit))
+        periods = _jump_periods(step)
         allocated = peaks.search(
-            search_max_tokens(budget.limit_bytes, seeds, line=line), reserved=False
+            search_step_tokens(limit, known, line=line, hints=hints, periods=periods),
+            reserved=False,
         )
+        allocated = replace(allocated, simulations=allocated.simulations + len(seeds))
         on_reserved = None
         if reserved:
-            below, reserved_line = peaks.reserved_start(allocated, line, budget.limit_bytes)
+            known = peaks.samples(reserved=True)
+            gap = _staircase_gap(line)
+            # Where an earlier kernel's allocated answer was near this one's, the same
+            # part of the step decided both, and its reserved answer likely holds too.
+            near = _near(list(answers), allocated.max_tokens, _SAME_PART)
+            hints = [answers[a] for a in near]
+            shifted = Line(line.slope, line.fixed + peaks.overhead(allocated.max_tokens))
             on_reserved = peaks.search(
-                search_max_tokens(budget.limit_bytes, seeds, below=below, line=reserved_line),
+                search_step_tokens(
+                    limit,
+                    known,
+                    line=shifted,
+                    below=allocated.max_tokens + 1,
+                    hints=hints,
+                    min_gap=gap,
+                    periods=periods,
+                ),
                 reserved=True,
             )
-        plan = TokenPlan(target, budget, peaks.with_seeds(allocated, seeds), on_reserved)
+        answers.setdefault(allocated.max_tokens, on_reserved.max_tokens if on_reserved else 0)
+        plan = TokenPlan(target, budget, allocated, on_reserved)
         plans.append(plan)
         if on_done is not None:
             on_done(plan)
     return plans
+
+
+# An earlier kernel's answer is asked about first when it lies this close (relative)
+# to what a kernel's own first guess says.
+_HINT_REACH = 0.1
+# Two kernels' allocated answers this close (relative): the same part of the step
+# decided both (the seed line's guess is a few percent off; answers are not).
+_SAME_PART = 0.02
+# The reserved peak's steps: the allocator rounds a large block to 2 MiB and puts
+# blocks of 1-10 MiB in 20 MiB segments. Two reserved peaks give a slope only when
+# this many bytes' worth of tokens apart (a few steps).
+_STAIRCASE_BYTES = 32 * 2**20
+# memprobe.profile.flash_workspace: the sequence rounded up to this in the workspace.
+_FLASH_ROUNDING = 128
+
+
+def _near(answers: Sequence[int], guess: int | None, reach: float = _HINT_REACH) -> list[int]:
+    """The earlier answer nearest ``guess`` when within ``reach`` (relative) of it."""
+    if guess is None or not answers:
+        return []
+    nearest = min(answers, key=lambda a: abs(a - guess))
+    return [nearest] if nearest > 0 and abs(nearest - guess) <= reach * guess else []
+
+
+def _jump_periods(step: hf.HFStep) -> tuple[int, ...]:
+    """Where the step's peak may jump: each whole chunk (a chunked kernel's loop takes
+    another turn), and each 128 tokens (flash attention's backward rounds the sequence
+    up to 128 in its workspace)."""
+    return (*([step.chunk_size] if step.chunk_size else []), _FLASH_ROUNDING)
+
+
+def _staircase_gap(line: Line) -> int:
+    """Tokens between two reserved peaks that give a slope: a few allocator steps."""
+    return max(1, math.ceil(_STAIRCASE_BYTES / line.slope)) if line.slope > 0 else 1
 
 
 class _StepPeaks:
@@ -112,21 +172,6 @@ class _StepPeaks:
                 best, best_tokens = line, tokens
         return best
 
-    def reserved_start(self, allocated: Search, line: Line, limit: int) -> tuple[int, Line]:
-        """Where the reserved search starts, from the traces the allocated one made (each
-        has its reserved peak too): below the smallest count known not to fit, on the line
-        through the reserved peaks either side of the limit. Without a fitting one, the
-        allocated line shifted by the allocator's overhead at the allocated answer."""
-        known = {t: self.peak(t, reserved=True) for t in self.traced}
-        over = [t for t, p in known.items() if p > limit and t <= allocated.max_tokens + 1]
-        below = min(over, default=allocated.max_tokens + 1)
-        fitting = [t for t, p in known.items() if p <= limit and t < below]
-        if fitting and below in known:
-            lo = max(fitting)
-            return below, Line.through((lo, known[lo]), (below, known[below]))
-        overhead = self.overhead(allocated.max_tokens)
-        return below, Line(line.slope, line.fixed + overhead)
-
     def overhead(self, tokens: int) -> int:
         """Reserved minus allocated at ``tokens`` (0 when nothing fits)."""
         if tokens <= 0:
@@ -134,21 +179,19 @@ class _StepPeaks:
         allocated, on_reserved, _ = self.at(tokens)
         return on_reserved - allocated
 
-    def peak(self, tokens: int, *, reserved: bool) -> int:
-        allocated, on_reserved, _ = self.at(tokens)
-        return on_reserved if reserved else allocated
+    def samples(self, *, reserved: bool) -> dict[int, Sample]:
+        """Every count traced so far: its allocated peak and phase peaks, or its reserved
+        peak (not split by phase: the allocator's reserved bytes only grow)."""
+        return {t: self.sample(t, reserved=reserved) for t in self.traced}
 
-    def search(self, steps: SearchSteps, *, reserved: bool) -> Search:
+    def sample(self, tokens: int, *, reserved: bool) -> Sample:
+        allocated, on_reserved, phases = self.at(tokens)
+        return (on_reserved, {}) if reserved else (allocated, phases)
+
+    def search(self, steps: StepSearch, *, reserved: bool) -> Search:
         try:
             ask = next(steps)
             while True:
-                ask = steps.send({t: self.peak(t, reserved=reserved) for t in ask})
+                ask = steps.send(self.sample(ask, reserved=reserved))
         except StopIteration as done:
             return done.value
-
-    def with_seeds(self, search: Search, seeds: tuple[int, int]) -> Search:
-        """The search's record, counting the seed traces it was given as a line."""
-        points = dict(search.points)
-        extra = {t: self.at(t)[0] for t in seeds if t not in points}
-        merged = tuple(sorted({**points, **extra}.items()))
-        return replace(search, simulations=search.simulations + len(extra), points=merged)
