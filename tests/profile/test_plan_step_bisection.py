@@ -52,11 +52,13 @@ def doubling_bisection(answer: int) -> set[int]:
     return asked
 
 
-# Three kernels of different shapes (one [S,V] block and its gradient, a chunk loop, the
-# hidden route); traces are shared between the plan and the bisections (~25 whole steps
-# of a one-layer model per kernel). The bisections halve [0, 2048]: no kernel fits 2048
-# tokens in the budget (checked), and a peak that grows has one boundary below it.
-KERNELS = ("unchunked", "local_chunked", "fused_linear_chunked")
+# A chunk loop (its peak jumps at chunk edges) and a kernel planned after it whose answer
+# is near its own (the earlier answer is asked first); unchunked and the fused route are
+# checked to be boundaries of the plain path in test_plan_step_exact.py. Traces are
+# shared between the plan and the bisections (~25 whole steps of a one-layer model per
+# kernel). The bisections halve [0, 2048]: no kernel fits 2048 tokens in the budget
+# (checked), and a peak that grows has one boundary below it.
+KERNELS = ("local_chunked", "local_tiled")
 TOP = 2048
 
 
