@@ -15,6 +15,7 @@ from memprobe.attribute.records import BlockFinding
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Frame
 from memprobe.render.templating import Cell, Table, bytes_cell
+from memprobe.snapshot.labels import op_words
 
 
 def shape_text(shape: Any) -> str:
@@ -31,10 +32,7 @@ def frame_text(frame: Frame | None) -> str:
 
 
 def op_text(op: Any, kernel: Frame | None = None) -> str:
-    # memprobe's labels keep one word per value: "input:_logits" reads "input: logits".
-    text = str(op or "-")
-    text = "input: " + text[len("input:_") :] if text.startswith("input:_") else text
-    return text + in_kernel(kernel)
+    return op_words(str(op or "-")) + in_kernel(kernel)
 
 
 def _what(f: BlockFinding) -> tuple[str, str]:
