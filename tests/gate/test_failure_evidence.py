@@ -120,4 +120,3 @@ USER = Frame("step", "/home/me/train.py", 9)
 def test_a_failure_names_a_source_line_when_the_largest_block_has_none(groups, says) -> None:
     text = _largest_blocks_text(groups)
     assert all(s in text for s in says), text
-
