@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -25,13 +25,13 @@ from memprobe.commands.flags import (
 )
 from memprobe.errors import UserError
 
-
-def _progress() -> Callable[[int, int, Any], None]:
-    """Report each finished plan on stderr: some take minutes (torch's chunk loop at a
-    million tokens), and the table comes only when all are done."""
+if TYPE_CHECKING:
     from memprobe.render.console import Progress
 
-    progress = Progress()
+
+def _progress(progress: Progress) -> Callable[[int, int, Any], None]:
+    """Report each finished plan on stderr: some take minutes (torch's chunk loop at a
+    million tokens), and the table comes only when all are done."""
 
     def on_plan(i: int, n: int, done: Any) -> None:
         t = done.target
@@ -243,7 +243,14 @@ def command(
         other_includes_lm_head=other_includes_lm_head,
         other_from=tuple(name_list(other_from, "--other-from")) if other_from else (),
     )
-    outcome = run_plan_job(request, _progress())
+    from memprobe.render.console import Progress
+    from memprobe.render.plan_text import probe_progress
+
+    progress = Progress()
+    try:
+        outcome = run_plan_job(request, _progress(progress), probe_progress(progress))
+    finally:
+        progress.close()
     written: tuple[Path, ...] = ()
     if out is not None:
         from memprobe.render.plan_page import write_plan_page

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -17,6 +17,10 @@ from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import guard_outputs
 from memprobe.io.sizes import format_bytes, parse_size
+
+if TYPE_CHECKING:
+    from memprobe.plan import Budget, TokenPlan
+    from memprobe.profile.hf import HFStep
 
 
 def build_step(
@@ -281,7 +285,7 @@ def plan_step_lines(
     if len(chunk) != 1:
         raise UserError("--step plans one chunk size", "e.g. --chunk-size 1024")
     from memprobe import plan
-    from memprobe.plan.whole_step import plan_step, step_kernels
+    from memprobe.plan.whole_step import step_kernels
     from memprobe.render.console import plain_lines
     from memprobe.render.plan_text import answer_line, plan_table
 
@@ -300,7 +304,7 @@ def plan_step_lines(
     kernels = name_list(kernel, "--kernel") if kernel is not None else step_kernels()
     for name in kernels:  # every name checked before the first simulation
         build_step(config, tokens=1, kernel=name, dtype=dtype)
-    plans = plan_step(base, kernels, limit, reserved=reserved, alloc_conf=conf)
+    plans = _plan_with_progress(base, kernels, limit, reserved=reserved, alloc_conf=conf)
     if as_json:
         return [json.dumps([p.row() for p in plans], indent=1)]
     what = (
@@ -317,3 +321,32 @@ def plan_step_lines(
     where = "reserved in the last column" if reserved else "reserved not planned: --no-reserved"
     head = f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; {where})"
     return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]
+
+
+def _plan_with_progress(
+    base: HFStep, kernels: list[str], limit: Budget, **kw: Any
+) -> list[TokenPlan]:
+    """:func:`memprobe.plan.whole_step.plan_step`, saying on stderr as it goes: each
+    kernel's answer when it is found (a line each off a terminal), and each whole step
+    traced in the live bar on a terminal (one takes seconds to minutes)."""
+    from memprobe.plan.whole_step import plan_step
+    from memprobe.render.console import Progress
+    from memprobe.render.plan_text import probe_progress
+
+    progress = Progress()
+    finished = 0
+
+    def on_done(done: TokenPlan) -> None:
+        nonlocal finished
+        finished += 1
+        progress.step(
+            finished, len(kernels), f"{done.target.kernel}: {done.max_tokens:,} tokens/sequence"
+        )
+
+    try:
+        return plan_step(
+            base, kernels, limit, on_done=on_done,
+            on_probe=probe_progress(progress, "tokens/sequence"), **kw,
+        )  # fmt: skip
+    finally:
+        progress.close()

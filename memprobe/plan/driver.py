@@ -15,15 +15,24 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import replace
 
 from memprobe.plan.long_loops import allocated_peak, reserved_plannable
-from memprobe.plan.model import ALLOCATED, RESERVED, Budget, PlanTarget, Search, TokenPlan
+from memprobe.plan.model import (
+    ALLOCATED,
+    RESERVED,
+    Budget,
+    OnProbe,
+    PlanTarget,
+    Probe,
+    Search,
+    TokenPlan,
+)
 from memprobe.plan.search import SearchSteps, search_max_tokens, seed_tokens
 from memprobe.records import Case
 
-Probe = tuple[str, int]  # (peak kind, local tokens)
-PlanSteps = Generator[list[Probe], Mapping[Probe, int], TokenPlan]
+Ask = tuple[str, int]  # (peak kind, local tokens): one count a search asks for
+PlanSteps = Generator[list[Ask], Mapping[Ask, int], TokenPlan]
 
 
-def _tagged(kind: str, steps: SearchSteps) -> Generator[list[Probe], Mapping[Probe, int], Search]:
+def _tagged(kind: str, steps: SearchSteps) -> Generator[list[Ask], Mapping[Ask, int], Search]:
     try:
         ask = next(steps)
         while True:
@@ -76,24 +85,31 @@ def run_plans(
     alloc_conf: str | None = None,
     reserved: bool | None = None,
     on_done: Callable[[TokenPlan], None] | None = None,
+    on_probe: OnProbe | None = None,
 ) -> list[TokenPlan]:
     """Plan every target. ``jobs`` > 1 runs the simulations in that many forked processes;
     ``reserved`` (default True) also plans on the modelled reserved peak; ``on_done``
-    hears of each plan as it finishes (in any order)."""
+    hears of each plan as it finishes (in any order), ``on_probe`` of each count tried."""
     if reserved is None:
         reserved = True
     steps = {i: plan_steps(t, budget, reserved) for i, t in enumerate(targets)}
     pool = _pool(jobs, targets)
 
-    def evaluate(i: int, probe: Probe) -> int:
-        peak = simulated_peak(targets[i].case(probe[1]), probe[0], alloc_conf)
-        return peak + budget.other_growth(targets[i], probe[1])
+    def heard(i: int, ask: Ask, simulated: int) -> int:
+        """The peak the limit is compared with; ``on_probe`` hears of it."""
+        peak = simulated + budget.other_growth(targets[i], ask[1])
+        if on_probe is not None:
+            on_probe(Probe(targets[i], ask[0], ask[1], peak, budget.limit_bytes))
+        return peak
+
+    def evaluate(i: int, ask: Ask) -> int:
+        return heard(i, ask, simulated_peak(targets[i].case(ask[1]), ask[0], alloc_conf))
 
     try:
         if pool is None:
             done = _drive_in_order(steps, evaluate, on_done)
         else:
-            done = _drive_in_pool(steps, targets, pool, alloc_conf, on_done, budget)
+            done = _drive_in_pool(steps, targets, pool, alloc_conf, on_done, heard)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
@@ -113,7 +129,7 @@ def _pool(jobs: int, targets: Sequence[PlanTarget]) -> ProcessPoolExecutor | Non
 
 def _drive_in_order(
     steps: Mapping[int, PlanSteps],
-    evaluate: Callable[[int, Probe], int],
+    evaluate: Callable[[int, Ask], int],
     on_done: Callable[[TokenPlan], None] | None,
 ) -> dict[int, TokenPlan]:
     done: dict[int, TokenPlan] = {}
@@ -135,13 +151,13 @@ def _drive_in_pool(
     pool: ProcessPoolExecutor,
     alloc_conf: str | None,
     on_done: Callable[[TokenPlan], None] | None,
-    budget: Budget,
+    heard: Callable[[int, Ask, int], int],
 ) -> dict[int, TokenPlan]:
     """Every plan's pending probes in one pool; a plan moves on as soon as its own are back."""
     done: dict[int, TokenPlan] = {}
-    waiting: dict[int, dict[Probe, Future[int]]] = {}
+    waiting: dict[int, dict[Ask, Future[int]]] = {}
 
-    def submit(batch: Iterable[tuple[int, list[Probe]]]) -> None:
+    def submit(batch: Iterable[tuple[int, list[Ask]]]) -> None:
         jobs = [(i, p) for i, ask in batch for p in ask]
         for i, p in sorted(jobs, key=lambda j: -_cost(targets[j[0]].case(j[1][1]))):
             case = targets[i].case(p[1])
@@ -152,12 +168,9 @@ def _drive_in_pool(
         futures = [f for probes in waiting.values() for f in probes.values()]
         wait(futures, return_when=FIRST_COMPLETED)
         ready = [i for i, probes in waiting.items() if all(f.done() for f in probes.values())]
-        follow: list[tuple[int, list[Probe]]] = []
+        follow: list[tuple[int, list[Ask]]] = []
         for i in ready:
-            got = {
-                p: f.result() + budget.other_growth(targets[i], p[1])
-                for p, f in waiting.pop(i).items()
-            }
+            got = {p: heard(i, p, f.result()) for p, f in waiting.pop(i).items()}
             try:
                 follow.append((i, steps[i].send(got)))
             except StopIteration as stop:

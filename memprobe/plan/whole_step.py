@@ -13,7 +13,17 @@ from dataclasses import replace
 
 from memprobe.allocator import AllocConf
 from memprobe.measure.reserved import modelled_reserved_peak
-from memprobe.plan.model import Budget, Line, PlanTarget, Search, TokenPlan
+from memprobe.plan.model import (
+    ALLOCATED,
+    RESERVED,
+    Budget,
+    Line,
+    OnProbe,
+    PlanTarget,
+    Probe,
+    Search,
+    TokenPlan,
+)
 from memprobe.plan.search import SearchSteps, search_max_tokens, seed_tokens
 from memprobe.profile import hf
 from memprobe.profile.step import trace_hf_step
@@ -35,6 +45,7 @@ def plan_step(
     reserved: bool = True,
     alloc_conf: AllocConf | None = None,
     on_done: Callable[[TokenPlan], None] | None = None,
+    on_probe: OnProbe | None = None,
 ) -> list[TokenPlan]:
     """The largest tokens per sequence whose whole simulated step fits ``budget`` (a
     :class:`memprobe.plan.Budget`), for ``base`` with each kernel: one
@@ -49,7 +60,8 @@ def plan_step(
     reserved (each trace has both peaks): below the smallest count known not to fit, on
     the line through the reserved peaks either side of the limit (the allocated line
     shifted by the allocator's overhead only when none fits). Each token count is traced
-    once."""
+    once; ``on_probe`` hears of each trace (its allocated peak, and its reserved one with
+    ``reserved``) as it is made."""
     plans = []
     for kernel in kernels:
         step = replace(base, kernel=kernel)
@@ -61,7 +73,7 @@ def plan_step(
             chunk_size=base.chunk_size,
             hidden=base.hidden_size if step.hidden_route else None,
         )
-        peaks = _StepPeaks(step, reserved, alloc_conf)
+        peaks = _StepPeaks(step, reserved, alloc_conf, _told(on_probe, target, budget))
         seeds = seed_tokens(target)
         line = peaks.limiting_line(seeds, budget.limit_bytes)
         allocated = peaks.search(
@@ -81,11 +93,32 @@ def plan_step(
     return plans
 
 
+def _told(
+    on_probe: OnProbe | None, target: PlanTarget, budget: Budget
+) -> Callable[[int, int, int | None], None]:
+    """What a trace at ``tokens`` tells ``on_probe``: its allocated peak, then its reserved."""
+
+    def tell(tokens: int, allocated: int, on_reserved: int | None) -> None:
+        if on_probe is None:
+            return
+        on_probe(Probe(target, ALLOCATED, tokens, allocated, budget.limit_bytes))
+        if on_reserved is not None:
+            on_probe(Probe(target, RESERVED, tokens, on_reserved, budget.limit_bytes))
+
+    return tell
+
+
 class _StepPeaks:
     """One kernel's whole-step traces by token count: allocated, reserved, phase peaks."""
 
-    def __init__(self, step: hf.HFStep, reserved: bool, conf: AllocConf | None) -> None:
-        self.step, self.reserved, self.conf = step, reserved, conf
+    def __init__(
+        self,
+        step: hf.HFStep,
+        reserved: bool,
+        conf: AllocConf | None,
+        tell: Callable[[int, int, int | None], None] = lambda *_: None,
+    ) -> None:
+        self.step, self.reserved, self.conf, self.tell = step, reserved, conf, tell
         self.traced: dict[int, tuple[int, int, dict[str, int]]] = {}
 
     def at(self, tokens: int) -> tuple[int, int, dict[str, int]]:
@@ -93,6 +126,7 @@ class _StepPeaks:
             tracked, _ = trace_hf_step(replace(self.step, tokens=tokens))
             on_reserved = modelled_reserved_peak(tracked.events, self.conf) if self.reserved else 0
             self.traced[tokens] = (tracked.peak_bytes, on_reserved, dict(tracked.phase_peaks))
+            self.tell(tokens, tracked.peak_bytes, on_reserved if self.reserved else None)
         return self.traced[tokens]
 
     def limiting_line(self, seeds: tuple[int, int], limit: int) -> Line:
