@@ -16,7 +16,7 @@ from memprobe.commands import sharded_flags as sharded
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import guard_outputs
-from memprobe.io.sizes import format_bytes, parse_size
+from memprobe.io.sizes import format_bytes, parse_budget
 
 if TYPE_CHECKING:
     from memprobe.plan import Budget, TokenPlan
@@ -72,12 +72,20 @@ def build_step(
     )
 
 
+def _count(n: int) -> str:
+    """``8.05B``, ``124.44M``, or the count itself below a million (a toy model's 69,888
+    parameters are not "0.00B")."""
+    if n >= 10**9:
+        return f"{n / 1e9:,.2f}B"
+    return f"{n / 1e6:,.2f}M" if n >= 10**6 else f"{n:,}"
+
+
 def step_lines(result: Any) -> list[str]:
     """What ``memprobe step`` prints for a :class:`memprobe.profile.step.StepResult`."""
     r = result
     peak = r.peak_allocated_bytes
     lines = [
-        f"{r.model_type}, {r.parameters / 1e9:.2f}B parameters: {r.batch} x {r.tokens:,} tokens, "
+        f"{r.model_type}, {_count(r.parameters)} parameters: {r.batch} x {r.tokens:,} tokens, "
         f"{r.dtype} (parameters {r.param_dtype}), kernel {r.kernel}, "
         f"checkpointing {'on' if r.checkpointing else 'off'}, optimizer {r.optimizer}",
         f"attention: {r.attention_words}",
@@ -141,7 +149,7 @@ def step_command(
     """Simulate the step; write the snapshot to ``out`` when given; return the text."""
     from memprobe.allocator import parse_alloc_conf
 
-    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    budget_bytes = parse_budget(budget) if budget is not None else None
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
     guard_outputs({"--out": out}, [source])
@@ -289,7 +297,7 @@ def plan_step_lines(
     from memprobe.render.console import plain_lines
     from memprobe.render.plan_text import answer_line, plan_table
 
-    limit = plan.make_budget(budget)
+    limit = plan.make_budget(parse_budget(budget))
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     base = build_step(
         config,

@@ -10,10 +10,12 @@ simulations dominate; two cores halve the wall time).
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
 
+from memprobe.errors import UserError
 from memprobe.plan.long_loops import allocated_peak, reserved_plannable
 from memprobe.plan.model import (
     ALLOCATED,
@@ -61,7 +63,20 @@ def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
 
 
 def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = None) -> int:
-    """The peak of one case on the meta simulation the sweep uses (one rank)."""
+    """The peak of one case on the meta simulation the sweep uses (one rank). A kernel
+    that raises there (a user's own) is one line naming it and the tokens, not a
+    traceback: a sweep records such a case as an error, a plan has no answer without it."""
+    try:
+        return _simulated_peak(case, kind, alloc_conf)
+    except UserError:
+        raise
+    except Exception as exc:
+        from memprobe.measure.step import kernel_failed
+
+        raise kernel_failed(case.kernel, f"{case.local_tokens:,} tokens per rank", exc) from None
+
+
+def _simulated_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
     from memprobe.measure.meta_backend import simulate_tracker
 
     if kind == ALLOCATED:
@@ -116,9 +131,18 @@ def run_plans(
     return [done[i] for i in range(len(targets))]
 
 
+def pool_size(jobs: int, targets: int) -> int:
+    """The processes worth forking: no more than the cores here, nor than the probes
+    ever in flight (each plan asks for two counts at a time). A forking pool starts every
+    worker at once, so ``--jobs 100000`` would otherwise fork a hundred thousand copies of
+    this process."""
+    return max(1, min(jobs, os.cpu_count() or 1, 2 * targets))
+
+
 def _pool(jobs: int, targets: Sequence[PlanTarget]) -> ProcessPoolExecutor | None:
     # fork keeps the parent's imported, warmed-up torch; elsewhere run in order. Even
     # one plan gains: each step asks for two counts, simulated side by side.
+    jobs = pool_size(jobs, len(targets))
     if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return None
     # torch's first call of each op is slow (lazy setup): pay it here, once, not per worker.
