@@ -19,7 +19,7 @@ import torch
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.profile.attention import sdpa_on_meta
-from memprobe.profile.load import Step
+from memprobe.profile.load import Step, step_exited
 from memprobe.profile.memo import MetaMemo
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.records import Event
@@ -154,4 +154,7 @@ def profile_step(
 
 def _call(step: Step, device: torch.device) -> None:
     # Frames end below this one: the user's stack starts at their step.
-    step(device)
+    try:
+        step(device)
+    except SystemExit as exc:
+        raise step_exited(exc) from None
