@@ -577,6 +577,12 @@ def _provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
             "synthesized by memprobe from a tracked run: allocated bytes are exact; "
             "segments and reserved bytes are memprobe's model of the CUDA caching allocator"
         )
+    threads = meta.get("threads_started") if isinstance(meta, dict) else None
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
+        notes.append(
+            f"the step started {threads:,} thread(s): memory allocated on them is not in this "
+            "trace (memprobe tracks the thread that runs the step)"
+        )
     others = [d for d, t in enumerate(snap["device_traces"]) if t and d != rep.device]
     if others:
         listed = ", ".join(f"{d} ({len(snap['device_traces'][d]):,} entries)" for d in others)

@@ -200,3 +200,38 @@ def test_refusals_read_as_sentences(tmp_path: Path, data: bytes, says: str) -> N
     with pytest.raises(UserError) as caught:
         load_snapshot(tmp_path / "x.pickle")
     assert says in caught.value.one_line()
+
+
+def _threaded_step(threads: int, fail: bool = False) -> Any:
+    import threading
+
+    import torch
+
+    def step(device: Any) -> None:
+        torch.ones(8, device=device)
+        for _ in range(threads):
+            worker = threading.Thread(target=lambda: torch.ones(1000, device=device))
+            worker.start()
+            worker.join()
+        if fail:
+            raise ValueError("after the threads")
+
+    return step
+
+
+@pytest.mark.parametrize(("threads", "note"), [(0, None), (1, "started 1 thread(s)"),
+                                                (3, "started 3 thread(s)")])  # fmt: skip
+def test_a_step_that_starts_threads_says_their_memory_is_missing(threads, note) -> None:
+    import threading
+
+    from memprobe.attribute import attribute
+    from memprobe.profile import profile_step
+
+    start = threading.Thread.start
+    notes = attribute(profile_step(_threaded_step(threads), "meta")).notes
+    said = [n for n in notes if "thread(s): memory allocated on them is not in this trace" in n]
+    assert [note in n for n in said] == ([True] if note else [])
+    assert threading.Thread.start is start  # put back
+    with pytest.raises(UserError, match="after the threads"):
+        profile_step(_threaded_step(threads, fail=True), "meta")
+    assert threading.Thread.start is start
