@@ -235,3 +235,33 @@ def test_a_step_that_starts_threads_says_their_memory_is_missing(threads, note) 
     with pytest.raises(UserError, match="after the threads"):
         profile_step(_threaded_step(threads, fail=True), "meta")
     assert threading.Thread.start is start
+
+
+@pytest.mark.parametrize(
+    ("kernel", "tokens", "chunk", "device", "skipped"),
+    [
+        ("naive_chunked", 2**40, 1024, "meta", True),  # 2^30 chunks: a sweep never ended
+        ("precast_chunked", 16_384 * 1024 + 1, 1024, "meta", True),
+        ("naive_chunked", 16_384 * 1024, 1024, "meta", False),  # at the limit: simulated
+        ("naive_chunked", 2**40, 1024, "cpu", True),  # cpu simulates on meta first
+        ("naive_chunked", 2**40, 1024, "cuda", False),  # runs for real (and OOMs)
+        ("local_chunked", 2**40, 1024, "meta", False),  # skips its middle chunks on meta
+    ],
+)
+def test_a_loop_simulated_chunk_by_chunk_is_bounded(kernel, tokens, chunk, device, skipped):
+    from memprobe.measure.loops import too_long_to_simulate
+    from memprobe.records import Case
+
+    why = too_long_to_simulate(Case(kernel, 1, tokens, 256, chunk_size=chunk, device=device))
+    assert (why is not None) == skipped
+    assert why is None or f"{-(-tokens // chunk):,} chunks" in why
+
+
+def test_a_sweep_to_2_to_the_40_tokens_ends(run_cli, tmp_path: Path) -> None:
+    code, _, err = run_cli("sweep", "--tokens", str(2**40), "--vocab", "256", "--no-ladder",
+                           "--kernel", "naive_chunked,local_chunked", "--device", "meta",
+                           "--no-verify", "-q", "--out", "o")  # fmt: skip
+    assert code == 0, err
+    rows = json.loads((tmp_path / "o" / "results.json").read_text())["rows"]
+    assert [(r["kernel"], r["status"]) for r in rows] == [
+        ("naive_chunked", "skipped"), ("local_chunked", "ok")]  # fmt: skip
