@@ -15,9 +15,10 @@ from memprobe.records import Case
 
 # Kernels whose meta simulation runs every one of their chunks.
 EVERY_CHUNK_KERNELS = frozenset({"naive_chunked", "precast_chunked"})
-# A sweep simulates such a loop up to this many chunks (16M tokens in chunks of 1024; at
-# the rate above, about ten minutes for the one case).
-MAX_SIMULATED_CHUNKS = 16_384
+# A sweep simulates such a loop up to this many chunks (4M tokens in chunks of 1024:
+# about two minutes for the one case on a loaded 2-core machine; a ladder past it doubled
+# that with every step and never ended at 2^40 tokens).
+MAX_SIMULATED_CHUNKS = 4_096
 
 
 def chunk_count(case: Case) -> int:

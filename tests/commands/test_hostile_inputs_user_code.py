@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from memprobe.errors import UserError
+from memprobe.measure.loops import MAX_SIMULATED_CHUNKS
 from memprobe.plan.driver import pool_size
 from memprobe.sweep import MAX_CASES, plan_cases
 
@@ -241,8 +242,8 @@ def test_a_step_that_starts_threads_says_their_memory_is_missing(threads, note) 
     ("kernel", "tokens", "chunk", "device", "skipped"),
     [
         ("naive_chunked", 2**40, 1024, "meta", True),  # 2^30 chunks: a sweep never ended
-        ("precast_chunked", 16_384 * 1024 + 1, 1024, "meta", True),
-        ("naive_chunked", 16_384 * 1024, 1024, "meta", False),  # at the limit: simulated
+        ("precast_chunked", MAX_SIMULATED_CHUNKS * 1024 + 1, 1024, "meta", True),
+        ("naive_chunked", MAX_SIMULATED_CHUNKS * 1024, 1024, "meta", False),  # at the limit
         ("naive_chunked", 2**40, 1024, "cpu", True),  # cpu simulates on meta first
         ("naive_chunked", 2**40, 1024, "cuda", False),  # runs for real (and OOMs)
         ("local_chunked", 2**40, 1024, "meta", False),  # skips its middle chunks on meta
