@@ -11,5 +11,9 @@ class UserError(Exception):
         self.message = message
         self.hint = hint
 
+    def __reduce__(self) -> tuple[type[UserError], tuple[str, str]]:
+        # Raised in a forked plan worker, it crosses back to the parent whole, hint too.
+        return (type(self), (self.message, self.hint))
+
     def one_line(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message

@@ -121,6 +121,7 @@ class _Writer:
     ) -> None:
         self.run_dir = run_dir
         self.planned = planned
+        self.positions = results.plan_positions(planned)
         self.rows = rows
         self.todo = todo
         self.progress = progress
@@ -131,7 +132,7 @@ class _Writer:
     def add(self, index: int, case: Case, run: Run, snapshot: dict[str, Any] | None) -> None:
         self.pending.discard(index)
         run = with_snapshot_written(run, snapshot, self.run_dir)
-        self.rows = results.in_plan_order([*self.rows, run.row()], self.planned)
+        self.rows = results.in_plan_order([*self.rows, run.row()], self.positions)
         results.write_results(self.run_dir, self.rows)
         self.written += 1
         if self.progress is not None:

@@ -69,6 +69,11 @@ def _dtype(name: str) -> str:
     return key
 
 
+# Cases one run holds at most: each finished case rewrites the results files whole (so
+# that nothing finished is lost), which costs about 1 s per case at 20,000 rows.
+MAX_CASES = 10_000
+
+
 def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     """Every case a sweep runs, largest shape always included.
 
@@ -138,6 +143,15 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     chunks = {
         k: grid.chunk_size if get_spec(k).uses_chunk_size else grid.chunk_size[:1] for k in kernels
     }
+    per_shape = sum(len(chunks[k]) for k in kernels) * (len(hidden) if hidden else 1)
+    count = len(batch) * len(shapes) * len(dtypes) * len(tp) * len(cp) * per_shape
+    if count > MAX_CASES:
+        # Counted before a case is made: a grid of thousands of values each would take
+        # minutes to list, and every finished case rewrites the results (quadratic).
+        raise UserError(
+            f"this sweep would run {count:,} cases; one run takes at most {MAX_CASES:,}",
+            "split it into smaller sweeps (fewer --tokens/--vocab values, or drop --grid)",
+        )
     cases = []
     for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
         _check_parallel(s, v, t, c)
@@ -284,6 +298,7 @@ def run_sweep(
         todo = share_cases(todo)
     elif error is not None:
         raise error
+    positions = results.plan_positions(planned)
     for i, case in enumerate(todo, start=1):
         run = with_reserved(measure_one(case, verify=verify, layout=layout), alloc_conf)
         if snapshots and lead:
@@ -292,7 +307,7 @@ def run_sweep(
         row = run.row() if layout is None else gather_row(run.row())
         if row is None:
             continue
-        rows = results.in_plan_order([*rows, row], planned)
+        rows = results.in_plan_order([*rows, row], positions)
         results.write_results(out_dir, rows)
         if progress is not None:
             progress(i, len(todo), case, run)

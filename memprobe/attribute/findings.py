@@ -108,6 +108,7 @@ class Findings:
     # "measured": the trace's time_us are the recording's clock; "none": it has none;
     # "simulated": memprobe synthesized it on meta, its times are dropped (all None).
     times: str = "measured"
+    peak_kernel: Frame | None = None  # the line in memprobe's kernel ``peak_frame`` called
 
     @property
     def logits_family(self) -> tuple[BlockFinding, ...]:
@@ -235,7 +236,7 @@ class _Context:
             kind = shape_op(s.op)
             if kind == "arange":
                 arange.add(b.size)
-            elif kind == "mask":
+            elif kind == "mask" and _square(s.label_shape):
                 masks.add(b.size)
             elif kind == "rotary":
                 rotary.add(b.size)
@@ -426,6 +427,7 @@ def _attribute_normalized(
         peak_phase=_peak_phase(rep, ctx, peak_site),
         peak_op=peak_site.op if peak_site else None,
         peak_frame=peak_site.frame if peak_site else None,
+        peak_kernel=peak_site.kernel if peak_site else None,
         peak_reserved_bytes=rep.peak_reserved_bytes,
         peak_reserved_index=rep.peak_reserved_pos,
         peak_reserved_time_us=ctx.time_at(rep.peak_reserved_pos),
@@ -445,6 +447,12 @@ def _attribute_normalized(
         notes=rep.notes + _provenance_notes(snap, rep),
         times="simulated" if ctx.simulated else ("measured" if start is not None else "none"),
     )
+
+
+def _square(shape: tuple[int, ...] | None) -> bool:
+    """Whether a block a mask's constructor made can be a mask [.., S, S]: a label that
+    records its shape says (a scalar ``full`` is none); without one, its bytes decide."""
+    return shape is None or (len(shape) >= 2 and shape[-1] == shape[-2] >= 2)
 
 
 def simulated_clock(snap: dict[str, Any]) -> bool:
@@ -471,7 +479,10 @@ def _groups(live: list[ReplayBlock], ctx: _Context) -> tuple[BlockGroup, ...]:
     groups: dict[tuple[Any, ...], list[ReplayBlock]] = defaultdict(list)
     for b in live:
         v, s = ctx.verdict(b), ctx.site(b)
-        key = (b.size, v.category, s.op, s.frame, v.phase, b.alloc_pos == BEFORE_TRACE, v.logits)
+        key = (
+            b.size, v.category, s.op, s.frame, v.phase, b.alloc_pos == BEFORE_TRACE, v.logits,
+            s.kernel,
+        )  # fmt: skip
         groups[key].append(b)
     out = [
         BlockGroup(
@@ -485,6 +496,7 @@ def _groups(live: list[ReplayBlock], ctx: _Context) -> tuple[BlockGroup, ...]:
             k[5],
             k[6],
             Counter(ctx.verdict(b).reason for b in bs).most_common(1)[0][0],
+            k[7],
         )  # fmt: skip
         for k, bs in groups.items()
     ]
@@ -564,6 +576,12 @@ def _provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
         notes.append(
             "synthesized by memprobe from a tracked run: allocated bytes are exact; "
             "segments and reserved bytes are memprobe's model of the CUDA caching allocator"
+        )
+    threads = meta.get("threads_started") if isinstance(meta, dict) else None
+    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
+        notes.append(
+            f"the step started {threads:,} thread(s): memory allocated on them is not in this "
+            "trace (memprobe tracks the thread that runs the step)"
         )
     others = [d for d, t in enumerate(snap["device_traces"]) if t and d != rep.device]
     if others:
@@ -660,6 +678,7 @@ def _finding(
         more_explanations=0,
         label=label_text,
         stream=origin.get("stream", 0),
+        kernel=site.kernel,
     )
 
 

@@ -156,6 +156,43 @@ def user_chain(frames: Sequence[Frame]) -> tuple[tuple[Frame, ...], tuple[str, .
     return (), _via(frames)
 
 
+def call_site(
+    frames: Sequence[Frame],
+) -> tuple[tuple[Frame, ...], tuple[str, ...], Frame | None]:
+    """(chain, via, kernel): :func:`user_chain`, except that a line inside memprobe's
+    own kernels called from the user's code gives way to that call. The chain then
+    starts at the user's line (the first frame outside memprobe) and ``kernel`` is the
+    kernel's own line, named beside the op. A kernel memprobe's harness runs (a sweep,
+    ``measure()``) is what is measured: its line stays the chain and ``kernel`` is None."""
+    chain, via = user_chain(frames)
+    if not chain or not is_own_kernel(chain[0]):
+        return chain, via, None
+    start = frames.index(chain[0])
+    for i in range(start + 1, len(frames)):
+        if _is_harness(frames[i]):
+            break
+        if not is_internal(frames[i]) and not is_own_kernel(frames[i]):
+            outer, _ = user_chain(frames[i:])
+            return outer, via, chain[0]
+    return chain, via, None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def is_own_kernel(frame: Frame) -> bool:
+    """A Python frame inside memprobe's own kernels (``memprobe/kernels/``)."""
+    return not is_cpp(frame) and _MEMPROBE_KERNELS in normalized_path(frame.filename)
+
+
+def _is_harness(frame: Frame) -> bool:
+    """memprobe's own code other than its kernels (the sweep, ``measure``, the CLI)."""
+    return not is_cpp(frame) and not is_own_kernel(frame) and _is_memprobe(frame)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _is_memprobe(frame: Frame) -> bool:
+    return bool(_MEMPROBE.search(normalized_path(frame.filename)))
+
+
 def _via(inner: Sequence[Frame]) -> tuple[str, ...]:
     seen: dict[str, str] = {}
     # Outermost first: the frame nearest the user's line is where the user called in.
@@ -275,3 +312,9 @@ def describe_frame(frame: Frame | None) -> str:
     if frame is None:
         return "-"
     return f"{frame.filename.replace(chr(92), '/').rsplit('/', 1)[-1]}:{frame.line} in {frame.name}"
+
+
+def in_kernel(kernel: Frame | None) -> str:
+    """`` in memprobe's kernel (local_chunked.py:44 in _chunk_float32)`` after an op made
+    there for the user's line (:func:`call_site`); empty without one."""
+    return f" in memprobe's kernel ({describe_frame(kernel)})" if kernel else ""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprobe.attribute.loss_step_record import LossStep
+from memprobe.errors import UserError
 from memprobe.records import Event
 
 # Phases of the kernel's simulation (the tracker's labels).
@@ -37,7 +38,7 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
     step ran its loss: logits from before, an engine-owned gradient of its output."""
     import torch
 
-    from memprobe.measure.step import kernel_call, process_group_for, torch_dtype
+    from memprobe.measure.step import kernel_call, kernel_failed, process_group_for, torch_dtype
     from memprobe.measure.tracker import AllocationTracker
     from memprobe.records import Case
 
@@ -104,8 +105,13 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
             del out, loss, grad, held
 
     tracker.stop_code = run.__code__
-    with process_group_for(case):
-        run()
+    try:
+        with process_group_for(case):
+            run()
+    except UserError:
+        raise
+    except Exception as exc:  # a user's kernel that fails on meta: one line, not a traceback
+        raise kernel_failed(kernel, f"{case.tokens:,} tokens", exc) from None
     return _split(
         tracker.events, released[0] if released else None, made_at[0] if made_at else None
     )

@@ -155,9 +155,11 @@ def is_parameter_setup(frames: Sequence[Frame]) -> bool:
     return False
 
 
-# Ops whose output shape names a dimension of the step directly.
+# Ops whose output shape names a dimension of the step directly. ``ones_like`` and
+# ``full_like`` copy another tensor's shape and name none: autograd's seed gradient
+# (``loss.backward()`` makes ``ones_like(loss)``, 4 bytes) is no [2, 2] mask.
 _POSITIONS = re.compile(r"(?:^|[.:_])arange(?:\b|_|$)")
-_MASKS = re.compile(r"(?:^|[.:_])(triu|tril|ones|full|new_ones|new_full)(?:\b|_|$)")
+_MASKS = re.compile(r"(?:^|[.:_])(triu|tril|ones|full|new_ones|new_full)(?!_like)(?:\b|_|$)")
 _ROTARY = re.compile(r"(?:^|[.:_])(cos|sin|polar)(?:\b|_|$)")
 
 

@@ -47,6 +47,7 @@ class BlockFinding:
     more_explanations: int
     label: str
     stream: int
+    kernel: Frame | None = None  # the line in memprobe's kernel the user's ``frame`` called
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class BlockGroup:
     before_trace: bool
     logits: bool
     reason: str = ""  # why the category: the evidence most of the group's blocks rest on
+    kernel: Frame | None = None  # the line in memprobe's kernel the user's ``frame`` called
 
 
 @dataclass(frozen=True)

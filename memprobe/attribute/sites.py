@@ -19,10 +19,10 @@ from typing import Any
 
 from memprobe.attribute.frames import (
     autograd_node,
+    call_site,
     clean_frames,
     op_from_frames,
     phase_from_frames,
-    user_chain,
 )
 from memprobe.attribute.ops import (
     collective_evidence,
@@ -66,6 +66,9 @@ class Site:
     checkpoint: bool = False  # made under torch.utils.checkpoint
     collective_buffer: bool = False  # a DDP bucket / c10d buffer, not just a collective's op
     autocast_cast: bool = False  # made by autocast's weight cast (at::autocast::cached_cast)
+    # The line inside memprobe's own kernel when the user's code called it (``chain``
+    # then starts at the user's call): what made the block, beside the op.
+    kernel: Frame | None = None
 
     @property
     def frame(self) -> Frame | None:
@@ -89,7 +92,7 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
     optimizer = is_optimizer(frames)
     if optimizer and phase != "backward":
         phase, reason = "optimizer", "allocated under the optimizer's step"
-    chain, via = user_chain(frames)
+    chain, via, kernel = call_site(frames)
     dtype = label["dtype"].removeprefix("torch.") if label.get("dtype") else None
     return Site(
         op=op,
@@ -112,6 +115,7 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
         checkpoint=is_checkpoint(frames),
         collective_buffer=is_comm_buffer(frames),
         autocast_cast=is_autocast_cast(frames),
+        kernel=kernel,
     )
 
 

@@ -18,7 +18,7 @@ from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.codec import to_json
 from memprobe.io.files import guard_outputs
-from memprobe.io.sizes import format_bytes, parse_size
+from memprobe.io.sizes import format_bytes, parse_budget
 from memprobe.render.findings_text import render_devices
 from memprobe.snapshot.load import load_snapshot
 
@@ -53,7 +53,7 @@ def attribute_command(
     for flag, value in (("--budget", budget), ("--chunk-size", chunk_size)):
         if value is not None and what_if is None:
             raise UserError(f"{flag} applies to --what-if", "add --what-if KERNEL")
-    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    budget_bytes = parse_budget(budget) if budget is not None else None
     if what_if is not None:
         check_what_if_kernel(what_if)  # before the snapshot is read
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -24,20 +24,42 @@ from memprobe.commands.flags import (
     warn_on_size,
 )
 from memprobe.errors import UserError
+from memprobe.io.sizes import parse_budget
 
-
-def _progress() -> Callable[[int, int, Any], None]:
-    """Report each finished plan on stderr: some take minutes (torch's chunk loop at a
-    million tokens), and the table comes only when all are done."""
+if TYPE_CHECKING:
+    from memprobe.plan import PlanRequest
     from memprobe.render.console import Progress
 
-    progress = Progress()
+
+def _progress(progress: Progress) -> Callable[[int, int, Any], None]:
+    """Report each finished plan on stderr: some take minutes (torch's chunk loop at a
+    million tokens), and the table comes only when all are done."""
 
     def on_plan(i: int, n: int, done: Any) -> None:
         t = done.target
         progress.step(i, n, f"{t.kernel} tp={t.tp} cp={t.cp}: {done.max_tokens:,} tokens/GPU")
 
     return on_plan
+
+
+def _check_out(out: Path, request: PlanRequest) -> None:
+    """``--out`` is a folder for plan.html, plan.png and plan.json, none of them an input
+    (the --from-run run, the --other-from snapshots)."""
+    from memprobe.io.files import guard_outputs
+    from memprobe.render.plan_page import PLAN_FILES
+    from memprobe.results import run_inputs
+
+    # The folder, or the nearest part of its path that exists, must be a folder.
+    there = next((p for p in (out, *out.parents) if p.exists()), None)
+    if there is not None and not there.is_dir():
+        where = "is a file" if there == out else f"is under {there}, a file"
+        raise UserError(
+            f"--out {out} {where}, not a folder",
+            "name a folder for plan.html, plan.png and plan.json",
+        )
+    inputs = [*(run_inputs(request.from_run) if request.from_run else []),
+              *map(Path, request.other_from)]  # fmt: skip
+    guard_outputs({f"--out {name}": out / name for name in PLAN_FILES}, inputs)
 
 
 def _single(text: str, flag: str) -> int:
@@ -135,7 +157,8 @@ def command(
     jobs: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(
-            help="Simulation processes (forked; helps where cores are free). (default: 1)"
+            help="Simulation processes (forked; helps where cores are free; at most the "
+            "cores here). (default: 1)"
         ),
     ] = None,
     step: Annotated[
@@ -180,6 +203,7 @@ def command(
         raise UserError(f"--jobs {jobs} must be 1 or more", "e.g. --jobs 2")
     warn_on_size(budget, "--budget")
     warn_on_size(other, "--other")
+    parse_budget(budget)  # nothing fits in a zero budget: said before any simulation
     fsdp_flags: dict[str, Any] = {
         "reshard_after_forward": reshard_after_forward,
         "mp_param": mp_param,
@@ -245,7 +269,16 @@ def command(
         other_includes_lm_head=other_includes_lm_head,
         other_from=tuple(name_list(other_from, "--other-from")) if other_from else (),
     )
-    outcome = run_plan_job(request, _progress())
+    if out is not None:
+        _check_out(out, request)  # before the search: a bad --out must not cost it
+    from memprobe.render.console import Progress
+    from memprobe.render.plan_text import probe_progress
+
+    progress = Progress()
+    try:
+        outcome = run_plan_job(request, _progress(progress), probe_progress(progress))
+    finally:
+        progress.close()
     written: tuple[Path, ...] = ()
     if out is not None:
         from memprobe.render.plan_page import write_plan_page

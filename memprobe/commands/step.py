@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -16,7 +16,11 @@ from memprobe.commands import sharded_flags as sharded
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import guard_outputs
-from memprobe.io.sizes import format_bytes, parse_size
+from memprobe.io.sizes import format_bytes, parse_budget
+
+if TYPE_CHECKING:
+    from memprobe.plan import Budget, TokenPlan
+    from memprobe.profile.hf import HFStep
 
 
 def build_step(
@@ -75,12 +79,20 @@ def default_kernel(sharding: Any) -> str:
     return "chunked_distributed" if sharding is not None and sharding.tp > 1 else "local_chunked"
 
 
+def _count(n: int) -> str:
+    """``8.05B``, ``124.44M``, or the count itself below a million (a toy model's 69,888
+    parameters are not "0.00B")."""
+    if n >= 10**9:
+        return f"{n / 1e9:,.2f}B"
+    return f"{n / 1e6:,.2f}M" if n >= 10**6 else f"{n:,}"
+
+
 def step_lines(result: Any) -> list[str]:
     """What ``memprobe step`` prints for a :class:`memprobe.profile.step.StepResult`."""
     r = result
     peak = r.peak_allocated_bytes
     lines = [
-        f"{r.model_type}, {r.parameters / 1e9:.2f}B parameters: {r.batch} x {r.tokens:,} tokens, "
+        f"{r.model_type}, {_count(r.parameters)} parameters: {r.batch} x {r.tokens:,} tokens, "
         f"{r.dtype} (parameters {r.param_dtype}), kernel {r.kernel}, "
         f"checkpointing {'on' if r.checkpointing else 'off'}, optimizer {r.optimizer}",
         f"attention: {r.attention_words}",
@@ -164,7 +176,7 @@ def step_command(
     """Simulate the step; write the snapshot to ``out`` when given; return the text."""
     from memprobe.allocator import parse_alloc_conf
 
-    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    budget_bytes = parse_budget(budget) if budget is not None else None
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
     guard_outputs({"--out": out}, [source])
@@ -308,11 +320,11 @@ def plan_step_lines(
     if len(chunk) != 1:
         raise UserError("--step plans one chunk size", "e.g. --chunk-size 1024")
     from memprobe import plan
-    from memprobe.plan.whole_step import plan_step, step_kernels
+    from memprobe.plan.whole_step import step_kernels
     from memprobe.render.console import plain_lines
     from memprobe.render.plan_text import answer_line, plan_table
 
-    limit = plan.make_budget(budget)
+    limit = plan.make_budget(parse_budget(budget))
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     base = build_step(
         config,
@@ -331,7 +343,7 @@ def plan_step_lines(
     )
     for name in kernels:  # every name checked before the first simulation
         build_step(config, tokens=1, kernel=name, dtype=dtype, **sharded)
-    plans = plan_step(base, kernels, limit, reserved=reserved, alloc_conf=conf)
+    plans = _plan_with_progress(base, kernels, limit, reserved=reserved, alloc_conf=conf)
     if as_json:
         return [json.dumps([p.row() for p in plans], indent=1)]
     what = (
@@ -350,3 +362,32 @@ def plan_step_lines(
     where = "reserved in the last column" if reserved else "reserved not planned: --no-reserved"
     head = f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; {where})"
     return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]
+
+
+def _plan_with_progress(
+    base: HFStep, kernels: list[str], limit: Budget, **kw: Any
+) -> list[TokenPlan]:
+    """:func:`memprobe.plan.whole_step.plan_step`, saying on stderr as it goes: each
+    kernel's answer when it is found (a line each off a terminal), and each whole step
+    traced in the live bar on a terminal (one takes seconds to minutes)."""
+    from memprobe.plan.whole_step import plan_step
+    from memprobe.render.console import Progress
+    from memprobe.render.plan_text import probe_progress
+
+    progress = Progress()
+    finished = 0
+
+    def on_done(done: TokenPlan) -> None:
+        nonlocal finished
+        finished += 1
+        progress.step(
+            finished, len(kernels), f"{done.target.kernel}: {done.max_tokens:,} tokens/sequence"
+        )
+
+    try:
+        return plan_step(
+            base, kernels, limit, on_done=on_done,
+            on_probe=probe_progress(progress, "tokens/sequence"), **kw,
+        )  # fmt: skip
+    finally:
+        progress.close()

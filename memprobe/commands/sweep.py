@@ -22,7 +22,7 @@ from memprobe.commands.flags import (
     warn_on_size,
 )
 from memprobe.errors import UserError
-from memprobe.io.sizes import parse_size
+from memprobe.io.sizes import parse_budget
 from memprobe.records import Grid
 from memprobe.results import default_run_dir, read_run_meta
 
@@ -161,9 +161,7 @@ def command(
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
     warn_on_size(budget, "--budget")
     warn_on_size(other, "--other")
-    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
-    if budget_bytes is not None and budget_bytes <= 0:
-        raise UserError(f"--budget {budget!r} must be more than 0 bytes", "e.g. --budget 80GiB")
+    budget_bytes = parse_budget(budget) if budget is not None else None
     budget_text = None
     if other is not None:
         if budget_bytes is None:

@@ -17,6 +17,7 @@ from memprobe.io.files import guard_outputs
 from memprobe.results import read_rows, results_file, run_inputs, write_baseline
 
 if TYPE_CHECKING:
+    from memprobe.attribute.records import BlockGroup
     from memprobe.records import Case, Run
 
 
@@ -150,8 +151,6 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
     """For each failing case with a snapshot: where the snapshot is, and the line that
     made the largest block live at its peak (what to look at first)."""
     from memprobe.attribute import attribute_file
-    from memprobe.attribute.frames import describe_frame
-    from memprobe.io.sizes import format_bytes
 
     by_id = {r.get("case_id"): r for r in rows}
     notes: list[str] = []
@@ -168,13 +167,34 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
             continue
         if not groups:
             continue
-        block = max(groups, key=lambda g: g.size)
-        notes.append(
-            f"{label}: its largest block live at the peak, {format_bytes(block.size)} "
-            f"{block.category}, was made at {describe_frame(block.frame)} (op {block.op}); "
-            f"snapshot {path}"
-        )
+        notes.append(f"{label}: {_largest_blocks_text(groups)}; snapshot {path}")
     return notes
+
+
+def _largest_blocks_text(groups: Sequence[BlockGroup]) -> str:
+    """The largest block live at the peak and the line that made it; when that block has
+    no line (an input the harness made, a block autograd's engine made), the largest
+    block that has one too: a failure always names a source line when the trace has any."""
+    from memprobe.attribute.frames import describe_frame, in_kernel
+    from memprobe.io.sizes import format_bytes
+    from memprobe.snapshot.labels import op_words
+
+    def made(g: BlockGroup) -> str:
+        return f"made at {describe_frame(g.frame)} (op {g.op or '?'}{in_kernel(g.kernel)})"
+
+    largest = max(groups, key=lambda g: g.size)
+    head = f"its largest block live at the peak, {format_bytes(largest.size)} {largest.category}"
+    if largest.frame is not None:
+        return f"{head}, was {made(largest)}"
+    head += f" (op {op_words(largest.op or '?')}), has no source line"
+    lined = [g for g in groups if g.frame is not None]
+    if not lined:
+        return f"{head}, nor has any block live there (the snapshot records no Python frames)"
+    block = max(lined, key=lambda g: g.size)
+    return (
+        f"{head}; the largest with one, {format_bytes(block.size)} {block.category}, "
+        f"was {made(block)}"
+    )
 
 
 def _run_configured_sweep(

@@ -74,6 +74,15 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
     return int(number)
 
 
+def parse_budget(value: str | int | float, *, what: str = "--budget") -> int:
+    """A memory budget: a size (:func:`parse_size`) of more than 0 bytes. Nothing fits
+    in none, so a zero budget is a mistake in every command that takes one."""
+    budget = parse_size(value, what=what)
+    if budget <= 0:
+        raise UserError(f"{what} {value!r} must be more than 0 bytes", "e.g. --budget 80GiB")
+    return budget
+
+
 def format_bytes(n: float | int | None) -> str:
     """Binary units with two decimals and thousands separators: ``34.18 GiB``."""
     if n is None:

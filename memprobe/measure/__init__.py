@@ -36,10 +36,11 @@ def measure(case: Case, *, layout: RankLayout | None = None) -> Run:
     process's place in a torchrun job (None: one process; meta never has one)."""
     from memprobe.kernels import KernelUnavailable
     from memprobe.kernels.peers import unavailable_reason
+    from memprobe.measure.loops import too_long_to_simulate
     from memprobe.measure.protocol import protocol_for
 
     protocol = protocol_for(case.kernel)
-    why = protocol.unfit(case)
+    why = protocol.unfit(case) or too_long_to_simulate(case)
     if why is not None:
         return Run(case, "skipped", note=why)
     # A GPU peer (Liger-Kernel, Cut Cross-Entropy) off CUDA or not installed: a row

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from memprobe.errors import UserError
 from memprobe.kernels import get_spec
 from memprobe.measure.parallel import RankLayout, fake_process_group
 from memprobe.records import Case, torch_dtype_name
@@ -78,9 +79,26 @@ def kernel_call(
         extra.update(group=layout.tp_group, vocab_start=start, vocab_end=start + case.local_vocab)
 
     def call(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
+        try:
+            return spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
+        except SystemExit as exc:
+            # A kernel's sys.exit() would end the whole sweep or plan with its code and
+            # no word: it is this case's error, as any other exception the kernel raises.
+            raise RuntimeError(
+                f"{case.kernel} called sys.exit({exc.code!r}) instead of returning"
+            ) from None
 
     return call
+
+
+def kernel_failed(kernel: str, tokens: str, exc: Exception) -> UserError:
+    """The one line for a kernel that raised in a meta simulation outside a sweep (a plan,
+    a what-if), where there is no case row to record it in: which kernel, at what size."""
+    what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    return UserError(
+        f"{kernel} failed in the meta simulation at {tokens} ({what})",
+        f"run `memprobe sweep --kernel {kernel} --device meta` at a small size to see it",
+    )
 
 
 def process_group_for(case: Case) -> contextlib.AbstractContextManager[object]:

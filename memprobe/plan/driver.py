@@ -10,20 +10,31 @@ simulations dominate; two cores halve the wall time).
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
 
+from memprobe.errors import UserError
 from memprobe.plan.long_loops import allocated_peak, reserved_plannable
-from memprobe.plan.model import ALLOCATED, RESERVED, Budget, PlanTarget, Search, TokenPlan
+from memprobe.plan.model import (
+    ALLOCATED,
+    RESERVED,
+    Budget,
+    OnProbe,
+    PlanTarget,
+    Probe,
+    Search,
+    TokenPlan,
+)
 from memprobe.plan.search import SearchSteps, search_max_tokens, seed_tokens
 from memprobe.records import Case
 
-Probe = tuple[str, int]  # (peak kind, local tokens)
-PlanSteps = Generator[list[Probe], Mapping[Probe, int], TokenPlan]
+Ask = tuple[str, int]  # (peak kind, local tokens): one count a search asks for
+PlanSteps = Generator[list[Ask], Mapping[Ask, int], TokenPlan]
 
 
-def _tagged(kind: str, steps: SearchSteps) -> Generator[list[Probe], Mapping[Probe, int], Search]:
+def _tagged(kind: str, steps: SearchSteps) -> Generator[list[Ask], Mapping[Ask, int], Search]:
     try:
         ask = next(steps)
         while True:
@@ -52,7 +63,20 @@ def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
 
 
 def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = None) -> int:
-    """The peak of one case on the meta simulation the sweep uses (one rank)."""
+    """The peak of one case on the meta simulation the sweep uses (one rank). A kernel
+    that raises there (a user's own) is one line naming it and the tokens, not a
+    traceback: a sweep records such a case as an error, a plan has no answer without it."""
+    try:
+        return _simulated_peak(case, kind, alloc_conf)
+    except UserError:
+        raise
+    except Exception as exc:
+        from memprobe.measure.step import kernel_failed
+
+        raise kernel_failed(case.kernel, f"{case.local_tokens:,} tokens per rank", exc) from None
+
+
+def _simulated_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
     from memprobe.measure.meta_backend import simulate_tracker
 
     if kind == ALLOCATED:
@@ -76,33 +100,49 @@ def run_plans(
     alloc_conf: str | None = None,
     reserved: bool | None = None,
     on_done: Callable[[TokenPlan], None] | None = None,
+    on_probe: OnProbe | None = None,
 ) -> list[TokenPlan]:
     """Plan every target. ``jobs`` > 1 runs the simulations in that many forked processes;
     ``reserved`` (default True) also plans on the modelled reserved peak; ``on_done``
-    hears of each plan as it finishes (in any order)."""
+    hears of each plan as it finishes (in any order), ``on_probe`` of each count tried."""
     if reserved is None:
         reserved = True
     steps = {i: plan_steps(t, budget, reserved) for i, t in enumerate(targets)}
     pool = _pool(jobs, targets)
 
-    def evaluate(i: int, probe: Probe) -> int:
-        peak = simulated_peak(targets[i].case(probe[1]), probe[0], alloc_conf)
-        return peak + budget.other_growth(targets[i], probe[1])
+    def heard(i: int, ask: Ask, simulated: int) -> int:
+        """The peak the limit is compared with; ``on_probe`` hears of it."""
+        peak = simulated + budget.other_growth(targets[i], ask[1])
+        if on_probe is not None:
+            on_probe(Probe(targets[i], ask[0], ask[1], peak, budget.limit_bytes))
+        return peak
+
+    def evaluate(i: int, ask: Ask) -> int:
+        return heard(i, ask, simulated_peak(targets[i].case(ask[1]), ask[0], alloc_conf))
 
     try:
         if pool is None:
             done = _drive_in_order(steps, evaluate, on_done)
         else:
-            done = _drive_in_pool(steps, targets, pool, alloc_conf, on_done, budget)
+            done = _drive_in_pool(steps, targets, pool, alloc_conf, on_done, heard)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
     return [done[i] for i in range(len(targets))]
 
 
+def pool_size(jobs: int, targets: int) -> int:
+    """The processes worth forking: no more than the cores here, nor than the probes
+    ever in flight (each plan asks for two counts at a time). A forking pool starts every
+    worker at once, so ``--jobs 100000`` would otherwise fork a hundred thousand copies of
+    this process."""
+    return max(1, min(jobs, os.cpu_count() or 1, 2 * targets))
+
+
 def _pool(jobs: int, targets: Sequence[PlanTarget]) -> ProcessPoolExecutor | None:
     # fork keeps the parent's imported, warmed-up torch; elsewhere run in order. Even
     # one plan gains: each step asks for two counts, simulated side by side.
+    jobs = pool_size(jobs, len(targets))
     if jobs <= 1 or "fork" not in multiprocessing.get_all_start_methods():
         return None
     # torch's first call of each op is slow (lazy setup): pay it here, once, not per worker.
@@ -113,7 +153,7 @@ def _pool(jobs: int, targets: Sequence[PlanTarget]) -> ProcessPoolExecutor | Non
 
 def _drive_in_order(
     steps: Mapping[int, PlanSteps],
-    evaluate: Callable[[int, Probe], int],
+    evaluate: Callable[[int, Ask], int],
     on_done: Callable[[TokenPlan], None] | None,
 ) -> dict[int, TokenPlan]:
     done: dict[int, TokenPlan] = {}
@@ -135,13 +175,13 @@ def _drive_in_pool(
     pool: ProcessPoolExecutor,
     alloc_conf: str | None,
     on_done: Callable[[TokenPlan], None] | None,
-    budget: Budget,
+    heard: Callable[[int, Ask, int], int],
 ) -> dict[int, TokenPlan]:
     """Every plan's pending probes in one pool; a plan moves on as soon as its own are back."""
     done: dict[int, TokenPlan] = {}
-    waiting: dict[int, dict[Probe, Future[int]]] = {}
+    waiting: dict[int, dict[Ask, Future[int]]] = {}
 
-    def submit(batch: Iterable[tuple[int, list[Probe]]]) -> None:
+    def submit(batch: Iterable[tuple[int, list[Ask]]]) -> None:
         jobs = [(i, p) for i, ask in batch for p in ask]
         for i, p in sorted(jobs, key=lambda j: -_cost(targets[j[0]].case(j[1][1]))):
             case = targets[i].case(p[1])
@@ -152,12 +192,9 @@ def _drive_in_pool(
         futures = [f for probes in waiting.values() for f in probes.values()]
         wait(futures, return_when=FIRST_COMPLETED)
         ready = [i for i, probes in waiting.items() if all(f.done() for f in probes.values())]
-        follow: list[tuple[int, list[Probe]]] = []
+        follow: list[tuple[int, list[Ask]]] = []
         for i in ready:
-            got = {
-                p: f.result() + budget.other_growth(targets[i], p[1])
-                for p, f in waiting.pop(i).items()
-            }
+            got = {p: heard(i, p, f.result()) for p, f in waiting.pop(i).items()}
             try:
                 follow.append((i, steps[i].send(got)))
             except StopIteration as stop:

@@ -13,7 +13,7 @@ from memprobe.errors import UserError
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans
 from memprobe.plan.message import lm_head_status, long_loop_status, reserved_status
-from memprobe.plan.model import Budget, TokenPlan, make_budget, with_lm_head_in_other
+from memprobe.plan.model import Budget, OnProbe, TokenPlan, make_budget, with_lm_head_in_other
 from memprobe.plan.other import other_from_snapshots
 from memprobe.plan.targets import plan_targets
 from memprobe.results import read_rows
@@ -103,8 +103,11 @@ def budget_from(
     ), fit.describe()
 
 
-def run_plan_job(request: PlanRequest, on_plan: OnPlan | None = None) -> PlanOutcome:
-    """Every target the request covers, planned; bad input fails before any simulation."""
+def run_plan_job(
+    request: PlanRequest, on_plan: OnPlan | None = None, on_probe: OnProbe | None = None
+) -> PlanOutcome:
+    """Every target the request covers, planned; bad input fails before any simulation.
+    ``on_plan`` hears of each finished plan, ``on_probe`` of each token count tried."""
     # Checked before any simulation; --other-from reads the snapshots now.
     budget, other_note = budget_from(request.budget, request.other, request.other_from)
     if request.alloc_conf is not None:
@@ -140,6 +143,7 @@ def run_plan_job(request: PlanRequest, on_plan: OnPlan | None = None) -> PlanOut
         alloc_conf=request.alloc_conf,
         reserved=request.reserved,
         on_done=on_done,
+        on_probe=on_probe,
     )
     choices = chunk_choices(plans, rows)
     notes = [

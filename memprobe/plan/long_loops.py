@@ -31,10 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from memprobe.measure.loops import chunk_count, runs_every_chunk
 from memprobe.records import Case
 
-# Kernels whose meta simulation runs every one of their chunks.
-EVERY_CHUNK_KERNELS = frozenset({"naive_chunked", "precast_chunked"})
 # The two short runs extrapolated from: past the start-up chunks (the peak settles by the
 # fifth), and cheap (about 0.3 s on meta).
 BASE_CHUNKS = 8
@@ -43,19 +42,6 @@ FULL_CHUNKS = 16
 # The reserved search of such a loop runs only while the answer has at most this many
 # chunks (a simulation of 64 takes about 2 s).
 RESERVED_MAX_CHUNKS = 64
-
-
-def chunk_count(case: Case) -> int:
-    """Chunks the kernel's loop runs on one rank (1 when it has no chunk size)."""
-    tokens = case.local_tokens
-    if not case.chunk_size or tokens <= 0:
-        return 1
-    return -(-tokens // case.chunk_size)
-
-
-def runs_every_chunk(case: Case) -> bool:
-    """Whether this case's meta simulation grows with its chunk count."""
-    return case.kernel in EVERY_CHUNK_KERNELS and case.chunk_size is not None
 
 
 def _with_chunks(case: Case, chunks: int, last: int) -> Case:

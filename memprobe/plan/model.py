@@ -9,6 +9,7 @@ before any simulation runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -196,6 +197,25 @@ class Line:
         if self.slope <= 0:
             return None
         return max(0, math.floor((limit - self.fixed) / self.slope))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One token count a search tried, and its peak: what progress shows while a long
+    search runs (a whole step's trace takes seconds to minutes)."""
+
+    target: PlanTarget
+    kind: str  # ALLOCATED | RESERVED: the peak compared with the limit
+    tokens: int  # per GPU (per sequence for a whole step)
+    peak: int  # what the limit is compared with (the rest of the job included)
+    limit: int
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.limit
+
+
+OnProbe = Callable[[Probe], None]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,17 @@ from dataclasses import replace
 
 from memprobe.allocator import AllocConf
 from memprobe.measure.reserved import modelled_reserved_peak
-from memprobe.plan.model import Budget, Line, PlanTarget, Search, TokenPlan
+from memprobe.plan.model import (
+    ALLOCATED,
+    RESERVED,
+    Budget,
+    Line,
+    OnProbe,
+    PlanTarget,
+    Probe,
+    Search,
+    TokenPlan,
+)
 from memprobe.plan.search import seed_tokens
 from memprobe.plan.step_search import Sample, StepSearch, search_step_tokens
 from memprobe.profile import hf
@@ -42,6 +52,7 @@ def plan_step(
     reserved: bool = True,
     alloc_conf: AllocConf | None = None,
     on_done: Callable[[TokenPlan], None] | None = None,
+    on_probe: OnProbe | None = None,
 ) -> list[TokenPlan]:
     """The largest tokens per sequence whose whole simulated step fits ``budget`` (a
     :class:`memprobe.plan.Budget`), for ``base`` with each kernel: one
@@ -57,7 +68,8 @@ def plan_step(
     it decides the peak the boundary is the same; the reserved search likewise asks
     first at the reserved answer of the earlier kernel whose allocated answer is within
     2% of this one's. Each token count is simulated once per kernel; where the peak
-    grows with tokens, the answers do not depend on the guesses."""
+    grows with tokens, the answers do not depend on the guesses. ``on_probe`` hears of each
+    trace (its allocated peak, and its reserved one with ``reserved``) as it is made."""
     plans = []
     answers: dict[int, int] = {}  # earlier kernels' answers: allocated -> reserved
     limit = budget.limit_bytes
@@ -72,7 +84,7 @@ def plan_step(
             tp=base.vocab_shards,
             hidden=base.hidden_size if step.hidden_route else None,
         )
-        peaks = _StepPeaks(step, reserved, alloc_conf)
+        peaks = _StepPeaks(step, reserved, alloc_conf, _told(on_probe, target, budget))
         seeds = seed_tokens(target)
         line = peaks.limiting_line(seeds, limit)
         known = peaks.samples(reserved=False)
@@ -146,11 +158,32 @@ def _staircase_gap(line: Line) -> int:
     return max(1, math.ceil(_STAIRCASE_BYTES / line.slope)) if line.slope > 0 else 1
 
 
+def _told(
+    on_probe: OnProbe | None, target: PlanTarget, budget: Budget
+) -> Callable[[int, int, int | None], None]:
+    """What a trace at ``tokens`` tells ``on_probe``: its allocated peak, then its reserved."""
+
+    def tell(tokens: int, allocated: int, on_reserved: int | None) -> None:
+        if on_probe is None:
+            return
+        on_probe(Probe(target, ALLOCATED, tokens, allocated, budget.limit_bytes))
+        if on_reserved is not None:
+            on_probe(Probe(target, RESERVED, tokens, on_reserved, budget.limit_bytes))
+
+    return tell
+
+
 class _StepPeaks:
     """One kernel's whole-step traces by token count: allocated, reserved, phase peaks."""
 
-    def __init__(self, step: hf.HFStep, reserved: bool, conf: AllocConf | None) -> None:
-        self.step, self.reserved, self.conf = step, reserved, conf
+    def __init__(
+        self,
+        step: hf.HFStep,
+        reserved: bool,
+        conf: AllocConf | None,
+        tell: Callable[[int, int, int | None], None] = lambda *_: None,
+    ) -> None:
+        self.step, self.reserved, self.conf, self.tell = step, reserved, conf, tell
         self.traced: dict[int, tuple[int, int, dict[str, int]]] = {}
 
     def at(self, tokens: int) -> tuple[int, int, dict[str, int]]:
@@ -158,6 +191,7 @@ class _StepPeaks:
             tracked, _ = trace_hf_step(replace(self.step, tokens=tokens))
             on_reserved = modelled_reserved_peak(tracked.events, self.conf) if self.reserved else 0
             self.traced[tokens] = (tracked.peak_bytes, on_reserved, dict(tracked.phase_peaks))
+            self.tell(tokens, tracked.peak_bytes, on_reserved if self.reserved else None)
         return self.traced[tokens]
 
     def limiting_line(self, seeds: tuple[int, int], limit: int) -> Line:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from memprobe.measure.cuda_backend import require_cuda
-from memprobe.profile.load import Step
+from memprobe.profile.load import Step, step_exited
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.snapshot.labels import format_label
 
@@ -59,6 +59,8 @@ def record_cuda_step(step: Step) -> dict[str, Any]:
             torch.cuda.synchronize()
         except torch.cuda.OutOfMemoryError:
             pass  # the trace ends with the failed request: what attribution reads
+        except SystemExit as exc:
+            raise step_exited(exc) from None
         except Exception as exc:
             raise step_failed(exc, labels, "cuda") from None
         snapshot: dict[str, Any] = torch.cuda.memory._snapshot()

@@ -30,4 +30,23 @@ def load_step(path: str) -> Step:
         ) from None
     except ValueError:
         pass  # no signature to read (a builtin): let the call tell
+    if (
+        inspect.isgeneratorfunction(step)
+        or inspect.iscoroutinefunction(step)
+        or (inspect.isasyncgenfunction(step))
+    ):
+        # Calling one runs none of its body: the profile would be an empty one.
+        raise UserError(
+            f"step {path!r} is a generator or async function: calling it runs none of its body",
+            STEP_HINT,
+        )
     return step
+
+
+def step_exited(exc: SystemExit) -> UserError:
+    """The one line for a step that called ``sys.exit()``: uncaught, it would end memprobe
+    with the step's exit code and no word of why."""
+    return UserError(
+        f"the step called sys.exit({exc.code!r}) instead of returning",
+        "a step returns when it is done; remove the exit",
+    )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +21,7 @@ import torch
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.profile.attention import sdpa_on_meta
-from memprobe.profile.load import Step
+from memprobe.profile.load import Step, step_exited
 from memprobe.profile.memo import MetaMemo
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.records import Event
@@ -46,6 +48,8 @@ class TrackedStep:
     attention: dict[str, int] = field(default_factory=dict)
     # Moments the step marked (profile.phases.mark): (label, events recorded before it).
     marks: tuple[tuple[str, int], ...] = ()
+    # Threads the step started: what they allocated is not in ``events`` (see _threads).
+    threads: int = 0
 
     def live_at_peak(self) -> list[Event]:
         """Allocations live just after the peak's event, largest first."""
@@ -95,7 +99,7 @@ def trace_step(
     simulated = device == "meta" or detect_fake_mode() is not None
     routing = sdpa_on_meta(attention) if simulated else contextlib.nullcontext(None)
     try:
-        with tracker, routing as chosen:
+        with tracker, routing as chosen, _threads_started() as started:
             _call(step, torch.device(device))
             # Reference cycles (autograd graphs held by closures) die now, as the
             # step's end would free them in a training loop's next collection.
@@ -112,6 +116,7 @@ def trace_step(
         phase_peaks=dict(tracker.phase_peaks),
         attention=dict(chosen or {}),
         marks=tuple(tracker.marks),
+        threads=started[0],
     )
 
 
@@ -148,10 +153,35 @@ def profile_step(
         clock = "simulation" if device == "meta" else "tracker"
         snapshot = synthesize_snapshot(tracked.events, conf=alloc_conf, clock=clock)
         snapshot["memprobe"]["device"] = device
+        if tracked.threads:
+            snapshot["memprobe"]["threads_started"] = tracked.threads
     snapshot.setdefault("memprobe", {})["step"] = name
     return snapshot
 
 
+@contextlib.contextmanager
+def _threads_started() -> Iterator[list[int]]:
+    """Count the threads the step starts. The tracker sees the ops of the thread that runs
+    the step only (torch's dispatch modes are per thread): what a step's own threads
+    allocate is missing from the trace, and the snapshot says so rather than a smaller
+    peak passing for the whole step's."""
+    started = [0]
+    original = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started[0] += 1
+        original(thread)
+
+    threading.Thread.start = start  # type: ignore[method-assign,assignment]
+    try:
+        yield started
+    finally:
+        threading.Thread.start = original  # type: ignore[method-assign]
+
+
 def _call(step: Step, device: torch.device) -> None:
     # Frames end below this one: the user's stack starts at their step.
-    step(device)
+    try:
+        step(device)
+    except SystemExit as exc:
+        raise step_exited(exc) from None

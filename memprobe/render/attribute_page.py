@@ -22,6 +22,7 @@ from memprobe.io.files import write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.render.canvas import clean_text, new_figure, styled, to_png, unit_for
 from memprobe.render.findings_text import render_findings
+from memprobe.render.findings_view import op_text
 from memprobe.render.style import category_style
 from memprobe.render.templating import Cell, Figure, Table, bytes_cell, render_page
 from memprobe.report.attribution import OomSummary, headline, oom_summaries
@@ -144,8 +145,8 @@ def _device(f: Findings) -> _Device:
          ("op", False), ("line", False)],
         [
             [Cell(str(g.count), g.count, numeric=True), bytes_cell(g.size),
-             bytes_cell(g.total_bytes), Cell(g.category), Cell(g.reason), Cell(g.op or "?"),
-             Cell(describe_frame(g.frame), mono=True)]
+             bytes_cell(g.total_bytes), Cell(g.category), Cell(g.reason),
+             Cell(op_text(g.op or "?", g.kernel)), Cell(describe_frame(g.frame), mono=True)]
             for g in f.groups[:30]
         ],
     )  # fmt: skip
@@ -155,8 +156,9 @@ def _device(f: Findings) -> _Device:
         what = b.explanations[0].describe() if b.explanations else f"{b.dtype} {b.shape}"
         freed = "still live" if b.free_index is None else f"#{b.free_index}"
         rows.append(
-            [bytes_cell(b.size), Cell(what), Cell(b.phase or "?"), Cell(b.op or "?"),
-             Cell(describe_frame(b.frame), mono=True), Cell("yes" if b.live_at_peak else "no"),
+            [bytes_cell(b.size), Cell(what), Cell(b.phase or "?"),
+             Cell(op_text(b.op or "?", b.kernel)), Cell(describe_frame(b.frame), mono=True),
+             Cell("yes" if b.live_at_peak else "no"),
              Cell(freed)]
         )  # fmt: skip
     inf = f.inference

@@ -17,7 +17,7 @@ from typing import TextIO
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
@@ -112,13 +112,16 @@ def show(parts: Iterable[Part], *, file: TextIO | None = None) -> None:
 class Progress:
     """Progress over n steps on stderr: rich's live bar on a terminal, a line per step
     (``[i/n] what``) elsewhere. ``step(i, n, what)`` after the i-th step; ``case`` is the
-    sweep's per-case callback."""
+    sweep's per-case callback; ``probe(what)`` shows what a long step is doing now, on
+    a terminal only (a line per probe would bury the step lines in a log); ``close()``
+    takes the bar down when the work ends early."""
 
     def __init__(self, stream: TextIO | None = None, *, enabled: bool = True) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
         self._console = Console(file=self.stream, highlight=False, markup=False, emoji=False)
         self._bar: RichProgress | None = None
+        self._task: TaskID | None = None
 
     def step(self, i: int, n: int, what: str) -> None:
         if not self.enabled:
@@ -127,7 +130,24 @@ class Progress:
             self.stream.write(f"[{i}/{n}] {what}\n")
             self.stream.flush()
             return
-        if self._bar is None:
+        bar, task = self._live()
+        bar.update(task, completed=i, total=n, description=what)
+        if i >= n:
+            self.close()
+
+    def probe(self, what: str) -> None:
+        if not self.enabled or not self._console.is_terminal:
+            return
+        bar, task = self._live()
+        bar.update(task, description=what)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        self._bar = self._task = None
+
+    def _live(self) -> tuple[RichProgress, TaskID]:
+        if self._bar is None or self._task is None:
             self._bar = RichProgress(
                 BarColumn(),
                 MofNCompleteColumn(),
@@ -135,11 +155,8 @@ class Progress:
                 console=self._console,
             )
             self._bar.start()
-            self._task = self._bar.add_task("", total=n)
-        self._bar.update(self._task, completed=i, total=n, description=what)
-        if i >= n:
-            self._bar.stop()
-            self._bar = None
+            self._task = self._bar.add_task("", total=None)
+        return self._bar, self._task
 
     def case(self, i: int, n: int, case: Case, run: Run) -> None:
         """After each finished sweep case: its peak, or why it has none."""

@@ -11,7 +11,7 @@ Every number printed comes from the Findings; nothing here computes memory facts
 from __future__ import annotations
 
 from memprobe.attribute.findings import Findings
-from memprobe.attribute.frames import describe_frame
+from memprobe.attribute.frames import describe_frame, in_kernel
 from memprobe.attribute.records import BlockFinding, BlockGroup, OomFinding
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Frame
@@ -81,9 +81,10 @@ def _made(frame: Frame | None, chain: tuple[Frame, ...], via: tuple[str, ...], p
     return text
 
 
-def _op(op: str | None, node: str | None) -> str:
+def _op(op: str | None, node: str | None, kernel: Frame | None = None) -> str:
     text = f"op {op or '?'}"
-    return text + (f" [{node}]" if node and node not in (op or "") else "")
+    text += f" [{node}]" if node and node not in (op or "") else ""
+    return text + in_kernel(kernel)
 
 
 def _life(f: BlockFinding, findings: Findings) -> str:
@@ -104,7 +105,7 @@ def _block_lines(n: int, f: BlockFinding, findings: Findings) -> list[str]:
     what = _what(f)
     head = f"  {n}. {format_bytes(f.size):>10}  {f.category}"
     head += f"  {what}" if what else ""
-    head += f"  {_phase(f.phase, f.phase_reason)}  {_op(f.op, f.node)}"
+    head += f"  {_phase(f.phase, f.phase_reason)}  {_op(f.op, f.node, f.kernel)}"
     where = []
     if f.live_at_peak:
         where.append("live at the peak")
@@ -126,7 +127,8 @@ def _group_line(n: int, g: BlockGroup) -> str:
     total = f" = {format_bytes(g.total_bytes)}" if g.count > 1 else ""
     where = describe_frame(g.frame) if g.frame else "no user frame"
     when = "alive before the trace" if g.before_trace else _phase(g.phase)
-    return f"  {n}. {count}{total}  {g.category}, {when}, op {g.op or '?'}, {where}"
+    op = f"op {g.op or '?'}{in_kernel(g.kernel)}"
+    return f"  {n}. {count}{total}  {g.category}, {when}, {op}, {where}"
 
 
 def _shape_lines(findings: Findings) -> list[str]:
@@ -182,7 +184,9 @@ def _header_lines(findings: Findings) -> list[str]:
     if findings.peak_phase:
         during = f" during {_phase(findings.peak_phase)}"
         if findings.peak_frame is not None:
-            during += f" ({describe_frame(findings.peak_frame)})"
+            kernel = findings.peak_kernel
+            inside = f", inside memprobe's kernel at {describe_frame(kernel)}" if kernel else ""
+            during += f" ({describe_frame(findings.peak_frame)}{inside})"
     out.append(
         f"peak allocated: {format_bytes(findings.peak_allocated_bytes)} {peak_moment}{during}"
     )

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprobe.attribute.findings import Findings
+from memprobe.attribute.frames import in_kernel
 from memprobe.attribute.records import BlockFinding
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Frame
 from memprobe.render.templating import Cell, Table, bytes_cell
+from memprobe.snapshot.labels import op_words
 
 
 def shape_text(shape: Any) -> str:
@@ -29,10 +31,8 @@ def frame_text(frame: Frame | None) -> str:
     return f"{filename}:{frame.line} in {frame.name or '??'}"
 
 
-def op_text(op: Any) -> str:
-    # memprobe's labels keep one word per value: "input:_logits" reads "input: logits".
-    text = str(op or "-")
-    return "input: " + text[len("input:_") :] if text.startswith("input:_") else text
+def op_text(op: Any, kernel: Frame | None = None) -> str:
+    return op_words(str(op or "-")) + in_kernel(kernel)
 
 
 def _what(f: BlockFinding) -> tuple[str, str]:
@@ -78,7 +78,7 @@ def blocks_table(blocks: Sequence[BlockFinding]) -> Table:
             [
                 bytes_cell(f.size),
                 Cell(what, title=why or None),
-                Cell(op_text(f.op)),
+                Cell(op_text(f.op, f.kernel)),
                 Cell(f.phase or "-"),
                 Cell(frame_text(f.frame), mono=True),
                 Cell(_lifetime(f)),

@@ -176,6 +176,10 @@ def page_html(plans: Sequence[TokenPlan], budget: Budget, png: bytes, answer: st
     )
 
 
+# What ``--out DIR`` holds: the page, its plot and the rows.
+PLAN_FILES = ("plan.html", "plan.png", "plan.json")
+
+
 def write_plan_page(
     out_dir: Path, plans: Sequence[TokenPlan], budget: Budget, rows: list[dict[str, Any]]
 ) -> tuple[Path, ...]:
@@ -183,8 +187,9 @@ def write_plan_page(
 
     png = plot_png(plans, budget)
     answer = answer_line(plans, budget)
+    html, image, table = PLAN_FILES
     return (
-        write_atomic(out_dir / "plan.html", page_html(plans, budget, png, answer), what="plan"),
-        write_atomic(out_dir / "plan.png", png, what="plan plot"),
-        write_atomic(out_dir / "plan.json", json.dumps(rows, indent=1), what="plan rows"),
+        write_atomic(out_dir / html, page_html(plans, budget, png, answer), what="plan"),
+        write_atomic(out_dir / image, png, what="plan plot"),
+        write_atomic(out_dir / table, json.dumps(rows, indent=1), what="plan rows"),
     )

@@ -8,8 +8,8 @@ from rich.table import Table
 
 from memprobe.io.sizes import format_bytes
 from memprobe.kernels.registry import get_spec
-from memprobe.plan import Budget, ChunkChoice, TokenPlan
-from memprobe.render.console import table
+from memprobe.plan import Budget, ChunkChoice, OnProbe, Probe, TokenPlan
+from memprobe.render.console import Progress, table
 
 
 def _chunk(plan: TokenPlan) -> str:
@@ -154,3 +154,21 @@ def answer_line(plans: Sequence[TokenPlan], budget: Budget) -> str:
     if reference:
         text += f"; unchunked fits {reference[0].max_tokens:,}"
     return text
+
+
+def probe_line(probe: Probe, unit: str = "tokens/GPU") -> str:
+    """One count a search tried, for the live progress bar: ``local_chunked c1024 tp=1
+    cp=1: 163,840 tokens/GPU -> 61.20 GiB allocated, fits 74.00 GiB``."""
+    t = probe.target
+    chunk = f" c{t.chunk_size}" if t.chunk_size else ""
+    verdict = "fits" if probe.fits else "over"
+    return (
+        f"{t.kernel}{chunk} tp={t.tp} cp={t.cp}: {probe.tokens:,} {unit} -> "
+        f"{format_bytes(probe.peak)} {probe.kind}, {verdict} {format_bytes(probe.limit)}"
+    )
+
+
+def probe_progress(progress: Progress, unit: str = "tokens/GPU") -> OnProbe:
+    """Each count a search tries, in the live bar on a terminal (stdout and --json, and
+    stderr off a terminal, stay as they are)."""
+    return lambda probe: progress.probe(probe_line(probe, unit))

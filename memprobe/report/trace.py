@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from memprobe.snapshot.labels import parse_label, parse_shape
+from memprobe.snapshot.labels import op_words, parse_label, parse_shape
 from memprobe.snapshot.replay import BEFORE_TRACE, ReplayBlock, replay
 
 
@@ -138,7 +138,7 @@ def _block(rb: ReplayBlock, start: int, end: int | None) -> Block:
         nbytes=rb.size,
         dtype=label.get("dtype"),
         shape=parse_shape(label.get("shape")),
-        op=op.replace("_", " ", 1) if op.startswith("input:_") else op,
+        op=op_words(op),
         phase=label.get("phase", ""),
         source=rb,
     )

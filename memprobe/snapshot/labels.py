@@ -26,6 +26,12 @@ def _clean(value: object) -> str:
     return re.sub(r"\s+", "_", str(value))
 
 
+def op_words(op: str) -> str:
+    """A labelled op as read: a label keeps one word per value, so ``input:_logits``
+    (what the harness made for the kernel) reads ``input: logits``."""
+    return "input: " + op[len("input:_") :] if op.startswith("input:_") else op
+
+
 def format_label(
     *,
     case: str | None = None,

@@ -53,10 +53,10 @@ class _PlainDataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         # Every class, function and reduce target arrives through here; refusing
         # them all means nothing named in the file can run.
-        raise _Refused(f"{module}.{name}")
+        raise _Refused(f"the Python object {module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise _Refused("a persistent object reference")
+        raise _Refused("a persistent object (an id the loader is to resolve)")
 
 
 def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict:
@@ -112,7 +112,7 @@ def _unpickle(data: bytes, p: Path) -> Any:
         return _PlainDataUnpickler(io.BytesIO(data)).load()
     except _Refused as exc:
         raise UserError(
-            f"refused to load snapshot {p}: it references the Python object {exc}, "
+            f"refused to load snapshot {p}: it references {exc}, "
             "which a real snapshot never does (loading it could run code)",
             "only load snapshots you trust; memprobe reads plain data only",
         ) from None
@@ -138,7 +138,8 @@ def _describe(value: Any) -> str:
         keys = ", ".join(repr(k) for k in list(value)[:5])
         return f"a dict with keys {keys}" if value else "an empty dict"
     if isinstance(value, (list, tuple)):
-        return f"a {type(value).__name__} of {len(value)} items"
+        n = len(value)
+        return f"a {type(value).__name__} of {n} item{'' if n == 1 else 's'}"
     return f"a {type(value).__name__}"
 
 

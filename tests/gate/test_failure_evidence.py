@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from memprobe.attribute.records import BlockGroup
+from memprobe.gate.job import _largest_blocks_text
+from memprobe.records import Frame
 from memprobe.sweep import plan_cases, run_sweep
 
 SWEEP = """
@@ -86,3 +89,34 @@ def test_the_gates_own_sweep_keeps_the_snapshots(project, run_cli):
     assert note.split()[1] == "unchunked" and "unchunked_logprobs" in note
     assert Path(note.rsplit("snapshot ", 1)[1]).is_file()
     assert len(list((project / "gated" / "snapshots").glob("*.pickle"))) == 2
+
+
+def _group(size: int, op: str, frame: Frame | None, kernel: Frame | None = None) -> BlockGroup:
+    return BlockGroup(1, size, size, "logits-family", op, frame, "forward", False, True,
+                      kernel=kernel)  # fmt: skip
+
+
+LINE = Frame("_grad_buffer", "/x/memprobe/kernels/local_chunked.py", 137)
+USER = Frame("step", "/home/me/train.py", 9)
+
+
+@pytest.mark.parametrize(
+    ("groups", "says"),
+    [
+        ([_group(4 << 20, "aten.empty_like.default", LINE)],
+         ["4.00 MiB logits-family, was made at local_chunked.py:137 in _grad_buffer"]),
+        # The input the harness made is the largest: it has no line, the next one does.
+        ([_group(8 << 20, "input:_logits", None), _group(2 << 20, "aten.mm.default", LINE)],
+         ["8.00 MiB logits-family (op input: logits), has no source line",
+          "the largest with one, 2.00 MiB logits-family, was made at local_chunked.py:137"]),
+        ([_group(8 << 20, "aten.mm.default", None), _group(1 << 20, "aten.mm.default", None)],
+         ["has no source line, nor has any block live there"]),
+        # Made in memprobe's kernel for the user's line: both are named.
+        ([_group(4 << 20, "aten._to_copy.default", USER, LINE)],
+         ["made at train.py:9 in step (op aten._to_copy.default in memprobe's kernel "
+          "(local_chunked.py:137 in _grad_buffer))"]),
+    ],
+)  # fmt: skip
+def test_a_failure_names_a_source_line_when_the_largest_block_has_none(groups, says) -> None:
+    text = _largest_blocks_text(groups)
+    assert all(s in text for s in says), text

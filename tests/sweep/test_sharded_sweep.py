@@ -12,7 +12,7 @@ from launch import TORCHRUN
 
 from memprobe.errors import UserError
 from memprobe.records import Case
-from memprobe.results import in_plan_order, read_rows
+from memprobe.results import in_plan_order, plan_positions, read_rows
 from memprobe.sharded_sweep import _check_one_rank_each
 from memprobe.sweep import plan_cases, run_sweep
 
@@ -136,4 +136,4 @@ def test_a_real_parallel_case_is_not_a_shards_job():
 def test_rows_are_kept_in_the_plans_order():
     cases = [Case("unchunked", 1, s, 4096, "bf16") for s in (1, 2, 3)]
     rows = [{"case_id": c.case_id, **c.__dict__} for c in reversed(cases)]
-    assert [r["tokens"] for r in in_plan_order(rows, cases)] == [1, 2, 3]
+    assert [r["tokens"] for r in in_plan_order(rows, plan_positions(cases))] == [1, 2, 3]
