@@ -179,7 +179,7 @@ def command(
     optimizer: Annotated[str, typer.Option(help="--step: adamw, sgd or none.")] = "adamw",
     fsdp: sharded.FsdpOption = 1,
     reshard_after_forward: sharded.ReshardOption = "true",
-    mp_param: sharded.MpParamOption = None,
+    mp_param: sharded.PlanMpParamOption = None,
     mp_reduce: sharded.MpReduceOption = None,
     mp_output: sharded.MpOutputOption = None,
 ) -> None:

@@ -49,6 +49,11 @@ MpParamOption = Annotated[
         "--param-dtype says otherwise."
     ),
 ]
+# plan --step has no --param-dtype: its help must not point at step's flag.
+PlanMpParamOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(help="FSDP2's param_dtype (what units compute in); the shards are then fp32."),
+]
 MpReduceOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(help="FSDP2's reduce_dtype: the reduce-scatter's dtype, e.g. fp32."),

@@ -159,3 +159,22 @@ def test_help_names_arguments_as_click_did_and_flags_without_a_type(run_cli, com
     usage = " ".join(out.split()).split("memprobe", 1)[1]
     assert usage.startswith(USAGES[command].removeprefix("memprobe"))
     assert "<bool>" not in out and "--help " in out
+
+
+@pytest.mark.parametrize("command", sorted(c for c in USAGES if c))
+def test_help_names_only_flags_the_command_takes(run_cli, command: str) -> None:
+    """A flag shared by two commands must not point at one only the other has (plan
+    --step's --mp-param named --param-dtype, which only `memprobe step` takes)."""
+    import re
+
+    import typer
+
+    from memprobe import cli
+
+    group = typer.main.get_command(cli.app)
+    params = group.commands[command].params  # type: ignore[attr-defined]
+    takes = {name for p in params for name in (*p.opts, *p.secondary_opts)} | {"--help"}
+    code, out, _ = run_cli(command, "--help")
+    assert code == 0
+    named = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", out))
+    assert named - takes == set(), f"memprobe {command} --help names flags it lacks"
