@@ -376,18 +376,17 @@ def _plan_with_progress(
 
     progress = Progress()
     finished = 0
+    # The same unit as the header: a sharded step's count is what each GPU holds.
+    unit = "tokens/GPU" if base.sharded_summary() else "tokens/sequence"
 
     def on_done(done: TokenPlan) -> None:
         nonlocal finished
         finished += 1
-        progress.step(
-            finished, len(kernels), f"{done.target.kernel}: {done.max_tokens:,} tokens/sequence"
-        )
+        progress.step(finished, len(kernels), f"{done.target.kernel}: {done.max_tokens:,} {unit}")
 
     try:
         return plan_step(
-            base, kernels, limit, on_done=on_done,
-            on_probe=probe_progress(progress, "tokens/sequence"), **kw,
-        )  # fmt: skip
+            base, kernels, limit, on_done=on_done, on_probe=probe_progress(progress, unit), **kw
+        )
     finally:
         progress.close()

@@ -216,3 +216,15 @@ def test_two_real_gloo_ranks_peak_at_the_simulated_bytes(tmp_path: Path) -> None
     for rank in real:
         assert rank["peak"] == simulated.peak_bytes
         assert rank["phases"] == simulated.phase_peaks
+
+
+def test_plan_step_progress_says_the_unit_its_header_says(run_cli: Any, tmp_path: Path) -> None:
+    """Sharded, the header counts tokens per GPU (under --cp, a share of the sequence):
+    the per-kernel progress line on stderr said tokens/sequence."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIG))
+    args = ["plan", "--step", "--config", str(path), "--budget", "16MiB", "--no-reserved"]
+    code, out, err = run_cli(*args, "--kernel", "local_chunked", "--fsdp", "2", "--cp", "2")
+    assert code == 0, err
+    assert "tokens per GPU" in out
+    assert err.startswith("[1/1] local_chunked: ") and err.rstrip().endswith(" tokens/GPU")
