@@ -29,7 +29,9 @@ def plan_table(plans: Sequence[TokenPlan]) -> Table:
     """One row per kernel × layout × chunk size; peaks are per rank."""
     with_cp = any(p.target.cp > 1 for p in plans)
     with_reserved = any(p.reserved is not None for p in plans)
-    header = ["kernel", "tp", "cp", "chunk", "tokens/GPU"]
+    # With several sequences per GPU the answer counts one sequence's tokens: say so.
+    per = "tokens/seq" if any(p.target.batch > 1 for p in plans) else "tokens/GPU"
+    header = ["kernel", "tp", "cp", "chunk", per]
     header += ["global"] if with_cp else []
     header += ["peak at max", "left at max", "over at max+1", "per token", "fixed", "line"]
     header += ["tokens (reserved)"] if with_reserved else []
@@ -131,10 +133,14 @@ def answer_line(plans: Sequence[TokenPlan], budget: Budget) -> str:
             f"(tp {leanest.target.tp}), and the step has {left}"
         )
     best = max(fitting, key=lambda p: p.max_tokens)
-    text = (
-        f"answer: with {left} for the step, {best.target.kernel} fits the most: "
-        f"{best.max_tokens:,} {'token' if best.max_tokens == 1 else 'tokens'} per GPU"
+    tokens = f"{best.max_tokens:,} {'token' if best.max_tokens == 1 else 'tokens'}"
+    batch = best.target.batch
+    where = (
+        f"per sequence × {batch} sequences = {best.max_tokens * batch:,} per GPU"
+        if batch > 1
+        else "per GPU"
     )
+    text = f"answer: with {left} for the step, {best.target.kernel} fits the most: {tokens} {where}"
     layout = []
     if best.target.tp > 1:
         layout.append(f"tp {best.target.tp}")

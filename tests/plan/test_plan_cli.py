@@ -138,3 +138,16 @@ def test_each_finished_plan_is_reported_on_stderr(run_cli):
     assert [line.split()[0] for line in lines] == ["[1/2]", "[2/2]"]
     for row in rows:
         assert f"{row['kernel']} tp=1 cp=1: {row['max_tokens']:,} tokens/GPU" in err
+
+
+def test_several_sequences_per_gpu_say_the_count_is_per_sequence(run_cli):
+    code, out, err = run_cli(
+        "plan", "--vocab", "4096", "--budget", "256MiB", "--kernel", "local_chunked",
+        "--batch", "2", "--no-reserved",
+    )  # fmt: skip
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if line.startswith("kernel"))
+    assert "tokens/seq" in header and "tokens/GPU" not in header
+    answer = out.strip().splitlines()[-1]
+    per_seq = int(answer.split("fits the most: ")[1].split(" tokens")[0].replace(",", ""))
+    assert f"× 2 sequences = {2 * per_seq:,} per GPU" in answer
