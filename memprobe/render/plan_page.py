@@ -126,13 +126,16 @@ def plan_figure(plans: Sequence[TokenPlan], budget: Budget) -> MplFigure:
 
 def _table(plans: Sequence[TokenPlan]) -> Table:
     with_reserved = any(p.reserved is not None for p in plans)
+    per = (
+        "tokens/seq" if any(p.target.batch > 1 for p in plans) else "tokens/GPU"
+    )  # as the terminal
     headers = [
-        ("kernel", False), ("tp", True), ("cp", True), ("chunk", True), ("tokens/GPU", True),
+        ("kernel", False), ("tp", True), ("cp", True), ("chunk", True), (per, True),
         ("global tokens", True), ("peak at max", True), ("peak at max+1", True),
         ("per token", True), ("fixed", True), ("line", False),
     ]  # fmt: skip
     if with_reserved:
-        headers += [("tokens/GPU (reserved)", True), ("reserved peak at max", True)]
+        headers += [(f"{per} (reserved)", True), ("reserved peak at max", True)]
     rows = []
     for p in plans:
         a, t = p.allocated, p.target
