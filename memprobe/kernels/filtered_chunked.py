@@ -116,7 +116,10 @@ def _forward(
             chunk_logsum = x.sub_(m).exp_().sum(dim=-1).log_()
         kept = _kept_target(x_t, chunk_tau, chunk_cut, index[:, start:end])
         shifted = x_t - m.squeeze(-1)
-        out[:, start:end] = torch.where(kept, shifted - chunk_logsum, float("-inf"))
+        # A dropped target's -inf, except in a row holding NaN or +inf (max not below
+        # inf): NaN there, as filtered and local_chunked answer, not a plausible -inf.
+        dropped = torch.where(m.squeeze(-1) < float("inf"), float("-inf"), float("nan"))
+        out[:, start:end] = torch.where(kept, shifted - chunk_logsum, dropped)
         tau[:, start:end] = chunk_tau
         cut[:, start:end] = chunk_cut
         logsum[:, start:end] = chunk_logsum
