@@ -98,7 +98,7 @@ def _forward(
     bufs = None
     if top_k is None and top_p is not None:
         bufs = TopPBuffers(batch, rows, vocab, logits.device)
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         x = work[:, : end - start]
         x.copy_(logits[:, start:end])
@@ -146,7 +146,7 @@ def _backward(
     # a pass), and one bool row for the tie fix-ups, allocated on every device alike.
     buffer = logits.new_empty((logits.shape[0], min(chunk, seq), vocab), dtype=torch.float32)
     scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         work = buffer[:, : end - start]
         work.copy_(logits[:, start:end])
