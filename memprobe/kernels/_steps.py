@@ -6,11 +6,14 @@ from collections.abc import Sequence
 
 import torch
 
+from memprobe.kernels._checks import carries_values
 
-def block_starts(stop: int, step: int, device: torch.device) -> Sequence[int]:
-    """``range(0, stop, step)``; on meta, only its first two starts and its last.
 
-    A meta run computes nothing, and every full block after the first allocates
+def block_starts(stop: int, step: int, like: torch.Tensor) -> Sequence[int]:
+    """``range(0, stop, step)``; for a tensor without values (meta, or the fake tensors
+    of the sharded step's simulation), only its first two starts and its last.
+
+    A meta or fake run computes nothing, and every full block after the first allocates
     and frees the same shapes as the second (the kernels write their results
     into tensors made before the loop), so the middle blocks add nothing to the
     peak, to what is live at it, or to the allocator's steady state: leaving
@@ -18,6 +21,6 @@ def block_starts(stop: int, step: int, device: torch.device) -> Sequence[int]:
     shape. The last block stays, for its narrower edge.
     """
     starts = range(0, stop, step)
-    if device.type != "meta" or len(starts) <= 3:
+    if carries_values(like) or len(starts) <= 3:
         return starts
     return (starts[0], starts[1], starts[-1])

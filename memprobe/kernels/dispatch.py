@@ -100,7 +100,7 @@ def next_token_logprobs(
     dtensor = _dtensor_type()
     shard: dict[str, Any] = {}
     if dtensor is not None and isinstance(logits, dtensor):
-        name = kernel or "chunked_distributed"
+        name = "chunked_distributed" if kernel is None else kernel
         if not get_spec(name).distributed:
             raise ValueError(f"DTensor logits need a distributed kernel, not {name!r}")
         if tuple(input_ids.shape) != tuple(logits.shape[:2]):
@@ -112,7 +112,8 @@ def next_token_logprobs(
         logits, group, vocab_start, vocab_end = _vocab_shard(logits)
         shard = {"group": group, "vocab_start": vocab_start, "vocab_end": vocab_end}
     else:
-        name = kernel or select_kernel(top_k, top_p)
+        # None, not any falsy value, means "choose": kernel="" is an unknown name.
+        name = select_kernel(top_k, top_p) if kernel is None else kernel
     spec = get_spec(name)
     if spec.inputs != "logits":
         raise ValueError(f"{name!r} takes hidden states and an lm_head weight, not logits")

@@ -265,7 +265,7 @@ def _chunked_distributed_forward(
     stats = logits.new_empty((3, batch, seq), dtype=torch.float32)
     # On meta only the blocks that shape the peak (see block_starts): exact, and a
     # simulation at 2^31 tokens costs what one at 2^12 does.
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         index, owned = _local_index(targets[:, start:end], vocab_start, vocab_end)
         work = _chunk_float32(logits, start, end)
@@ -312,7 +312,7 @@ def _chunked_distributed_backward(
     grad_output = grad_output.float()
     # On meta only the blocks that shape the peak (see block_starts): exact, and a
     # simulation at 2^31 tokens costs what one at 2^12 does.
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         index, owned = _local_index(targets[:, start:end], vocab_start, vocab_end)
         g = grad_output[:, start:end]

@@ -7,6 +7,8 @@ the same filtered distribution. A target outside the kept set gets -inf.
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, check_size_parameter
@@ -14,8 +16,12 @@ from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, che
 
 def check_filters(top_k: int | None, top_p: float | None) -> None:
     check_size_parameter("top_k", top_k)
-    if top_p is not None and not (0.0 < float(top_p) <= 1.0):
-        raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+    # A real number, never coerced: float("0.5") or float(True) would accept a string or a
+    # bool, and float() of a list or a huge int raises something other than this message.
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, numbers.Real) or not (0.0 < top_p <= 1.0)
+    ):
+        raise ValueError(f"top_p must be a number in (0, 1] or None, got {top_p!r}")
 
 
 # Top-p's rule, shared with filtered_chunked so that both keep exactly the same

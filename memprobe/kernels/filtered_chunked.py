@@ -98,7 +98,7 @@ def _forward(
     bufs = None
     if top_k is None and top_p is not None:
         bufs = TopPBuffers(batch, rows, vocab, logits.device)
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         x = work[:, : end - start]
         x.copy_(logits[:, start:end])
@@ -116,7 +116,10 @@ def _forward(
             chunk_logsum = x.sub_(m).exp_().sum(dim=-1).log_()
         kept = _kept_target(x_t, chunk_tau, chunk_cut, index[:, start:end])
         shifted = x_t - m.squeeze(-1)
-        out[:, start:end] = torch.where(kept, shifted - chunk_logsum, float("-inf"))
+        # A dropped target's -inf, except in a row holding NaN or +inf (max not below
+        # inf): NaN there, as filtered and local_chunked answer, not a plausible -inf.
+        dropped = torch.where(m.squeeze(-1) < float("inf"), float("-inf"), float("nan"))
+        out[:, start:end] = torch.where(kept, shifted - chunk_logsum, dropped)
         tau[:, start:end] = chunk_tau
         cut[:, start:end] = chunk_cut
         logsum[:, start:end] = chunk_logsum
@@ -143,7 +146,7 @@ def _backward(
     # a pass), and one bool row for the tie fix-ups, allocated on every device alike.
     buffer = logits.new_empty((logits.shape[0], min(chunk, seq), vocab), dtype=torch.float32)
     scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         work = buffer[:, : end - start]
         work.copy_(logits[:, start:end])

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from memprobe.kernels._checks import carries_values
 from memprobe.kernels.filtered import mass_bits, top_p_limit, top_p_masses
 
 
@@ -204,8 +205,13 @@ def select_top_p(
     # In place in int32 (a shift into int64 takes a slow casting path), then widened
     # for scatter_add; the int32 copy in f's storage serves the bucket look-up below.
     ids = f.clamp_(min=0.5).view(torch.int32).sub_(_HALF_BITS).bitwise_right_shift_(shift)
-    bucket.copy_(ids)
     buckets = ((bits + 1) << (23 - shift)) + 1
+    # A row holding NaN or +inf (its max not below inf) has NaN masses, whose float bits
+    # index outside the histogram; its answer is NaN anyway (as filtered's). One flag per
+    # chunk spares every finite chunk the extra pass (fmax instead of clamp cost 5x).
+    if carries_values(m) and not bool((m < float("inf")).all()):
+        ids.clamp_(0, buckets - 1)
+    bucket.copy_(ids)
     bins = q.new_zeros((*q.shape[:-1], buckets)).scatter_add_(-1, bucket, q)
     # Cumulative mass from the top bucket down; the first to reach the limit is hit.
     cum = bins.flip(-1).cumsum_(-1)

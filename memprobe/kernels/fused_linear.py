@@ -187,7 +187,7 @@ def _forward(
     logsum = h2.new_empty(tokens, dtype=torch.float32)
     argmax = h2.new_empty(tokens, dtype=torch.long)
     blocks = _Blocks(h2, weight, chunk, tile)
-    for r0 in block_starts(tokens, chunk, h2.device):
+    for r0 in block_starts(tokens, chunk, h2):
         r1 = min(r0 + chunk, tokens)
         h_chunk = blocks.load_hidden(h2, r0, r1)
         tgt = targets[r0:r1].unsqueeze(-1)
@@ -195,7 +195,7 @@ def _forward(
         arg = h2.new_zeros((r1 - r0,), dtype=torch.long)
         total = h2.new_zeros((r1 - r0,), dtype=torch.float32)
         target_logit = h2.new_zeros((r1 - r0,), dtype=torch.float32)
-        for v0 in block_starts(vocab, tile, h2.device):
+        for v0 in block_starts(vocab, tile, h2):
             v1 = min(v0 + tile, vocab)
             logits = blocks.logits_of(h_chunk, blocks.load_weight(weight, v0, v1), inv_t)
             local, owned = _in_tile(tgt, v0, v1)
@@ -313,11 +313,11 @@ def _grad_hidden(
     block = h2.new_empty((rows, vocab))
     cols = max(1, min(vocab, SCRATCH_ELEMENTS // rows))
     scratch = h2.new_empty((rows, cols), dtype=torch.float32)
-    for r0 in block_starts(tokens, rows, h2.device):
+    for r0 in block_starts(tokens, rows, h2):
         r1 = min(r0 + rows, tokens)
         chunk = tok[r0:r1]
         x = torch.addmm(chunk.bias, h2[r0:r1], weight.t(), out=block[: r1 - r0])
-        for v0 in block_starts(vocab, cols, h2.device):
+        for v0 in block_starts(vocab, cols, h2):
             v1 = min(v0 + cols, vocab)
             _dlogits_(x[:, v0:v1], scratch[: r1 - r0, : v1 - v0], chunk, v0)
         # The matmul's bias: the residuals times their weight rows.
@@ -338,7 +338,7 @@ def _grad_weight(
     # added into the row of its column.
     grad = torch.zeros_like(weight, memory_format=torch.contiguous_format)
     rows = max(1, min(tokens, SCRATCH_ELEMENTS // h2.shape[1]))
-    for r0 in block_starts(tokens, rows, h2.device):
+    for r0 in block_starts(tokens, rows, h2):
         r1 = min(r0 + rows, tokens)
         for j in range(tok.largest.shape[1]):
             residual = tok.lost[r0:r1, j : j + 1].to(h2.dtype)
@@ -348,11 +348,11 @@ def _grad_weight(
     storage = h2.new_empty(tokens * cols)
     rows = max(1, min(tokens, SCRATCH_ELEMENTS // cols))
     scratch = h2.new_empty((rows, cols), dtype=torch.float32)
-    for v0 in block_starts(vocab, cols, h2.device):
+    for v0 in block_starts(vocab, cols, h2):
         v1 = min(v0 + cols, vocab)
         x = storage[: tokens * (v1 - v0)].view(tokens, v1 - v0)
         torch.addmm(tok.bias, h2, weight[v0:v1].t(), out=x)
-        for r0 in block_starts(tokens, rows, h2.device):
+        for r0 in block_starts(tokens, rows, h2):
             r1 = min(r0 + rows, tokens)
             _dlogits_(x[r0:r1], scratch[: r1 - r0, : v1 - v0], tok[r0:r1], v0)
         grad[v0:v1].addmm_(x.t(), h2)

@@ -52,7 +52,7 @@ def _chunked_forward(
     out = logits.new_empty((batch, seq), dtype=torch.float32)
     logsum = logits.new_empty((batch, seq), dtype=torch.float32)
     index = targets.long().unsqueeze(-1)
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         work = _chunk_float32(logits, start, end)
         # logsumexp by hand, in place: torch.logsumexp would allocate two
@@ -90,7 +90,7 @@ def _chunked_backward(
     seq = logits.shape[1]
     index = targets.long().unsqueeze(-1)
     grad_output = grad_output.float()
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         work = _chunk_float32(logits, start, end)
         g = grad_output[:, start:end].unsqueeze(-1)

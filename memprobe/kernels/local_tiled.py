@@ -91,13 +91,13 @@ def _tiled_forward(
     logsum = logits.new_empty((batch, seq), dtype=torch.float32)
     index = targets.long().unsqueeze(-1)
     tiles = _TileBuffer(logits, chunk, tile)
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         # Running max (never -inf, so a row of -inf never shifts by -inf) and
         # running sum of exp(x - running max).
         m = logits.new_full((batch, end - start), _LOWEST, dtype=torch.float32)
         total = logits.new_zeros((batch, end - start), dtype=torch.float32)
-        for v0 in block_starts(vocab, tile, logits.device):
+        for v0 in block_starts(vocab, tile, logits):
             work = tiles.load(logits, start, end, v0, min(v0 + tile, vocab))
             new_m = torch.maximum(m, work.amax(dim=-1))
             # Rescale the sum so far to the new max (a factor <= 1).
@@ -127,7 +127,7 @@ def _tiled_backward(
     index = targets.long().unsqueeze(-1)
     grad_output = grad_output.float()
     tiles = _TileBuffer(logits, chunk, tile)
-    for start in block_starts(seq, chunk, logits.device):
+    for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         m = row_max[:, start:end].unsqueeze(-1)
         ls = logsum[:, start:end].unsqueeze(-1)
@@ -137,7 +137,7 @@ def _tiled_backward(
         # the logits' storage as it goes.
         target_logprob = logits[:, start:end].gather(-1, idx).float().sub_(m).sub_(ls)
         neg_g = g.neg()
-        for v0 in block_starts(vocab, tile, logits.device):
+        for v0 in block_starts(vocab, tile, logits):
             v1 = min(v0 + tile, vocab)
             work = tiles.load(logits, start, end, v0, v1)
             # -softmax * g, with softmax = exp((x - max) - logsum).

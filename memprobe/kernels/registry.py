@@ -179,8 +179,10 @@ def get_spec(name: str) -> KernelSpec:
 
     An import path resolves through :func:`memprobe.kernels.user.resolve_user_kernel`
     (which raises ``memprobe.errors.UserError`` when it cannot); an unknown
-    plain name raises ``ValueError``.
+    plain name, or one that is not a string, raises ``ValueError``.
     """
+    if not isinstance(name, str):
+        raise ValueError(f"a kernel is named by a string (`memprobe kernels`), got {name!r}")
     if ":" in name:
         from memprobe.kernels.user import resolve_user_kernel
 

@@ -63,6 +63,11 @@ from memprobe.records import Event
 RESIZE_OP = "fsdp.alloc_storage (unshard)"
 MP_OUTPUTS = ("fp32", "none")
 BOOLEANS = {"true": True, "false": False}
+# torch's FSDP2 builds every rank's share of each all-gather, so a simulation's time grows
+# with the ranks sharded over (a 2-layer toy: ~17 s at 1,024 ranks, ~70 s at 8,192 on a
+# loaded 2-core machine; --fsdp 2^20 ran for hours). Shard groups in use are thousands of
+# ranks at most (larger jobs shard within a group: HSDP), so larger ones are refused.
+MAX_SHARD_RANKS = 16_384
 
 
 def sharding_from_flags(
@@ -129,6 +134,13 @@ class Sharding:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise UserError(f"--{name} must be a positive integer, got {value!r}", "e.g. 8")
+        if self.shard_ranks > MAX_SHARD_RANKS:
+            raise UserError(
+                f"--fsdp {self.fsdp:,} x --cp {self.cp:,} shards over {self.shard_ranks:,} ranks; "
+                f"at most {MAX_SHARD_RANKS:,} are simulated (the simulation's time grows with "
+                "the ranks)",
+                "use the size of one FSDP shard group (with HSDP, its shard dimension)",
+            )
         if self.mp_reduce is not None:
             _torch_dtype(self.mp_reduce, "--mp-reduce")
         if self.mp_output is not None and self.mp_output not in MP_OUTPUTS:

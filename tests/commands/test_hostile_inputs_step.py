@@ -182,3 +182,56 @@ def test_plan_step_refuses_flags_it_would_ignore(
     (tmp_path / "config.json").write_text(OK_TEXT)
     code, _, err = run_cli("plan", "--step", "--config", str(tmp_path), "--budget", "1GiB", *flags)
     assert code == 2 and f"{named} does not apply to --step" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("command", ["step", "plan"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--fsdp", "16385"],
+        ["--fsdp", "128", "--cp", "129"],
+        ["--cp", str(2**20)],
+        ["--fsdp", str(2**40), "--tp", "2"],
+    ],  # fmt: skip
+)
+def test_a_shard_group_past_the_simulated_bound_is_refused_at_once(
+    run_cli: Any, tmp_path: Path, command: str, layout: list[str]
+) -> None:
+    # torch's FSDP2 builds every rank's share of each all-gather: --fsdp 2^20 ran for hours.
+    from memprobe.profile.sharded import MAX_SHARD_RANKS
+
+    (tmp_path / "config.json").write_text(OK_TEXT)
+    size = ["--tokens", "8"] if command == "step" else ["--step", "--budget", "1GiB"]
+    code, _, err = run_cli(command, "--config", str(tmp_path), *size, *layout)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"at most {MAX_SHARD_RANKS:,} are simulated" in err
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--tp", "2"],
+        ["--fsdp", "2", "--kernel", "filtered_chunked"],
+        ["--fsdp", "2", "--cp", "2", "--kernel", "local_tiled"],
+    ],
+)
+def test_the_sharded_step_runs_few_chunks_and_keeps_every_peak(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: list[str]
+) -> None:
+    # The sharded step's tensors are fake (no values), so its kernels run only the chunks
+    # that shape the peak, as on meta: --chunk-size 1 at 4,096 tokens took 80 s. The
+    # shortened loop must answer exactly what every chunk does.
+    from memprobe.kernels import _steps
+
+    (tmp_path / "config.json").write_text(OK_TEXT)
+    args = ("step", "--config", str(tmp_path), "--tokens", "48", "--chunk-size", "8", "--json")
+
+    def phase_peaks() -> dict[str, int]:
+        code, out, err = run_cli(*args, *layout)
+        assert code == 0, err
+        record = json.loads(out)
+        return {"peak": record["peak_allocated_bytes"], **record["phase_peaks"]}
+
+    shortened = phase_peaks()
+    monkeypatch.setattr(_steps, "carries_values", lambda tensor: True)  # every chunk
+    assert phase_peaks() == shortened

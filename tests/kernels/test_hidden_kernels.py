@@ -242,7 +242,7 @@ def test_the_shortened_meta_loops_simulate_the_full_step_exactly(monkeypatch, sh
         return traced_hidden_step(fused_linear_chunked_logprobs, inputs, chunk_size=chunk)
 
     short = step()
-    monkeypatch.setattr(fused, "block_starts", lambda stop, step, device: range(0, stop, step))
+    monkeypatch.setattr(fused, "block_starts", lambda stop, step, like: range(0, stop, step))
     full = step()
     assert len(short.events) < len(full.events)
     assert summary(short) == summary(full)

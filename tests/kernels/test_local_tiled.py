@@ -94,7 +94,7 @@ def test_the_shortened_meta_loops_simulate_the_full_step_exactly(
         return tracker.peak_bytes, dict(tracker.phase_peaks), live, reserved
 
     short = simulate_tracker(case, capture_frames=False)
-    monkeypatch.setattr(tiled, "block_starts", lambda stop, step, device: range(0, stop, step))
+    monkeypatch.setattr(tiled, "block_starts", lambda stop, step, like: range(0, stop, step))
     full = simulate_tracker(case, capture_frames=False)
     assert len(short.events) < len(full.events)
     assert summary(short) == summary(full)
