@@ -162,10 +162,16 @@ def test_help_names_arguments_as_click_did_and_flags_without_a_type(run_cli, com
 
 
 @pytest.mark.parametrize("command", sorted(c for c in USAGES if c))
-def test_help_names_only_flags_the_command_takes(run_cli, command: str) -> None:
+def test_help_names_only_flags_the_command_takes(
+    run_cli, command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A flag shared by two commands must not point at one only the other has (plan
     --step's --mp-param named --param-dtype, which only `memprobe step` takes)."""
     import re
+
+    # Wide enough that no flag is wrapped at one of its hyphens (the width a test sees
+    # differs between a terminal, a pipe and a pytest -n worker).
+    monkeypatch.setenv("COLUMNS", "1000")
 
     import typer
 
