@@ -310,3 +310,5 @@ def command(
         chunk_size=chunk_size,
     )
     typer.echo(text)
+    if html is not None:  # on stderr: stdout stays the reading (or the --json object)
+        typer.echo(f"page: {html}", err=True)

@@ -124,3 +124,5 @@ def command(
             alloc_conf=alloc_conf,
         )
     )
+    if html is not None:  # on stderr: stdout stays the reading (or the --json object)
+        typer.echo(f"page: {html}", err=True)

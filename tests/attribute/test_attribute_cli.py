@@ -43,8 +43,9 @@ def test_json_is_one_object_with_findings(run_cli, oom_file: Path) -> None:
 
 def test_html_page(run_cli, oom_file: Path, tmp_path: Path) -> None:
     page = tmp_path / "out" / "attribution.html"
-    code, out, _ = run_cli("attribute", str(oom_file), "--html", str(page))
+    code, out, err = run_cli("attribute", str(oom_file), "--html", str(page))
     assert code == 0 and "peak allocated" in out
+    assert err.strip() == f"page: {page}"  # where the page went, off stdout
     text = page.read_text()
     assert text.startswith("<!DOCTYPE html>") and "float32 [1, 20000, 131072]" in text
 

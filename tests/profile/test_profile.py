@@ -106,6 +106,15 @@ def test_cli_writes_the_snapshot_and_prints_its_attribution(run_cli, tmp_path: P
         assert pickle.load(f)["memprobe"]["step"] == "steps:gpt_step"
 
 
+def test_cli_html_says_where_the_page_went_on_stderr(run_cli, tmp_path: Path) -> None:
+    page = tmp_path / "step.html"
+    code, text, err = run_cli("profile", "steps:gpt_step", "--html", str(page), "--json")
+    assert code == 0, err
+    assert json.loads(text)["peak_phase"] == "optimizer"  # stdout is the reading alone
+    assert err.strip().splitlines()[-1] == f"page: {page}"
+    assert page.read_text().startswith("<!DOCTYPE html>")
+
+
 def test_cli_failures_are_one_line_and_write_nothing(run_cli, tmp_path: Path) -> None:
     out = tmp_path / "step.pickle"
     for args in (
