@@ -21,6 +21,7 @@ from memprobe.io.files import write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.plan import Budget, TokenPlan
 from memprobe.render.canvas import clean_text, new_figure, styled, to_png
+from memprobe.render.plan_text import count_column
 from memprobe.render.style import BUDGET_STYLE, kernel_looks, power_of_two_ticks
 from memprobe.render.templating import Cell, Figure, Table, bytes_cell, render_page
 
@@ -126,9 +127,7 @@ def plan_figure(plans: Sequence[TokenPlan], budget: Budget) -> MplFigure:
 
 def _table(plans: Sequence[TokenPlan]) -> Table:
     with_reserved = any(p.reserved is not None for p in plans)
-    per = (
-        "tokens/seq" if any(p.target.batch > 1 for p in plans) else "tokens/GPU"
-    )  # as the terminal
+    per = count_column(plans)
     headers = [
         ("kernel", False), ("tp", True), ("cp", True), ("chunk", True), (per, True),
         ("global tokens", True), ("peak at max", True), ("peak at max+1", True),

@@ -25,13 +25,17 @@ def _line_check(plan: TokenPlan) -> str:
     return f"said {a.predicted:,}"
 
 
+def count_column(plans: Sequence[TokenPlan]) -> str:
+    """The answer column's name: with several sequences per GPU the answer counts one
+    sequence's tokens, and says so (the terminal's table and the page's alike)."""
+    return "tokens/seq" if any(p.target.batch > 1 for p in plans) else "tokens/GPU"
+
+
 def plan_table(plans: Sequence[TokenPlan]) -> Table:
     """One row per kernel × layout × chunk size; peaks are per rank."""
     with_cp = any(p.target.cp > 1 for p in plans)
     with_reserved = any(p.reserved is not None for p in plans)
-    # With several sequences per GPU the answer counts one sequence's tokens: say so.
-    per = "tokens/seq" if any(p.target.batch > 1 for p in plans) else "tokens/GPU"
-    header = ["kernel", "tp", "cp", "chunk", per]
+    header = ["kernel", "tp", "cp", "chunk", count_column(plans)]
     header += ["global"] if with_cp else []
     header += ["peak at max", "left at max", "over at max+1", "per token", "fixed", "line"]
     header += ["tokens (reserved)"] if with_reserved else []
