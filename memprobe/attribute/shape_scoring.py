@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import replace
 
 from memprobe.attribute.shape_records import (
@@ -383,10 +382,3 @@ def vocab_argued(r: Reading) -> bool:
         return False
     weight = bool(r.weight_itemsizes) and (r.weight_blocks >= 2 or r.weight_agrees)
     return weight or (r.ids and r.tokens >= MIN_LOSS_TOKENS)
-
-
-def element_count(dims: Iterable[int]) -> int:
-    n = 1
-    for d in dims:
-        n *= d
-    return n

@@ -38,6 +38,7 @@ Three shapes real jobs have besides the plain ``[N, V]`` loss:
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
@@ -58,7 +59,6 @@ from memprobe.attribute.shape_records import (
     ShapeInference,
 )
 from memprobe.attribute.shape_scoring import (
-    element_count,
     score_reading,
     shifted_candidates,
     split_batch,
@@ -146,16 +146,13 @@ def _infer_from(
     recorded: dict[tuple[int, int], tuple[int, ...]] = {}
     for shape in () if forward_only else labelled:
         if len(shape) >= 2 and vocab_ok(shape[-1], hints):
-            n = 1
-            for d in shape[:-1]:
-                n *= d
-            recorded[(n, shape[-1])] = shape
+            recorded[(math.prod(shape[:-1]), shape[-1])] = shape
     for (n, v), shape in recorded.items():
         reading = score_reading(n, v, sizes, sources, matmuls, direct=direct)
         reading.score += 10
         reading.reasons.insert(0, f"memprobe's label records {list(shape)}")
         readings[(n, v, None)] = reading
-    heads = {(element_count(shape[:-1]), shape[-1]): shape for shape in matmul_labelled if shape}
+    heads = {(math.prod(shape[:-1]), shape[-1]): shape for shape in matmul_labelled if shape}
     for (n, v), shape in list(recorded.items()):
         # Labels that record the lm_head's [B·S, V] beside the loss's [B, S − 1, V]: the
         # loss on logits[:, :-1] (Hugging Face's shift), read as such.
