@@ -100,10 +100,14 @@ def trace_step(
     routing = sdpa_on_meta(attention) if simulated else contextlib.nullcontext(None)
     try:
         with tracker, routing as chosen, _threads_started() as started:
-            _call(step, torch.device(device))
-            # Reference cycles (autograd graphs held by closures) die now, as the
-            # step's end would free them in a training loop's next collection.
-            gc.collect()
+            gc.freeze()
+            try:
+                _call(step, torch.device(device))
+                # Reference cycles (autograd graphs held by closures) die now, as the
+                # step's end would free them in a training loop's next collection.
+                gc.collect()
+            finally:
+                gc.unfreeze()
     except Exception as exc:
         raise step_failed(exc, tracker, device) from None
     finally:
