@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launch import fork_ranks
 
 pytest.importorskip("transformers")
 
@@ -207,10 +208,8 @@ def test_two_real_gloo_ranks_peak_at_the_simulated_bytes(tmp_path: Path) -> None
     """Each real rank's peak and phase peaks equal rank 0 of the fake world to the byte
     (attention routed as the cpu runs it; the real run's only extra allocations are the
     kernels' 8-byte target-range checks, which the fake world skips)."""
-    import torch.multiprocessing as mp
-
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_gloo_rank, args=(str(tmp_path / "store"), str(tmp_path / "out")), nprocs=2)
+    fork_ranks(_gloo_rank, 2, (str(tmp_path / "store"), str(tmp_path / "out")))
     real = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(2)]
     simulated, _ = trace_hf_step(_step(ranks=2), "meta", attention="cpu")
     for rank in real:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launch import fork_ranks
 
 pytest.importorskip("transformers")
 
@@ -190,15 +191,13 @@ def test_real_gloo_tp_ranks_peak_at_the_simulated_bytes(tmp_path: Path, fsdp: in
     kernel's too), with float32 master weights on 2 ranks, or FSDP2's float32 shards on a
     2 x 2 mesh of 4 ranks: each rank's peak and phase peaks equal rank 0 of the fake world
     to the byte."""
-    import torch.multiprocessing as mp
-
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     simulated, _ = trace_hf_step(_exact_step(fsdp), "meta", attention="cpu")
 
     def real_ranks(attempt: int) -> list[dict[str, Any]]:
         run = tmp_path / str(attempt)
         run.mkdir()
-        mp.spawn(_gloo_rank, args=(fsdp, str(run / "store"), str(run / "out")), nprocs=2 * fsdp)
+        fork_ranks(_gloo_rank, 2 * fsdp, (fsdp, str(run / "store"), str(run / "out")))
         return [json.loads((run / f"out.{rank}").read_text()) for rank in range(2 * fsdp)]
 
     real = real_ranks(0)
