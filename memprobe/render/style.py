@@ -30,8 +30,24 @@ from memprobe.report.breakdown import CATEGORIES, CHUNK, FP32_BSV, GRADIENT, INP
 
 # Grey is kept for the floors; past eight kernels the colours repeat with other markers
 # (12 of them), so every look differs up to 24 kernels.
-_COLOURS = ("#000000", "#D55E00", "#0072B2", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#882255")
-_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+# Okabe-Ito's eight, then four of Paul Tol's that stay apart from them: the default
+# sweep's ten kernels each get a colour of their own.
+_COLOURS = (
+    "#000000",
+    "#D55E00",
+    "#0072B2",
+    "#009E73",
+    "#CC79A7",
+    "#E69F00",
+    "#56B4E9",
+    "#882255",
+    "#332288",
+    "#999933",
+    "#44AA99",
+    "#AA4499",
+)
+# Eleven markers beside twelve colours: no two of the first 132 kernels look alike.
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h")
 # Dashed is kept for the floor and dash-dot for the budget; kernels use the rest.
 _LINES = (
     "-",

@@ -366,10 +366,15 @@ def test_a_cuda_run_uses_the_recorded_gpu_capacity_as_its_budget(run: Path) -> N
 
 
 def test_every_kernel_has_its_own_look_in_the_plots() -> None:
-    """Past eight kernels the colours repeat; marker and line keep the looks apart (the
-    sweep's ten default kernels once drew unchunked and filtered_chunked alike)."""
+    """The sweep's default kernels each have a colour of their own (unchunked and
+    filtered_chunked once shared black); past twelve kernels the colours repeat, and
+    marker and line keep the looks apart."""
+    from memprobe.plan.targets import default_kernels
     from memprobe.render.style import FLOOR_STYLE, kernel_looks
 
     looks = kernel_looks([f"k{i}" for i in range(24)])
     assert len(set(looks.values())) == 24
+    for kernels in (default_kernels([1]), default_kernels([2]), default_kernels([1], 64)):
+        looks = kernel_looks(kernels)
+        assert len({look.color for look in looks.values()}) == len(kernels)
     assert all(look.color != FLOOR_STYLE["color"] for look in looks.values())
