@@ -5,7 +5,8 @@ user's step is one callable, so the phase of each allocation is read from torch 
 
 - ``setup`` until the step starts computing: building the model and its inputs;
 - ``forward`` from the first module call (a global forward pre-hook), or the first op
-  that records autograd history (a tensor that requires grad, grad mode on), for a step
+  that records autograd history (a tensor that requires grad, grad mode on), or the first
+  op inside a custom autograd Function's forward called on such a tensor, for a step
   written without ``nn.Module``;
 - ``backward`` while the autograd engine runs a graph task (every op it dispatches,
   activation-checkpoint recomputation included), and after it until the next phase
@@ -20,6 +21,7 @@ and the moments the step marks with :func:`mark` (where its loss starts and ends
 from __future__ import annotations
 
 import sys
+from types import FrameType
 from typing import Any
 
 import torch
@@ -90,7 +92,9 @@ class StepTracker(AllocationTracker):
         if torch._C._current_graph_task_id() != -1:
             if self.phase != "backward":
                 self.set_phase("backward")
-        elif self.phase == "setup" and torch.is_grad_enabled() and _records_history(args, kwargs):
+        elif self.phase == "setup" and (
+            _records_history(args, kwargs) if torch.is_grad_enabled() else _in_function_forward()
+        ):
             self.set_phase("forward")
 
     def __torch_dispatch__(
@@ -150,6 +154,23 @@ def events_so_far() -> int | None:
     """How many events the step being traced has recorded (None outside a trace): a note
     taken now names the storages allocated before it, not a later one at a reused key."""
     return len(_ACTIVE[-1].events) if _ACTIVE else None
+
+
+# torch.autograd.Function.apply's code: while it is on the stack, a custom Function's
+# forward runs, with grad mode off inside it.
+_FUNCTION_APPLY = torch.autograd.Function.apply.__func__.__code__  # type: ignore[attr-defined]
+
+
+def _in_function_forward() -> bool:
+    """Whether this op runs inside a custom autograd Function's forward called on a
+    tensor that requires grad (memprobe's own kernels, called from a step written
+    without ``nn.Module``): that forward records the history the backward will use."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is _FUNCTION_APPLY:
+            return _records_history(frame.f_locals.get("args"), frame.f_locals.get("kwargs"))
+        frame = frame.f_back
+    return False
 
 
 def _records_history(args: Any, kwargs: Any) -> bool:

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 import steps
+import torch
 
 from memprobe.attribute import attribute
 from memprobe.errors import UserError
+from memprobe.kernels import local_chunked_logprobs
 from memprobe.profile import load_step, profile_step, trace_step
 from memprobe.snapshot.load import load_snapshot
 
@@ -165,3 +168,61 @@ def test_equals_torchs_mem_tracker_under_fake_tensors() -> None:
             optimizer.step()
         theirs = tracker.get_tracker_snapshot("peak")[device]["Total"]
     assert trace_step(steps.gpt_step, "meta").peak_bytes == theirs
+
+
+class _Double(torch.autograd.Function):
+    """A user's own custom Function: its forward's allocations are the step's forward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2
+
+
+def _kernel_step(device: torch.device) -> None:
+    logits = torch.randn(1, 64, 256, device=device, requires_grad=True)
+    targets = torch.randint(0, 256, (1, 64), device=device)
+    local_chunked_logprobs(logits, targets, chunk_size=16).sum().backward()
+
+
+def _own_function_step(device: torch.device) -> None:
+    x = torch.randn(64, 256, device=device, requires_grad=True)
+    _Double.apply(x).sum().backward()
+
+
+def _no_grad_kernel_step(device: torch.device) -> None:
+    logits = torch.randn(1, 64, 256, device=device, requires_grad=True)
+    targets = torch.randint(0, 256, (1, 64), device=device)
+    with torch.no_grad():
+        local_chunked_logprobs(logits, targets, chunk_size=16)
+
+
+def _no_grad_setup_step(device: torch.device) -> None:
+    with torch.no_grad():
+        x = torch.randn(64, 256, device=device) * 3
+    (x.requires_grad_() * 2).sum().backward()
+
+
+# (step, the op whose first allocation is looked at, the phase it must be in)
+FUNCTION_FORWARDS = [
+    (_kernel_step, "aten.randn.default", "setup"),
+    (_kernel_step, "aten.new_empty.default", "forward"),
+    (_own_function_step, "aten.mul.Tensor", "forward"),
+    # Under no_grad a Function's forward on a tensor that requires grad still computes.
+    (_no_grad_kernel_step, "aten.new_empty.default", "forward"),
+    # Setup ops under no_grad, outside any Function, stay setup.
+    (_no_grad_setup_step, "aten.mul.Tensor", "setup"),
+]
+
+
+@pytest.mark.parametrize(("step", "op", "phase"), FUNCTION_FORWARDS)
+def test_a_custom_functions_forward_is_the_steps_forward(step: Any, op: str, phase: str) -> None:
+    """A step written without nn.Module that calls a custom autograd Function (memprobe's
+    own kernels are ones): the Function's forward was labelled setup."""
+    for device in ("meta", "cpu"):
+        tracked = trace_step(step, device)
+        first = next(e for e in tracked.events if e.action == "alloc" and e.op == op)
+        assert first.phase == phase, (device, op)
