@@ -40,6 +40,13 @@ _POLL_MAX_S = 0.05
 _case_number = 0  # the same on every rank: every rank runs the same cases in order
 
 
+def new_world() -> None:
+    """Count cases afresh: this process has just joined a new world (a ``--shard`` job's
+    group for a parallel case), whose ranks may each have run a different number before."""
+    global _case_number
+    _case_number = 0
+
+
 class PeerFailed(BaseException):
     """Another rank failed this case; this rank stops it before the next collective.
 
