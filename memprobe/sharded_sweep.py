@@ -170,7 +170,8 @@ def _run_team(
     except RuntimeError as exc:  # a collective of the team failed or timed out
         if not job.lead or index is None:
             raise
-        raise _TeamLost(index, [r for r in ranks if r != job.rank], str(exc)) from None
+        detail = " ".join(str(exc).split())[:200]
+        raise _TeamLost(index, [r for r in ranks if r != job.rank], detail) from None
     finally:
         stop_ranks()
 
@@ -217,7 +218,9 @@ def _lead(
         try:
             _run_share(job, todo, request, conf, watch.deliver, watch.tick)
         except _TeamLost as team:
-            watch.give_up([team.index], team.ranks)
+            watch.give_up(
+                [team.index], team.ranks, f"stopped answering the case's collectives ({team})"
+            )
         delays = poll_delays()
         while writer.written < len(todo) and not job.others_left() and not job.stopped():
             wait(delays)
@@ -233,9 +236,9 @@ def _lead(
     lost = len(todo) - writer.written
     if watch.silent:
         raise UserError(
-            f"rank {_names(watch.silent)} of this --shard job went silent: {watch.unfinished} "
-            f"case(s) taken gave no result within {request.case_timeout_s:g} s (--case-timeout) "
-            f"and are recorded as unfinished in {run_dir}"
+            f"rank {_names(watch.silent)} of this --shard job went silent (--case-timeout "
+            f"{request.case_timeout_s:g} s): {watch.unfinished} case(s) it took are recorded "
+            f"as unfinished in {run_dir}"
             + (f"; {lost} other case(s) were not run" if lost else ""),
             f"continue with --resume {run_dir}",
         )
@@ -345,14 +348,12 @@ class _Watch:
         for index in late:
             self.give_up([index], self.job.claimant(index))
 
-    def give_up(self, indexes: list[int], ranks: list[int]) -> None:
+    def give_up(self, indexes: list[int], ranks: list[int], why: str | None = None) -> None:
         """Record ``indexes`` as unfinished by ``ranks``, and stop the job."""
         who = f"rank {_names(set(ranks))}" if ranks else "a rank"
+        why = why or f"sent no result within {self.timeout_s:g} s (--case-timeout)"
         for index in indexes:
-            note = (
-                f"{results.UNFINISHED}{who} sent no result within {self.timeout_s:g} s "
-                "(--case-timeout); --resume runs it again"
-            )
+            note = f"{results.UNFINISHED}{who} {why}; --resume runs it again"
             self.writer.add(index, Run(self.writer.todo[index], "error", note=note).row(), None)
             self.unfinished += 1
         self.silent |= set(ranks) - {0}

@@ -224,6 +224,8 @@ class RankLayout:
     # A group of this rank alone: lets one rank run a whole-vocabulary check
     # (the numerics verify step) inside a multi-rank job.
     solo_group: Any = None
+    # How long a rank waits for its peers at a collective (None: COLLECTIVE_TIMEOUT).
+    timeout: datetime.timedelta | None = None
 
     @property
     def tp_rank(self) -> int:
@@ -273,17 +275,17 @@ def join_world(
     backend = "nccl" if device == "cuda" else "gloo"
     options = {**init_options(device), "timeout": timeout}
     dist.init_process_group(backend, store=store, rank=rank, world_size=tp * cp, **options)
-    return _layout(tp, cp)
+    return _layout(tp, cp, timeout)
 
 
-def _layout(tp: int, cp: int) -> RankLayout:
+def _layout(tp: int, cp: int, timeout: datetime.timedelta | None = None) -> RankLayout:
     """This rank's place in the default group's world of ``tp x cp`` ranks, its groups made."""
     rank, world = dist.get_rank(), dist.get_world_size()
     groups = [dist.new_group(list(range(c * tp, (c + 1) * tp))) for c in range(cp)]
     # new_group is collective: every rank makes every singleton, keeps its own.
     solos = [dist.new_group([r]) for r in range(world)]
     # Handed to the sweep and down to each measurement: no module keeps it.
-    return RankLayout(rank, world, tp, cp, groups[rank // tp], solos[rank])
+    return RankLayout(rank, world, tp, cp, groups[rank // tp], solos[rank], timeout)
 
 
 # How long a collective may wait for its peers before it fails (torch's default is

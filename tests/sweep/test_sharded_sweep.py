@@ -173,7 +173,10 @@ def test_a_rank_that_hangs_is_named_and_its_case_runs_again_on_resume(tmp_path, 
     )  # fmt: skip
     assert done.returncode != 0
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
-    assert len(errors) == 1 and "rank 1 of this --shard job went silent: 1 case(s)" in errors[0]
+    assert (
+        len(errors) == 1
+        and "rank 1 of this --shard job went silent (--case-timeout 3 s): 1 case(s)" in errors[0]
+    )
     assert "--resume" in done.stderr
     # Rank 0 measured its cases and rank 1's first; rank 1's second is recorded, unfinished.
     written = read_rows(out)
@@ -183,6 +186,21 @@ def test_a_rank_that_hangs_is_named_and_its_case_runs_again_on_resume(tmp_path, 
     code, _, err = run_cli("sweep", "--resume", str(out), "--no-verify", "--quiet")
     assert code == 0, err
     assert rows(out) == reference(tmp_path)
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_hangs_inside_a_two_rank_case_does_not_hold_rank_0(tmp_path):
+    out = tmp_path / "run"
+    done = torchrun(
+        *PARALLEL, "--tp", "2", "--no-verify", "--shard", "--case-timeout", "2", "--out",
+        str(out), cwd=tmp_path, script="shard_rank_fails.py", fail="hang-team",
+    )  # fmt: skip
+    assert done.returncode != 0
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
+    assert len(errors) == 1 and "rank 1 of this --shard job went silent" in errors[0]
+    assert "1 other case(s) were not run" in errors[0]
+    (hung,) = read_rows(out)  # the first case, rank 1's part missing; the second not run
+    assert hung["status"] == "error" and hung["note"].startswith("unfinished: rank 1 ")
 
 
 def test_cases_are_shared_by_the_ranks_they_need():
