@@ -164,6 +164,12 @@ def command(
 
     if shard:
         from memprobe.sharded_sweep import run_sharded_job as run_job
+    elif "--case-timeout" in given_flags(ctx):
+        raise UserError(
+            "--case-timeout is how long a --shard job waits for a rank; without --shard "
+            "it would be ignored",
+            "add --shard (under torchrun), or drop --case-timeout",
+        )
     else:
         run_job = run_sweep_job
 

@@ -22,7 +22,8 @@ Real (torchrun, one process per rank, rank 0 writes the run):
 N = T × C. Rank r holds vocabulary shard ``r % T`` and token shard ``r // T``;
 the T ranks of one token shard form a tensor-parallel group. Every rank
 measures every case; rank 0 gathers the rows and keeps, per case, the
-largest rank's figures.
+largest rank's figures. Under ``--shard`` a team of ``T x C`` ranks of a larger job
+makes such a world of its own for its parallel cases (:func:`join_world`).
 
 Everything that can fail on bad input is decided from the command line alone,
 so every rank reaches the same verdict without a collective and none is left

@@ -203,6 +203,13 @@ def test_a_rank_that_hangs_inside_a_two_rank_case_does_not_hold_rank_0(tmp_path)
     assert hung["status"] == "error" and hung["note"].startswith("unfinished: rank 1 ")
 
 
+def test_case_timeout_without_shard_is_one_line(run_cli, tmp_path):
+    code, _, err = run_cli("sweep", *GRID, "--case-timeout", "5", "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert err.count("\n") <= 2 and "--shard" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
 def test_cases_are_shared_by_the_ranks_they_need():
     cases = [
         Case("chunked_distributed", 1, 1024, 4096, "bf16", 1024, tp=tp, cp=cp, device=device)
