@@ -60,6 +60,15 @@ def case_key(row: Row) -> CaseKey:
     return tuple(row.get(k) for k in KEY_COLUMNS)
 
 
+# The note of a row recorded for a case that never finished (a ``--shard`` rank went
+# silent on it): ``--resume`` runs such a case again instead of keeping the row.
+UNFINISHED = "unfinished: "
+
+
+def unfinished(row: Row) -> bool:
+    return row.get("status") == "error" and str(row.get("note") or "").startswith(UNFINISHED)
+
+
 def missing(value: Any) -> bool:
     """The one test for "no value": None, NaN, pandas NA."""
     if value is None or value is pd.NA or value is pd.NaT:

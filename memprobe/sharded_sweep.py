@@ -8,23 +8,41 @@ So the run directory is the one-process sweep's, whatever the world size, and
 ``--resume`` continues it at any world size, with or without ``--shard``.
 
 A case that needs several ranks itself (``--tp``/``--cp`` above 1 on a real device)
-is refused here: run those in a torchrun job of their own without ``--shard``.
-Simulated ones (``--device meta``) need one process each, and are shared out.
+runs on a team of that many ranks, which make a process group of their own for it
+and measure it as a torchrun job of that size without ``--shard`` would (same row,
+the ranks' figures merged the same way). The one-rank cases go first, then each
+layout's cases, smallest first. A case that needs more ranks than the job has is a
+``skipped`` row that says so. Simulated cases (``--device meta``) need one process
+each, whatever their tp and cp.
+
+A rank that takes a case and sends nothing back within ``--case-timeout`` seconds
+(it hangs) gets its case recorded as an ``unfinished`` error row naming it; rank 0
+then stops the job and exits non-zero, and ``--resume`` runs that case again.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from memprobe import results
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
-from memprobe.measure.parallel import local_device_index, under_torchrun
+from memprobe.measure.parallel import (
+    gather_row,
+    join_world,
+    local_device_index,
+    stop_ranks,
+    under_torchrun,
+)
+from memprobe.measure.rank_agreement import new_world
 from memprobe.measure.sharding import Plan, ShardJob, join_shards, poll_delays, wait
 from memprobe.records import Case, Run
 from memprobe.sweep import (
@@ -36,12 +54,14 @@ from memprobe.sweep import (
     plan_cases,
     snapshot_of,
     with_reserved,
-    with_snapshot_written,
 )
 
 # How long rank 0, failing, waits for the other ranks to read its verdict and let go
 # of the store it may host, before it exits anyway.
 _LEAVE_GRACE_S = 10.0
+
+# (case index, its row, its allocator snapshot): a finished case handed on.
+Deliver = Callable[[int, dict[str, Any], dict[str, Any] | None], None]
 
 
 def run_sharded_job(request: SweepRequest, progress: OnCase | None = None) -> SweepOutcome:
@@ -59,14 +79,120 @@ def run_sharded_job(request: SweepRequest, progress: OnCase | None = None) -> Sw
     try:
         plan = job.receive_plan()
         conf = _apply_conf(plan.alloc_conf, plan.cases)
-        for index in job.claims(len(plan.cases)):
-            run, snapshot = _measure(plan.cases[index], request, conf)
-            job.deliver(index, run, snapshot)
+        _run_share(job, plan.cases, request, conf, job.deliver, lambda: None)
     finally:
         job.leave()
     return SweepOutcome(results.frame_of([]), run_dir, lead=False)
 
 
+# -- who runs what ------------------------------------------------------------
+def ranks_needed(case: Case) -> tuple[int, int]:
+    """(tp, cp) of the ranks a case runs on: (1, 1) unless it is a real parallel case."""
+    return (case.tp, case.cp) if case.device != "meta" else (1, 1)
+
+
+def shares(cases: list[Case], world_size: int) -> tuple[dict[str, list[int]], list[int]]:
+    """The case indexes per layout ``"<tp>x<cp>"``, one-rank cases first, then by size; and
+    the indexes of cases that need more ranks than ``world_size``."""
+    by_layout: dict[tuple[int, int, int], list[int]] = {}
+    too_big = []
+    for index, case in enumerate(cases):
+        tp, cp = ranks_needed(case)
+        if tp * cp > world_size:
+            too_big.append(index)
+        else:
+            by_layout.setdefault((tp * cp, tp, cp), []).append(index)
+    layouts = {f"{tp}x{cp}": by_layout[(n, tp, cp)] for n, tp, cp in sorted(by_layout)}
+    return layouts, too_big
+
+
+def _run_share(
+    job: ShardJob,
+    cases: list[Case],
+    request: SweepRequest,
+    conf: AllocConf | None,
+    deliver: Deliver,
+    tick: Callable[[], None],
+) -> None:
+    """This rank's part: one-rank cases while there are any, then each layout's cases
+    with its team (``tick`` runs while this rank waits for its team)."""
+    layouts, _ = shares(cases, job.world_size)
+    for key, indexes in layouts.items():
+        tp, cp = (int(n) for n in key.split("x"))
+        if tp * cp == 1:
+            while (index := job.claim(key, indexes, [job.rank])) is not None:
+                run = _measure(cases[index], request, conf, layout=None)
+                snapshot = snapshot_of(run, conf) if request.snapshots else None
+                deliver(index, run.row(), snapshot)
+        elif job.rank < job.world_size // (tp * cp) * (tp * cp):
+            _run_team(job, (tp, cp), indexes, cases, request, conf, deliver, tick)
+
+
+def _run_team(
+    job: ShardJob,
+    layout: tuple[int, int],
+    indexes: list[int],
+    cases: list[Case],
+    request: SweepRequest,
+    conf: AllocConf | None,
+    deliver: Deliver,
+    tick: Callable[[], None],
+) -> None:
+    """With the other ranks of this rank's team: one process group, the layout's cases
+    taken one at a time by the team's rank 0, each run as a torchrun job of ``tp x cp``."""
+    tp, cp = layout
+    key, size = f"{tp}x{cp}", tp * cp
+    team, member = divmod(job.rank, size)
+    ranks = list(range(team * size, (team + 1) * size))
+    job.arrive(key, team)
+    delays = poll_delays()
+    while job.arrived(key, team) < size:
+        if job.stopped():
+            return
+        tick()
+        wait(delays)
+    # Longer than rank 0's wait for a silent rank, so that rank 0 reports it first.
+    timeout = datetime.timedelta(seconds=2 * request.case_timeout_s)
+    device = cases[indexes[0]].device
+    rank_layout = join_world(job.team_store(key, team), member, tp, cp, device, timeout)
+    new_world()
+    index: int | None = None
+    try:
+        while True:
+            index = _team_index(job.claim(key, indexes, ranks) if member == 0 else None)
+            if index is None:
+                return
+            run = _measure(cases[index], request, conf, layout=rank_layout)
+            snapshot = snapshot_of(run, conf) if request.snapshots and member == 0 else None
+            row = gather_row(run.row())  # the team's rank 0 gets the merged row
+            if row is not None:
+                deliver(index, row, snapshot)
+    except RuntimeError as exc:  # a collective of the team failed or timed out
+        if not job.lead or index is None:
+            raise
+        detail = " ".join(str(exc).split())[:200]
+        raise _TeamLost(index, [r for r in ranks if r != job.rank], detail) from None
+    finally:
+        stop_ranks()
+
+
+def _team_index(index: int | None) -> int | None:
+    """The team's rank 0's case, on every rank of the team."""
+    box = [index]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class _TeamLost(Exception):
+    """On rank 0: a peer of its team stopped answering during case ``index``."""
+
+    def __init__(self, index: int, ranks: list[int], detail: str) -> None:
+        super().__init__(detail)
+        self.index = index
+        self.ranks = ranks
+
+
+# -- rank 0 -------------------------------------------------------------------
 def _lead(
     job: ShardJob, request: SweepRequest, run_dir: Path, progress: OnCase | None
 ) -> SweepOutcome:
@@ -74,9 +200,7 @@ def _lead(
     try:
         conf = _requested_conf(request)
         cases = [] if resume else plan_cases(request.grid)
-        _check_one_rank_each(cases)
         planned, rows, todo = open_run(cases, run_dir, request.command, resume, conf)
-        _check_one_rank_each(todo)
     except UserError as exc:
         job.publish_error(exc)
         _wait_for_others(job, grace_s=_LEAVE_GRACE_S)
@@ -84,28 +208,59 @@ def _lead(
     conf_text = conf.to_string() if conf is not None else None
     job.publish_plan(Plan(todo, conf_text))
     _apply_conf(conf_text, todo)
-    writer = _Writer(run_dir, planned, rows, len(todo), progress)
+    writer = _Writer(run_dir, planned, rows, todo, progress)
+    layouts, too_big = shares(todo, job.world_size)
+    for index in too_big:
+        writer.add(index, _too_big(todo[index], job.world_size), None)
+    watch = _Watch(job, writer, layouts, request.case_timeout_s)
     finished = False
     try:
-        for index in job.claims(len(todo)):
-            run, snapshot = _measure(todo[index], request, conf)
-            writer.add(index, todo[index], run, snapshot)
-            _collect(job, todo, writer)
+        try:
+            _run_share(job, todo, request, conf, watch.deliver, watch.tick)
+        except _TeamLost as team:
+            watch.give_up(
+                [team.index], team.ranks, f"stopped answering the case's collectives ({team})"
+            )
         delays = poll_delays()
-        while writer.written < len(todo) and not job.others_left():
+        while writer.written < len(todo) and not job.others_left() and not job.stopped():
             wait(delays)
-            _collect(job, todo, writer)
-        _collect(job, todo, writer)  # what the last rank delivered just before it left
-        finished = True
+            watch.tick()
+        watch.collect()  # what the last rank delivered just before it left
+        finished = not job.stopped()
     finally:
-        _wait_for_others(job, grace_s=None if finished else _LEAVE_GRACE_S)
+        if finished:
+            _wait_for_others(job, grace_s=None)
+        else:  # the ranks still answering finish their case (within the timeout) and leave
+            grace = max(_LEAVE_GRACE_S, request.case_timeout_s) if watch.silent else _LEAVE_GRACE_S
+            _wait_for_others(job, grace_s=grace, silent=len(watch.silent), collect=watch.collect)
     lost = len(todo) - writer.written
+    if watch.silent:
+        raise UserError(
+            f"rank {_names(watch.silent)} of this --shard job went silent (--case-timeout "
+            f"{request.case_timeout_s:g} s): {watch.unfinished} case(s) it took are recorded "
+            f"as unfinished in {run_dir}"
+            + (f"; {lost} other case(s) were not run" if lost else ""),
+            f"continue with --resume {run_dir}",
+        )
     if lost:
         raise UserError(
             f"{lost} case(s) of {run_dir} were not measured: a rank left without delivering them",
             f"continue with --resume {run_dir}",
         )
     return SweepOutcome(results.frame_of(writer.rows), run_dir, lead=True)
+
+
+def _names(ranks: set[int]) -> str:
+    return ", ".join(str(r) for r in sorted(ranks))
+
+
+def _too_big(case: Case, world_size: int) -> dict[str, Any]:
+    tp, cp = ranks_needed(case)
+    note = (
+        f"needs {tp * cp} ranks (--tp {tp} x --cp {cp}) and this --shard job has {world_size}: "
+        f"run it with torchrun --nproc-per-node {tp * cp} or more"
+    )
+    return Run(case, "skipped", note=note).row()
 
 
 class _Writer:
@@ -116,54 +271,118 @@ class _Writer:
         run_dir: Path,
         planned: list[Case],
         rows: list[dict[str, Any]],
-        todo: int,
+        todo: list[Case],
         progress: OnCase | None,
     ) -> None:
         self.run_dir = run_dir
-        self.planned = planned
         self.positions = results.plan_positions(planned)
         self.rows = rows
         self.todo = todo
         self.progress = progress
         self.written = 0
-        self.pending: set[int] = set(range(todo))
+        self.pending: set[int] = set(range(len(todo)))
         self.delivered = 0  # how many rows the other ranks had delivered at the last look
 
-    def add(self, index: int, case: Case, run: Run, snapshot: dict[str, Any] | None) -> None:
+    def add(self, index: int, row: dict[str, Any], snapshot: dict[str, Any] | None) -> None:
+        from memprobe.snapshot import write_snapshot
+
         self.pending.discard(index)
-        run = with_snapshot_written(run, snapshot, self.run_dir)
-        self.rows = results.in_plan_order([*self.rows, run.row()], self.positions)
+        case = self.todo[index]
+        if snapshot is not None:
+            row = {**row, "snapshot": results.snapshot_relpath(case)}
+            write_snapshot(snapshot, self.run_dir / row["snapshot"])
+        self.rows = results.in_plan_order([*self.rows, row], self.positions)
         results.write_results(self.run_dir, self.rows)
         self.written += 1
         if self.progress is not None:
-            self.progress(self.written, self.todo, case, run)
+            run = Run(case, row["status"], peak_bytes=row["peak_bytes"], note=row["note"])
+            self.progress(self.written, len(self.todo), case, run)
 
 
-def _collect(job: ShardJob, todo: list[Case], writer: _Writer) -> None:
-    """Write every row the other ranks have delivered since the last look."""
-    count = job.delivered()
-    if count == writer.delivered:
-        return
-    writer.delivered = count
-    for index in sorted(writer.pending):
-        delivered = job.take(index)
-        if delivered is not None:
-            writer.add(index, todo[index], *delivered)
+class _Watch:
+    """Rank 0 between two cases: the rows the other ranks delivered, and the cases taken
+    longer than the timeout ago that have not come back (their ranks went silent)."""
+
+    def __init__(
+        self, job: ShardJob, writer: _Writer, layouts: dict[str, list[int]], timeout_s: float
+    ) -> None:
+        self.job = job
+        self.writer = writer
+        self.layouts = layouts
+        self.timeout_s = timeout_s
+        self.seen = dict.fromkeys(layouts, 0)  # claims of each layout seen so far
+        self.taken_at: dict[int, float] = {}  # when rank 0 first saw the case taken
+        self.silent: set[int] = set()
+        self.unfinished = 0  # cases recorded as unfinished
+
+    def deliver(self, index: int, row: dict[str, Any], snapshot: dict[str, Any] | None) -> None:
+        self.writer.add(index, row, snapshot)
+        self.tick()
+
+    def collect(self) -> None:
+        """Write every row the other ranks have delivered since the last look."""
+        count = self.job.delivered()
+        if count == self.writer.delivered:
+            return
+        self.writer.delivered = count
+        for index in sorted(self.writer.pending):
+            delivered = self.job.take(index)
+            if delivered is not None:
+                self.writer.add(index, *delivered)
+
+    def tick(self) -> None:
+        self.collect()
+        if self.job.stopped():
+            return
+        now = time.monotonic()
+        for key, indexes in self.layouts.items():
+            count = min(self.job.claimed(key), len(indexes))
+            for index in indexes[self.seen[key] : count]:
+                self.taken_at[index] = now
+            self.seen[key] = count
+        late = [
+            i
+            for i in sorted(self.writer.pending)
+            if i in self.taken_at and now - self.taken_at[i] > self.timeout_s
+        ]
+        for index in late:
+            self.give_up([index], self.job.claimant(index))
+
+    def give_up(self, indexes: list[int], ranks: list[int], why: str | None = None) -> None:
+        """Record ``indexes`` as unfinished by ``ranks``, and stop the job."""
+        who = f"rank {_names(set(ranks))}" if ranks else "a rank"
+        why = why or f"sent no result within {self.timeout_s:g} s (--case-timeout)"
+        for index in indexes:
+            note = f"{results.UNFINISHED}{who} {why}; --resume runs it again"
+            self.writer.add(index, Run(self.writer.todo[index], "error", note=note).row(), None)
+            self.unfinished += 1
+        self.silent |= set(ranks) - {0}
+        self.job.stop()
 
 
-def _measure(case: Case, request: SweepRequest, conf: AllocConf | None) -> tuple[Run, Any]:
-    run = with_reserved(measure_one(case, verify=request.verify, layout=None), conf)
-    return run, snapshot_of(run, conf) if request.snapshots else None
+def _measure(case: Case, request: SweepRequest, conf: AllocConf | None, layout: Any) -> Run:
+    return with_reserved(measure_one(case, verify=request.verify, layout=layout), conf)
 
 
-def _wait_for_others(job: ShardJob, *, grace_s: float | None) -> None:
-    """Rank 0 may host the store: it lets go only when every other rank has."""
+def _wait_for_others(
+    job: ShardJob,
+    *,
+    grace_s: float | None,
+    silent: int = 0,
+    collect: Callable[[], None] | None = None,
+) -> None:
+    """Rank 0 may host the store: it lets go only when every other rank (but ``silent``
+    of them) has left, or after ``grace_s``; ``collect`` takes their last rows meanwhile."""
     deadline = None if grace_s is None else time.monotonic() + grace_s
     delays = poll_delays()
-    while not job.others_left():
+    while job.left() < job.world_size - 1 - silent:
         if deadline is not None and time.monotonic() > deadline:
-            return
+            break
         wait(delays)
+        if collect is not None:
+            collect()
+    if collect is not None:
+        collect()
 
 
 def _requested_conf(request: SweepRequest) -> AllocConf | None:
@@ -181,15 +400,3 @@ def _apply_conf(conf_text: str | None, cases: list[Case]) -> AllocConf | None:
     if any(c.device == "cuda" for c in cases):
         torch.cuda.set_device(local_device_index())  # one device per rank
     return parse_alloc_conf(conf_text) if conf_text is not None else None
-
-
-def _check_one_rank_each(cases: list[Case]) -> None:
-    """A real tensor/context-parallel case needs a group of ranks: not a shard's job."""
-    for case in cases:
-        if case.device != "meta" and case.tp * case.cp > 1:
-            raise UserError(
-                f"--shard runs each case on one rank, and a --device {case.device} case with "
-                f"--tp {case.tp} --cp {case.cp} needs {case.tp * case.cp}",
-                f"run those without --shard (torchrun --nproc-per-node {case.tp * case.cp} "
-                "-m memprobe sweep --tp ... --cp ...), or simulate them with --device meta",
-            )

@@ -208,6 +208,9 @@ class SweepRequest:
     alloc_conf: str | None = None  # PYTORCH_ALLOC_CONF syntax
     command: str = ""
     snapshots: bool = True  # an allocator snapshot per case in the run directory
+    # --shard: how long rank 0 waits for a case another rank took before it calls the
+    # rank silent, records the case as unfinished and stops the job.
+    case_timeout_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -346,6 +349,8 @@ def open_run(
         }
         results.create_run_dir(out_dir, cases, info)
         done = []
+    # A case recorded as unfinished (its rank went silent) runs again; its row is replaced.
+    done = [r for r in done if not results.unfinished(r)]
     finished = {results.case_key(r) for r in done}
     todo = [c for c in cases if results.case_key(asdict(c)) not in finished]
     return cases, list(done), todo

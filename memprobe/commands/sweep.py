@@ -127,6 +127,15 @@ def command(
             "rank 0 writes the one run directory.",
         ),
     ] = False,
+    case_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="With --shard: seconds rank 0 waits for a case another rank took; a rank "
+            "still silent then (hung) gets the case recorded as unfinished, and the job "
+            "stops with a non-zero exit (--resume runs the case again).",
+        ),
+    ] = 600.0,
     budget: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -155,6 +164,12 @@ def command(
 
     if shard:
         from memprobe.sharded_sweep import run_sharded_job as run_job
+    elif "--case-timeout" in given_flags(ctx):
+        raise UserError(
+            "--case-timeout is how long a --shard job waits for a rank; without --shard "
+            "it would be ignored",
+            "add --shard (under torchrun), or drop --case-timeout",
+        )
     else:
         run_job = run_sweep_job
 
@@ -178,7 +193,9 @@ def command(
         budget_bytes, budget_text = with_other.limit_bytes, budget_line(with_other)
     if resume is not None:
         check_resume_flags(
-            given_flags(ctx, exclude=("resume", "verify", "as_json", "quiet", "shard"))
+            given_flags(
+                ctx, exclude=("resume", "verify", "as_json", "quiet", "shard", "case_timeout")
+            )
         )
     elif out is None:
         out = default_run_dir()
@@ -202,6 +219,7 @@ def command(
         verify=verify,
         alloc_conf=alloc_conf,
         command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        case_timeout_s=case_timeout,
     )
     try:
         outcome = run_job(request, Progress(enabled=not quiet and not as_json).case)

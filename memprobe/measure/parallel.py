@@ -22,7 +22,8 @@ Real (torchrun, one process per rank, rank 0 writes the run):
 N = T × C. Rank r holds vocabulary shard ``r % T`` and token shard ``r // T``;
 the T ranks of one token shard form a tensor-parallel group. Every rank
 measures every case; rank 0 gathers the rows and keeps, per case, the
-largest rank's figures.
+largest rank's figures. Under ``--shard`` a team of ``T x C`` ranks of a larger job
+makes such a world of its own for its parallel cases (:func:`join_world`).
 
 Everything that can fail on bad input is decided from the command line alone,
 so every rank reaches the same verdict without a collective and none is left
@@ -55,6 +56,7 @@ __all__ = [
     "count_collectives",
     "fake_process_group",
     "gather_row",
+    "join_world",
     "run_ranks",
     "share_cases",
     "start_ranks",
@@ -223,6 +225,8 @@ class RankLayout:
     # A group of this rank alone: lets one rank run a whole-vocabulary check
     # (the numerics verify step) inside a multi-rank job.
     solo_group: Any = None
+    # How long a rank waits for its peers at a collective (None: COLLECTIVE_TIMEOUT).
+    timeout: datetime.timedelta | None = None
 
     @property
     def tp_rank(self) -> int:
@@ -260,12 +264,29 @@ def start_ranks(device: str, tp: list[int], cp: list[int]) -> RankLayout:
         if device == "cuda":
             torch.cuda.set_device(local_device_index())
         dist.init_process_group(backend, **init_options(device))
-    rank = dist.get_rank()
-    groups = [dist.new_group(list(range(c * tp[0], (c + 1) * tp[0]))) for c in range(cp[0])]
+    return _layout(tp[0], cp[0])
+
+
+def join_world(
+    store: Any, rank: int, tp: int, cp: int, device: str, timeout: datetime.timedelta
+) -> RankLayout:
+    """Make ``tp x cp`` ranks that share ``store`` a world of their own, as a torchrun job of
+    that size would be (this process's default group, rank ``rank``): how a ``--shard`` job
+    runs a parallel case on a few of its ranks. Leave it with :func:`stop_ranks`."""
+    backend = "nccl" if device == "cuda" else "gloo"
+    options = {**init_options(device), "timeout": timeout}
+    dist.init_process_group(backend, store=store, rank=rank, world_size=tp * cp, **options)
+    return _layout(tp, cp, timeout)
+
+
+def _layout(tp: int, cp: int, timeout: datetime.timedelta | None = None) -> RankLayout:
+    """This rank's place in the default group's world of ``tp x cp`` ranks, its groups made."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups = [dist.new_group(list(range(c * tp, (c + 1) * tp))) for c in range(cp)]
     # new_group is collective: every rank makes every singleton, keeps its own.
     solos = [dist.new_group([r]) for r in range(world)]
     # Handed to the sweep and down to each measurement: no module keeps it.
-    return RankLayout(rank, world, tp[0], cp[0], groups[rank // tp[0]], solos[rank])
+    return RankLayout(rank, world, tp, cp, groups[rank // tp], solos[rank], timeout)
 
 
 # How long a collective may wait for its peers before it fails (torch's default is

@@ -16,7 +16,7 @@ watchdog kills the job, gloo until its timeout. So, per case:
 
 A failure after a rank has checked in for a collective but before it entered it
 (an allocation of the collective itself) is not covered: the collective's own timeout
-(``ranks.COLLECTIVE_TIMEOUT``) ends that wait.
+(``parallel.COLLECTIVE_TIMEOUT``, or the layout's own) ends that wait.
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ _POLL_FIRST_S = 0.0005
 _POLL_MAX_S = 0.05
 
 _case_number = 0  # the same on every rank: every rank runs the same cases in order
+
+
+def new_world() -> None:
+    """Count cases afresh: this process has just joined a new world (a ``--shard`` job's
+    group for a parallel case), whose ranks may each have run a different number before."""
+    global _case_number
+    _case_number = 0
 
 
 class PeerFailed(BaseException):
@@ -139,7 +146,8 @@ def run_agreed(
         note = "; ".join(f"rank {r}: {why}" for r, why in refusals)
         return Run(case=case, status="error", note=f"not run: {note}"), False
     store = dist.distributed_c10d._get_default_store()
-    check_in = _CheckIn(store, prefix, layout.world_size, COLLECTIVE_TIMEOUT.total_seconds())
+    timeout = layout.timeout or COLLECTIVE_TIMEOUT
+    check_in = _CheckIn(store, prefix, layout.world_size, timeout.total_seconds())
     try:
         with check_in:
             run = measure(case)

@@ -6,11 +6,18 @@ Run by tests/sweep/test_sharded_sweep.py as ``torchrun ... shard_rank_fails.py A
 * ``exit`` — rank 1 measures one case, takes the next one, and dies (``os._exit(1)``)
   before delivering it, as a rank killed mid-case does;
 * ``oom`` — rank 1's first case runs out of memory, as a real rank's does when its
-  case does not fit.
+  case does not fit;
+* ``hang`` — rank 1 measures one case, takes the next one, and hangs in it (sleeps
+  until torchrun stops it), as a rank stuck in a kernel does;
+* ``hang-team`` — for a grid of two-rank cases: rank 1 hangs in the first one, which
+  it runs with rank 0, leaving rank 0 waiting at the case's first collective.
 
 Which rank takes which case is a race; so that rank 1 surely takes one, rank 0 holds
-its first case until rank 1 has delivered one. For ``exit``, rank 1 dies only once
-rank 0 has written two rows, so what is on disk when torchrun stops the job is known.
+its first case until rank 1 has delivered one (but for ``hang-team``). For ``exit``,
+rank 1 dies only once rank 0 has written two rows, so what is on disk when torchrun
+stops the job is known.
+For ``hang``, rank 1's second case is surely one of the four: rank 1 takes it as soon
+as it has delivered its first, and rank 0 has taken only one by then.
 """
 
 from __future__ import annotations
@@ -62,11 +69,15 @@ def main() -> None:
     def measure_case(*args, **kwargs):  # type: ignore[no-untyped-def]
         global _measured
         _measured += 1
-        if rank == "0" and _measured == 1:
+        if rank == "1" and mode == "hang-team":
+            time.sleep(600)
+        if rank == "0" and _measured == 1 and mode != "hang-team":
             _until(lambda: _jobs[0].delivered() >= 1)
         if rank == "1" and mode == "exit" and _measured == 2:
             _until(lambda: _rows_written(out) >= 2)
             os._exit(1)
+        if rank == "1" and mode == "hang" and _measured == 2:
+            time.sleep(600)
         return real_measure(*args, **kwargs)
 
     def oom_first(case, **kwargs):  # type: ignore[no-untyped-def]

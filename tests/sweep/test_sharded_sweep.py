@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 from launch import TORCHRUN
 
-from memprobe.errors import UserError
 from memprobe.records import Case
-from memprobe.results import in_plan_order, plan_positions, read_rows
-from memprobe.sharded_sweep import _check_one_rank_each
-from memprobe.sweep import plan_cases, run_sweep
+from memprobe.results import UNFINISHED, in_plan_order, plan_positions, read_rows, write_results
+from memprobe.sharded_sweep import shares
+from memprobe.sweep import open_run, plan_cases, run_sweep
 
 # Four small cases: two kernels at two token counts, simulated.
 GRID = [
@@ -126,11 +125,117 @@ def test_shard_outside_torchrun_is_one_line(run_cli, tmp_path, monkeypatch):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_real_parallel_case_is_not_a_shards_job():
-    case = Case("chunked_distributed", 1, 1024, 4096, "bf16", 1024, tp=2, device="cpu")
-    with pytest.raises(UserError, match="needs 2"):
-        _check_one_rank_each([case])
-    _check_one_rank_each([Case("chunked_distributed", 1, 1024, 4096, "bf16", 1024, tp=2)])
+# A grid of real cases on CPU mixing one-rank and two-rank layouts (and a four-rank one
+# a two-rank job cannot run): tiny, a torch import costs more than the cases.
+PARALLEL = [
+    "--device", "cpu", "--kernel", "chunked_distributed", "--tokens", "256", "--vocab",
+    "2048", "--dtype", "bf16,fp32", "--no-ladder",
+]  # fmt: skip
+
+
+@pytest.mark.multiprocess
+def test_parallel_cases_run_on_teams_of_ranks_as_without_shard(tmp_path):
+    out = tmp_path / "run"
+    done = torchrun(*PARALLEL, "--tp", "1,2,4", "--shard", "--out", str(out), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sharded = rows(out)
+    assert [(r["tp"], r["dtype"]) for r in sharded] == [
+        (tp, dtype) for dtype in ("bf16", "fp32") for tp in (1, 2, 4)
+    ]
+    # tp 4 needs four ranks: a skipped row that says so, as a one-process sweep's.
+    too_big = [r for r in sharded if r["tp"] == 4]
+    assert [r["status"] for r in too_big] == ["skipped", "skipped"]
+    assert all("needs 4 ranks" in r["note"] for r in too_big)
+    # The tp 2 cases as a two-rank torchrun job without --shard measures them, the tp 1
+    # cases as one process does: same rows, same order, snapshots included.
+    alone = tmp_path / "alone"
+    done = torchrun(*PARALLEL, "--tp", "2", "--out", str(alone), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = tmp_path / "one"
+    cases = plan_cases(
+        kernel=["chunked_distributed"], tokens=[256], vocab=[2048], dtype=["bf16", "fp32"],
+        device="cpu", ladder=False,
+    )  # fmt: skip
+    run_sweep(cases, one)
+    by_tp = {1: rows(one), 2: rows(alone)}
+    expected = [by_tp[r["tp"]].pop(0) for r in sharded if r["tp"] != 4]
+    assert [r for r in sharded if r["tp"] != 4] == expected
+    assert all(r["status"] == "ok" and r["max_abs_err_fwd"] is not None for r in expected)
+    assert len(list((out / "snapshots").iterdir())) == 4
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_hangs_is_named_and_its_case_runs_again_on_resume(tmp_path, run_cli):
+    out = tmp_path / "run"
+    done = torchrun(
+        *GRID, "--shard", "--case-timeout", "3", "--out", str(out), cwd=tmp_path,
+        script="shard_rank_fails.py", fail="hang",
+    )  # fmt: skip
+    assert done.returncode != 0
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
+    assert (
+        len(errors) == 1
+        and "rank 1 of this --shard job went silent (--case-timeout 3 s): 1 case(s)" in errors[0]
+    )
+    assert "--resume" in done.stderr
+    # Rank 0 measured its cases and rank 1's first; rank 1's second is recorded, unfinished.
+    written = read_rows(out)
+    assert sorted(r["status"] for r in written) == ["error", "ok", "ok", "ok"]
+    (hung,) = [r for r in written if r["status"] == "error"]
+    assert hung["note"].startswith("unfinished: rank 1 sent no result within 3 s")
+    code, _, err = run_cli("sweep", "--resume", str(out), "--no-verify", "--quiet")
+    assert code == 0, err
+    assert rows(out) == reference(tmp_path)
+
+
+@pytest.mark.multiprocess
+def test_a_rank_that_hangs_inside_a_two_rank_case_does_not_hold_rank_0(tmp_path):
+    out = tmp_path / "run"
+    done = torchrun(
+        *PARALLEL, "--tp", "2", "--no-verify", "--shard", "--case-timeout", "2", "--out",
+        str(out), cwd=tmp_path, script="shard_rank_fails.py", fail="hang-team",
+    )  # fmt: skip
+    assert done.returncode != 0
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
+    assert len(errors) == 1 and "rank 1 of this --shard job went silent" in errors[0]
+    assert "1 other case(s) were not run" in errors[0]
+    (hung,) = read_rows(out)  # the first case, rank 1's part missing; the second not run
+    assert hung["status"] == "error" and hung["note"].startswith("unfinished: rank 1 ")
+
+
+def test_case_timeout_without_shard_is_one_line(run_cli, tmp_path):
+    code, _, err = run_cli("sweep", *GRID, "--case-timeout", "5", "--out", str(tmp_path / "r"))
+    assert code == 2
+    assert err.count("\n") <= 2 and "--shard" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_cases_are_shared_by_the_ranks_they_need():
+    cases = [
+        Case("chunked_distributed", 1, 1024, 4096, "bf16", 1024, tp=tp, cp=cp, device=device)
+        for tp, cp, device in [
+            (2, 1, "cpu"), (1, 1, "cpu"), (4, 1, "meta"), (1, 2, "cpu"), (2, 2, "cpu"),
+            (2, 1, "cpu"),
+        ]
+    ]  # fmt: skip
+    layouts, too_big = shares(cases, world_size=2)
+    # One-rank cases first (a simulated tp 4 is one process), then each layout by size.
+    assert layouts == {"1x1": [1, 2], "1x2": [3], "2x1": [0, 5]}
+    assert too_big == [4]
+    assert shares(cases, world_size=4)[1] == []
+
+
+def test_an_unfinished_row_is_run_again_on_resume(tmp_path):
+    cases = [Case("unchunked", 1, s, 4096, "bf16") for s in (1024, 2048)]
+    out = tmp_path / "run"
+    run_sweep(cases, out, verify=False)
+    before = read_rows(out)
+    stuck = {**before[1], "status": "error", "note": f"{UNFINISHED}rank 1 sent no result"}
+    write_results(out, [before[0], stuck])
+    _, _, todo = open_run([], out, "", True, None)
+    assert todo == [cases[1]]
+    run_sweep([], out, verify=False, resume=True)
+    assert read_rows(out) == before
 
 
 def test_rows_are_kept_in_the_plans_order():
