@@ -154,9 +154,14 @@ def _run_team(
     # Longer than rank 0's wait for a silent rank, so that rank 0 reports it first.
     timeout = datetime.timedelta(seconds=2 * request.case_timeout_s)
     device = cases[indexes[0]].device
-    rank_layout = join_world(job.team_store(key, team), member, tp, cp, device, timeout)
-    new_world()
     index: int | None = None
+    try:
+        rank_layout = join_world(job.team_store(key, team), member, tp, cp, device, timeout)
+    except RuntimeError as exc:  # a rank arrived, then hung before its group formed
+        if not job.lead:
+            raise
+        raise _TeamLost(None, [r for r in ranks if r != job.rank], _one_line(exc)) from None
+    new_world()
     try:
         while True:
             index = _team_index(job.claim(key, indexes, ranks) if member == 0 else None)
@@ -170,8 +175,7 @@ def _run_team(
     except RuntimeError as exc:  # a collective of the team failed or timed out
         if not job.lead or index is None:
             raise
-        detail = " ".join(str(exc).split())[:200]
-        raise _TeamLost(index, [r for r in ranks if r != job.rank], detail) from None
+        raise _TeamLost(index, [r for r in ranks if r != job.rank], _one_line(exc)) from None
     finally:
         stop_ranks()
 
@@ -183,10 +187,15 @@ def _team_index(index: int | None) -> int | None:
     return box[0]
 
 
-class _TeamLost(Exception):
-    """On rank 0: a peer of its team stopped answering during case ``index``."""
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
 
-    def __init__(self, index: int, ranks: list[int], detail: str) -> None:
+
+class _TeamLost(Exception):
+    """On rank 0: a peer of its team stopped answering during case ``index`` (None: while
+    the team was forming its process group, before any case)."""
+
+    def __init__(self, index: int | None, ranks: list[int], detail: str) -> None:
         super().__init__(detail)
         self.index = index
         self.ranks = ranks
@@ -218,9 +227,9 @@ def _lead(
         try:
             _run_share(job, todo, request, conf, watch.deliver, watch.tick)
         except _TeamLost as team:
-            watch.give_up(
-                [team.index], team.ranks, f"stopped answering the case's collectives ({team})"
-            )
+            what = "the case's collectives" if team.index is not None else "its team's forming"
+            taken = [team.index] if team.index is not None else []
+            watch.give_up(taken, team.ranks, f"stopped answering {what} ({team})")
         delays = poll_delays()
         while writer.written < len(todo) and not job.others_left() and not job.stopped():
             wait(delays)

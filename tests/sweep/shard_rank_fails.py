@@ -10,7 +10,9 @@ Run by tests/sweep/test_sharded_sweep.py as ``torchrun ... shard_rank_fails.py A
 * ``hang`` — rank 1 measures one case, takes the next one, and hangs in it (sleeps
   until torchrun stops it), as a rank stuck in a kernel does;
 * ``hang-team`` — for a grid of two-rank cases: rank 1 hangs in the first one, which
-  it runs with rank 0, leaving rank 0 waiting at the case's first collective.
+  it runs with rank 0, leaving rank 0 waiting at the case's first collective;
+* ``hang-join`` — for a grid of two-rank cases: rank 1 arrives for its team and hangs
+  before the team's process group forms, leaving rank 0 waiting in the rendezvous.
 
 Which rank takes which case is a race; so that rank 1 surely takes one, rank 0 holds
 its first case until rank 1 has delivered one (but for ``hang-team``). For ``exit``,
@@ -85,7 +87,12 @@ def main() -> None:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real_backend(case, **kwargs)
 
+    def join_world_hung(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(600)
+
     sharded_sweep.join_shards = join  # type: ignore[assignment]
+    if mode == "hang-join" and rank == "1":
+        sharded_sweep.join_world = join_world_hung  # type: ignore[assignment]
     sharded_sweep._measure = measure_case  # type: ignore[assignment]
     if mode == "oom" and rank == "1":
         sweep.measure = oom_first  # type: ignore[assignment]

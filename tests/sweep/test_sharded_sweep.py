@@ -203,6 +203,24 @@ def test_a_rank_that_hangs_inside_a_two_rank_case_does_not_hold_rank_0(tmp_path)
     assert hung["status"] == "error" and hung["note"].startswith("unfinished: rank 1 ")
 
 
+@pytest.mark.multiprocess
+def test_a_rank_that_hangs_before_its_team_forms_is_one_line(tmp_path):
+    """Rank 0 waits in the team's rendezvous (twice --case-timeout), then says so in one
+    line: no traceback, no row for a case nobody started."""
+    out = tmp_path / "run"
+    done = torchrun(
+        *PARALLEL, "--tp", "2", "--no-verify", "--shard", "--case-timeout", "1", "--out",
+        str(out), cwd=tmp_path, script="shard_rank_fails.py", fail="hang-join",
+    )  # fmt: skip
+    assert done.returncode != 0
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
+    assert len(errors) == 1 and "rank 1 of this --shard job went silent" in errors[0]
+    assert "2 other case(s) were not run" in errors[0]
+    assert "Traceback" not in done.stderr.split("memprobe: error:")[0]
+    # No row yet; the run's plan is there for --resume.
+    assert (out / "run.json").is_file() and not (out / "results.json").exists()
+
+
 def test_case_timeout_without_shard_is_one_line(run_cli, tmp_path):
     code, _, err = run_cli("sweep", *GRID, "--case-timeout", "5", "--out", str(tmp_path / "r"))
     assert code == 2
