@@ -45,8 +45,11 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
     return run
 
 
-def int_list(text: str, flag: str, *, allow_none: bool = False) -> list[int | None]:
-    """``"1024,2048"`` → ``[1024, 2048]``; every item a positive integer."""
+def int_list(
+    text: str, flag: str, *, allow_none: bool = False, example: str = "1024,2048"
+) -> list[int | None]:
+    """``"1024,2048"`` → ``[1024, 2048]``; every item a positive integer. ``example`` is
+    the value a mistake's hint shows (one value for a flag that takes one)."""
     values: list[int | None] = []
     for item in text.split(","):
         item = item.strip().replace("_", "")
@@ -57,23 +60,23 @@ def int_list(text: str, flag: str, *, allow_none: bool = False) -> list[int | No
             value = int(item)
         except ValueError:
             raise UserError(
-                f"{flag} {text!r}: {item!r} is not a whole number", f"e.g. {flag} 1024,2048"
+                f"{flag} {text!r}: {item!r} is not a whole number", f"e.g. {flag} {example}"
             ) from None
         if value <= 0:
-            raise UserError(f"{flag} {text!r}: {value} must be positive", f"e.g. {flag} 1024,2048")
+            raise UserError(f"{flag} {text!r}: {value} must be positive", f"e.g. {flag} {example}")
         if value > MAX_COUNT:
             shown = item if len(item) <= 20 else f"a number of {len(item)} digits"
             raise UserError(
                 f"{flag}: {shown} is beyond the largest count memprobe simulates "
                 f"({MAX_COUNT:,} = 2^40)",
-                f"e.g. {flag} 1024,2048",
+                f"e.g. {flag} {example}",
             )
         values.append(value)
     return values
 
 
-def positive_ints(text: str, flag: str) -> list[int]:
-    return [v for v in int_list(text, flag) if v is not None]
+def positive_ints(text: str, flag: str, *, example: str = "1024,2048") -> list[int]:
+    return [v for v in int_list(text, flag, example=example) if v is not None]
 
 
 def name_list(text: str, flag: str) -> list[str]:

@@ -62,8 +62,8 @@ def _check_out(out: Path, request: PlanRequest) -> None:
     guard_outputs({f"--out {name}": out / name for name in PLAN_FILES}, inputs)
 
 
-def _single(text: str, flag: str) -> int:
-    values = positive_ints(text, flag)
+def _single(text: str, flag: str, example: str) -> int:
+    values = positive_ints(text, flag, example=example)
     if len(values) != 1:
         raise UserError(f"{flag} takes one value, got {text!r}", f"e.g. {flag} {values[0]}")
     return values[0]
@@ -233,10 +233,10 @@ def command(
             )
 
         sharding = sharded.sharded_flags(
-            fsdp=fsdp, cp=_single(cp, "--cp"), tp=_single(tp, "--tp"), **fsdp_flags
+            fsdp=fsdp, cp=_single(cp, "--cp", "8"), tp=_single(tp, "--tp", "8"), **fsdp_flags
         )
         for line in plan_step_lines(
-            config, budget=budget, kernel=kernel, batch=_single(batch, "--batch"), dtype=dtype,
+            config, budget=budget, kernel=kernel, batch=_single(batch, "--batch", "2"), dtype=dtype,
             chunk_size=chunk_size, checkpointing=checkpointing, optimizer=optimizer,
             alloc_conf=alloc_conf, reserved=reserved, as_json=as_json, step=step, **sharding,
         ):  # fmt: skip
@@ -250,11 +250,11 @@ def command(
     if vocab is None:
         raise UserError("--vocab is missing", "e.g. --vocab 131072 (or --step --config CONFIG)")
     request = PlanRequest(
-        vocab=_single(vocab, "--vocab"),
+        vocab=_single(vocab, "--vocab", "131072"),
         budget=budget,
         other=other,
         dtype=dtype,
-        batch=_single(batch, "--batch"),
+        batch=_single(batch, "--batch", "2"),
         kernels=None if kernel is None else tuple(name_list(kernel, "--kernel")),
         chunk_sizes=(
             tuple(int_list(chunk_size, "--chunk-size", allow_none=True)) if chunk_size else None

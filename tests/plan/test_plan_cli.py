@@ -96,6 +96,8 @@ def test_nothing_fits_is_exit_zero(run_cli):
         (["--budget", "80GiB", "--tp", "3"], "does not divide"),
         (["--budget", "80GiB", "--kernel", "unchunked", "--tp", "2"], "can shard"),
         (["--budget", "80GiB", "--batch", "1,2"], "takes one value"),
+        # a one-value flag's hint shows one value, not a comma list it would refuse
+        (["--budget", "80GiB", "--batch", "two"], "is not a whole number (e.g. --batch 2)"),
         (["--budget", "80GiB", "--from-run", "/nonexistent/run"], "no results"),
     ],
 )
