@@ -54,8 +54,8 @@ from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_
 from memprobe.kernels._steps import block_starts
 from memprobe.kernels.filtered import check_filters
 from memprobe.kernels.filtered_select import (
-    SELECT_ROWS,
     TopPBuffers,
+    select_rows,
     select_top_k,
     select_top_p,
 )
@@ -102,7 +102,7 @@ def _forward(
     work = logits.new_empty((batch, rows, vocab), dtype=torch.float32)
     bufs = None
     if top_k is None and top_p is not None:
-        bufs = TopPBuffers(batch, min(rows, SELECT_ROWS), vocab, logits.device)
+        bufs = TopPBuffers(batch, select_rows(rows, vocab), vocab, logits.device)
     for start in block_starts(seq, chunk, logits):
         end = min(start + chunk, seq)
         x = work[:, : end - start]

@@ -170,9 +170,9 @@ def select_top_k(
 # index. One pass of scatter_add instead of a sort: the sort of a [B, c, V] chunk
 # costs ~50 exps per element on cpu.
 BUCKET_CAP = 512
-# Rows the selection works on at once (its buffers' rows): a smaller block touches
-# fewer fresh pages (a page fault costs ~10x a pass over its page).
-SELECT_ROWS = 128
+# Rows the selection works on at once (its buffers' rows), at least: a smaller block
+# touches fewer fresh pages (a first touch costs ~10x a pass over the page).
+SELECT_ROWS = 64
 _HALF_BITS = 126 << 23  # float32 0.5: masses below 1 (zero in int64) share bucket 0
 
 
@@ -195,9 +195,16 @@ def _leading(buffer: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     return buffer.view(-1)[: math.prod(shape)].view(shape)
 
 
+def select_rows(rows: int, vocab: int) -> int:
+    """Rows of :class:`TopPBuffers` for a chunk of ``rows``: SELECT_ROWS, and no
+    fewer than make the lists as long as a row (a row the lists cannot settle is
+    sorted alone, after the lists are freed, in less than they held)."""
+    return min(rows, max(SELECT_ROWS, -(-vocab // min(BUCKET_CAP, vocab))))
+
+
 class TopPBuffers:
-    """The forward's chunk-sized work buffers for top-p alone, allocated once and
-    reused by every chunk: a fresh [B, c, V] buffer per chunk costs its page
+    """The forward's work buffers for top-p alone, ``[B, rows, V]``, allocated once
+    and reused by every block of rows: a fresh buffer per block costs its page
     faults again (more than a pass over it on cpu), and the peak is the same.
     The histogram's bins too, and the hit bucket's list of logits."""
 
@@ -319,8 +326,10 @@ def _select_top_p_block(
     del order
     tau, kept_mass, cut = _sorted_crossing(vals, idx, m, above, limit, count, vocab)
     logsum = _log_mass(kept_mass, bits)
-    # A bucket over the list's length, or a row of NaN or +inf, is redone with a sort.
-    unsettled = (count > cand.shape[-1]) | ~finite
+    del vals, idx
+    # A bucket over the list's length, a row of NaN or +inf, or one with no mass (all
+    # -inf: no members) is redone with a sort.
+    unsettled = (count > cand.shape[-1]) | (count == 0) | ~finite
     if carries_values(x):
         for r in unsettled.cpu().numpy().reshape(-1).nonzero()[0]:
             b, s = divmod(int(r), x.shape[1])
