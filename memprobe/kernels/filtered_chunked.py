@@ -25,10 +25,12 @@ path is 8x slower on it); float32 logits keep filtered's exact shifts and a
 bool ``[B, c, V]`` mask. Forward: the selection of
 :mod:`~memprobe.kernels.filtered_select`, on the chunk's float32 copy: with
 ``top_k``, one ``topk`` of ``k + 32`` logits (top-p then runs on the list);
-top-p alone, a histogram of the chunk's integer masses and a ``topk`` of the
-one bucket where they cross p, 25 bytes per element in buffers reused by every
-chunk. The forward has no gradient beside it, so its peak stays under the
-backward's at the headline shape (20,000 × 131,072 bf16, chunk 1024).
+top-p alone, in blocks of 64 rows or more on one thread, a histogram of the
+integer masses and a stable sort of the one bucket's logits where they cross p
+(picked out by a mask, gathered in numpy), 21 bytes per element of the block in
+buffers reused by every block. The forward has no gradient beside it, so its
+peak stays under the backward's at the headline shape (20,000 × 131,072 bf16,
+chunk 1024).
 
 Ties at the cut are rare in float32 logits and common in bf16 ones (at top-p
 0.9 over a bf16 vocabulary nearly every row splits a run). ``cut`` is ``V - 1``
@@ -38,9 +40,10 @@ float32, one comparison) of that row's tail. Rows a list cannot settle are
 redone alone, and a meta simulation, which has no values, skips them: top-k's
 whose run of logits equal to the k-th goes past the list, by a count over the
 row (a bool row, under the chunk's float32 list when ``4 · c · (k + 32) >= V``)
-and a look-up of its ties in a preallocated bool row; the histogram's, by a
-sort of the row, whose ~40 bytes per vocabulary entry stay under the chunk's
-bool mask, freed before it, for a chunk of 40 positions or more.
+and a look-up of its ties in a preallocated bool row; the histogram's (a bucket
+over the list's 512, or no mass), by a sort of the row, after the block's lists
+are freed: a block's lists hold at least V logits, and their ~40 bytes each
+cover the sort's per vocabulary entry.
 """
 
 from __future__ import annotations
