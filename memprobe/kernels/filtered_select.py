@@ -261,7 +261,7 @@ def _hit_bucket(
 
 
 @contextlib.contextmanager
-def _one_thread(device: torch.device) -> Iterator[None]:
+def one_thread(device: torch.device) -> Iterator[None]:
     """Torch's cpu ops on one thread inside (restored after). The selection's
     dozens of ops a block each hand their work to the thread pool and wait for its
     second thread: on a cpu other processes keep busy, that wait costs more than
@@ -285,7 +285,7 @@ def select_top_p(
     """(tau, logsum, cut) per row of a float32 chunk, top-p alone, in blocks of
     the buffers' rows."""
     step = bufs.f.shape[1]
-    with _one_thread(x.device):
+    with one_thread(x.device):
         parts = [
             _select_top_p_block(x[:, r0 : r0 + step], m[:, r0 : r0 + step], top_p, bufs)
             for r0 in range(0, x.shape[1], step)

@@ -117,7 +117,7 @@ def test_members_on_host_and_on_device_agree(cap):
 def test_one_thread_inside_restored_after_even_on_error():
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="inside"):
-        with fs._one_thread(torch.device("cpu")):
+        with fs.one_thread(torch.device("cpu")):
             assert torch.get_num_threads() == 1
             raise RuntimeError("inside")
     assert torch.get_num_threads() == threads
