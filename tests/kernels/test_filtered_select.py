@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import memprobe.kernels.filtered_select as fs
-from memprobe.kernels.filtered import mass_bits, top_p_limit
+from memprobe.kernels import filtered_chunked_logprobs, filtered_logprobs
+from memprobe.kernels.filtered import filtered_out_mask, mass_bits, top_p_limit
 from memprobe.kernels.local_chunked import _row_max
 from memprobe.measure import step
 from memprobe.measure.meta_backend import simulate_tracker
@@ -150,3 +151,28 @@ def test_meta_peak_equals_a_real_run_whose_rows_are_all_sorted(monkeypatch, dtyp
     meta = simulate_tracker(Case("filtered_chunked", *shape, dtype, chunk, device="meta"))
     assert meta.peak_bytes == cpu.peak_bytes
     assert dict(meta.phase_peaks) == dict(cpu.phase_peaks)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("chunk", [None, 10])
+def test_top_p_alone_in_blocks_not_dividing_the_sequence(monkeypatch, dtype, chunk):
+    # Blocks of 7 rows over 3 x 47 positions (and chunks of 10 asked for): the same
+    # kept set as filtered, its log-probs, and a gradient on the kept logits only;
+    # one position of NaN and one of +inf answer NaN, as filtered's do.
+    monkeypatch.setattr(fs, "SELECT_ROWS", 7)
+    gen = torch.Generator().manual_seed(13)
+    logits = (torch.randn(3, 47, 509, generator=gen) * 2).to(dtype)
+    logits[1, 5:9] = torch.randint(-2, 2, (4, 509), generator=gen).to(dtype)  # ties
+    logits[2, 40, 3], logits[2, 41, 8] = float("nan"), float("inf")
+    targets = torch.randint(0, 509, (3, 47), generator=gen)
+    targets[:, ::3] = logits.float().argmax(-1)[:, ::3]
+    x = logits.clone().requires_grad_()
+    out = filtered_chunked_logprobs(x, targets, chunk_size=chunk, top_p=0.8)
+    (grad,) = torch.autograd.grad(out.nan_to_num(0.0, 0.0, 0.0).sum(), x)
+    ref = filtered_logprobs(logits, targets, top_p=0.8)
+    assert torch.equal(out.isnan(), ref.isnan()) and torch.equal(out.isinf(), ref.isinf())
+    assert out.isnan()[2, 40:42].all() and not out.isnan()[:2].any()
+    finite = out.isfinite()
+    assert (out[finite] - ref[finite]).abs().max().item() <= 1e-5
+    drop = filtered_out_mask(logits.float(), top_k=None, top_p=0.8)
+    assert not grad[:2][drop[:2]].any() and grad[:2][~drop[:2]].ne(0).any()
