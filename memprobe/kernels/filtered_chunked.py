@@ -28,9 +28,9 @@ bool ``[B, c, V]`` mask. Forward: the selection of
 top-p alone, in blocks of 64 rows or more (the float32 copy too, whatever
 the chunk) on one thread, a histogram of the integer masses and a stable sort of
 the one bucket's logits where they cross p (picked out by a mask, gathered in
-numpy), 21 bytes per element of the block in buffers reused by every block. The forward has no gradient beside it, so its
-peak stays under the backward's at the headline shape (20,000 × 131,072 bf16,
-chunk 1024).
+numpy), 21 bytes per element of the block in buffers reused by every block.
+The forward has no gradient beside it, so its peak stays under the backward's
+at the headline shape (20,000 × 131,072 bf16, chunk 1024).
 
 Ties at the cut are rare in float32 logits and common in bf16 ones (at top-p
 0.9 over a bf16 vocabulary nearly every row splits a run). ``cut`` is ``V - 1``
