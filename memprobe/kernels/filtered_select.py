@@ -169,7 +169,7 @@ def select_top_k(
 # BUCKET_CAP of them), stably sorted as filtered orders ties, find the token and its
 # index. One pass of scatter_add instead of a sort: the sort of a [B, c, V] chunk
 # costs ~50 exps per element on cpu. Per block of rows, bf16 [1, 1024, 32768] on
-# one thread: ~75% of the time in nine passes over the block (exp, the int64
+# one thread: ~70% of the time in nine passes over the block (exp, the int64
 # masses and bucket indices, scatter_add the largest), ~20% picking out the hit
 # bucket's logits (a comparison, numpy's nonzero), the rest on the lists.
 BUCKET_CAP = 512
