@@ -6,13 +6,15 @@
 Target (issue 27): bf16 [1, 4096, 32768] with top-p 0.9 within 1.5x local_chunked.
 Each repetition runs every kernel once, in turn, so a noisy neighbour slows all
 of them alike; the figure is the median over repetitions. Logits are standard
-normal draws in bf16, as the sweep's cpu backend draws them.
+normal draws in bf16, as the sweep's cpu backend draws them. The load average
+printed says how busy the cpu was.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -81,6 +83,12 @@ def main() -> None:
 
     base = medians("local_chunked")
     print(f"bf16 {args.shape}, fwd+bwd, median of {args.reps} interleaved repetitions")
+    # Other processes on the cpu slow every kernel, and unevenly: the more ops a
+    # kernel hands to torch's thread pool, the more of them wait for a busy core.
+    print(
+        f"  load average (1 min) {os.getloadavg()[0]:.2f} at the end, on {os.cpu_count()} cpus,"
+        f" {torch.get_num_threads()} torch threads"
+    )
     for name in times:
         total, fwd, bwd = medians(name)
         print(

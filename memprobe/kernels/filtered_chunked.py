@@ -25,10 +25,12 @@ path is 8x slower on it); float32 logits keep filtered's exact shifts and a
 bool ``[B, c, V]`` mask. Forward: the selection of
 :mod:`~memprobe.kernels.filtered_select`, on the chunk's float32 copy: with
 ``top_k``, one ``topk`` of ``k + 32`` logits (top-p then runs on the list);
-top-p alone, a histogram of the chunk's integer masses and a ``topk`` of the
-one bucket where they cross p, 25 bytes per element in buffers reused by every
-chunk. The forward has no gradient beside it, so its peak stays under the
-backward's at the headline shape (20,000 × 131,072 bf16, chunk 1024).
+top-p alone, in blocks of 64 rows or more (the float32 copy too, whatever
+the chunk) on one thread, a histogram of the integer masses and a stable sort of
+the one bucket's logits where they cross p (picked out by a mask, gathered in
+numpy), 21 bytes per element of the block in buffers reused by every block.
+The forward has no gradient beside it, so its peak stays under the backward's
+at the headline shape (20,000 × 131,072 bf16, chunk 1024).
 
 Ties at the cut are rare in float32 logits and common in bf16 ones (at top-p
 0.9 over a bf16 vocabulary nearly every row splits a run). ``cut`` is ``V - 1``
@@ -38,13 +40,15 @@ float32, one comparison) of that row's tail. Rows a list cannot settle are
 redone alone, and a meta simulation, which has no values, skips them: top-k's
 whose run of logits equal to the k-th goes past the list, by a count over the
 row (a bool row, under the chunk's float32 list when ``4 · c · (k + 32) >= V``)
-and a look-up of its ties in a preallocated bool row; the histogram's, by a
-sort of the row, whose ~40 bytes per vocabulary entry stay under the chunk's
-bool mask, freed before it, for a chunk of 40 positions or more.
+and a look-up of its ties in a preallocated bool row; the histogram's (a bucket
+over the list's 512, or no mass), by a sort of the row, after the block's lists
+are freed: a block's lists hold at least V logits, and their ~40 bytes each
+cover the sort's per vocabulary entry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -53,7 +57,13 @@ import torch
 from memprobe.kernels._checks import check_chunk_size, check_logprob_inputs, no_grad_wanted
 from memprobe.kernels._steps import block_starts
 from memprobe.kernels.filtered import check_filters
-from memprobe.kernels.filtered_select import TopPBuffers, select_top_k, select_top_p
+from memprobe.kernels.filtered_select import (
+    TopPBuffers,
+    one_thread,
+    select_rows,
+    select_top_k,
+    select_top_p,
+)
 from memprobe.kernels.local_chunked import _row_max
 
 DEFAULT_FILTERED_CHUNK_SIZE = 1024
@@ -93,36 +103,41 @@ def _forward(
     index = targets.long()
     # One bool row for the tie look-ups, allocated on every device alike.
     scratch = torch.empty(vocab, dtype=torch.bool, device=logits.device)
-    rows = min(chunk, seq)
-    work = logits.new_empty((batch, rows, vocab), dtype=torch.float32)
     bufs = None
+    threads: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if top_k is None and top_p is not None:
-        bufs = TopPBuffers(batch, rows, vocab, logits.device)
-    for start in block_starts(seq, chunk, logits):
-        end = min(start + chunk, seq)
-        x = work[:, : end - start]
-        x.copy_(logits[:, start:end])
-        m = _row_max(x)
-        x_t = x.gather(-1, index[:, start:end].unsqueeze(-1)).squeeze(-1)
-        if bufs is not None:
-            assert top_p is not None
-            chunk_tau, chunk_logsum, chunk_cut = select_top_p(x, m, top_p, bufs)
-        elif top_k is not None:
-            chunk_tau, chunk_logsum, chunk_cut = select_top_k(x, m, top_k, top_p, scratch)
-        else:
-            chunk_tau = x.new_full(m.shape[:-1], float("-inf"))
-            chunk_cut = torch.full(m.shape[:-1], vocab - 1, dtype=torch.long, device=x.device)
-            # logsumexp by hand, in place, as local_chunked does.
-            chunk_logsum = x.sub_(m).exp_().sum(dim=-1).log_()
-        kept = _kept_target(x_t, chunk_tau, chunk_cut, index[:, start:end])
-        shifted = x_t - m.squeeze(-1)
-        # A dropped target's -inf, except in a row holding NaN or +inf (max not below
-        # inf): NaN there, as filtered and local_chunked answer, not a plausible -inf.
-        dropped = torch.where(m.squeeze(-1) < float("inf"), float("-inf"), float("nan"))
-        out[:, start:end] = torch.where(kept, shifted - chunk_logsum, dropped)
-        tau[:, start:end] = chunk_tau
-        cut[:, start:end] = chunk_cut
-        logsum[:, start:end] = chunk_logsum
+        # Top-p alone works in the selection's blocks of rows, on one thread, the
+        # float32 copy too (fewer fresh pages; see filtered_select.one_thread).
+        chunk = select_rows(min(chunk, seq), vocab)
+        bufs = TopPBuffers(batch, chunk, vocab, logits.device)
+        threads = one_thread(logits.device)
+    work = logits.new_empty((batch, min(chunk, seq), vocab), dtype=torch.float32)
+    with threads:
+        for start in block_starts(seq, chunk, logits):
+            end = min(start + chunk, seq)
+            x = work[:, : end - start]
+            x.copy_(logits[:, start:end])
+            m = _row_max(x)
+            x_t = x.gather(-1, index[:, start:end].unsqueeze(-1)).squeeze(-1)
+            if bufs is not None:
+                assert top_p is not None
+                chunk_tau, chunk_logsum, chunk_cut = select_top_p(x, m, top_p, bufs)
+            elif top_k is not None:
+                chunk_tau, chunk_logsum, chunk_cut = select_top_k(x, m, top_k, top_p, scratch)
+            else:
+                chunk_tau = x.new_full(m.shape[:-1], float("-inf"))
+                chunk_cut = torch.full(m.shape[:-1], vocab - 1, dtype=torch.long, device=x.device)
+                # logsumexp by hand, in place, as local_chunked does.
+                chunk_logsum = x.sub_(m).exp_().sum(dim=-1).log_()
+            kept = _kept_target(x_t, chunk_tau, chunk_cut, index[:, start:end])
+            shifted = x_t - m.squeeze(-1)
+            # A dropped target's -inf, except in a row holding NaN or +inf (max not below
+            # inf): NaN there, as filtered and local_chunked answer, not a plausible -inf.
+            dropped = torch.where(m.squeeze(-1) < float("inf"), float("-inf"), float("nan"))
+            out[:, start:end] = torch.where(kept, shifted - chunk_logsum, dropped)
+            tau[:, start:end] = chunk_tau
+            cut[:, start:end] = chunk_cut
+            logsum[:, start:end] = chunk_logsum
     return out, tau, cut, logsum
 
 

@@ -11,9 +11,11 @@ index among the logits equal to tau, ``V - 1`` when all are kept): with top-k,
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import numpy
 import torch
 
 from memprobe.kernels._checks import carries_values
@@ -163,11 +165,17 @@ def select_top_k(
 # Top-p without top-k: a histogram of each row's integer mass over buckets of the
 # mass's own float32 bits (exponent and the top mantissa bits: a fixed fraction of a
 # nat, finer for a larger vocabulary, so a bucket holds ~V/150 logits) finds the
-# bucket where the cumulative mass crosses p; a topk of that bucket alone (at most
-# BUCKET_CAP logits), ordered as filtered orders ties, finds the token and its index.
-# One pass of scatter_add instead of a sort: the sort of a [B, c, V] chunk costs
-# ~50 exps per element on cpu.
+# bucket where the cumulative mass crosses p; that bucket's logits alone (at most
+# BUCKET_CAP of them), stably sorted as filtered orders ties, find the token and its
+# index. One pass of scatter_add instead of a sort: the sort of a [B, c, V] chunk
+# costs ~50 exps per element on cpu. Per block of rows, bf16 [1, 1024, 32768] on
+# one thread: ~70% of the time in nine passes over the block (exp, the int64
+# masses and bucket indices, scatter_add the largest), ~20% picking out the hit
+# bucket's logits (a comparison, numpy's nonzero), the rest on the lists.
 BUCKET_CAP = 512
+# Rows the selection works on at once (its buffers' rows), at least: a smaller block
+# touches fewer fresh pages (a first touch costs ~10x a pass over the page).
+SELECT_ROWS = 64
 _HALF_BITS = 126 << 23  # float32 0.5: masses below 1 (zero in int64) share bucket 0
 
 
@@ -177,80 +185,243 @@ def _bucket_shift(vocab: int) -> int:
     return 23 - min(max(vocab.bit_length() - 10, 3), 11)
 
 
+def _bucket_count(vocab: int) -> int:
+    """Buckets a row's masses (below 2^(bits+1)) fall in, rounded up to whole groups
+    of one binade each (see :func:`_hit_bucket`)."""
+    per_binade = 1 << (23 - _bucket_shift(vocab))
+    return (mass_bits(vocab) + 2) * per_binade
+
+
+def _leading(buffer: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The first ``prod(shape)`` elements of a contiguous buffer, viewed as ``shape``:
+    contiguous whatever the rows (a slice of the rows would not be, for B > 1)."""
+    return buffer.view(-1)[: math.prod(shape)].view(shape)
+
+
+def select_rows(rows: int, vocab: int) -> int:
+    """Rows of :class:`TopPBuffers` for a chunk of ``rows``: SELECT_ROWS, and no
+    fewer than make the lists as long as a row (a row the lists cannot settle is
+    sorted alone, after the lists are freed, in less than they held)."""
+    return min(rows, max(SELECT_ROWS, -(-vocab // min(BUCKET_CAP, vocab))))
+
+
 class TopPBuffers:
-    """The forward's chunk-sized work buffers for top-p alone, allocated once and
-    reused by every chunk: a fresh [B, c, V] buffer per chunk costs its page
-    faults again (more than a pass over it on cpu), and the peak is the same."""
+    """The forward's work buffers for top-p alone, ``[B, rows, V]``, allocated once
+    and reused by every block of rows: a fresh buffer per block costs its page
+    faults again (more than a pass over it on cpu), and the peak is the same.
+    The histogram's bins too, and the hit bucket's list of logits."""
 
     def __init__(self, batch: int, rows: int, vocab: int, device: torch.device) -> None:
         shape = (batch, rows, vocab)
         self.f = torch.empty(shape, dtype=torch.float32, device=device)
         self.bucket = torch.empty(shape, dtype=torch.long, device=device)
         self.q = torch.empty(shape, dtype=torch.long, device=device)
+        bins = (batch, rows, _bucket_count(vocab))
+        self.bins = torch.empty(bins, dtype=torch.long, device=device)
+        cap = min(BUCKET_CAP, vocab)
+        self.cand = torch.empty((batch, rows, cap), dtype=torch.float32, device=device)
+        self.cand_idx = torch.empty((batch, rows, cap), dtype=torch.long, device=device)
 
-    def views(self, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.f[:, :rows], self.bucket[:, :rows], self.q[:, :rows]
+    def views(self, rows: int) -> tuple[torch.Tensor, ...]:
+        batch, _, vocab = self.f.shape
+        shape = (batch, rows, vocab)
+        lists = (batch, rows, self.cand.shape[-1])
+        return (
+            _leading(self.f, shape),
+            _leading(self.bucket, shape),
+            _leading(self.q, shape),
+            _leading(self.bins, (batch, rows, self.bins.shape[-1])),
+            _leading(self.cand, lists),
+            _leading(self.cand_idx, lists),
+        )
+
+
+def _hit_bucket(
+    bins: torch.Tensor, per_binade: int, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(hit bucket, exact mass above it, limit) per row of int64 ``bins``
+    (ascending buckets): the hit is the highest bucket whose mass at or above it
+    reaches the limit. Cumulative masses from the bottom up (a flip to sum from the
+    top copies the bins, slowly), first over groups of a binade, then within the
+    group hit: a cumsum of every bucket costs 5x the two."""
+    groups = bins.view(*bins.shape[:-1], -1, per_binade)
+    cum = groups.sum(dim=-1).cumsum_(-1)
+    total = cum[..., -1]
+    limit = top_p_limit(total, top_p)
+    # The hit is the first bucket whose cum passes total - limit (below it, the mass
+    # at or above reaches the limit; at it, the mass above does not).
+    rest = (total - limit).unsqueeze(-1)
+    group = torch.searchsorted(cum, rest, right=True).clamp_(max=cum.shape[-1] - 1)
+    below = torch.where(group > 0, cum.gather(-1, (group - 1).clamp(min=0)), 0)
+    index = group.unsqueeze(-1).expand(*group.shape, per_binade)
+    fine = groups.gather(-2, index).squeeze(-2).cumsum_(-1).add_(below)
+    within = torch.searchsorted(fine, rest, right=True).clamp_(max=per_binade - 1)
+    above = total - fine.gather(-1, within).squeeze(-1)
+    return (group * per_binade + within).squeeze(-1), above, limit
+
+
+@contextlib.contextmanager
+def one_thread(device: torch.device) -> Iterator[None]:
+    """Torch's cpu ops on one thread inside (restored after). The selection's
+    dozens of ops a block each hand their work to the thread pool and wait for its
+    second thread: on a cpu other processes keep busy, that wait costs more than
+    the op (measured: the top-p forward 3.5x local_chunked's on two threads, 2x on
+    one, at load 3 on 2 cores). On an idle cpu the passes over the block lose the
+    second thread's share."""
+    if device.type != "cpu" or torch.get_num_threads() == 1:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def select_top_p(
     x: torch.Tensor, m: torch.Tensor, top_p: float, bufs: TopPBuffers
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tau, logsum, cut) per row of a float32 chunk, top-p alone."""
+    """(tau, logsum, cut) per row of a float32 chunk, top-p alone, in blocks of
+    the buffers' rows."""
+    step = bufs.f.shape[1]
+    with one_thread(x.device):
+        parts = [
+            _select_top_p_block(x[:, r0 : r0 + step], m[:, r0 : r0 + step], top_p, bufs)
+            for r0 in range(0, x.shape[1], step)
+        ]
+    if len(parts) == 1:
+        return parts[0]
+    tau, logsum, cut = (torch.cat(results, dim=1) for results in zip(*parts, strict=True))
+    return tau, logsum, cut
+
+
+def _select_top_p_block(
+    x: torch.Tensor, m: torch.Tensor, top_p: float, bufs: TopPBuffers
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`select_top_p` on at most the buffers' rows."""
     vocab = x.shape[-1]
-    bits, shift = mass_bits(vocab), _bucket_shift(vocab)
-    f, bucket, q = bufs.views(x.shape[1])
+    bits, shift, buckets = mass_bits(vocab), _bucket_shift(vocab), _bucket_count(vocab)
+    f, bucket, q, bins, cand, cand_idx = bufs.views(x.shape[1])
     torch.sub(x, m, out=f)
     q.copy_(f.exp_().mul_(2.0**bits))  # top_p_masses, in the reused buffers
     # The bucket: the mass's float bits, which grow with it (so with x), less 0.5's.
     # In place in int32 (a shift into int64 takes a slow casting path), then widened
     # for scatter_add; the int32 copy in f's storage serves the bucket look-up below.
     ids = f.clamp_(min=0.5).view(torch.int32).sub_(_HALF_BITS).bitwise_right_shift_(shift)
-    buckets = ((bits + 1) << (23 - shift)) + 1
     # A row holding NaN or +inf (its max not below inf) has NaN masses, whose float bits
     # index outside the histogram; its answer is NaN anyway (as filtered's). One flag per
     # chunk spares every finite chunk the extra pass (fmax instead of clamp cost 5x).
-    if carries_values(m) and not bool((m < float("inf")).all()):
+    finite = m.squeeze(-1) < float("inf")
+    if carries_values(m) and not bool(finite.all()):
         ids.clamp_(0, buckets - 1)
     bucket.copy_(ids)
-    bins = q.new_zeros((*q.shape[:-1], buckets)).scatter_add_(-1, bucket, q)
-    # Cumulative mass from the top bucket down; the first to reach the limit is hit.
-    cum = bins.flip(-1).cumsum_(-1)
-    del bins
-    limit = top_p_limit(cum[..., -1], top_p)  # exact: the row's total mass
-    down = torch.searchsorted(cum, limit.unsqueeze(-1)).clamp_(max=buckets - 1)
-    above = torch.where(down > 0, cum.gather(-1, (down - 1).clamp(min=0)), 0).squeeze(-1)
-    del cum
-    lowest = x.new_full((), float("-inf"))
-    torch.where(ids == (buckets - 1 - down).to(torch.int32), x, lowest, out=f)
-    cap = min(BUCKET_CAP, vocab)
-    # Descending values; equal ones in any order: n_in, tau, the kept mass and the
-    # number of ties kept do not depend on it, and _split_cut puts ties in order.
-    vals, idx = torch.topk(f, cap, dim=-1, sorted=True)
-
-    def settle(
-        vals: torch.Tensor,
-        idx: torch.Tensor,
-        m: torch.Tensor,
-        above: torch.Tensor,
-        limit: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        q = top_p_masses(vals - m, bits)
-        n_in, kept_mass, tau, ties_kept = _crossing(vals, q, above, limit)
-        cut = _split_cut(vals, idx, tau, ties_kept, vocab)
-        return tau, _log_mass(kept_mass, bits), cut, n_in
-
-    # Whole: a 512-long list is worth the thread pool (in blocks it measured slower).
-    tau, logsum, cut, n_in = settle(vals, idx, m, above, limit)
-    # A full list may have left part of its bucket out: a row whose crossing is at
-    # its end, or at a value that reaches its end, is redone with a sort of that row.
-    full = vals[..., -1] > float("-inf")
-    unsettled = full & ((n_in == cap) | (tau == vals[..., -1]))
-    if x.device.type != "meta":
+    bins.zero_().scatter_add_(-1, bucket, q)
+    hit, above, limit = _hit_bucket(bins, 1 << (23 - shift), top_p)
+    # The hit bucket's logits, in vocabulary order, into a list per row (the bool
+    # mask of its members in q's storage, free after the scatter).
+    members = _leading(q.view(torch.bool), f.shape)
+    torch.eq(ids, hit.to(torch.int32).unsqueeze(-1), out=members)
+    count = _gather_members(members, x, cand, cand_idx)
+    # Descending, stably: equal logits stay in vocabulary order, as filtered keeps them.
+    vals, order = torch.sort(cand, dim=-1, descending=True, stable=True)
+    idx = cand_idx.gather(-1, order)
+    del order
+    tau, kept_mass, cut = _sorted_crossing(vals, idx, m, above, limit, count, vocab)
+    logsum = _log_mass(kept_mass, bits)
+    del vals, idx
+    # A bucket over the list's length, a row of NaN or +inf, or one with no mass (all
+    # -inf: no members) is redone with a sort.
+    unsettled = (count > cand.shape[-1]) | (count == 0) | ~finite
+    if carries_values(x):
         for r in unsettled.cpu().numpy().reshape(-1).nonzero()[0]:
             b, s = divmod(int(r), x.shape[1])
             row = _sorted_select(x[b : b + 1, s : s + 1], m[b : b + 1, s : s + 1], top_p)
             tau[b, s], logsum[b, s], cut[b, s] = (t[0, 0] for t in row)
     return tau, logsum, cut
+
+
+def _sorted_crossing(
+    vals: torch.Tensor,
+    idx: torch.Tensor,
+    m: torch.Tensor,
+    above: torch.Tensor,
+    limit: torch.Tensor,
+    count: torch.Tensor,
+    vocab: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tau, kept mass, cut) from a descending list of the hit bucket's logits (ties
+    in vocabulary order, -inf past its ``count``) and the exact mass ``above`` it:
+    as :func:`_crossing` and :func:`_split_cut`, with searches of the sorted list
+    where they count over it. The last kept is the last kept tie, and top-p split
+    their run where the next one listed is a tie."""
+    width = vals.shape[-1]
+    q = top_p_masses(vals - m, mass_bits(vocab))
+    before = q.cumsum(dim=-1).sub_(q).add_(above.unsqueeze(-1))
+    # Kept while the mass before is below the limit (before never decreases), at
+    # least one and none past the bucket's logits.
+    n_in = torch.searchsorted(before, limit.unsqueeze(-1))
+    n_in = torch.minimum(n_in, count.clamp(max=width).unsqueeze(-1)).clamp_(min=1)
+    last = n_in - 1
+    kept_mass = (before.gather(-1, last) + q.gather(-1, last)).squeeze(-1)
+    tau = vals.gather(-1, last)
+    split = (vals.gather(-1, n_in.clamp(max=width - 1)) == tau) & (n_in < width)
+    cut = torch.where(split, idx.gather(-1, last), vocab - 1)
+    return tau.squeeze(-1), kept_mass, cut.squeeze(-1)
+
+
+def _gather_members(
+    members: torch.Tensor, x: torch.Tensor, cand: torch.Tensor, cand_idx: torch.Tensor
+) -> torch.Tensor:
+    """Fill ``cand`` (-inf past a row's members) and ``cand_idx`` with the logits
+    ``members`` marks, each row's in vocabulary order, the first ``cap`` of them;
+    return each row's member count, ``[B, c]``. On cpu in numpy, with no torch
+    allocation of the data's size, so a real run's peak is meta's (which skips it)."""
+    count = torch.zeros(x.shape[:2], dtype=torch.long, device=x.device)
+    if carries_values(x) and x.device.type == "cpu":
+        cand.numpy().fill(-numpy.inf)
+        cand_idx.numpy().fill(x.shape[-1])
+        count.numpy()[...] = _members_on_host(members.numpy(), x.numpy(), cand, cand_idx)
+        return count
+    cand.fill_(float("-inf"))
+    cand_idx.fill_(x.shape[-1])
+    if carries_values(x):
+        count.copy_(_members_on_device(members, x, cand, cand_idx))
+    return count
+
+
+def _members_on_host(
+    members: numpy.ndarray, x: numpy.ndarray, cand: torch.Tensor, cand_idx: torch.Tensor
+) -> numpy.ndarray:
+    """:func:`_gather_members` in numpy; the member counts, ``[B, c]``."""
+    batch, rows, vocab = x.shape
+    flat = members.reshape(-1).nonzero()[0]
+    row, col = numpy.divmod(flat, vocab)
+    per_row = numpy.bincount(row, minlength=batch * rows)
+    slot = numpy.arange(len(flat)) - (numpy.cumsum(per_row) - per_row)[row]
+    fits = slot < cand.shape[-1]
+    row, col, slot = row[fits], col[fits], slot[fits]
+    b, s = numpy.divmod(row, rows)
+    cand.numpy()[b, s, slot] = x[b, s, col]
+    cand_idx.numpy()[b, s, slot] = col
+    return per_row.reshape(batch, rows)
+
+
+def _members_on_device(
+    members: torch.Tensor, x: torch.Tensor, cand: torch.Tensor, cand_idx: torch.Tensor
+) -> torch.Tensor:
+    """:func:`_gather_members` in torch ops; the member counts, ``[B, c]``."""
+    batch, rows, vocab = x.shape
+    flat = members.reshape(-1).nonzero().squeeze(-1)
+    row, col = flat.div(vocab, rounding_mode="floor"), flat.remainder(vocab)
+    per_row = torch.bincount(row, minlength=batch * rows)
+    slot = torch.arange(len(flat), device=x.device) - (per_row.cumsum(0) - per_row)[row]
+    fits = slot < cand.shape[-1]
+    row, col, slot = row[fits], col[fits], slot[fits]
+    b, s = row.div(rows, rounding_mode="floor"), row.remainder(rows)
+    cand[b, s, slot] = x[b, s, col]
+    cand_idx[b, s, slot] = col
+    return per_row.view(batch, rows)
 
 
 def _split_cut(
