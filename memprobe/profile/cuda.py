@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from memprobe.kernels.user import UserCodeExit, user_code
 from memprobe.measure.cuda_backend import require_cuda
 from memprobe.profile.load import Step, step_exited
 from memprobe.profile.phases import StepTracker, step_failed
@@ -54,12 +55,12 @@ def record_cuda_step(step: Step) -> dict[str, Any]:
     try:
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
         try:
-            with labels:
+            with labels, user_code("the step"):
                 step(torch.device("cuda", torch.cuda.current_device()))
             torch.cuda.synchronize()
         except torch.cuda.OutOfMemoryError:
             pass  # the trace ends with the failed request: what attribution reads
-        except SystemExit as exc:
+        except UserCodeExit as exc:
             raise step_exited(exc) from None
         except Exception as exc:
             raise step_failed(exc, labels, "cuda") from None
