@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
-from memprobe.errors import UserError
+from memprobe.errors import Unwind, UserError
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
@@ -73,12 +73,13 @@ def user_code(who: str) -> Iterator[None]:
 
     The current directory the code changes is put back (:func:`cwd_kept`), and a
     BaseException that is not an Exception becomes :class:`UserCodeExit`, handled as the
-    code's failure; KeyboardInterrupt (Ctrl-C) still ends the run.
+    code's failure; KeyboardInterrupt (Ctrl-C) still ends the run, and memprobe's own
+    :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
     try:
         with cwd_kept():
             yield
-    except (KeyboardInterrupt, Exception):
+    except (KeyboardInterrupt, Exception, Unwind):
         raise
     except BaseException as exc:
         raise UserCodeExit(f"{who} {how_it_left(exc)}") from None

@@ -28,6 +28,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memprobe.errors import Unwind
 from memprobe.measure.parallel import COLLECTIVE_TIMEOUT, RankLayout
 from memprobe.records import Case, Run
 
@@ -40,7 +41,7 @@ _POLL_MAX_S = 0.05
 _case_number = 0  # the same on every rank: every rank runs the same cases in order
 
 
-class PeerFailed(BaseException):
+class PeerFailed(Unwind):
     """Another rank failed this case; this rank stops it before the next collective.
 
     A BaseException, like KeyboardInterrupt: it must unwind the whole case through the

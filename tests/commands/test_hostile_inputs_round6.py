@@ -89,9 +89,13 @@ def test_a_kernel_leaving_by_a_base_exception(run_cli, here: Path, how: str) -> 
     assert row["status"] == "error" and says in row["note"]
 
 
-def test_ctrl_c_in_user_code_still_ends_the_run() -> None:
+def test_ctrl_c_and_memprobes_own_unwinding_pass_through_user_code() -> None:
+    from memprobe.measure.rank_agreement import PeerFailed
+
     with pytest.raises(KeyboardInterrupt), user_code("the step"):
         raise KeyboardInterrupt
+    with pytest.raises(PeerFailed), user_code("chunked_distributed"):
+        raise PeerFailed("oom", 1, "out of memory")
     with pytest.raises(UserCodeExit, match="the step called sys.exit"), user_code("the step"):
         sys.exit(0)
 
