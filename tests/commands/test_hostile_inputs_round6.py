@@ -321,3 +321,34 @@ def test_transformers_words_never_reach_stderr(run_cli, here: Path, what, config
     (line,) = err.strip().splitlines()
     assert line.startswith("memprobe: error: ") and says in line and "\x1b" not in err
     assert "on meta" not in line  # a config's mistake, not meta's
+
+
+# A plain function that hands back what would run its body (round 4 refused generator and
+# async functions; a function returning one read as an empty step, exit 0).
+RETURNS = {
+    "a generator": "def body(device):\n    yield torch.empty(8, device=device)\n",
+    "a coroutine": "async def body(device):\n    torch.empty(8, device=device)\n",
+    "an async generator": "async def body(device):\n    yield 1\n",
+    "an awaitable object": "class body:\n    def __init__(self, d):\n        pass\n"
+    "    def __await__(self):\n        yield\n",
+}
+
+
+@pytest.mark.parametrize("what", sorted(RETURNS))
+def test_a_step_returning_what_would_run_its_body_is_one_line(
+    run_cli, here: Path, what: str
+) -> None:
+    body = "import torch\n" + RETURNS[what] + "def step(device):\n    return body(device)\n"
+    name = _module(here, "r6_returns", body)
+    code, out, err = run_cli("profile", f"{name}:step", "--out", "p.pickle")
+    assert code == 2 and not out, err
+    (line,) = err.strip().splitlines()
+    assert "the step returned " in line and "none of its body ran" in line, line
+    assert not (here / "p.pickle").exists()
+
+
+def test_a_step_returning_a_value_is_still_profiled(run_cli, here: Path) -> None:
+    body = "import torch\ndef step(device):\n    return [torch.empty(8, device=device), 'done']\n"
+    name = _module(here, "r6_value", body)
+    code, _, err = run_cli("profile", f"{name}:step", "--out", "p.pickle")
+    assert code == 0 and (here / "p.pickle").is_file(), err
