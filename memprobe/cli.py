@@ -5,6 +5,7 @@ Nothing imports this module; only the console script and ``python -m memprobe`` 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -70,6 +71,10 @@ _SPLIT_UNIT = re.compile(r"unexpected extra argument(?:s|\(s\))? \(([KMGT]i?B|B)
 def main() -> None:
     """Run the CLI. A usage mistake (unknown option, bad value) is one line and exit 2,
     like every other user mistake, not a framed box."""
+    if sys.stdout is None:
+        # Started with standard output closed (`>&-`): what the command prints goes nowhere,
+        # as with `>/dev/null`, and the files it writes are still written.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     if "--help" in sys.argv[1:] and not sys.stdout.isatty():
         # Help piped or captured: wide enough that option names are never cut off
         # (rich sizes it for 80 columns and truncates the names column).
@@ -90,4 +95,29 @@ def main() -> None:
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)
+    except OSError as exc:
+        _output_lost(exc)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# What writing standard output fails with: the reader went away (`| head`), the device is
+# full (`> /dev/full`), an I/O error. Every file memprobe writes turns its own errors into a
+# one-line UserError, so one of these reaching main is the output stream's.
+_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EBADF}
+
+
+def _output_lost(exc: OSError) -> None:
+    """Standard output could not be written: a reader that went away ends the run quietly
+    (as `yes | head` does); any other failure is one line on stderr and exit 2."""
+    if exc.errno not in _OUTPUT_ERRNOS:
+        raise exc
+    # Python flushes stdout again at exit; pointed at /dev/null that flush cannot fail.
+    with open(os.devnull, "w") as null:
+        try:
+            os.dup2(null.fileno(), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+    if exc.errno == errno.EPIPE:
+        sys.exit(141)  # 128 + SIGPIPE, what the shell reports for a writer cut off
+    sys.stderr.write(f"memprobe: error: cannot write the output: {exc.strerror or exc}\n")
+    sys.exit(2)

@@ -17,3 +17,9 @@ class UserError(Exception):
 
     def one_line(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class Unwind(BaseException):
+    """memprobe's own unwinding of a run through code that is not memprobe's (another rank's
+    failure stopping this one's case inside a user's kernel): a BaseException, so that no
+    ``except Exception`` stops it, which the guard around user code lets pass as it is."""

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from memprobe.config import MemprobeConfig, load_config
 from memprobe.errors import UserError
 from memprobe.gate.rules import Row, Verdict, evaluate
-from memprobe.io.files import guard_outputs
+from memprobe.io.files import guard_outputs, resolved_path
 from memprobe.results import read_rows, results_file, run_inputs, write_baseline
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
 
 
 def _same_file(a: Path, b: Path) -> bool:
-    return a.resolve() == b.resolve()
+    return resolved_path(a, "path") == resolved_path(b, "path")
 
 
 # Failing cases whose snapshot is read to name the line behind their peak.

@@ -78,10 +78,10 @@ def guard_outputs(
     sources = [Path(source) for source in inputs]
     seen: dict[Path, str] = {}
     for flag, path in given.items():
-        target = path.resolve()
-        allowed = {Path(a).resolve() for a in (may_replace or {}).get(flag, ())}
+        target = resolved_path(path, flag)
+        allowed = {resolved_path(a, flag) for a in (may_replace or {}).get(flag, ())}
         for source in sources:
-            resolved = source.resolve()
+            resolved = resolved_path(source, "input")
             if resolved in allowed:
                 continue
             if target == resolved or (source.is_dir() and resolved in target.parents):
@@ -95,6 +95,19 @@ def guard_outputs(
                 "give each output its own path",
             )
         seen[target] = flag
+
+
+def resolved_path(path: str | os.PathLike[str], what: str) -> Path:
+    """``path`` made absolute with every link followed, as ``Path.resolve`` does, or a
+    :class:`UserError` naming it: a link to itself (``ln -s x x``) or a loop of links
+    has no end to follow (``resolve`` raises RuntimeError on Python < 3.13)."""
+    try:
+        return Path(path).resolve()
+    except (RuntimeError, OSError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a loop of links"
+        raise UserError(
+            f"{what} {path} cannot be followed: {reason}", "give a path that is not a link loop"
+        ) from None
 
 
 _KINDS = (

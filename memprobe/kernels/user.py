@@ -29,14 +29,16 @@ of memprobe, and only the torch-free error type.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
 import sys
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
-from memprobe.errors import UserError
+from memprobe.errors import Unwind, UserError
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
@@ -48,6 +50,60 @@ _SHAPE_HINT = (
     f"a kernel is {_SIGNATURES['logits']} or {_SIGNATURES['hidden']}, "
     "given as package.module:function"
 )
+
+
+class UserCodeExit(RuntimeError):
+    """User code (a kernel, a step, a module being imported) ended by a BaseException that
+    is not an Exception: ``sys.exit()``, ``GeneratorExit``, pytest's ``skip()``, a class of
+    its own. Uncaught, each would end memprobe with a traceback or the code's own status."""
+
+
+def how_it_left(exc: BaseException) -> str:
+    """``exc``, a BaseException user code ended by, in words."""
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r}) instead of returning"
+    text = " ".join(str(exc).split())[:200]
+    name = type(exc).__name__
+    return f"raised {name}{': ' + text if text else ''} (a BaseException, not an Exception)"
+
+
+@contextlib.contextmanager
+def user_code(who: str) -> Iterator[None]:
+    """Around every call into a user's code (``who``: "the step", a kernel's name).
+
+    The current directory the code changes is put back (:func:`cwd_kept`), and a
+    BaseException that is not an Exception becomes :class:`UserCodeExit`, handled as the
+    code's failure; KeyboardInterrupt (Ctrl-C) still ends the run, and memprobe's own
+    :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
+    """
+    try:
+        with cwd_kept():
+            yield
+    except (KeyboardInterrupt, Exception, Unwind):
+        raise
+    except BaseException as exc:
+        raise UserCodeExit(f"{who} {how_it_left(exc)}") from None
+
+
+@contextlib.contextmanager
+def cwd_kept() -> Iterator[None]:
+    """Put back the current directory user code moved to: memprobe's relative paths (an
+    ``--out`` given before the code ran) keep meaning what they meant."""
+    try:
+        cwd: str | None = os.getcwd()
+    except OSError:  # run from a directory since removed: nothing to put back
+        cwd = None
+    try:
+        yield
+    finally:
+        if cwd is not None:
+            try:
+                moved = os.getcwd() != cwd
+            except OSError:  # the code removed the directory it moved to
+                moved = True
+            if moved:
+                with contextlib.suppress(OSError):
+                    os.chdir(cwd)
 
 
 def is_import_path(name: str) -> bool:
@@ -104,12 +160,15 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 def _import(module_name: str, path: str, what: str) -> Any:
     try:
-        return importlib.import_module(module_name)
+        with cwd_kept():
+            return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
-    # The module itself raised while importing, or called sys.exit (which would end
-    # memprobe with the module's status and no word).
-    except (Exception, SystemExit) as exc:
+    except KeyboardInterrupt:
+        raise
+    # The module itself raised while importing, called sys.exit (which would end
+    # memprobe with the module's status and no word), or raised another BaseException.
+    except BaseException as exc:
         raise _import_failed(module_name, path, exc, what) from None
     cwd = os.getcwd()
     if missing.name == module_name.split(".")[0] and cwd not in sys.path and "" not in sys.path:
@@ -118,10 +177,13 @@ def _import(module_name: str, path: str, what: str) -> Any:
         # shadow the standard library's for the rest of the run (a colorsys.py).
         sys.path.insert(0, cwd)
         try:
-            return importlib.import_module(module_name)
+            with cwd_kept():
+                return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             missing = exc
-        except (Exception, SystemExit) as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             raise _import_failed(module_name, path, exc, what) from None
         finally:
             sys.path.remove(cwd)

@@ -28,6 +28,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memprobe.errors import Unwind
 from memprobe.measure.parallel import COLLECTIVE_TIMEOUT, RankLayout
 from memprobe.records import Case, Run
 
@@ -47,7 +48,7 @@ def new_world() -> None:
     _case_number = 0
 
 
-class PeerFailed(BaseException):
+class PeerFailed(Unwind):
     """Another rank failed this case; this rank stops it before the next collective.
 
     A BaseException, like KeyboardInterrupt: it must unwind the whole case through the

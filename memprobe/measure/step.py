@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec
+from memprobe.kernels.user import user_code
 from memprobe.measure.parallel import RankLayout, fake_process_group
 from memprobe.records import Case, torch_dtype_name
 
@@ -79,14 +80,11 @@ def kernel_call(
         extra.update(group=layout.tp_group, vocab_start=start, vocab_end=start + case.local_vocab)
 
     def call(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        try:
+        # A kernel's sys.exit() (or another BaseException) would end the whole sweep or
+        # plan with its code and no word: it is this case's error (UserCodeExit), as any
+        # other exception the kernel raises.
+        with user_code(case.kernel):
             return spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
-        except SystemExit as exc:
-            # A kernel's sys.exit() would end the whole sweep or plan with its code and
-            # no word: it is this case's error, as any other exception the kernel raises.
-            raise RuntimeError(
-                f"{case.kernel} called sys.exit({exc.code!r}) instead of returning"
-            ) from None
 
     return call
 

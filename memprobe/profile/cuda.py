@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from memprobe.kernels.user import UserCodeExit, user_code
 from memprobe.measure.cuda_backend import require_cuda
-from memprobe.profile.load import Step, step_exited
+from memprobe.profile.load import Step, check_returned, step_exited
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.snapshot.labels import format_label
 
@@ -54,12 +55,13 @@ def record_cuda_step(step: Step) -> dict[str, Any]:
     try:
         torch.cuda.memory._record_memory_history(max_entries=HISTORY_ENTRIES)
         try:
-            with labels:
-                step(torch.device("cuda", torch.cuda.current_device()))
+            with labels, user_code("the step"):
+                result = step(torch.device("cuda", torch.cuda.current_device()))
+            check_returned(result)
             torch.cuda.synchronize()
         except torch.cuda.OutOfMemoryError:
             pass  # the trace ends with the failed request: what attribution reads
-        except SystemExit as exc:
+        except UserCodeExit as exc:
             raise step_exited(exc) from None
         except Exception as exc:
             raise step_failed(exc, labels, "cuda") from None

@@ -93,7 +93,10 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     config_class = transformers.CONFIG_MAPPING[model_type]
     check_sizes(model_type, fields, dict(getattr(config_class, "attribute_map", {}) or {}))
     try:
-        return transformers.AutoConfig.for_model(model_type, **fields)
+        # Its logger would print warnings of its own on stderr, quoting the config's text
+        # as is (control characters and all), beside memprobe's one line.
+        with _hf_logging_off():
+            return transformers.AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # its strict validators raise their own types
         raise load_error(model_type, exc) from None
 
@@ -234,7 +237,9 @@ class HFStep:
                     dtype=self.build_dtype,
                     attn_implementation=implementation,
                 )
-        except (ValueError, TypeError, KeyError) as exc:
+        # torch's modules assert their arguments (nn.Embedding: a padding_idx inside the
+        # vocabulary): a config transformers takes can still fail here, before any step.
+        except (ValueError, TypeError, KeyError, AssertionError) as exc:
             what = " ".join(str(exc).split())[:200]
             raise UserError(
                 f"transformers cannot build this model ({what})", "check the config"
@@ -342,20 +347,29 @@ def _quiet_transformers() -> Iterator[None]:
     import warnings
 
     from transformers import masking_utils
-    from transformers.utils import logging as hf_logging
 
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
     original = getattr(masking_utils, "find_packed_sequence_indices", None)
     if original is not None:
         masking_utils.find_packed_sequence_indices = _no_packed_sequences
     try:
-        with warnings.catch_warnings():
+        with _hf_logging_off(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             yield
     finally:
         if original is not None:
             masking_utils.find_packed_sequence_indices = original
+
+
+@contextlib.contextmanager
+def _hf_logging_off() -> Iterator[None]:
+    """transformers' logger at errors only, its level put back after."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
         hf_logging.set_verbosity(level)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memprobe.errors import UserError
-from memprobe.kernels.user import import_callable
+from memprobe.kernels.user import UserCodeExit, import_callable
 
 if TYPE_CHECKING:
     import torch
@@ -43,10 +43,27 @@ def load_step(path: str) -> Step:
     return step
 
 
-def step_exited(exc: SystemExit) -> UserError:
-    """The one line for a step that called ``sys.exit()``: uncaught, it would end memprobe
-    with the step's exit code and no word of why."""
-    return UserError(
-        f"the step called sys.exit({exc.code!r}) instead of returning",
-        "a step returns when it is done; remove the exit",
+def check_returned(result: object) -> None:
+    """What a step returns is dropped; a generator, coroutine or other awaitable stands for a
+    body that has not run (a plain function around an async step, ``return main(device)``):
+    the profile would be of nothing. Closed (no "never awaited" warning), then one line."""
+    if inspect.isgenerator(result) or inspect.iscoroutine(result):
+        kind = "a generator" if inspect.isgenerator(result) else "a coroutine"
+        result.close()
+    elif inspect.isasyncgen(result):
+        kind = "an async generator"
+    elif inspect.isawaitable(result):
+        kind = "an awaitable"
+    else:
+        return
+    raise UserError(
+        f"the step returned {kind} ({type(result).__name__}): none of its body ran",
+        "run it to the end inside the step (asyncio.run(...), list(...)) and return nothing",
     )
+
+
+def step_exited(exc: UserCodeExit) -> UserError:
+    """The one line for a step that called ``sys.exit()`` or raised another BaseException
+    that is not an Exception: uncaught, it would end memprobe with the step's exit code, or
+    a traceback, and no word of why."""
+    return UserError(str(exc), "a step returns when it is done; remove the exit")

@@ -20,8 +20,9 @@ import torch
 
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
+from memprobe.kernels.user import UserCodeExit, user_code
 from memprobe.profile.attention import sdpa_on_meta
-from memprobe.profile.load import Step, step_exited
+from memprobe.profile.load import Step, check_returned, step_exited
 from memprobe.profile.memo import MetaMemo
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.records import Event
@@ -186,6 +187,8 @@ def _threads_started() -> Iterator[list[int]]:
 def _call(step: Step, device: torch.device) -> None:
     # Frames end below this one: the user's stack starts at their step.
     try:
-        step(device)
-    except SystemExit as exc:
+        with user_code("the step"):
+            result = step(device)
+    except UserCodeExit as exc:
         raise step_exited(exc) from None
+    check_returned(result)

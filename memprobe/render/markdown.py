@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 
 from memprobe.gate import Verdict
 from memprobe.io.text import printable
@@ -73,9 +74,20 @@ def append_step_summary(verdict: Verdict) -> str | None:
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return None
+    # Appended only to a regular file: opened without waiting (a FIFO with no reader would
+    # block the gate for ever) and judged by what it is once open.
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY
     try:
-        with open(target, "a", encoding="utf-8") as fh:
+        fd = os.open(target, flags | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as exc:
+        return f"could not append to GITHUB_STEP_SUMMARY ({target}): {exc.strerror or exc}"
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return f"could not append to GITHUB_STEP_SUMMARY ({target}): not a regular file"
+        with os.fdopen(fd, "a", encoding="utf-8", closefd=False) as fh:
             fh.write(markdown_summary(verdict))
     except OSError as exc:
         return f"could not append to GITHUB_STEP_SUMMARY ({target}): {exc.strerror or exc}"
+    finally:
+        os.close(fd)
     return None
