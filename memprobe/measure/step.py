@@ -84,9 +84,25 @@ def kernel_call(
         # plan with its code and no word: it is this case's error (UserCodeExit), as any
         # other exception the kernel raises.
         with user_code(case.kernel):
-            return spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
+            out = spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
+        return checked_output(out, targets)
 
     return call
+
+
+def checked_output(out: object, targets: torch.Tensor) -> torch.Tensor:
+    """A kernel's result, if it is one log-prob per target: a floating tensor of the
+    targets' shape. Anything else (the whole log-softmax, a tuple, a NumPy array) would
+    be measured as another kernel's memory, or fail deep in autograd with no word why."""
+    want = list(targets.shape)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the kernel returned {type(out).__name__}, not a tensor of shape {want}")
+    if list(out.shape) != want or not out.is_floating_point():
+        raise ValueError(
+            f"the kernel returned a {str(out.dtype).removeprefix('torch.')} tensor of shape "
+            f"{list(out.shape)}; a kernel returns one floating log-prob per target, shape {want}"
+        )
+    return out
 
 
 def kernel_failed(kernel: str, tokens: str, exc: Exception) -> UserError:

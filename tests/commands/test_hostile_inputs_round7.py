@@ -1,0 +1,75 @@
+"""Hostile inputs, round 7: user kernels that return something other than one log-prob
+per target (the whole log-softmax, integers, a tuple, a NumPy array, a float). A sweep
+records the case as an error that says what came back, a plan or a what-if is one line
+and exit 2; none measures it as if it were a kernel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+LP = "logits.float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)"
+# What the kernel returns, and what the one line says of it.
+RETURNS = {
+    "the whole log-softmax": ("logits.float().log_softmax(-1)", "tensor of shape [1, 64, 256]"),
+    "the targets (int64)": ("targets", "int64 tensor of shape [1, 64]"),
+    "a bool mask": ("targets > 0", "bool tensor of shape [1, 64]"),
+    "one number per row": (f"{LP}.sum(-1)", "float32 tensor of shape [1]"),
+    "a tuple": (f"({LP}, {LP})", "returned tuple, not a tensor of shape [1, 64]"),
+    "a NumPy array": ("__import__('numpy').zeros((1, 64))", "returned ndarray, not a tensor"),
+    "a float": ("0.0", "returned float, not a tensor of shape [1, 64]"),
+    "None": ("None", "returned NoneType, not a tensor"),
+}
+FLAGS = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def _kernel(here: Path, returns: str) -> str:
+    name = f"r7_kernel_{abs(hash(returns)) % 10**8}"
+    body = f"def k(logits, targets, *, chunk_size=None):\n    return {returns}\n"
+    (here / f"{name}.py").write_text(body)
+    return f"{name}:k"
+
+
+@pytest.mark.parametrize("what", sorted(RETURNS))
+def test_a_kernel_returning_the_wrong_thing_is_said_so(run_cli, here: Path, what: str) -> None:
+    returns, says = RETURNS[what]
+    kernel = _kernel(here, returns)
+    code, _, err = run_cli("sweep", *FLAGS, "--no-verify", "--kernel", kernel, "--out", "o")
+    assert code == 0, err
+    (row,) = json.loads((here / "o" / "results.json").read_text())["rows"]
+    assert row["status"] == "error" and says in row["note"], row["note"]
+    assert row["peak_bytes"] is None
+    code, out, err = run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert f"{kernel} failed in the meta simulation" in err
+
+
+def test_a_what_if_with_a_kernel_of_the_wrong_shape_predicts_nothing(run_cli, here: Path) -> None:
+    # The what-if's stand-in loss took the kernel's output shape for the gradient's, so
+    # the whole log-softmax was spliced in and predicted, where a sweep and a plan fail.
+    (here / "r7_step.py").write_text(
+        "import torch\nimport torch.nn.functional as F\n"
+        "def step(device):\n"
+        "    w = torch.randn(256, 32, device=device, requires_grad=True)\n"
+        "    h = torch.randn(1, 64, 32, device=device)\n"
+        "    ids = torch.randint(0, 256, (1, 64), device=device)\n"
+        "    logits = h @ w.t()\n"
+        "    F.cross_entropy(logits.float().view(-1, 256), ids.view(-1)).backward()\n"
+    )
+    code, _, err = run_cli("profile", "r7_step:step", "--out", "s.pickle", "--top", "1")
+    assert code == 0, err
+    good = run_cli("attribute", "s.pickle", "--top", "1", "--what-if", "local_chunked")
+    assert good[0] == 0, good[2]
+    kernel = _kernel(here, RETURNS["the whole log-softmax"][0])
+    code, out, err = run_cli("attribute", "s.pickle", "--top", "1", "--what-if", kernel)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "a kernel returns one floating log-prob per target" in err
