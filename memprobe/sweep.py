@@ -10,6 +10,7 @@ torchrun ranks, resume), and the one ``memprobe gate`` runs for its configured s
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import platform
 from collections.abc import Callable
@@ -368,7 +369,20 @@ def measure_one(case: Case, *, verify: bool, layout: RankLayout | None) -> Run:
         # Both gradients for the hidden family; one rank's whole vocabulary under torchrun.
         err_fwd, err_bwd = verify_numerics(case.kernel, case.dtype, layout=layout)
         run = replace(run, max_abs_err_fwd=err_fwd, max_abs_err_bwd=err_bwd)
+        if not (math.isfinite(err_fwd) and math.isfinite(err_bwd)):
+            # NaN or inf is stored as "no value": left as it is, the row would read as
+            # a kernel that was never checked, not one whose values are wrong.
+            run = replace(run, status="error", note=_not_finite(err_fwd, err_bwd))
     return run
+
+
+def _not_finite(err_fwd: float, err_bwd: float) -> str:
+    wrong = [f"{what} {err:g}" for what, err in (("forward", err_fwd), ("backward", err_bwd))]
+    return (
+        "numerics check failed: the kernel's output or gradient is not finite against "
+        f"float64 at the CPU check shape (max |err| {', '.join(wrong)}); its peak is measured "
+        "but its values are wrong"
+    )
 
 
 def _measure_or_error(case: Case, layout: RankLayout | None) -> Run:

@@ -73,3 +73,27 @@ def test_a_what_if_with_a_kernel_of_the_wrong_shape_predicts_nothing(run_cli, he
     code, out, err = run_cli("attribute", "s.pickle", "--top", "1", "--what-if", kernel)
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert "a kernel returns one floating log-prob per target" in err
+
+
+# Kernels whose values are not finite where float64's are: NaN and inf were stored as "no
+# value", so the row read as a kernel never checked (status ok, blank errors).
+NOT_FINITE = {
+    "NaN output": (f"{LP} * float('nan')", "forward nan"),
+    "-inf output": (f"{LP} - float('inf')", "forward inf"),
+    "NaN gradient only": (f"{LP} + ({LP} - {LP}.detach()).abs() ** 0.5", "backward nan"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(NOT_FINITE))
+def test_a_kernel_with_values_that_are_not_finite_fails_its_check(
+    run_cli, here: Path, what: str
+) -> None:
+    returns, says = NOT_FINITE[what]
+    kernel = _kernel(here, returns)
+    flags = ["--tokens", "16", "--vocab", "32", "--no-ladder", "-q", "--device", "cpu"]
+    code, _, err = run_cli("sweep", *flags, "--kernel", f"{kernel},unchunked", "--out", "o")
+    assert code == 0, err
+    mine, reference = json.loads((here / "o" / "results.json").read_text())["rows"]
+    assert mine["status"] == "error" and "numerics check failed" in mine["note"], mine
+    assert says in mine["note"] and mine["peak_bytes"] > 0
+    assert reference["status"] == "ok" and reference["max_abs_err_fwd"] is not None
