@@ -247,6 +247,12 @@ def command(
             "--fsdp, --reshard-after-forward and --mp-* plan the sharded whole step",
             "add --step --config CONFIG",
         )
+    # Read only by the whole-step plan: without --step they would be silently ignored.
+    if checkpointing or optimizer != "adamw":
+        raise UserError(
+            "--checkpointing and --optimizer plan the whole training step",
+            "add --step --config CONFIG, or drop them",
+        )
     if vocab is None:
         raise UserError("--vocab is missing", "e.g. --vocab 131072 (or --step --config CONFIG)")
     request = PlanRequest(

@@ -97,3 +97,15 @@ def test_a_kernel_with_values_that_are_not_finite_fails_its_check(
     assert mine["status"] == "error" and "numerics check failed" in mine["note"], mine
     assert says in mine["note"] and mine["peak_bytes"] > 0
     assert reference["status"] == "ok" and reference["max_abs_err_fwd"] is not None
+
+
+# Flags only the whole-step plan reads: a logprob plan (no --step) ran on without them,
+# as --fsdp and --mp-* are already refused.
+@pytest.mark.parametrize(
+    "flags", [["--checkpointing"], ["--optimizer", "sgd"], ["--optimizer", "none"]]
+)
+def test_whole_step_flags_without_step_are_refused(run_cli, here: Path, flags) -> None:
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "local_chunked", *flags]
+    code, out, err = run_cli(*args)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "plan the whole training step" in err and "--step --config" in err
