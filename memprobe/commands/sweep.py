@@ -130,7 +130,11 @@ def command(
     case_timeout: Annotated[
         float,
         typer.Option(
+            # Bounded: a team's rendezvous waits twice this as a timedelta, which
+            # overflows at inf or 1e300 (a traceback on every rank of a tp/cp team).
+            # 1e6 s is 11 days.
             min=0.001,
+            max=1e6,
             help="With --shard: seconds rank 0 waits for a case another rank took; a rank "
             "still silent then (hung) gets the case recorded as unfinished, and the job "
             "stops with a non-zero exit (--resume runs the case again).",

@@ -109,3 +109,12 @@ def test_whole_step_flags_without_step_are_refused(run_cli, here: Path, flags) -
     code, out, err = run_cli(*args)
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert "plan the whole training step" in err and "--step --config" in err
+
+
+# A team's rendezvous under --shard waits twice --case-timeout as a timedelta: inf or 1e300
+# passed `min=` and overflowed there: a traceback on each rank of a tp/cp team.
+@pytest.mark.parametrize("value", ["inf", "1e300", "1e400", "1000001"])
+def test_a_case_timeout_past_its_bound_is_refused(run_cli, here: Path, value: str) -> None:
+    code, out, err = run_cli("sweep", *FLAGS, "--shard", "--case-timeout", value, "--out", "o")
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "--case-timeout" in err and not (here / "o").exists()
