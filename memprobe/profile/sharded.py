@@ -106,6 +106,8 @@ def sharded_dtypes(dtype: str, param_dtype: str | None, mp_param: str | None) ->
     ``--dtype``); the sharded parameters are ``--param-dtype``, else float32 when
     ``--mp-param`` is given (FSDP2's mixed precision keeps float32 shards), else
     ``--dtype``."""
+    if mp_param is not None:  # checked here, so the line names the flag given
+        _torch_dtype(mp_param, "--mp-param")
     compute = mp_param or dtype
     stored = param_dtype or ("fp32" if mp_param else dtype)
     return compute, stored

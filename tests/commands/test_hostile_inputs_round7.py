@@ -118,3 +118,28 @@ def test_a_case_timeout_past_its_bound_is_refused(run_cli, here: Path, value: st
     code, out, err = run_cli("sweep", *FLAGS, "--shard", "--case-timeout", value, "--out", "o")
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert "--case-timeout" in err and not (here / "o").exists()
+
+
+# A bad --mp-param was reported as "--dtype 'fp8' is not one of ...": a flag not given.
+@pytest.mark.parametrize("command", ["plan", "step"])
+@pytest.mark.parametrize("value", ["fp8", "int8", "BF17"])
+def test_a_bad_mp_param_names_mp_param(run_cli, here: Path, command: str, value: str) -> None:
+    (here / "cfg").mkdir()
+    (here / "cfg" / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 512,
+            }  # fmt: skip
+        )
+    )
+    size = ["--budget", "64MiB", "--step"] if command == "plan" else ["--tokens", "64"]
+    args = [command, "--config", "cfg", *size, "--fsdp", "2", "--mp-param", value]
+    code, out, err = run_cli(*args)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert f"--mp-param {value!r} is not one of" in err and "--dtype" not in err
