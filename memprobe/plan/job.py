@@ -113,6 +113,13 @@ def run_plan_job(
     if request.alloc_conf is not None:
         parse_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
     rows = read_rows(request.from_run) if request.from_run is not None else None
+    if rows is not None and not any(r.get("fwd_time_s") is not None for r in rows):
+        # Its times are all --from-run reads: without any, the flag would change nothing.
+        raise UserError(
+            f"--from-run {request.from_run} has no measured times: none of its rows finished "
+            "on cpu or cuda (a --device meta run simulates memory only)",
+            "give a --device cpu or cuda sweep, or drop --from-run",
+        )
     chunk_sizes = request.chunk_sizes
     if chunk_sizes is None:
         chunk_sizes = _run_chunk_sizes(rows) if rows else (1024,)

@@ -143,3 +143,24 @@ def test_a_bad_mp_param_names_mp_param(run_cli, here: Path, command: str, value:
     code, out, err = run_cli(*args)
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert f"--mp-param {value!r} is not one of" in err and "--dtype" not in err
+
+
+# A run with no measured times (meta, or every row failed) gave --from-run nothing to
+# read: the plan ran on as without it, and told the user to add --from-run DIR.
+@pytest.mark.parametrize("rows", ["as swept on meta", "every row an error", "no rows"])
+def test_from_run_without_times_is_refused(run_cli, made_run: Path, here: Path, rows) -> None:
+    import shutil
+
+    run = here / "run"
+    shutil.copytree(made_run, run)
+    data = json.loads((run / "results.json").read_text())
+    if rows == "every row an error":
+        for row in data["rows"]:
+            row.update(status="error", note="RuntimeError: x", fwd_time_s=None, bwd_time_s=None)
+    elif rows == "no rows":
+        data["rows"] = []
+    (run / "results.json").write_text(json.dumps(data))
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "local_chunked"]
+    code, out, err = run_cli(*args, "--from-run", str(run))
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "has no measured times" in err and "drop --from-run" in err
