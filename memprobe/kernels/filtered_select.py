@@ -267,7 +267,8 @@ def one_thread(device: torch.device) -> Iterator[None]:
     second thread: on a cpu other processes keep busy, that wait costs more than
     the op (measured: the top-p forward 3.5x local_chunked's on two threads, 2x on
     one, at load 3 on 2 cores). On an idle cpu the passes over the block lose the
-    second thread's share."""
+    second thread's share. torch's thread count is the process's: while this runs,
+    other threads of the process run torch's cpu ops on one thread too."""
     if device.type != "cpu" or torch.get_num_threads() == 1:
         yield
         return
