@@ -48,7 +48,8 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
 def int_list(
     text: str, flag: str, *, allow_none: bool = False, example: str = "1024,2048"
 ) -> list[int | None]:
-    """``"1024,2048"`` → ``[1024, 2048]``; every item a positive integer. ``example`` is
+    """``"1024,2048"`` → ``[1024, 2048]``; every item a positive integer, each value once
+    (in the order first given). ``example`` is
     the value a mistake's hint shows (one value for a flag that takes one)."""
     values: list[int | None] = []
     for item in text.split(","):
@@ -72,7 +73,8 @@ def int_list(
                 f"e.g. {flag} {example}",
             )
         values.append(value)
-    return values
+    # A value given twice is one value (``--tp 2,2,1`` plans tp 2 once).
+    return list(dict.fromkeys(values))
 
 
 def positive_ints(text: str, flag: str, *, example: str = "1024,2048") -> list[int]:
@@ -80,11 +82,12 @@ def positive_ints(text: str, flag: str, *, example: str = "1024,2048") -> list[i
 
 
 def name_list(text: str, flag: str) -> list[str]:
-    """``"a, b"`` → ``["a", "b"]``; an empty item (``",,"``, ``""``) is a mistake, not "default"."""
+    """``"a, b"`` → ``["a", "b"]``, each name once; an empty item (``",,"``, ``""``) is a
+    mistake, not "default"."""
     items = [item.strip() for item in text.split(",")]
     if not all(items):
         raise UserError(f"{flag} {text!r} has an empty item", f"e.g. {flag} a,b (no empty names)")
-    return items
+    return list(dict.fromkeys(items))
 
 
 def given_flags(ctx: typer.Context, *, exclude: tuple[str, ...] = ()) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,27 @@ def test_from_run_without_times_is_refused(run_cli, made_run: Path, here: Path, 
     code, out, err = run_cli(*args, "--from-run", str(run))
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert "has no measured times" in err and "drop --from-run" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("2,2,1", [2, 1]), ("1024, 1024,2048,1_024", [1024, 2048]), ("none,4,none", [None, 4])],
+)
+def test_a_value_given_twice_is_one_value(text: str, expected: list[int | None]) -> None:
+    from memprobe.commands.flags import int_list, name_list
+
+    assert int_list(text, "--tp", allow_none=True) == expected
+    assert name_list("local_chunked, unchunked,local_chunked", "--kernel") == [
+        "local_chunked",
+        "unchunked",
+    ]
+
+
+def test_plan_names_a_repeated_tp_once(run_cli: Any) -> None:
+    """plan --tp 2,2,1 said 'not planned: local_chunked at tp 2, local_chunked at tp 2'."""
+    code, out, err = run_cli(
+        "plan", "--vocab", "4096", "--budget", "1GiB", "--kernel", "local_chunked",
+        "--tp", "2,2,1", "--no-reserved",
+    )  # fmt: skip
+    assert code == 0, err
+    assert out.count("local_chunked at tp 2") == 1
