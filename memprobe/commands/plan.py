@@ -226,9 +226,11 @@ def command(
             "--out": out is not None,
             "--from-run": from_run is not None,
         }
+        # --config alone plans the whole step too: name the flag the user gave.
+        whole = "--step" if step else "--config (a whole-step plan)"
         for flag in (f for f, used in given.items() if used):
             raise UserError(
-                f"{flag} does not apply to --step: the config gives the model",
+                f"{flag} does not apply to {whole}: the config gives the model",
                 f"drop {flag}",
             )
 

@@ -189,3 +189,29 @@ def test_plan_names_a_repeated_tp_once(run_cli: Any) -> None:
     )  # fmt: skip
     assert code == 0, err
     assert out.count("local_chunked at tp 2") == 1
+
+
+@pytest.mark.parametrize("step", [[], ["--step"]], ids=["config alone", "with --step"])
+def test_a_whole_step_plans_refusal_names_the_flags_given(
+    run_cli: Any, tmp_path: Path, step: list[str]
+) -> None:
+    """plan --config C --vocab V (no --step) said '--vocab does not apply to --step'."""
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 512,
+            }  # fmt: skip
+        )
+    )
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--config", str(config), *step]
+    code, _, err = run_cli(*args)
+    assert code == 2 and "Traceback" not in err
+    assert ("does not apply to --step:" in err) == bool(step)
+    assert ("does not apply to --config (a whole-step plan):" in err) == (not step)
