@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from small_config import SMALL
 
 from memprobe.errors import UserError
 from memprobe.gate.rules import Verdict
@@ -285,15 +286,6 @@ def test_a_step_summary_file_is_still_appended(tmp_path: Path, monkeypatch) -> N
     assert text.startswith("before\n") and "memprobe gate" in text
 
 
-SMALL = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-}
 # Configs transformers takes with a warning of its own on stderr, or builds into a model
 # torch refuses: (what, config, words of the one line).
 HF_CONFIGS = [

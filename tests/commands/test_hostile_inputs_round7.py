@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from small_config import SMALL
 
 LP = "logits.float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)"
 # What the kernel returns, and what the one line says of it.
@@ -126,19 +127,7 @@ def test_a_case_timeout_past_its_bound_is_refused(run_cli, here: Path, value: st
 @pytest.mark.parametrize("value", ["fp8", "int8", "BF17"])
 def test_a_bad_mp_param_names_mp_param(run_cli, here: Path, command: str, value: str) -> None:
     (here / "cfg").mkdir()
-    (here / "cfg" / "config.json").write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "vocab_size": 512,
-            }  # fmt: skip
-        )
-    )
+    (here / "cfg" / "config.json").write_text(json.dumps(SMALL))
     size = ["--budget", "64MiB", "--step"] if command == "plan" else ["--tokens", "64"]
     args = [command, "--config", "cfg", *size, "--fsdp", "2", "--mp-param", value]
     code, out, err = run_cli(*args)
@@ -197,19 +186,7 @@ def test_a_whole_step_plans_refusal_names_the_flags_given(
 ) -> None:
     """plan --config C --vocab V (no --step) said '--vocab does not apply to --step'."""
     config = tmp_path / "config.json"
-    config.write_text(
-        json.dumps(
-            {
-                "model_type": "llama",
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_hidden_layers": 1,
-                "num_attention_heads": 4,
-                "num_key_value_heads": 2,
-                "vocab_size": 512,
-            }  # fmt: skip
-        )
-    )
+    config.write_text(json.dumps(SMALL))
     args = ["plan", "--vocab", "256", "--budget", "1GiB", "--config", str(config), *step]
     code, _, err = run_cli(*args)
     assert code == 2 and "Traceback" not in err

@@ -12,18 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from small_config import SMALL
 
 pytest.importorskip("transformers")
 
-SMALL = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-}
 OK_TEXT = json.dumps(SMALL)
 
 
