@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import sys
 
 import pytest
@@ -22,3 +23,16 @@ def run_cli(monkeypatch, capsys):
         return code, out, err
 
     return run
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Multi-process tests first: under ``-n auto`` the seconds-long launches then run
+    beside the many quick tests instead of being the suite's tail on one worker."""
+    items.sort(key=lambda item: item.get_closest_marker("multiprocess") is None)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Everything imported so far (torch, transformers, memprobe, the test modules) lives
+    # for the whole run: frozen, the cyclic collector stops rescanning it at every
+    # full collection, which the many small tests otherwise pay for again and again.
+    gc.freeze()

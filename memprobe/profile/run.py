@@ -101,6 +101,10 @@ def trace_step(
     routing = sdpa_on_meta(attention) if simulated else contextlib.nullcontext(None)
     try:
         with tracker, routing as chosen, _threads_started() as started:
+            # Frozen, what was alive before the step is not scanned again by the
+            # collection below. A caller's own freeze is kept: unfreezing would undo it
+            # (there is no partial unfreeze), so then what was alive stays frozen too.
+            caller_froze = gc.get_freeze_count() > 0
             gc.freeze()
             try:
                 _call(step, torch.device(device))
@@ -108,7 +112,8 @@ def trace_step(
                 # step's end would free them in a training loop's next collection.
                 gc.collect()
             finally:
-                gc.unfreeze()
+                if not caller_froze:
+                    gc.unfreeze()
     except Exception as exc:
         raise step_failed(exc, tracker, device) from None
     finally:

@@ -12,7 +12,10 @@ from launch import TORCHRUN
 
 from memprobe.results import read_results
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+pytestmark = [
+    pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable"),
+    pytest.mark.multiprocess,
+]
 
 SCRIPT = Path(__file__).with_name("oom_on_rank_one.py")
 DEADLINE_S = 120  # before the fix rank 0 waited in its all_reduce for the gloo timeout

@@ -226,3 +226,17 @@ def test_a_custom_functions_forward_is_the_steps_forward(step: Any, op: str, pha
         tracked = trace_step(step, device)
         first = next(e for e in tracked.events if e.action == "alloc" and e.op == op)
         assert first.phase == phase, (device, op)
+
+
+def test_a_callers_gc_freeze_is_kept_and_none_is_left_behind() -> None:
+    import gc
+
+    gc.freeze()  # the caller's (this suite's conftest froze too)
+    trace_step(steps.gpt_step, "meta")
+    assert gc.get_freeze_count() > 0  # an unfreeze would have emptied it
+    gc.unfreeze()
+    try:
+        trace_step(steps.gpt_step, "meta")
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.freeze()

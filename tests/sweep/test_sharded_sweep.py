@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 from launch import TORCHRUN
 
+from memprobe.measure import measure
 from memprobe.records import Case
-from memprobe.results import UNFINISHED, in_plan_order, plan_positions, read_rows, write_results
+from memprobe.results import (
+    UNFINISHED,
+    in_plan_order,
+    plan_positions,
+    read_results,
+    read_rows,
+    write_results,
+)
 from memprobe.sharded_sweep import shares
 from memprobe.sweep import open_run, plan_cases, run_sweep
 
@@ -56,18 +64,6 @@ def reference(tmp_path: Path) -> list[dict]:
 
 
 @pytest.mark.multiprocess
-def test_two_ranks_write_the_one_process_run(tmp_path):
-    out = tmp_path / "run"
-    done = torchrun(*GRID, "--shard", "--out", str(out), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("run directory:") == 1  # only rank 0 reports
-    assert rows(out) == reference(tmp_path)
-    snapshots = sorted(p.name for p in (out / "snapshots").iterdir())
-    assert snapshots == sorted(Path(r["snapshot"]).name for r in rows(out))
-    assert len(snapshots) == 4
-
-
-@pytest.mark.multiprocess
 def test_a_rank_killed_mid_run_loses_nothing_on_resume(tmp_path, run_cli):
     out = tmp_path / "run"
     done = torchrun(
@@ -86,6 +82,7 @@ def test_a_rank_killed_mid_run_loses_nothing_on_resume(tmp_path, run_cli):
 
 @pytest.mark.multiprocess
 def test_two_ranks_resume_a_one_process_run(tmp_path):
+    """Three of four cases left, shared by two ranks: the run is the one-process run's."""
     out = tmp_path / "run"
     cases = plan_cases(
         kernel=["unchunked", "local_chunked"], tokens=[1024, 2048], vocab=[4096],
@@ -100,7 +97,11 @@ def test_two_ranks_resume_a_one_process_run(tmp_path):
         run_sweep(cases, out, verify=False, progress=stop_after_one)
     done = torchrun("--resume", str(out), "--no-verify", "--shard", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("run directory:") == 1  # only rank 0 reports
     assert rows(out) == reference(tmp_path)
+    snapshots = sorted(p.name for p in (out / "snapshots").iterdir())
+    assert snapshots == sorted(Path(r["snapshot"]).name for r in rows(out))
+    assert len(snapshots) == 4
 
 
 @pytest.mark.multiprocess
@@ -115,6 +116,10 @@ def test_a_case_that_fails_on_one_rank_is_recorded_and_the_others_finish(tmp_pat
     assert sorted(statuses) == ["ok", "ok", "ok", "oom"]
     failed = next(r for r in read_rows(out) if r["status"] == "oom")
     assert "out of memory" in failed["note"]
+    # A fresh --shard run: the other three rows are the one-process run's.
+    expected = {r["case_id"]: r for r in reference(tmp_path)}
+    finished = [r for r in rows(out) if r["status"] == "ok"]
+    assert finished == [expected[r["case_id"]] for r in finished]
 
 
 def test_shard_outside_torchrun_is_one_line(run_cli, tmp_path, monkeypatch):
@@ -134,8 +139,35 @@ PARALLEL = [
 ]  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def tp2_alone(tmp_path_factory):
+    """PARALLEL's tp 2 cases as a two-rank torchrun job without --shard: the run."""
+    tmp = tmp_path_factory.mktemp("alone")
+    done = torchrun(*PARALLEL, "--tp", "2", "--out", str(tmp / "run"), cwd=tmp)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, tmp / "run"
+
+
 @pytest.mark.multiprocess
-def test_parallel_cases_run_on_teams_of_ranks_as_without_shard(tmp_path):
+def test_two_ranks_measure_and_rank_zero_writes(tp2_alone):
+    done, out = tp2_alone
+    assert done.stdout.count("run directory:") == 1  # only rank 0 reports
+    frame = read_results(out).set_index("dtype")
+    assert list(frame["status"]) == ["ok", "ok"] and list(frame["tp"]) == [2, 2]
+    simulated = measure(Case("chunked_distributed", 1, 256, 2048, "bf16", 1024, tp=2))
+    assert frame.loc["bf16", "peak_bytes"] == simulated.peak_bytes  # per rank, exact
+    assert frame.loc["bf16", "fwd_collectives"] == 2
+    # The verify step checks one rank's whole-vocabulary result inside the two-rank job.
+    # A correct kernel is within rounding of float64 (a one-rank check run over the
+    # two-rank group was ln 2 off); a bf16 gradient carries bf16's own rounding.
+    assert frame.loc["fp32", "max_abs_err_fwd"] < 1e-4
+    assert frame.loc["fp32", "max_abs_err_bwd"] < 1e-4
+    assert frame.loc["bf16", "max_abs_err_fwd"] < 1e-4
+    assert frame.loc["bf16", "max_abs_err_bwd"] < 1e-2
+
+
+@pytest.mark.multiprocess
+def test_parallel_cases_run_on_teams_of_ranks_as_without_shard(tmp_path, tp2_alone):
     out = tmp_path / "run"
     done = torchrun(*PARALLEL, "--tp", "1,2,4", "--shard", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -149,9 +181,7 @@ def test_parallel_cases_run_on_teams_of_ranks_as_without_shard(tmp_path):
     assert all("needs 4 ranks" in r["note"] for r in too_big)
     # The tp 2 cases as a two-rank torchrun job without --shard measures them, the tp 1
     # cases as one process does: same rows, same order, snapshots included.
-    alone = tmp_path / "alone"
-    done = torchrun(*PARALLEL, "--tp", "2", "--out", str(alone), cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    _, alone = tp2_alone
     # The tp 1 cases in a fresh process too, as every rank above was: a real run in this
     # (warm) pytest worker once read other bytes in the full suite, never alone.
     one = tmp_path / "one"
