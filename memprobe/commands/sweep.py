@@ -105,6 +105,14 @@ def command(
     verify: Annotated[
         bool, typer.Option(help="Check each kernel x dtype against float64 at a small CPU shape.")
     ] = True,
+    report: Annotated[
+        bool,
+        typer.Option(
+            help="Write report.html and its PNG plots into the run directory; with "
+            "--no-report only the results and snapshots (`memprobe report RUN` writes the "
+            "report later)."
+        ),
+    ] = True,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print a machine-readable summary on stdout.")
     ] = False,
@@ -161,7 +169,7 @@ def command(
     where there is. Writes results.csv, results.json, run.json and a report
     into the run directory.
     """
-    from memprobe.render import write_report
+    from memprobe.render import REPORT_NAME, write_report
     from memprobe.render.console import Progress, show
     from memprobe.render.terminal import answer_lines, json_summary, sweep_table
     from memprobe.sweep import SweepRequest, run_sweep_job
@@ -198,7 +206,8 @@ def command(
     if resume is not None:
         check_resume_flags(
             given_flags(
-                ctx, exclude=("resume", "verify", "as_json", "quiet", "shard", "case_timeout")
+                ctx,
+                exclude=("resume", "verify", "report", "as_json", "quiet", "shard", "case_timeout"),
             )
         )
     elif out is None:
@@ -235,7 +244,14 @@ def command(
         raise typer.Exit(130) from None
     if not outcome.lead:
         return
-    report = write_report(outcome.run_dir, budget_bytes=budget_bytes)
+    page = write_report(outcome.run_dir, budget_bytes=budget_bytes) if report else None
+    if not report and (outcome.run_dir / REPORT_NAME).exists():
+        # A resumed run's old page would show fewer rows than the run now holds.
+        typer.echo(
+            f"note: {outcome.run_dir / REPORT_NAME} was written before this resume; "
+            f"`memprobe report {outcome.run_dir}` brings it up to date",
+            err=True,
+        )
     if as_json:
         typer.echo(json.dumps(json_summary(outcome.frame, str(outcome.run_dir)), indent=1))
         return
@@ -247,5 +263,6 @@ def command(
         meta = read_run_meta(outcome.run_dir)
         for line in answer_lines(outcome.frame, meta, budget_bytes=budget_bytes):
             typer.echo(line)
-        typer.echo(f"report: {report}")
+        if page is not None:
+            typer.echo(f"report: {page}")
     typer.echo(f"run directory: {outcome.run_dir}")

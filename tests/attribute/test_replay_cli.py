@@ -15,7 +15,7 @@ from memprobe.snapshot.write import write_snapshot
 def sweep_snapshot(run_cli, tmp_path: Path, *extra: str, kernel: str = "naive_chunked") -> Path:
     out = tmp_path / ("run" + kernel + "".join(e.replace(":", "") for e in extra))
     code, _, err = run_cli(
-        "sweep", "--tokens", "4096", "--vocab", "32768", "--no-ladder", "--kernel",
+        "sweep", "--no-report", "--tokens", "4096", "--vocab", "32768", "--no-ladder", "--kernel",
         kernel, "--device", "meta", "--no-verify", "-q", "--out", str(out), *extra,
     )  # fmt: skip
     assert code == 0, err

@@ -112,3 +112,33 @@ def test_resume_on_a_folder_that_is_not_a_run(run_cli, tmp_path):
     code, _, stderr = run_cli("sweep", "--resume", str(tmp_path))
     assert code == 2 and "not a memprobe run" in stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_no_report_writes_the_results_only_and_report_writes_the_page_later(
+    run_cli, tmp_path
+):
+    out = tmp_path / "run"
+    grid = ["--tokens", "512", "--vocab", "1024", "--no-ladder", "--device", "meta"]
+    code, stdout, stderr = run_cli("sweep", *grid, "--no-report", "--out", str(out))
+    assert code == 0, stderr
+    assert "report:" not in stdout and f"run directory: {out}" in stdout
+    assert (out / "results.json").is_file() and (out / "run.json").is_file()
+    assert not list(out.glob("*.html")) and not list(out.glob("*.png"))
+    code, stdout, stderr = run_cli("report", str(out))
+    assert code == 0, stderr
+    assert (out / "report.html").is_file() and list(out.glob("*.png"))
+
+
+def test_a_resume_without_report_says_the_old_page_is_behind(run_cli, tmp_path):
+    out = tmp_path / "run"
+    code, _, stderr = run_cli(
+        "sweep", "--tokens", "512", "--vocab", "1024", "--no-ladder", "--device", "meta",
+        "--kernel", "unchunked", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, stderr
+    code, _, stderr = run_cli("sweep", "--resume", str(out), "--no-report")
+    assert code == 0, stderr
+    assert (
+        f"{out / 'report.html'} was written before this resume" in stderr
+        and "memprobe report" in stderr
+    )

@@ -111,7 +111,8 @@ def test_cli_mistakes_are_one_line(run_cli, args: list[str], expected: str) -> N
 def test_resume_refuses_every_shaping_flag(run_cli, tmp_path: Path, flags: list[str]) -> None:
     run = tmp_path / "run"
     code, _, err = run_cli(
-        "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+        "sweep", "--no-report",
+        "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
         "--device", "meta", "--out", str(run), "-q", "--no-verify",
     )  # fmt: skip
     assert code == 0, err

@@ -84,7 +84,9 @@ def test_a_kernel_leaving_by_a_base_exception(run_cli, here: Path, how: str) -> 
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert f"{kernel} failed in the meta simulation" in err and says in err
     flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
-    code, _, err = run_cli("sweep", *flags, "--no-verify", "--kernel", kernel, "--out", "o")
+    code, _, err = run_cli(
+        "sweep", "--no-report", *flags, "--no-verify", "--kernel", kernel, "--out", "o"
+    )
     assert code == 0, err
     (row,) = json.loads((here / "o" / "results.json").read_text())["rows"]
     assert row["status"] == "error" and says in row["note"]
@@ -134,7 +136,9 @@ def test_a_kernel_or_module_that_moves_the_current_directory(
     )
     kernel = _module(here, "r6_kchdir", body) + ":k"
     flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
-    code, _, err = run_cli("sweep", *flags, "--no-verify", "--kernel", kernel, "--out", "o")
+    code, _, err = run_cli(
+        "sweep", "--no-report", *flags, "--no-verify", "--kernel", kernel, "--out", "o"
+    )
     assert code == 0, err
     (row,) = json.loads((here / "o" / "results.json").read_text())["rows"]
     assert row["status"] == "ok" and Path.cwd() == here
@@ -245,7 +249,7 @@ def test_a_sweep_under_stray_torchrun_variables_is_one_line(
     monkeypatch.setenv("RANK", "zz")
     flags = ["--tokens", "64", "--vocab", "128", "--no-ladder", "-q", "--device", "meta"]
     for extra in ([], ["--shard"]):
-        code, _, err = run_cli("sweep", *flags, "--no-verify", "--out", "o", *extra)
+        code, _, err = run_cli("sweep", "--no-report", *flags, "--no-verify", "--out", "o", *extra)
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert "WORLD_SIZE='two'" in err and not (here / "o").exists()
 

@@ -45,7 +45,9 @@ def _kernel(here: Path, returns: str) -> str:
 def test_a_kernel_returning_the_wrong_thing_is_said_so(run_cli, here: Path, what: str) -> None:
     returns, says = RETURNS[what]
     kernel = _kernel(here, returns)
-    code, _, err = run_cli("sweep", *FLAGS, "--no-verify", "--kernel", kernel, "--out", "o")
+    code, _, err = run_cli(
+        "sweep", "--no-report", *FLAGS, "--no-verify", "--kernel", kernel, "--out", "o"
+    )
     assert code == 0, err
     (row,) = json.loads((here / "o" / "results.json").read_text())["rows"]
     assert row["status"] == "error" and says in row["note"], row["note"]
@@ -93,7 +95,9 @@ def test_a_kernel_with_values_that_are_not_finite_fails_its_check(
     returns, says = NOT_FINITE[what]
     kernel = _kernel(here, returns)
     flags = ["--tokens", "16", "--vocab", "32", "--no-ladder", "-q", "--device", "cpu"]
-    code, _, err = run_cli("sweep", *flags, "--kernel", f"{kernel},unchunked", "--out", "o")
+    code, _, err = run_cli(
+        "sweep", "--no-report", *flags, "--kernel", f"{kernel},unchunked", "--out", "o"
+    )
     assert code == 0, err
     mine, reference = json.loads((here / "o" / "results.json").read_text())["rows"]
     assert mine["status"] == "error" and "numerics check failed" in mine["note"], mine

@@ -70,7 +70,9 @@ def test_a_user_kernel_failing_in_a_what_if_is_one_line(
 def test_a_sweep_records_a_kernels_exit_as_its_error(run_cli, user_kernel, tmp_path) -> None:
     kernel = user_kernel(KERNELS["exits"])
     flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
-    code, _, err = run_cli("sweep", *flags, "--no-verify", "--kernel", kernel, "--out", "o")
+    code, _, err = run_cli(
+        "sweep", "--no-report", *flags, "--no-verify", "--kernel", kernel, "--out", "o"
+    )
     assert code == 0, err
     (row,) = json.loads((tmp_path / "o" / "results.json").read_text())["rows"]
     assert row["status"] == "error" and "called sys.exit(3) instead of returning" in row["note"]
@@ -259,7 +261,8 @@ def test_a_loop_simulated_chunk_by_chunk_is_bounded(kernel, tokens, chunk, devic
 
 
 def test_a_sweep_to_2_to_the_40_tokens_ends(run_cli, tmp_path: Path) -> None:
-    code, _, err = run_cli("sweep", "--tokens", str(2**40), "--vocab", "256", "--no-ladder",
+    code, _, err = run_cli("sweep", "--no-report",
+                           "--tokens", str(2**40), "--vocab", "256", "--no-ladder",
                            "--kernel", "naive_chunked,local_chunked", "--device", "meta",
                            "--no-verify", "-q", "--out", "o")  # fmt: skip
     assert code == 0, err

@@ -7,7 +7,8 @@ import pytest
 
 from memprobe.commands.flags import warn_on_size
 
-SWEEP = ["sweep", "--tokens", "1024", "--vocab", "4096", "--kernel", "unchunked,local_chunked",
+SWEEP = ["sweep", "--no-report",
+         "--tokens", "1024", "--vocab", "4096", "--kernel", "unchunked,local_chunked",
          "--chunk-size", "256", "--device", "meta", "--no-verify"]  # fmt: skip
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 def sweep(run_cli, tmp_path, *extra: str) -> list[str]:
     code, out, err = run_cli(
-        "sweep", "--tokens", "4096", "--vocab", "32768", "--no-ladder", "--device", "meta",
+        "sweep", "--no-report",
+        "--tokens", "4096", "--vocab", "32768", "--no-ladder", "--device", "meta",
         "--kernel", "unchunked,local_chunked,filtered", "--no-verify", "--out",
         str(tmp_path / "run"), *extra,
     )  # fmt: skip

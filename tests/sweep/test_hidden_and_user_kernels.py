@@ -14,7 +14,8 @@ from memprobe.results import read_rows
 def test_sweep_hidden_family_side_by_side(run_cli, tmp_path: Path) -> None:
     out = tmp_path / "run"
     code, stdout, err = run_cli(
-        "sweep", "--tokens", "2048", "--vocab", "8192", "--hidden", "256", "--no-ladder",
+        "sweep", "--no-report",
+        "--tokens", "2048", "--vocab", "8192", "--hidden", "256", "--no-ladder",
         "--device", "meta", "--out", str(out),
     )  # fmt: skip
     assert code == 0, err
@@ -92,7 +93,8 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def test_sweep_runs_your_kernel_by_import_path(run_cli, tmp_path: Path, user_module: str) -> None:
     out = tmp_path / "run"
     code, _, err = run_cli(
-        "sweep", "--kernel", f"{user_module},unchunked", "--tokens", "256", "--vocab", "1024",
+        "sweep", "--no-report", "--kernel", f"{user_module},unchunked", "--tokens", "256",
+        "--vocab", "1024",
         "--no-ladder", "--device", "meta", "--out", str(out),
     )  # fmt: skip
     assert code == 0, err
