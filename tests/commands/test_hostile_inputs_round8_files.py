@@ -1,0 +1,112 @@
+"""Hostile inputs, round 8 (files): snapshot pickles, run directories, gate configs and
+baselines, and outputs that land on inputs. Each refusal is one line and exit 2; each
+file memprobe reads is left as it was."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+STEP = """\
+import torch
+import torch.nn.functional as F
+def step(device):
+    w = torch.randn(256, 32, device=device, requires_grad=True)
+    h = torch.randn(1, 64, 32, device=device)
+    ids = torch.randint(0, 256, (1, 64), device=device)
+    logits = h @ w.t()
+    F.cross_entropy(logits.float().view(-1, 256), ids.view(-1)).backward()
+"""
+
+
+@pytest.fixture(scope="module")
+def step_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A profiled LM step (memprobe's labels on every entry: shape, dtype, op, phase)."""
+    from memprobe import cli
+
+    here = tmp_path_factory.mktemp("step")
+    (here / "r8_files_step.py").write_text(STEP)
+    out = here / "step.pickle"
+    argv, path = sys.argv, list(sys.path)
+    sys.argv = ["memprobe", "profile", "r8_files_step:step", "--out", str(out), "--top", "1"]
+    sys.path.insert(0, str(here))
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert not exc.code
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    return out
+
+
+def _one_line(code: int, out: str, err: str) -> str:
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert "Traceback" not in err
+    return err
+
+
+def _relabel(snapshot: Path, to: Path, old: str, new: str) -> Path:
+    data = pickle.loads(snapshot.read_bytes())
+    for entry in data["device_traces"][0]:
+        entry["user_metadata"] = entry.get("user_metadata", "").replace(old, new)
+    to.write_bytes(pickle.dumps(data, protocol=4))
+    return to
+
+
+# -- snapshot labels: a recorded shape is believed only when it is the block it labels --
+
+# A zero dimension crashed the shape reading (ZeroDivisionError: a traceback from
+# attribute, diff, --what-if and --other-from); a shape of more bytes than its block was
+# read as the logits' (V=512 where the step's V is 256, in a dtype no block has).
+LABELS = {
+    "a zero dimension": "shape=0x256",
+    "every dimension zero": "shape=0x0",
+    "a zero batch": "shape=1x0x256",
+    "twice the block's bytes": "shape=64x512",
+    "half the block's bytes": "shape=64x128",
+    "the right shape, another dtype's bytes": "dtype=torch.float16 shape=64x256",
+}
+COMMANDS: dict[str, Callable[[Path, Path], list[str]]] = {
+    "attribute": lambda s, good: ["attribute", str(s), "--top", "1"],
+    "diff": lambda s, good: ["diff", str(good), str(s), "--top", "1"],
+    "--what-if": lambda s, good: ["attribute", str(s), "--top", "1", "--what-if", "local_chunked"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("label", sorted(LABELS))
+def test_a_label_that_is_not_its_block_is_not_believed(
+    run_cli, step_snapshot: Path, tmp_path: Path, label: str, command: str
+) -> None:
+    old = "dtype=torch.float32 shape=64x256" if "dtype=" in LABELS[label] else "shape=64x256"
+    bad = _relabel(step_snapshot, tmp_path / "bad.pickle", old, LABELS[label])
+    before = bad.read_bytes()
+    code, out, err = run_cli(*COMMANDS[command](bad, step_snapshot))
+    assert code == 0 and "Traceback" not in err, err
+    if command == "attribute":
+        # Read from the blocks' sizes, as if the file had no labels: the step's own V.
+        assert "shapes: logits [N=B·S=64, V=256], float32" in out, out
+        assert "memprobe's label records" not in out
+    if command == "--what-if":
+        assert "replaced by local_chunked at [B=1, S=64, V=256] float32" in out
+    assert bad.read_bytes() == before
+
+
+def test_the_labels_memprobe_writes_are_still_read(run_cli, step_snapshot: Path) -> None:
+    code, out, _ = run_cli("attribute", str(step_snapshot), "--top", "1")
+    assert code == 0 and "memprobe's label records [64, 256]" in out
+
+
+def test_other_from_reads_around_a_zero_dimension_label(
+    run_cli, step_snapshot: Path, tmp_path: Path
+) -> None:
+    bad = _relabel(step_snapshot, tmp_path / "bad.pickle", "shape=64x256", "shape=0x256")
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "local_chunked"]
+    good = run_cli(*args, "--no-reserved", "--other-from", str(step_snapshot))
+    code, out, err = run_cli(*args, "--no-reserved", "--other-from", str(bad))
+    assert code == 0 and good[0] == 0, err
+    assert out.splitlines()[0] == good[1].splitlines()[0]  # the same "other"
