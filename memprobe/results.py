@@ -28,7 +28,7 @@ from memprobe import __version__
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular, write_atomic
 from memprobe.io.text import printable
-from memprobe.records import DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
+from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 
 RUN_META = "run.json"
 RESULTS_JSON = "results.json"
@@ -152,6 +152,15 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
         raise _bad(file, index, f"status {clean['status']!r} is not one of {', '.join(STATUSES)}")
     if clean["dtype"] not in DTYPES:
         raise _bad(file, index, f"dtype {clean['dtype']!r} is not one of {', '.join(DTYPES)}")
+    if clean["device"] is not None and clean["device"] not in DEVICES:
+        # A device memprobe never ran on ("tpu", or "auto", which a run resolves): gate and
+        # report would judge and draw it as if one of them had measured it.
+        raise _bad(file, index, f"device {clean['device']!r} is not one of {', '.join(DEVICES)}")
+    for key in ("hidden", "floor_bytes"):
+        # H sizes the hidden family's inputs; a floor holds at least the logits: neither
+        # is ever 0 (a ratio over a floor of 0 has no value).
+        if clean[key] == 0:
+            raise _bad(file, index, f"{key} 0 is not positive")
     snapshot = clean["snapshot"]
     if snapshot is not None and not _SNAPSHOT_PATH.fullmatch(snapshot):
         raise _bad(file, index, f"snapshot {snapshot!r} is not a path under {SNAPSHOTS}/")

@@ -4,10 +4,13 @@ file memprobe reads is left as it was."""
 
 from __future__ import annotations
 
+import json
 import pickle
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -110,3 +113,50 @@ def test_other_from_reads_around_a_zero_dimension_label(
     code, out, err = run_cli(*args, "--no-reserved", "--other-from", str(bad))
     assert code == 0 and good[0] == 0, err
     assert out.splitlines()[0] == good[1].splitlines()[0]  # the same "other"
+
+
+# -- results rows: values no sweep writes are refused where the rows are read ---------
+
+
+def _tamper(made_run: Path, to: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    run = to / "run"
+    shutil.copytree(made_run, run)
+    data = json.loads((run / "results.json").read_text())
+    for row in data["rows"]:
+        edit(row)
+    (run / "results.json").write_text(json.dumps(data))
+    return run
+
+
+GATE_TOML = '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+ROWS = {
+    "device tpu": ({"device": "tpu"}, "device 'tpu' is not one of meta, cpu, cuda"),
+    "device auto": ({"device": "auto"}, "device 'auto' is not one of meta, cpu, cuda"),
+    "device CUDA": ({"device": "CUDA"}, "device 'CUDA' is not one of"),
+    "hidden 0": ({"hidden": 0}, "hidden 0 is not positive"),
+    "floor 0": ({"floor_bytes": 0}, "floor_bytes 0 is not positive"),
+}
+
+
+@pytest.mark.parametrize("command", ["report", "gate", "baseline", "resume"])
+@pytest.mark.parametrize("what", sorted(ROWS))
+def test_a_row_no_sweep_writes_is_one_line(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch, what: str, command: str
+) -> None:
+    edit, says = ROWS[what]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(GATE_TOML)
+    run = _tamper(made_run, tmp_path, lambda row: row.update(edit))
+    good = tmp_path / "good"
+    shutil.copytree(made_run, good)
+    args = {
+        "report": ["report", str(run), "--out", "page.html"],
+        "gate": ["gate", str(run)],
+        "baseline": ["gate", str(good), "--baseline", str(run)],
+        "resume": ["sweep", "--resume", str(run), "-q", "--no-verify"],
+    }[command]
+    before = (run / "results.json").read_bytes()
+    err = _one_line(*run_cli(*args))
+    assert says in err and "row 0" in err
+    assert (run / "results.json").read_bytes() == before
+    assert not (tmp_path / "page.html").exists()
