@@ -160,3 +160,59 @@ def test_a_row_no_sweep_writes_is_one_line(
     assert says in err and "row 0" in err
     assert (run / "results.json").read_bytes() == before
     assert not (tmp_path / "page.html").exists()
+
+
+# -- run.json: its text reaches the page inert, its capacity only when it is one -------
+
+_CONTROLS = "".join(map(chr, [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]))
+META_TEXT = {
+    "command": "memprobe sweep \x1b[2J\x07\x9b31m --out run",
+    "device_name": "H100\x1b]0;owned\x07 80GB",
+    "started": "\x00yesterday",
+    "torch_version": "2.13\r\nFAKE: all checks passed",
+    "kernel_summaries": {"unchunked": "log_softmax\x1b[31m in red\x08\x08"},
+}
+
+
+@pytest.mark.parametrize("key", sorted(META_TEXT))
+def test_run_json_text_reaches_the_page_without_control_characters(
+    run_cli, made_run: Path, tmp_path: Path, key: str
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta[key] = META_TEXT[key]
+    (run / "run.json").write_text(json.dumps(meta))
+    code, _, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0, err
+    page = (tmp_path / "page.html").read_text()
+    assert not set(page) & set(_CONTROLS) - {"\n", "\t", "\r"}
+    assert "\\x1b" in page or "\\x00" in page or "\\r\\n" in page  # shown, as the terminal does
+    assert "\r\nFAKE" not in page
+
+
+@pytest.mark.parametrize("capacity", [-1, 0, 0.5, 10**400, "80GiB", True, float("nan")])
+def test_a_cuda_runs_capacity_that_is_no_size_draws_no_budget(
+    run_cli, made_run: Path, tmp_path: Path, capacity: object
+) -> None:
+    """10**400 was a traceback (OverflowError in the plot's label); -1 drew a budget of
+    -1 B that every kernel was 'over'."""
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(device="cuda", device_memory_bytes=capacity)
+    (run / "run.json").write_text(json.dumps(meta))
+    code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0 and "Traceback" not in err, err
+    page = (tmp_path / "page.html").read_text()
+    assert "budget (the GPU&#39;s capacity): none" not in page and "-1 B" not in page
+
+
+def test_a_cuda_runs_real_capacity_is_still_drawn(run_cli, made_run: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(device="cuda", device_memory_bytes=80 * 2**30)
+    (run / "run.json").write_text(json.dumps(meta))
+    assert run_cli("report", str(run), "--out", str(tmp_path / "page.html"))[0] == 0
+    assert "80.00 GiB" in (tmp_path / "page.html").read_text()
