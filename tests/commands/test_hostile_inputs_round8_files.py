@@ -216,3 +216,39 @@ def test_a_cuda_runs_real_capacity_is_still_drawn(run_cli, made_run: Path, tmp_p
     (run / "run.json").write_text(json.dumps(meta))
     assert run_cli("report", str(run), "--out", str(tmp_path / "page.html"))[0] == 0
     assert "80.00 GiB" in (tmp_path / "page.html").read_text()
+
+
+# -- gate: a case that is not ok is named for what happened to it ----------------------
+
+HAPPENED = {
+    # status, note, peak: what the FAIL line says (a failed case "did not finish" before)
+    "an error with a NaN peak": (
+        {"status": "error", "note": "RuntimeError: boom", "peak_bytes": float("nan")},
+        "case failed with an error (status error: RuntimeError: boom)",
+    ),
+    "an error with its peak measured": (
+        {"status": "error", "note": "numerics check failed"},
+        "case failed with an error (status error: numerics check failed)",
+    ),
+    "an oom": ({"status": "oom", "note": "CUDA out of memory"}, "case ran out of memory"),
+    "skipped": ({"status": "skipped", "note": "needs 4 ranks"}, "case was skipped"),
+    "a rank went silent": (
+        {"status": "error", "note": "unfinished: rank 1 went silent", "peak_bytes": None},
+        "case did not finish (status error: unfinished: rank 1 went silent)",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(HAPPENED))
+def test_gate_says_what_happened_to_a_case(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch, what: str
+) -> None:
+    edit, says = HAPPENED[what]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(GATE_TOML)
+    run = _tamper(made_run, tmp_path, lambda row: row.update(edit))
+    code, out, err = run_cli("gate", str(run))
+    assert code == 1, err
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("  FAIL")]
+    assert says in line and line.endswith("; its limits are unverified"), line
+    assert ("did not finish" in line) == (what == "a rank went silent")
