@@ -252,3 +252,50 @@ def test_gate_says_what_happened_to_a_case(
     (line,) = [ln for ln in out.splitlines() if ln.startswith("  FAIL")]
     assert says in line and line.endswith("; its limits are unverified"), line
     assert ("did not finish" in line) == (what == "a rank went silent")
+
+
+# -- gate config: a limit without a unit that cannot be what its writer meant ----------
+
+UNITLESS = {
+    "1.5": "max_peak 1.5 has no unit, so it is 1 B",
+    "58": "max_peak 58 has no unit, so it is 58 B",
+    '"10"': "max_peak 10 has no unit, so it is 10 B",
+    "0": "max_peak 0 has no unit, so it is 0 B",
+    "1048575": "max_peak 1048575 has no unit, so it is 1,024.00 KiB",
+    '"1_000"': "max_peak 1_000 has no unit, so it is 1,000 B",
+}
+
+
+@pytest.mark.parametrize("value", sorted(UNITLESS))
+def test_a_max_peak_without_a_unit_below_a_mib_is_refused(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch, value: str
+) -> None:
+    """`max_peak = 1.5` meant 1 byte: every case failed its rule as if it had regressed."""
+    monkeypatch.chdir(tmp_path)
+    rule = f'[tool.memprobe.gate]\nrules = [{{ kernel = "*", max_peak = {value} }}]\n'
+    (tmp_path / "pyproject.toml").write_text(rule)
+    err = _one_line(*run_cli("gate", str(made_run), "--junit-xml", "j.xml"))
+    assert UNITLESS[value] in err and "rules[0]" in err and "GiB" in err
+    assert not (tmp_path / "j.xml").exists()
+
+
+@pytest.mark.parametrize("value", ['"1.5 GiB"', '"58 B"', '"0 B"', "1048576", "2e10"])
+def test_a_max_peak_with_a_unit_or_of_a_plausible_size_is_read(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch, value: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    rule = f'[tool.memprobe.gate]\nrules = [{{ kernel = "*", max_peak = {value} }}]\n'
+    (tmp_path / "pyproject.toml").write_text(rule)
+    code, out, err = run_cli("gate", str(made_run))
+    assert code in (0, 1) and "limit" in out, err
+
+
+def test_an_empty_device_list_in_a_rule_is_refused(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """`device = []` read as a filter nothing passes: 'matches no case', naming 'device='."""
+    monkeypatch.chdir(tmp_path)
+    rule = '[tool.memprobe.gate]\nrules = [{ kernel = "*", device = [], max_peak = "1 GiB" }]\n'
+    (tmp_path / "pyproject.toml").write_text(rule)
+    err = _one_line(*run_cli("gate", str(made_run)))
+    assert "rules[0]: 'device' is an empty list" in err
