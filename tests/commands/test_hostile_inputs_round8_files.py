@@ -299,3 +299,72 @@ def test_an_empty_device_list_in_a_rule_is_refused(
     (tmp_path / "pyproject.toml").write_text(rule)
     err = _one_line(*run_cli("gate", str(made_run)))
     assert "rules[0]: 'device' is an empty list" in err
+
+
+# -- gate: no report lands on a file the gate read, or on the run's own files ----------
+
+
+def _snapshot_of(run: Path) -> Path:
+    return sorted((run / "snapshots").glob("*.pickle"))[0]
+
+
+SUMMARY_ON = {
+    "results.json": lambda here, run: run / "results.json",
+    "the config": lambda here, run: here / "pyproject.toml",
+    "a snapshot": lambda here, run: _snapshot_of(run),
+    "the baseline": lambda here, run: here / "base.json",
+    "a link to results.csv": lambda here, run: _link(here / "s.md", run / "results.csv"),
+    "a hard link to run.json": lambda here, run: _hard(here / "h.md", run / "run.json"),
+}
+
+
+def _link(path: Path, to: Path) -> Path:
+    path.symlink_to(to)
+    return path
+
+
+def _hard(path: Path, to: Path) -> Path:
+    path.hardlink_to(to)
+    return path
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", sorted(SUMMARY_ON))
+def test_the_step_summary_is_never_appended_to_an_input(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch, where: str
+) -> None:
+    """GITHUB_STEP_SUMMARY naming the results appended Markdown to them: the run's
+    results.json no longer read as JSON."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(GATE_TOML)
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    shutil.copy(run / "results.json", tmp_path / "base.json")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(SUMMARY_ON[where](tmp_path, run)))
+    before = _tree(tmp_path)
+    code, out, err = run_cli("gate", "run", "--baseline", "base.json")
+    assert code == 0 and "passed" in out, err
+    (warning,) = err.strip().splitlines()
+    assert warning.startswith("memprobe: warning: did not append to GITHUB_STEP_SUMMARY")
+    assert warning.endswith("an input of this command")
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["report.html", "timeline.png", "results.csv"])
+def test_junit_never_replaces_a_file_of_the_run(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch, name: str
+) -> None:
+    """The run's report.html was replaced by the gate's JUnit XML (only run.json, the
+    results and snapshots/ were guarded)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(GATE_TOML)
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    before = _tree(run)
+    for flag in ("--junit-xml", "--update-baseline"):
+        err = _one_line(*run_cli("gate", "run", flag, f"run/{name}"))
+        assert f"would overwrite run/{name}, an input of this command" in err
+    assert _tree(run) == before
