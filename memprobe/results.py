@@ -361,6 +361,25 @@ def run_inputs(path: Path) -> list[Path]:
     return [path / name for name in (RUN_META, RESULTS_JSON, RESULTS_CSV, SNAPSHOTS)]
 
 
+def check_snapshots_folder(run_dir: Path) -> None:
+    """A run being resumed writes its cases' snapshots into ``snapshots/``: that must be
+    the run's own folder (or not there yet). A link sends them wherever it points (a
+    ``snapshots -> /`` wrote pickles into the root); a file there would stop the run
+    after its first case."""
+    folder = run_dir / SNAPSHOTS
+    if folder.is_symlink():
+        raise UserError(
+            f"cannot resume {run_dir}: {folder} is a link (to {os.readlink(folder)}), "
+            "and the run's snapshots would be written there",
+            "make it a folder of the run again, or start a new run",
+        )
+    if folder.exists() and not folder.is_dir():
+        raise UserError(
+            f"cannot resume {run_dir}: {folder} is not a folder",
+            "move it away (the run writes its snapshots there), or start a new run",
+        )
+
+
 def snapshot_relpath(case: Case) -> str:
     """Where a case's allocator snapshot lives, relative to the run directory."""
     return f"{SNAPSHOTS}/{case.case_id}.pickle"

@@ -327,6 +327,7 @@ def open_run(
         if not out_dir.is_dir():
             raise UserError(f"cannot resume {out_dir}: no such directory", "give a run directory")
         cases = results.planned_cases(out_dir)
+        results.check_snapshots_folder(out_dir)
         done = results.read_rows(out_dir) if results.results_file(out_dir).exists() else []
         stray = results.unplanned_rows(done, cases)
         if stray:

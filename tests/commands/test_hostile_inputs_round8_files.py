@@ -368,3 +368,53 @@ def test_junit_never_replaces_a_file_of_the_run(
         err = _one_line(*run_cli("gate", "run", flag, f"run/{name}"))
         assert f"would overwrite run/{name}, an input of this command" in err
     assert _tree(run) == before
+
+
+# -- sweep --resume: a run's snapshots are written inside it ---------------------------
+
+
+def _unfinished(made_run: Path, to: Path) -> Path:
+    """A copy of the run with its one row gone: resuming it runs the case again."""
+    run = to / "run"
+    shutil.copytree(made_run, run)
+    data = json.loads((run / "results.json").read_text())
+    data["rows"] = []
+    (run / "results.json").write_text(json.dumps(data))
+    return run
+
+
+@pytest.mark.parametrize(
+    "make", ["a link to a folder outside", "a link to the run itself", "a file", "a FIFO"]
+)
+def test_resume_refuses_a_snapshots_folder_that_is_not_the_runs(
+    run_cli, made_run: Path, tmp_path: Path, make: str
+) -> None:
+    """snapshots -> / made `sweep --resume` write its pickles into the root folder."""
+    import os
+
+    run = _unfinished(made_run, tmp_path)
+    shutil.rmtree(run / "snapshots")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if make == "a link to a folder outside":
+        (run / "snapshots").symlink_to(elsewhere)
+    elif make == "a link to the run itself":
+        (run / "snapshots").symlink_to(run)
+    elif make == "a file":
+        (run / "snapshots").write_text("x")
+    else:
+        os.mkfifo(run / "snapshots")
+    before = _tree(run)
+    err = _one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert f"cannot resume {run}: {run / 'snapshots'} is" in err
+    assert not list(elsewhere.iterdir()) and _tree(run) == before
+
+
+def test_resume_still_makes_a_missing_snapshots_folder(
+    run_cli, made_run: Path, tmp_path: Path
+) -> None:
+    run = _unfinished(made_run, tmp_path)
+    shutil.rmtree(run / "snapshots")
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    assert code == 0, err
+    assert len(list((run / "snapshots").glob("*.pickle"))) == 1
