@@ -176,6 +176,11 @@ def _case_from_row(row: Row) -> Case:
     return Case(**{k: row[k] for k in KEY_COLUMNS})
 
 
+def identity_agrees(row: Row) -> bool:
+    """Whether a validated row's case_id is the id of the case its columns describe."""
+    return row.get("case_id") == _case_from_row(row).case_id
+
+
 def case_of(row: Row) -> Case:
     """The Case a validated row describes."""
     return _case_from_row(row)

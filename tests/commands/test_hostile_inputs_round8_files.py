@@ -418,3 +418,42 @@ def test_resume_still_makes_a_missing_snapshots_folder(
     code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
     assert code == 0, err
     assert len(list((run / "snapshots").glob("*.pickle"))) == 1
+
+
+# The row's columns name the planned case; its case_id (and snapshot) another, or none.
+IDENTITIES = {
+    "another case's id": "local_chunked-b1-s64-v128-bf16-c1024-tp1-cp1-meta-00000000",
+    "the right prefix, a wrong hash": "unchunked-b1-s64-v128-bf16-c1024-tp1-cp1-meta-deadbeef",
+    "an id of no case": "x",
+}
+
+
+@pytest.mark.parametrize("what", sorted(IDENTITIES))
+def test_resume_runs_again_a_row_whose_case_id_is_not_its_case(
+    run_cli, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    """It was kept as the case's row: report and gate then judged a row that may be
+    another case's measurement (see the comment in sweep.open_run for why not refuse)."""
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    data = json.loads((run / "results.json").read_text())
+    (row,) = data["rows"]
+    right = row["case_id"]
+    row.update(case_id=IDENTITIES[what], peak_bytes=1)
+    (run / "results.json").write_text(json.dumps(data))
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    assert code == 0, err
+    (again,) = json.loads((run / "results.json").read_text())["rows"]
+    assert again["case_id"] == right and again["peak_bytes"] > 1
+    assert again["snapshot"] == f"snapshots/{right}.pickle"
+
+
+def test_resume_keeps_a_row_whose_case_id_is_its_case(
+    run_cli, made_run: Path, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    before = (run / "results.json").read_bytes()
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    assert code == 0, err
+    assert (run / "results.json").read_bytes() == before  # nothing ran again
