@@ -457,3 +457,39 @@ def test_resume_keeps_a_row_whose_case_id_is_its_case(
     code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
     assert code == 0, err
     assert (run / "results.json").read_bytes() == before  # nothing ran again
+
+
+# -- plan --other-from: snapshots of another job, and an "other" past the budget -------
+
+PLAN = ["plan", "--budget", "1GiB", "--kernel", "local_chunked", "--no-reserved"]
+
+
+@pytest.mark.parametrize("vocab", ["128", "131072", "257"])
+def test_other_from_a_step_at_another_vocabulary_is_refused(
+    run_cli, step_snapshot: Path, vocab: str
+) -> None:
+    """Read as this job's "other": the answer planned a job whose lm_head the file lacks."""
+    err = _one_line(*run_cli(*PLAN, "--vocab", vocab, "--other-from", str(step_snapshot)))
+    assert f"its loss is over a vocabulary of 256, and this plan's --vocab is {int(vocab):,}" in err
+
+
+def test_other_from_past_the_budget_names_other_from(
+    run_cli, step_snapshot: Path, tmp_path: Path
+) -> None:
+    """It said '--other 1.00 GiB is more than --budget': a flag the user never gave."""
+    data = pickle.loads(step_snapshot.read_bytes())
+    data["device_traces"][0].insert(
+        4, {"action": "alloc", "addr": 2**45, "size": 2**30, "stream": 0, "frames": []}
+    )
+    big = tmp_path / "big.pickle"
+    big.write_bytes(pickle.dumps(data, protocol=4))
+    for others in ([big], [big, step_snapshot]):
+        paths = ",".join(map(str, others))
+        err = _one_line(*run_cli(*PLAN, "--vocab", "256", "--other-from", paths))
+        assert "the rest of the job read from --other-from holds 1.00 GiB" in err
+        assert "--other " not in err and "more than --budget 1.00 GiB" in err
+
+
+def test_other_from_at_the_plans_vocabulary_still_plans(run_cli, step_snapshot: Path) -> None:
+    code, out, err = run_cli(*PLAN, "--vocab", "256", "--other-from", str(step_snapshot))
+    assert code == 0 and "other: 72.50 KiB, read from 1 snapshot" in out, err
