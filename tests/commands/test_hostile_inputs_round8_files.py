@@ -493,3 +493,95 @@ def test_other_from_past_the_budget_names_other_from(
 def test_other_from_at_the_plans_vocabulary_still_plans(run_cli, step_snapshot: Path) -> None:
     code, out, err = run_cli(*PLAN, "--vocab", "256", "--other-from", str(step_snapshot))
     assert code == 0 and "other: 72.50 KiB, read from 1 snapshot" in out, err
+
+
+# -- snapshot fields read for what they are, not for what bool() or int() makes of them --
+
+
+def _edited(snapshot: Path, to: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    data = pickle.loads(snapshot.read_bytes())
+    edit(data)
+    to.write_bytes(pickle.dumps(data, protocol=4))
+    return to
+
+
+def _oom(size: int, free: object) -> Callable[[dict[str, Any]], None]:
+    entry = {"action": "oom", "size": size, "device_free": free, "stream": 0, "frames": []}
+    return lambda data: data["device_traces"][0].append(entry)
+
+
+@pytest.mark.parametrize("free", [-1, -(2**40), "lots", 1.5, None])
+def test_an_ooms_free_bytes_that_are_no_size_read_as_unknown(
+    run_cli, step_snapshot: Path, tmp_path: Path, free: object
+) -> None:
+    """device_free -1 printed 'at that moment: -1 B free on the device'."""
+    bad = _edited(step_snapshot, tmp_path / "s.pickle", _oom(2**30, free))
+    code, out, err = run_cli("attribute", str(bad), "--top", "1")
+    assert code == 0, err
+    assert "at that moment: unknown free on the device" in out and "-1 B" not in out
+
+
+@pytest.mark.parametrize("command", ["attribute", "diff", "--replay"])
+def test_an_oom_of_no_bytes_is_refused(
+    run_cli, step_snapshot: Path, tmp_path: Path, command: str
+) -> None:
+    """An OOM 'requested 0 B' got the verdict 'fragmentation: the request would have fit
+    ... but no single free block was large enough'."""
+    bad = _edited(step_snapshot, tmp_path / "s.pickle", _oom(0, 0))
+    args = {
+        "attribute": ["attribute", str(bad)],
+        "diff": ["diff", str(step_snapshot), str(bad)],
+        "--replay": ["attribute", str(bad), "--replay"],
+    }[command]
+    err = _one_line(*run_cli(*args))
+    assert "device_traces[0][34] (oom) requests 0 bytes" in err
+
+
+@pytest.mark.parametrize("flag", ["False", "no", 1.0, [1], "True"])
+def test_a_segments_expandable_flag_is_a_bool(
+    run_cli, step_snapshot: Path, tmp_path: Path, flag: object
+) -> None:
+    """is_expandable "False" read as an expandable segment (bool("False") is True)."""
+    bad = _edited(
+        step_snapshot, tmp_path / "s.pickle", lambda d: d["segments"][0].update(is_expandable=flag)
+    )
+    code, out, err = run_cli("attribute", str(bad), "--top", "1", "--replay")
+    assert code == 0, err
+    assert "(0 large, 1 small, 0 expandable)" in out
+    assert "default settings" in out and "expandable_segments:True" not in out
+
+
+DIVISIONS = {
+    "a '>' key": {">": 4, "1": 2},
+    "a key of 2**70": {2**70: 1},
+    "a negative count": {"1": -3},
+    "a count of 3": {"1": 3},
+    "a float count": {"1": 2.0},
+    "a key that is no number": {"x": 2},
+    "a bool count": {"1": True},
+}
+
+
+@pytest.mark.parametrize("what", sorted(DIVISIONS))
+def test_a_divisions_table_torch_never_writes_leaves_the_defaults(
+    run_cli, step_snapshot: Path, tmp_path: Path, what: str
+) -> None:
+    """A '>' key was a ValueError traceback from --replay."""
+
+    def edit(data: dict[str, Any]) -> None:
+        data["allocator_settings"]["roundup_power2_divisions"] = DIVISIONS[what]
+
+    bad = _edited(step_snapshot, tmp_path / "s.pickle", edit)
+    code, out, err = run_cli("attribute", str(bad), "--top", "1", "--replay")
+    assert code == 0 and "Traceback" not in err, err
+    assert "replay on device 0 (memprobe's caching-allocator model, default settings" in out
+
+
+def test_torchs_divisions_table_is_still_read(run_cli, step_snapshot: Path, tmp_path: Path) -> None:
+    def edit(data: dict[str, Any]) -> None:
+        table = {str(2**i): 4 for i in range(16)}
+        data["allocator_settings"]["roundup_power2_divisions"] = table
+
+    bad = _edited(step_snapshot, tmp_path / "s.pickle", edit)
+    code, out, _ = run_cli("attribute", str(bad), "--top", "1", "--replay")
+    assert code == 0 and "roundup_power2_divisions:" in out
