@@ -585,3 +585,18 @@ def test_torchs_divisions_table_is_still_read(run_cli, step_snapshot: Path, tmp_
     bad = _edited(step_snapshot, tmp_path / "s.pickle", edit)
     code, out, _ = run_cli("attribute", str(bad), "--top", "1", "--replay")
     assert code == 0 and "roundup_power2_divisions:" in out
+
+
+@pytest.mark.parametrize("how", ["config", "flag"])
+def test_a_baseline_that_is_a_folder_is_not_called_missing(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch, how: str
+) -> None:
+    """It said the folder 'does not exist yet' and to make it with --update-baseline,
+    which cannot write a folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "ci").mkdir()
+    config = GATE_TOML + ('baseline = "ci"\n' if how == "config" else "")
+    (tmp_path / "pyproject.toml").write_text(config)
+    args = ["gate", str(made_run)] + (["--baseline", "ci"] if how == "flag" else [])
+    err = _one_line(*run_cli(*args))
+    assert "ci is a folder with no results.json in it" in err and "does not exist" not in err
