@@ -600,3 +600,15 @@ def test_a_baseline_that_is_a_folder_is_not_called_missing(
     args = ["gate", str(made_run)] + (["--baseline", "ci"] if how == "flag" else [])
     err = _one_line(*run_cli(*args))
     assert "ci is a folder with no results.json in it" in err and "does not exist" not in err
+
+
+@pytest.mark.parametrize(
+    "conf", ["backend:cudaMallocAsync", "expandable_segments:True,backend:cudaMallocAsync"]
+)
+def test_a_replay_what_if_under_a_backend_memprobe_does_not_model_is_refused(
+    run_cli, step_snapshot: Path, conf: str
+) -> None:
+    """'what-if backend:cudaMallocAsync: this job would have reserved 2.00 MiB' was the
+    native allocator's figure, said of another allocator."""
+    err = _one_line(*run_cli("attribute", str(step_snapshot), "--replay", "--alloc-conf", conf))
+    assert "not backend:cudaMallocAsync" in err
