@@ -191,7 +191,11 @@ def test_run_json_text_reaches_the_page_without_control_characters(
     assert "\r\nFAKE" not in page
 
 
-@pytest.mark.parametrize("capacity", [-1, 0, 0.5, 10**400, "80GiB", True, float("nan")])
+@pytest.mark.parametrize(
+    "capacity",
+    [-1, 0, 0.5, 10**400, "80GiB", True, float("nan")],
+    ids=["-1", "0", "0.5", "10**400", "text", "true", "nan"],
+)
 def test_a_cuda_runs_capacity_that_is_no_size_draws_no_budget(
     run_cli, made_run: Path, tmp_path: Path, capacity: object
 ) -> None:
