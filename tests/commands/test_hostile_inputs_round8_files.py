@@ -1,6 +1,9 @@
 """Hostile inputs, round 8 (files): snapshot pickles, run directories, gate configs and
 baselines, and outputs that land on inputs. Each refusal is one line and exit 2; each
-file memprobe reads is left as it was."""
+file memprobe reads is left as it was.
+
+Why one long module: it is the whole round's table of hostile files, one section per
+kind of file, and each section's fixtures serve the next (the profiled step, the run)."""
 
 from __future__ import annotations
 
