@@ -619,3 +619,17 @@ def test_a_replay_what_if_under_a_backend_memprobe_does_not_model_is_refused(
     native allocator's figure, said of another allocator."""
     err = _one_line(*run_cli("attribute", str(step_snapshot), "--replay", "--alloc-conf", conf))
     assert "not backend:cudaMallocAsync" in err
+
+
+def test_an_output_under_an_input_folder_that_is_a_link_names_where_it_leads(
+    run_cli, made_run: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """snapshots -> / refused report --out p.html as 'would overwrite run/snapshots'."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    shutil.rmtree(run / "snapshots")
+    (run / "snapshots").symlink_to(tmp_path)
+    err = _one_line(*run_cli("report", "run", "--out", "p.html"))
+    assert f"--out p.html would write inside run/snapshots (a link to {tmp_path})" in err
+    assert not (tmp_path / "p.html").exists()
