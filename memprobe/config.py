@@ -9,6 +9,7 @@ than the user meant. Every error names the key and where it sits, e.g.
 from __future__ import annotations
 
 import math
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -17,7 +18,7 @@ from typing import Any
 
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
-from memprobe.io.sizes import parse_size
+from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, Grid
 
 if sys.version_info >= (3, 11):
@@ -239,9 +240,11 @@ def _parse_rule(value: Any, where: str) -> Rule:
         kwargs["dtype"] = _dtypes(table["dtype"], where)
     if "device" in table:
         devices = table["device"] if isinstance(table["device"], list) else [table["device"]]
+        if not devices:
+            raise UserError(f"{where}: 'device' is an empty list", "give at least one value")
         kwargs["device"] = tuple(_device(d, where, allow_auto=False) for d in devices)
     if "max_peak" in table:
-        kwargs["max_peak"] = parse_size(table["max_peak"], what=f"{where}: max_peak")
+        kwargs["max_peak"] = _max_peak(table["max_peak"], where)
     if "max_peak_over_floor" in table:
         ratio = table["max_peak_over_floor"]
         if not _finite_number(ratio) or ratio <= 0:
@@ -267,6 +270,25 @@ def _parse_rule(value: Any, where: str) -> Rule:
 
 
 # -- values -----------------------------------------------------------------
+
+
+# A limit below this written without a unit is surely not what its writer meant:
+# `max_peak = 1.5` is 1 byte, and every case "fails" it (the CLI warns alike on --other 58).
+PLAUSIBLE_PEAK = 2**20
+
+
+def _max_peak(value: Any, where: str) -> int:
+    size = parse_size(value, what=f"{where}: max_peak")
+    unitless = (isinstance(value, (int, float)) and not isinstance(value, bool)) or (
+        isinstance(value, str) and re.fullmatch(r"\s*[0-9][0-9_,]*(\.[0-9]+)?\s*", value)
+    )
+    if unitless and size < PLAUSIBLE_PEAK:
+        shown = str(value).strip()
+        raise UserError(
+            f"{where}: max_peak {shown} has no unit, so it is {format_bytes(size)}",
+            f'write the unit, e.g. max_peak = "{shown} GiB" (or "{shown} B" if you mean bytes)',
+        )
+    return size
 
 
 def _finite_number(value: Any) -> bool:

@@ -28,7 +28,7 @@ from memprobe import __version__
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular, write_atomic
 from memprobe.io.text import printable
-from memprobe.records import DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
+from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 
 RUN_META = "run.json"
 RESULTS_JSON = "results.json"
@@ -152,6 +152,15 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
         raise _bad(file, index, f"status {clean['status']!r} is not one of {', '.join(STATUSES)}")
     if clean["dtype"] not in DTYPES:
         raise _bad(file, index, f"dtype {clean['dtype']!r} is not one of {', '.join(DTYPES)}")
+    if clean["device"] is not None and clean["device"] not in DEVICES:
+        # A device memprobe never ran on ("tpu", or "auto", which a run resolves): gate and
+        # report would judge and draw it as if one of them had measured it.
+        raise _bad(file, index, f"device {clean['device']!r} is not one of {', '.join(DEVICES)}")
+    for key in ("hidden", "floor_bytes"):
+        # H sizes the hidden family's inputs; a floor holds at least the logits: neither
+        # is ever 0 (a ratio over a floor of 0 has no value).
+        if clean[key] == 0:
+            raise _bad(file, index, f"{key} 0 is not positive")
     snapshot = clean["snapshot"]
     if snapshot is not None and not _SNAPSHOT_PATH.fullmatch(snapshot):
         raise _bad(file, index, f"snapshot {snapshot!r} is not a path under {SNAPSHOTS}/")
@@ -165,6 +174,11 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
 
 def _case_from_row(row: Row) -> Case:
     return Case(**{k: row[k] for k in KEY_COLUMNS})
+
+
+def identity_agrees(row: Row) -> bool:
+    """Whether a validated row's case_id is the id of the case its columns describe."""
+    return row.get("case_id") == _case_from_row(row).case_id
 
 
 def case_of(row: Row) -> Case:
@@ -350,6 +364,25 @@ def run_inputs(path: Path) -> list[Path]:
     if not path.is_dir():
         return [path]
     return [path / name for name in (RUN_META, RESULTS_JSON, RESULTS_CSV, SNAPSHOTS)]
+
+
+def check_snapshots_folder(run_dir: Path) -> None:
+    """A run being resumed writes its cases' snapshots into ``snapshots/``: that must be
+    the run's own folder (or not there yet). A link sends them wherever it points (a
+    ``snapshots -> /`` wrote pickles into the root); a file there would stop the run
+    after its first case."""
+    folder = run_dir / SNAPSHOTS
+    if folder.is_symlink():
+        raise UserError(
+            f"cannot resume {run_dir}: {folder} is a link (to {os.readlink(folder)}), "
+            "and the run's snapshots would be written there",
+            "make it a folder of the run again, or start a new run",
+        )
+    if folder.exists() and not folder.is_dir():
+        raise UserError(
+            f"cannot resume {run_dir}: {folder} is not a folder",
+            "move it away (the run writes its snapshots there), or start a new run",
+        )
 
 
 def snapshot_relpath(case: Case) -> str:

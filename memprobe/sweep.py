@@ -327,6 +327,7 @@ def open_run(
         if not out_dir.is_dir():
             raise UserError(f"cannot resume {out_dir}: no such directory", "give a run directory")
         cases = results.planned_cases(out_dir)
+        results.check_snapshots_folder(out_dir)
         done = results.read_rows(out_dir) if results.results_file(out_dir).exists() else []
         stray = results.unplanned_rows(done, cases)
         if stray:
@@ -351,7 +352,11 @@ def open_run(
         results.create_run_dir(out_dir, cases, info)
         done = []
     # A case recorded as unfinished (its rank went silent) runs again; its row is replaced.
-    done = [r for r in done if not results.unfinished(r)]
+    # So does the case of a row whose case_id is not its columns' case (edited, or pasted
+    # from another run): which case it measured is unknown, and its snapshot may be the
+    # other one's. Refusing would leave a hand edit or a new run; the case is planned, so
+    # running it again puts a row that is true in its place.
+    done = [r for r in done if not results.unfinished(r) and results.identity_agrees(r)]
     finished = {results.case_key(r) for r in done}
     todo = [c for c in cases if results.case_key(asdict(c)) not in finished]
     return cases, list(done), todo

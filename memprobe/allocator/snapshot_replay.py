@@ -119,8 +119,10 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
     if isinstance(gc, (int, float)) and 0 < gc < 1:
         fields["garbage_collection_threshold"] = float(gc)
     divisions = settings.get("roundup_power2_divisions")
-    if isinstance(divisions, dict) and divisions:
+    if isinstance(divisions, dict) and divisions and all(map(_division, divisions.items())):
         # torch writes {"1": d, "2": d, "4": d, ...}: one entry per interval, keyed in MiB.
+        # Any other table (a ">" key, a negative or fractional count) is no setting torch
+        # has: the defaults stand, as for a field that is not there.
         values = [int(v) for _, v in sorted(divisions.items(), key=lambda kv: int(kv[0]))]
         values = (values + [values[-1]] * ROUNDUP_INTERVALS)[:ROUNDUP_INTERVALS]
         fields["roundup_power2_divisions"] = tuple(values)
@@ -130,6 +132,22 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
     elif any(s.get("is_expandable") for s in snapshot.get("segments") or []):
         fields["expandable_segments"] = True
     return AllocConf(**fields)
+
+
+def _division(item: tuple[Any, Any]) -> bool:
+    """One entry of torch's divisions table: an interval in MiB (a power of two, as a
+    number or its digits) and a count of 0 or a power of two."""
+    key, value = item
+    if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 6:
+        key = int(key)
+    whole = [v for v in (key, value) if isinstance(v, int) and not isinstance(v, bool)]
+    return (
+        len(whole) == 2
+        and 0 < key <= 2**20
+        and key & (key - 1) == 0
+        and 0 <= value <= 2**20
+        and value & (value - 1) == 0
+    )
 
 
 def replay_snapshot(

@@ -18,6 +18,7 @@ class OtherMemory:
     tokens: int  # N = B·S of the loss step
     other_bytes: int  # the most live bytes that were neither the logits nor the step's own
     at_index: int  # the trace entry where that was
+    vocab: int = 0  # V of the loss step's logits (0: not read)
 
 
 def other_memory(
@@ -51,4 +52,4 @@ def other_memory(
         live += delta
         if live > most:
             most, at = live, pos
-    return OtherMemory(step.batch * step.rows, most, at)
+    return OtherMemory(step.batch * step.rows, most, at, step.vocab)

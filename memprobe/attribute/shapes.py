@@ -145,7 +145,7 @@ def _infer_from(
     readings: dict[tuple[int, int, int | None], Reading] = {}
     recorded: dict[tuple[int, int], tuple[int, ...]] = {}
     for shape in () if forward_only else labelled:
-        if len(shape) >= 2 and vocab_ok(shape[-1], hints):
+        if len(shape) >= 2 and math.prod(shape[:-1]) > 0 and vocab_ok(shape[-1], hints):
             recorded[(math.prod(shape[:-1]), shape[-1])] = shape
     for (n, v), shape in recorded.items():
         reading = score_reading(n, v, sizes, sources, matmuls, direct=direct)

@@ -37,7 +37,7 @@ from memprobe.attribute.ops import (
     loss_evidence,
 )
 from memprobe.records import Frame
-from memprobe.snapshot.labels import parse_label, parse_shape
+from memprobe.snapshot.labels import label_bytes, parse_label, parse_shape
 
 PHASES = ("setup", "forward", "backward", "optimizer")
 
@@ -75,7 +75,10 @@ class Site:
         return self.chain[0] if self.chain else None
 
 
-def read_site(raw_frames: Any, label_text: Any) -> Site:
+def read_site(raw_frames: Any, label_text: Any, size: int | None = None) -> Site:
+    """``size``: the bytes of the block the label is on, when known. A label whose shape
+    and dtype are not that block (a tampered or foreign file: a zero dimension, twice the
+    bytes) records nothing: its shape would be read as the logits'."""
     frames = clean_frames(raw_frames)
     label = parse_label(label_text)
     node = autograd_node(frames)
@@ -94,6 +97,9 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
         phase, reason = "optimizer", "allocated under the optimizer's step"
     chain, via, kernel = call_site(frames)
     dtype = label["dtype"].removeprefix("torch.") if label.get("dtype") else None
+    shape = parse_shape(label.get("shape"))
+    if shape is not None and size is not None and label_bytes(dtype, shape) != size:
+        dtype, shape = None, None
     return Site(
         op=op,
         op_source=op_source,
@@ -109,7 +115,7 @@ def read_site(raw_frames: Any, label_text: Any) -> Site:
         param_setup=is_parameter_setup(frames),
         has_frames=bool(frames),
         label_dtype=dtype,
-        label_shape=parse_shape(label.get("shape")),
+        label_shape=shape,
         collective=collective_evidence(frames),
         attention=in_attention(frames),
         checkpoint=is_checkpoint(frames),
@@ -128,7 +134,7 @@ class SiteCache:
     """
 
     def __init__(self) -> None:
-        self._sites: dict[tuple[tuple[int, ...], str], Site] = {}
+        self._sites: dict[tuple[tuple[int, ...], str, int | None], Site] = {}
         self._keep: list[Any] = []  # the frames objects keyed by id stay alive with us
         # Each entry is asked for again and again (phases, shapes, categories): its
         # site by the entry's id, the entry kept alive with it.
@@ -149,10 +155,13 @@ class SiteCache:
         label = entry.get("user_metadata", "")
         label = label if isinstance(label, str) else ""
         ids = tuple(map(id, frames)) if isinstance(frames, list) else ()
-        key = (ids, label)
+        # A label that records a shape is checked against the block's size (read_site).
+        size = entry.get("size") if "shape=" in label else None
+        size = size if isinstance(size, int) else None
+        key = (ids, label, size)
         found = self._sites.get(key)
         if found is None:
-            found = read_site(frames, label)
+            found = read_site(frames, label, size)
             self._sites[key] = found
             self._keep.append(frames)
         return found

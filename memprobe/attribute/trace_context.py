@@ -46,7 +46,7 @@ class TraceContext:
             return self.sites.site(b.segment_block)
         # Only its free was recorded: its stack describes the free, its label the block.
         free = b.free_entry or {}
-        return self.sites.site({"user_metadata": free.get("user_metadata", "")})
+        return self.sites.site({"user_metadata": free.get("user_metadata", ""), "size": b.size})
 
     def time_at(self, pos: int | None) -> int | None:
         """The entry's time, or None when the clock timed a simulation, not a device."""

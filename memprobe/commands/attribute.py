@@ -57,6 +57,14 @@ def attribute_command(
     if what_if is not None:
         check_what_if_kernel(what_if)  # before the snapshot is read
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    if conf is not None and not conf.is_modelled:
+        # The model is torch's native caching allocator: under another backend its
+        # "this job would have reserved" would be the native figure, said of that one.
+        raise UserError(
+            f"--alloc-conf {alloc_conf}: memprobe models torch's native caching allocator "
+            f"only, not backend:{conf.backend}",
+            "drop the backend option (a what-if of the native allocator's settings)",
+        )
     if html_path is not None:
         # Before anything is read or written: the page must not replace the snapshot.
         guard_outputs({"--html": html_path}, [Path(snapshot)])

@@ -45,6 +45,9 @@ class GateOutcome:
     verdict: Verdict | None
     rows: tuple[Row, ...] = ()
     written: tuple[Path, ...] = ()  # the updated baseline
+    # What the gate read (the run's files, the config, the baseline): no report of it
+    # (the step summary included) may be written onto one.
+    inputs: tuple[Path, ...] = ()
 
     @property
     def exit_code(self) -> int:
@@ -64,12 +67,13 @@ def run_gate(req: GateRequest) -> GateOutcome:
     # Checked before anything runs or is written: no output replaces an input (the config
     # just read included) or another output; only --update-baseline rewrites the baseline.
     baseline_input = req.baseline or cfg.gate.baseline
+    inputs = [
+        *(_run_files(req.results) if req.results else []),
+        *filter(None, [baseline_input, cfg.source, req.config]),
+    ]
     guard_outputs(
         {"--junit-xml": req.junit_xml, "--update-baseline": req.update_baseline},
-        [
-            *(run_inputs(req.results) if req.results else []),
-            *filter(None, [baseline_input, cfg.source, req.config]),
-        ],
+        inputs,
         may_replace={"--update-baseline": [baseline_input] if baseline_input else []},
     )
     config_name = str(cfg.source) if cfg.source else None
@@ -88,6 +92,13 @@ def run_gate(req: GateRequest) -> GateOutcome:
             # First run of `gate --update-baseline` with the baseline named in the config.
             notes.append(f"baseline {baseline_path} does not exist yet; not compared")
             baseline_path = None
+        elif baseline_path.is_dir() and not results_file(baseline_path).exists():
+            # Not "does not exist yet": --update-baseline cannot write a folder either.
+            where = "the config's baseline" if req.baseline is None else "--baseline"
+            raise UserError(
+                f"{where} {baseline_path} is a folder with no results.json in it",
+                "name the baseline file (a results.json), or a run directory that has one",
+            )
         elif not results_file(baseline_path).exists():
             # The first gate run of a project: the baseline is made, not found.
             where = "the config's baseline" if req.baseline is None else "--baseline"
@@ -113,6 +124,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
         if swept is None:
             return GateOutcome(verdict=None)
         rows, source = swept
+        inputs += _run_files(Path(source))
     verdict = evaluate(
         rows,
         rules,
@@ -129,7 +141,17 @@ def run_gate(req: GateRequest) -> GateOutcome:
     if req.update_baseline is not None:
         write_baseline(req.update_baseline, rows)
         written.append(req.update_baseline)
-    return GateOutcome(verdict=verdict, rows=tuple(rows), written=tuple(written))
+    return GateOutcome(
+        verdict=verdict, rows=tuple(rows), written=tuple(written), inputs=tuple(inputs)
+    )
+
+
+def _run_files(results: Path) -> list[Path]:
+    """A run's files: what the gate reads (run_inputs) and what else the sweep wrote there
+    (report.html, its PNGs): a gate's report replaces none of them."""
+    if not results.is_dir():
+        return run_inputs(results)
+    return list(dict.fromkeys([*run_inputs(results), *sorted(results.iterdir())]))
 
 
 def _same_file(a: Path, b: Path) -> bool:

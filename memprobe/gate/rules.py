@@ -4,7 +4,7 @@ Decisions that keep a broken setup from passing:
 
 * A rule that matches no case is a usage error (exit 2): a misspelt kernel
   name or filter must never turn into a green check.
-* A case a rule covers that did not finish (status ``oom``, ``error`` or
+* A case a rule covers whose status is not ``ok`` (``oom``, ``error`` or
   ``skipped``) fails that rule: its limits were not verified. Narrow the
   rule's filters to leave such a case out on purpose.
 * A limit whose measurement is missing (e.g. ``big_fp32_blocks`` from the
@@ -28,6 +28,7 @@ from memprobe.errors import UserError
 from memprobe.results import (
     case_key,
     check_unique_cases,
+    unfinished,
 )
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class Check:
     """One rule limit (or the baseline) applied to one case."""
 
     source: str  # "rules[0]" or "baseline"
-    # a LIMIT_UNITS key; "status" (did not finish); baseline: "regression", "disappeared"
+    # a LIMIT_UNITS key; "status" (oom, error, skipped); baseline: "regression", "disappeared"
     kind: str
     case: str  # human label of the case
     case_id: str
@@ -162,8 +163,7 @@ def check_rule(rule: Rule, row: Row) -> list[Check]:
     }
     status = row.get("status")
     if status != "ok":
-        note = f": {row['note']}" if row.get("note") else ""
-        reason = f"case did not finish (status {status}{note}); its limits are unverified"
+        reason = f"{_what_happened(row)}; its limits are unverified"
         return [Check(kind="status", passed=False, reason=reason, **common)]
     checks = []
     for kind, limit in rule.limits().items():
@@ -180,6 +180,22 @@ def check_rule(rule: Rule, row: Row) -> list[Check]:
                 Check(kind=kind, passed=passed, measured=measured, limit=limit, unit=unit, **common)
             )
     return checks
+
+
+# What a row's status says happened to its case. Only a case a --shard rank went silent
+# on never finished: an error ran and failed, an oom ran out of memory.
+_HAPPENED = {
+    "oom": "case ran out of memory",
+    "error": "case failed with an error",
+    "skipped": "case was skipped",
+}
+
+
+def _what_happened(row: Row) -> str:
+    status = row.get("status")
+    note = f": {row['note']}" if row.get("note") else ""
+    what = "case did not finish" if unfinished(row) else _HAPPENED.get(str(status))
+    return f"{what or 'case did not run'} (status {status}{note})"
 
 
 def check_rules(rows: Sequence[Row], rules: Iterable[Rule], *, source: str) -> list[Check]:

@@ -85,8 +85,12 @@ def guard_outputs(
             if resolved in allowed:
                 continue
             if target == resolved or (source.is_dir() and resolved in target.parents):
+                # An input that is a link is named with where it leads: "run/snapshots"
+                # alone reads as a folder the output is nowhere near.
+                shown = f"{source} (a link to {resolved})" if source.is_symlink() else source
+                verb = "overwrite" if target == resolved else "write inside"
                 raise UserError(
-                    f"{flag} {path} would overwrite {source}, an input of this command",
+                    f"{flag} {path} would {verb} {shown}, an input of this command",
                     "choose another path",
                 )
         if target in seen:

@@ -10,6 +10,7 @@ from typing import Any
 
 from memprobe.allocator import parse_alloc_conf
 from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
 from memprobe.plan.driver import run_plans
 from memprobe.plan.message import lm_head_status, long_loop_status, reserved_status
@@ -82,7 +83,11 @@ def _run_chunk_sizes(rows: Sequence[dict[str, Any]]) -> tuple[int | None, ...]:
 
 
 def budget_from(
-    budget: str | int, other: str | int = 0, other_from: Sequence[str] = ()
+    budget: str | int,
+    other: str | int = 0,
+    other_from: Sequence[str] = (),
+    *,
+    vocab: int | None = None,
 ) -> tuple[Budget, str | None]:
     """The budget with ``other`` as given, or read from snapshots (``other_from``): a
     constant from one, a constant + per-token term fitted to several; with the line
@@ -93,7 +98,16 @@ def budget_from(
         raise UserError(
             "--other and --other-from both say what the rest of the job holds", "give one"
         )
-    fit = other_from_snapshots(other_from)
+    fit = other_from_snapshots(other_from, vocab=vocab)
+    budget_bytes = parse_size(budget, what="--budget")
+    if fit.at(0) > budget_bytes:
+        # Said of --other-from: the user gave no --other for make_budget to name.
+        raise UserError(
+            f"the rest of the job read from --other-from holds {format_bytes(fit.at(0))}, "
+            f"more than --budget {format_bytes(budget_bytes)} ({fit.describe()})",
+            "the budget is the GPU's whole memory: give the GPU's size, or snapshots of "
+            "the job you plan",
+        )
     limit = make_budget(budget, fit.at(0))
     return Budget(
         limit.budget_bytes,
@@ -109,7 +123,9 @@ def run_plan_job(
     """Every target the request covers, planned; bad input fails before any simulation.
     ``on_plan`` hears of each finished plan, ``on_probe`` of each token count tried."""
     # Checked before any simulation; --other-from reads the snapshots now.
-    budget, other_note = budget_from(request.budget, request.other, request.other_from)
+    budget, other_note = budget_from(
+        request.budget, request.other, request.other_from, vocab=request.vocab
+    )
     if request.alloc_conf is not None:
         parse_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
     rows = read_rows(request.from_run) if request.from_run is not None else None

@@ -63,8 +63,13 @@ def fit_other(points: Sequence[tuple[int, int]]) -> OtherFit:
     return OtherFit(constant, slope, residual, pts)
 
 
-def other_from_snapshots(paths: Sequence[str | os.PathLike[str]]) -> OtherFit:
-    """Read each snapshot's other memory and fit them (see the module notes)."""
+def other_from_snapshots(
+    paths: Sequence[str | os.PathLike[str]], *, vocab: int | None = None
+) -> OtherFit:
+    """Read each snapshot's other memory and fit them (see the module notes). With
+    ``vocab`` (the plan's), a snapshot whose loss is over another vocabulary is refused:
+    it is another job (its lm_head, embedding and their optimizer state are another size),
+    and its "other" would be planned as this one's."""
     from memprobe.attribute.other_memory import other_memory
     from memprobe.snapshot.load import load_snapshot
 
@@ -75,5 +80,11 @@ def other_from_snapshots(paths: Sequence[str | os.PathLike[str]]) -> OtherFit:
             reading = other_memory(snapshot, path=str(path))
         except UserError as exc:
             raise UserError(f"--other-from {path}: {exc.message}", exc.hint) from None
+        if vocab is not None and reading.vocab and reading.vocab != vocab:
+            raise UserError(
+                f"--other-from {path}: its loss is over a vocabulary of {reading.vocab:,}, "
+                f"and this plan's --vocab is {vocab:,}",
+                "profile the job you plan (its model at its vocabulary), or give --other",
+            )
         points.append((reading.tokens, reading.other_bytes))
     return fit_other(points)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Iterable
+from pathlib import Path
 
 from memprobe.gate import Verdict
 from memprobe.io.text import printable
@@ -65,11 +67,12 @@ def markdown_summary(verdict: Verdict) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def append_step_summary(verdict: Verdict) -> str | None:
+def append_step_summary(verdict: Verdict, inputs: Iterable[Path] = ()) -> str | None:
     """Append the Markdown table to $GITHUB_STEP_SUMMARY when set. Returns a warning on failure.
 
     A summary that cannot be written must not hide the verdict, so this warns
-    instead of raising.
+    instead of raising. Nor is it appended to one of ``inputs`` (a file, or a file in a
+    folder, the command read: the results, the config), by any name or link to it.
     """
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
@@ -82,12 +85,33 @@ def append_step_summary(verdict: Verdict) -> str | None:
     except OSError as exc:
         return f"could not append to GITHUB_STEP_SUMMARY ({target}): {exc.strerror or exc}"
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             return f"could not append to GITHUB_STEP_SUMMARY ({target}): not a regular file"
+        read = _input_named(info, inputs)
+        if read is not None:
+            return (
+                f"did not append to GITHUB_STEP_SUMMARY ({target}): it is {read}, "
+                "an input of this command"
+            )
         with os.fdopen(fd, "a", encoding="utf-8", closefd=False) as fh:
             fh.write(markdown_summary(verdict))
     except OSError as exc:
         return f"could not append to GITHUB_STEP_SUMMARY ({target}): {exc.strerror or exc}"
     finally:
         os.close(fd)
+    return None
+
+
+def _input_named(info: os.stat_result, inputs: Iterable[Path]) -> Path | None:
+    """The input (or file inside an input folder) that is the file ``info`` describes."""
+    for path in inputs:
+        files = sorted(path.iterdir()) if path.is_dir() else [path]
+        for file in files:
+            try:
+                other = os.stat(file)
+            except OSError:
+                continue
+            if (other.st_dev, other.st_ino) == (info.st_dev, info.st_ino):
+                return file
     return None

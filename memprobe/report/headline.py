@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from memprobe.io.sizes import format_bytes
+from memprobe.io.sizes import MAX_SIZE, format_bytes
 from memprobe.records import Case
 from memprobe.report.ratios import HIDDEN_REFERENCE, REFERENCE, has_ratios, with_ratios
 from memprobe.results import case_of, missing, rows_of
@@ -266,7 +266,9 @@ def gpu_capacity(meta: dict[str, Any]) -> int | None:
     value = meta.get("device_memory_bytes")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or missing(value):
         return None
-    return int(value) or None
+    # A size of bytes a GPU can have: a tampered -1 or 10**400 (no float holds it) is no
+    # capacity at all, not a budget line every kernel is over.
+    return int(value) if 1 <= value <= MAX_SIZE else None
 
 
 # -- sentences ------------------------------------------------------------

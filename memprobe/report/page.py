@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe.errors import UserError
+from memprobe.io.text import printable
 from memprobe.report.evidence import Evidence, gather
 from memprobe.report.headline import Headline, config_slice, make_headlines
 from memprobe.report.ratios import with_ratios
@@ -50,7 +51,7 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
         raise UserError(
             f"{run_dir} is not a directory", "give a run directory made by `memprobe sweep`"
         )
-    meta = read_run_meta(run_dir)
+    meta = _inert(read_run_meta(run_dir))
     frame = read_results(run_dir)
     if frame.empty:
         raise UserError(
@@ -58,6 +59,19 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
             f"finish the run with `memprobe sweep --resume {run_dir}`",
         )
     return frame, meta
+
+
+def _inert(value: Any) -> Any:
+    """run.json's text made safe to show: every control character of every string (the
+    command, the device's name, a kernel's summary) replaced by its visible escape, as
+    the terminal shows them. HTML escaping alone keeps ESC, BEL and NUL in the page."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {_inert(k): _inert(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_inert(v) for v in value]
+    return value
 
 
 def build_page(run_dir: Path, *, budget_bytes: int | None = None) -> Page:

@@ -67,3 +67,23 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     if not all(p.isascii() and p.isdigit() and len(p) <= 19 for p in parts):
         return None
     return tuple(int(p) for p in parts)
+
+
+# Bytes per element of the dtypes a label names (torch's spelling, "torch." dropped).
+_ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "complex128": 16, "complex64": 8,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+}  # fmt: skip
+
+
+def label_bytes(dtype: str | None, shape: tuple[int, ...] | None) -> int | None:
+    """The bytes of the tensor a label records (``dtype`` without "torch."), None when
+    either is missing or the dtype is not one memprobe knows."""
+    itemsize = _ITEMSIZE.get(dtype or "")
+    if itemsize is None or shape is None:
+        return None
+    elements = 1
+    for d in shape:
+        elements *= d
+    return elements * itemsize

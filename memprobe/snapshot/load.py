@@ -310,8 +310,11 @@ def _entry(e: Any, where: str, bad: _Bad) -> dict:
     elif _is_int(e.get("addr")):
         out["addr"] = e["addr"]
     if action == "oom":
+        if size == 0:
+            # An OOM is a request the device could not meet: one of no bytes never fails.
+            raise bad(where, "(oom) requests 0 bytes")
         free = e.get("device_free")
-        out["device_free"] = free if _is_int(free) else None
+        out["device_free"] = free if _is_int(free) and free >= 0 else None
     out["size"] = size
     stream = e.get("stream", 0)
     out["stream"] = stream if _is_int(stream) else 0
@@ -373,7 +376,9 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
         device=seg["device"] if _is_int(seg.get("device")) else 0,
         stream=seg["stream"] if _is_int(seg.get("stream")) else 0,
         frames=seg["frames"] if isinstance(seg.get("frames"), list) else [],
-        is_expandable=bool(seg.get("is_expandable", False)),
+        # torch writes a bool: a string "False" is true to bool(), an expandable segment
+        # to the replay.
+        is_expandable=seg.get("is_expandable") is True,
     )
     if not isinstance(seg.get("segment_type"), str):
         out["segment_type"] = "small" if total <= 2 << 20 else "large"

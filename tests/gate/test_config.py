@@ -116,7 +116,7 @@ def test_unreadable_toml_names_the_file(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         (
-            '[tool.memprobe.gate]\nrules = [{ kernel = "a" , max_peak = 1 },'
+            '[tool.memprobe.gate]\nrules = [{ kernel = "a" , max_peak = "1 GiB" },'
             ' { kernel = "b", max_peek = "1 GiB" }]',
             "tool.memprobe.gate.rules[1]: unknown key 'max_peek'",
         ),
@@ -157,11 +157,11 @@ def test_bad_rules(tmp_path: Path, rule: str, expected: str) -> None:
 def test_sizes_in_every_spelling(tmp_path: Path) -> None:
     text = (
         "[tool.memprobe.gate]\nrules = ["
-        '{ kernel = "a", max_peak = "11000 MB" }, { kernel = "a", max_peak = 123 },'
+        '{ kernel = "a", max_peak = "11000 MB" }, { kernel = "a", max_peak = 2000000 },'
         '{ kernel = "a", max_peak = "5.4GiB" }]\n'
     )
     peaks = [r.max_peak for r in load_config(write(tmp_path, text)).gate.rules]
-    assert peaks == [11_000_000_000, 123, int(5.4 * 2**30)]
+    assert peaks == [11_000_000_000, 2_000_000, int(5.4 * 2**30)]
 
 
 def test_rules_must_be_a_list(tmp_path: Path) -> None:

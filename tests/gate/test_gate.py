@@ -155,7 +155,7 @@ def test_a_missing_measurement_fails_as_not_measured(tmp_path: Path) -> None:
 
 def test_a_rule_matching_nothing_is_a_usage_error(tmp_path: Path) -> None:
     rules = rules_of(
-        '[tool.memprobe.gate]\nrules = [{kernel="local_chunkd", max_peak=1}]', tmp_path
+        '[tool.memprobe.gate]\nrules = [{kernel="local_chunkd", max_peak="1 B"}]', tmp_path
     )
     with pytest.raises(UserError) as info:
         evaluate(headline_rows(), rules, results="run/results.json")
@@ -165,7 +165,7 @@ def test_a_rule_matching_nothing_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_filters_narrow_a_rule_to_nothing(tmp_path: Path) -> None:
-    text = '[tool.memprobe.gate]\nrules = [{kernel="*", dtype="fp32", max_peak=1}]'
+    text = '[tool.memprobe.gate]\nrules = [{kernel="*", dtype="fp32", max_peak="1 B"}]'
     with pytest.raises(UserError, match="matches no case"):
         evaluate(headline_rows(), rules_of(text, tmp_path), results="r")
 
@@ -360,7 +360,7 @@ def test_step_summary_is_appended_when_set(project: Path, run_cli, monkeypatch) 
 
 def test_markdown_escapes_pipes(tmp_path: Path) -> None:
     rows = [row("local_chunked", status="error", note="a|b")]
-    rules = rules_of('[tool.memprobe.gate]\nrules = [{kernel="*", max_peak=1}]', tmp_path)
+    rules = rules_of('[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1 B"}]', tmp_path)
     text = markdown_summary(evaluate(rows, rules, results="r"))
     assert "a\\|b" in text
 
