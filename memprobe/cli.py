@@ -127,15 +127,22 @@ class _ReaderMayLeave:
     def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
-        except BrokenPipeError:
-            self._to_null()
+        except OSError as exc:
+            self._lost(exc)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
-        except BrokenPipeError:
-            self._to_null()
+        except OSError as exc:
+            self._lost(exc)
+
+    def _lost(self, exc: OSError) -> None:
+        # Standard error that cannot be written (`2>/dev/full`) has nowhere to say so: the
+        # command goes on, its exit status says how it ended.
+        if not isinstance(exc, BrokenPipeError) and self._errors_said:
+            raise exc
+        self._to_null()
 
     def settle(self) -> None:
         """Flush what is still buffered before the stream is handed back (print() in user

@@ -30,3 +30,18 @@ def printable_lines(text: str) -> str:
     if text.isprintable():
         return text
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def exception_text(exc: BaseException, *, limit: int = 200, name: bool = True) -> str:
+    """``Type: message`` of an exception raised by code memprobe does not own, on one
+    printable line of at most ``limit`` characters. Its message is the code's too: a
+    ``__str__`` that raises (or returns no text) is said so, not raised again."""
+    try:
+        message = str(exc)
+    except Exception:
+        message = "(its message could not be read: its __str__ raised)"
+    text = printable(" ".join(message.split()))
+    if name:
+        kind = printable(type(exc).__name__)
+        text = f"{kind}: {text}" if text else kind
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -5,6 +5,7 @@ nothing written is lost."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -123,3 +124,155 @@ def test_kernels_into_a_pipe_whose_reader_left_exits_0(tmp_path: Path) -> None:
     command = f"{sys.executable} -m memprobe kernels | (sleep 1; true); exit ${{PIPESTATUS[0]}}"
     done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and not done.stderr, done.stderr
+
+
+# -- an exception from user code whose message cannot be made: its __str__ raised inside
+# memprobe's own error handling, a traceback where the failure was to be one line or a row
+
+UNREADABLE = (
+    "class E({base}):\n    def __str__(self):\n        raise ValueError('no message for you')\n"
+)
+
+
+def _module(here: Path, stem: str, body: str) -> str:
+    name = f"{stem}_{abs(hash(body)) % 10**8}"
+    (here / f"{name}.py").write_text(body)
+    return name
+
+
+@pytest.mark.parametrize("base", ["Exception", "RuntimeError", "KeyError"])
+def test_a_kernel_raising_an_unprintable_exception(run_cli: Any, here: Path, base: str) -> None:
+    body = (
+        UNREADABLE.format(base=base)
+        + "def k(logits, targets, *, chunk_size=None):\n    raise E()\n"
+    )
+    kernel = _module(here, "r8_unreadable", body) + ":k"
+    flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
+    code, _, err = run_cli("sweep", *flags, "--no-verify", "--kernel", kernel, "--out", "o")
+    assert code == 0 and "Traceback" not in err, err
+    (row,) = json.loads((here / "o" / "results.json").read_text())["rows"]
+    assert row["status"] == "error" and "E: (its message could not be read" in row["note"]
+    code, out, err = run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "failed in the meta simulation" in err and "could not be read" in err
+
+
+@pytest.mark.parametrize(
+    ("base", "where"),
+    [("Exception", "step"), ("BaseException", "step"), ("Exception", "import"),
+     ("BaseException", "import")],
+)  # fmt: skip
+def test_a_step_or_module_raising_an_unprintable_exception(
+    run_cli: Any, here: Path, base: str, where: str
+) -> None:
+    body = UNREADABLE.format(base=base)
+    body += "def step(device):\n    raise E()\n" if where == "step" else "raise E()\n"
+    name = _module(here, "r8_unreadable_step", body)
+    code, out, err = run_cli("profile", f"{name}:step", "--out", "p.pickle")
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "could not be read" in err and "Traceback" not in err
+    assert not (here / "p.pickle").exists()
+
+
+def test_exception_text_is_one_bounded_printable_line() -> None:
+    from memprobe.io.text import exception_text
+
+    assert exception_text(RuntimeError("a\nb\x1b[31m")) == "RuntimeError: a b\\x1b[31m"
+    assert exception_text(KeyError()) == "KeyError"
+    assert len(exception_text(RuntimeError("x" * 10**6))) == 200
+
+
+# -- a kernel whose own attributes raise when memprobe reads its signature: a traceback
+
+ODD_CALLABLES = {
+    "__signature__ raises": (
+        "class K:\n    @property\n    def __signature__(self):\n        raise RuntimeError('sig')\n"
+        "    def __call__(self, logits, targets, *, chunk_size=None):\n        return logits\n"
+        "k = K()\n"
+    ),
+    "__getattr__ raises": (
+        "class K:\n    def __getattr__(self, name):\n        raise RuntimeError(name)\n"
+        "    def __call__(self, logits, targets, *, chunk_size=None):\n        return logits\n"
+        "k = K()\n"
+    ),
+    "__doc__ raises": (
+        "class K:\n    @property\n    def __doc__(self):\n        raise RuntimeError('doc')\n"
+        "    def __call__(self, logits, targets, *, chunk_size=None):\n        return logits\n"
+        "k = K()\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(ODD_CALLABLES))
+def test_a_kernel_that_cannot_be_read_is_one_line(run_cli: Any, here: Path, what: str) -> None:
+    kernel = _module(here, "r8_odd", ODD_CALLABLES[what]) + ":k"
+    code, out, err = run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert f"kernel {kernel!r} cannot be read as a kernel: RuntimeError" in err
+
+
+# -- standard error that cannot be written: a usage error exited 1 (its message raised)
+
+
+@pytest.mark.parametrize("redirect", ["2>/dev/full", "2>&-"])
+def test_a_usage_error_keeps_exit_2_when_stderr_cannot_be_written(redirect: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = f"{sys.executable} -m memprobe report nowhere --budget 0 {redirect}"
+    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and not done.stdout
+
+
+def test_a_full_stderr_in_process_is_no_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memprobe import cli
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sys, "argv", ["memprobe", "plan", "--vocab", "x"])
+    monkeypatch.setattr(sys, "stderr", Full())
+    with pytest.raises(SystemExit) as leaving:
+        cli.main()
+    assert leaving.value.code == 2
+
+
+# -- user code and standard output: a step's print() went into `profile --json`'s JSON, and
+# a step that closed or replaced sys.stdout took memprobe's answer with it
+
+STREAM_CODE = {
+    "prints": "print('USER-PRINT')",
+    "closes stdout": "sys.stdout.close()",
+    "replaces stdout with None": "sys.stdout = None",
+    "closes stderr": "sys.stderr.close()",
+    "replaces both": "sys.stdout = sys.stderr = open(os.devnull, 'w')",
+}
+TINY_STEP = (
+    "    w = torch.zeros(8, 8, device=device, requires_grad=True)\n    (w @ w).sum().backward()\n"
+)
+
+
+@pytest.mark.parametrize("what", sorted(STREAM_CODE))
+def test_a_step_cannot_take_standard_output(run_cli: Any, here: Path, what: str) -> None:
+    body = f"import os, sys, torch\ndef step(device):\n    {STREAM_CODE[what]}\n" + TINY_STEP
+    name = _module(here, "r8_streams", body)
+    code, out, err = run_cli("profile", f"{name}:step", "--json")
+    assert code == 0, err
+    assert json.loads(out)["peak_allocated_bytes"] > 0  # stdout is the reading, whole
+    assert ("USER-PRINT" in err) == (what == "prints")
+
+
+@pytest.mark.parametrize("what", ["prints", "closes stdout", "replaces stdout with None"])
+def test_a_kernel_cannot_take_standard_output(run_cli: Any, here: Path, what: str) -> None:
+    body = (
+        "import os, sys\nfrom memprobe.kernels import get_kernel\n"
+        f"{STREAM_CODE[what]}\n"  # at import too
+        "def k(logits, targets, *, chunk_size=None):\n"
+        f"    {STREAM_CODE[what]}\n"
+        "    return get_kernel('unchunked')(logits, targets)\n"
+    )
+    kernel = _module(here, "r8_kstreams", body) + ":k"
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel, "--no-reserved"]
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["kernel"] == kernel and row["max_tokens"] > 0
