@@ -276,3 +276,86 @@ def test_a_kernel_cannot_take_standard_output(run_cli: Any, here: Path, what: st
     assert code == 0, err
     (row,) = json.loads(out)
     assert row["kernel"] == kernel and row["max_tokens"] > 0
+
+
+# -- a file or folder given as '' or ' ' (a quoted, unset shell variable): typer read it as
+# '.', so `report ''` re-rendered the current directory and `plan --out ''` wrote there, or
+# as not given (`plan --other-from ''` planned with other 0 B); `--chunk-size ''` was 1024
+
+BLANK_PATHS = [
+    (["report", "{blank}"], "RUN_DIR"),
+    (["report", "{run}", "--out", "{blank}"], "--out"),
+    (["gate", "{blank}"], "RESULTS"),
+    (["gate", "{run}", "--junit-xml", "{blank}"], "--junit-xml"),
+    (["attribute", "{blank}"], "SNAPSHOT"),
+    (["diff", "{blank}", "{blank}"], "A"),
+    (["plan", "--vocab", "256", "--budget", "1GiB", "--out", "{blank}"], "--out"),
+    (["plan", "--vocab", "256", "--budget", "1GiB", "--other-from", "{blank}"], "--other-from"),
+    (["plan", "--vocab", "256", "--budget", "1GiB", "--from-run={blank}"], "--from-run"),
+    (["sweep", "--tokens", "64", "--vocab", "256", "--out", "{blank}"], "--out"),
+    (["sweep", "--resume", "{blank}"], "--resume"),
+    (["step", "--config", "{blank}", "--tokens", "8"], "--config"),
+    (["profile", "m:step", "--html", "{blank}"], "--html"),
+]
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\t"])
+@pytest.mark.parametrize(("args", "named"), BLANK_PATHS, ids=[" ".join(a) for a, _ in BLANK_PATHS])
+def test_a_blank_path_is_refused(
+    run_cli: Any, made_run: Path, here: Path, args: list[str], named: str, blank: str
+) -> None:
+    argv = [a.format(blank=blank, run=made_run) for a in args]
+    before = sorted(p.name for p in here.iterdir())
+    code, out, err = run_cli(*argv)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert f"Invalid value for '{named}': {blank!r} names no file or folder" in err
+    assert sorted(p.name for p in here.iterdir()) == before  # nothing written here
+
+
+def test_a_blank_alloc_conf_is_still_the_default_settings(run_cli: Any, here: Path) -> None:
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "local_chunked"]
+    code, _, err = run_cli(*args, "--no-reserved", "--alloc-conf", "")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("chunk", ["", " "])
+def test_plan_refuses_a_blank_chunk_size_as_sweep_does(run_cli: Any, chunk: str) -> None:
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "local_chunked"]
+    code, out, err = run_cli(*args, "--chunk-size", chunk)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert f"--chunk-size {chunk!r}" in err and "is not a whole number" in err
+
+
+# -- a rank whose torchrun store cannot be reached (no rank 0 at MASTER_ADDR:MASTER_PORT, a
+# port taken): torch's DistNetworkError ended it with a traceback after the wait
+
+TORCHRUN_ENV = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "patched"),
+    [
+        (["sweep", "--tokens", "64", "--vocab", "256", "--no-ladder", "--device", "meta",
+          "--kernel", "local_chunked", "--shard", "--out", "o", "-q"], "rendezvous"),
+        (["sweep", "--tokens", "64", "--vocab", "256", "--no-ladder", "--device", "cpu",
+          "--kernel", "chunked_distributed", "--tp", "2", "--out", "o", "-q"],
+         "init_process_group"),
+    ],
+    ids=["--shard", "--tp 2"],
+)  # fmt: skip
+def test_a_store_that_cannot_be_reached_is_one_line(
+    run_cli: Any, here: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], patched: str
+) -> None:
+    import torch.distributed as dist
+
+    def unreachable(*_: Any, **__: Any) -> Any:
+        raise dist.DistNetworkError("The client socket has timed out after 300000ms")
+
+    for name, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(dist, patched, unreachable)
+    code, out, err = run_cli(*args)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "rank 1 of 2 cannot reach torchrun's store at 127.0.0.1:1 (DistNetworkError" in err
+    assert not (here / "o").exists()
