@@ -76,7 +76,7 @@ def user_code(who: str) -> Iterator[None]:
     :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
     try:
-        with cwd_kept(), streams_kept():
+        with cwd_kept(), streams_kept(), torch_state_kept():
             yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
@@ -137,6 +137,32 @@ def streams_kept() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = out, err
+
+
+@contextlib.contextmanager
+def torch_state_kept() -> Iterator[None]:
+    """Put back torch's process-wide defaults user code changed: a kernel that turned
+    gradients off (``torch.set_grad_enabled(False)``) failed every case after its own,
+    memprobe's kernels included; a default dtype or device it set would shape theirs."""
+    import torch
+
+    grad, dtype, device = torch.is_grad_enabled(), torch.get_default_dtype(), _default_device()
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(grad)
+        if torch.get_default_dtype() != dtype:
+            torch.set_default_dtype(dtype)
+        if _default_device() != device:
+            torch.set_default_device(device)
+
+
+def _default_device() -> Any:
+    import torch
+
+    # None where no default device was set (tensors go to cpu), as set_default_device reads it.
+    device = torch.get_default_device()
+    return None if device == torch.device("cpu") else device
 
 
 def is_import_path(name: str) -> bool:

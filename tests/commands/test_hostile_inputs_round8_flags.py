@@ -359,3 +359,39 @@ def test_a_store_that_cannot_be_reached_is_one_line(
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert "rank 1 of 2 cannot reach torchrun's store at 127.0.0.1:1 (DistNetworkError" in err
     assert not (here / "o").exists()
+
+
+# -- torch's process-wide defaults changed by user code: a kernel that turned gradients off
+# failed every case after its own (memprobe's unchunked row read 'does not require grad')
+
+TORCH_STATE = {
+    "gradients off": "torch.set_grad_enabled(False)",
+    "default dtype float64": "torch.set_default_dtype(torch.float64)",
+    "default device cpu": "torch.set_default_device('cpu')",
+    "default device meta": "torch.set_default_device('meta')",
+}
+
+
+@pytest.mark.parametrize("what", sorted(TORCH_STATE))
+def test_user_code_leaves_torchs_defaults_as_it_found_them(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    import torch
+
+    body = (
+        "import torch\nfrom memprobe.kernels import get_kernel\n"
+        "def k(logits, targets, *, chunk_size=None):\n"
+        "    out = get_kernel('unchunked')(logits, targets)\n"
+        f"    {TORCH_STATE[what]}\n"
+        "    return out\n"
+    )
+    kernel = _module(here, "r8_torch_state", body) + ":k"
+    flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
+    args = [*flags, "--no-verify", "--kernel", f"{kernel},unchunked,local_chunked"]
+    code, _, err = run_cli("sweep", *args, "--out", "o")
+    assert code == 0, err
+    rows = json.loads((here / "o" / "results.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["ok"] * 3, [r["note"] for r in rows]
+    assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"]  # the kernel is unchunked
+    assert torch.is_grad_enabled() and torch.get_default_dtype() == torch.float32
+    assert torch.get_default_device() == torch.device("cpu")
