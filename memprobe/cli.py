@@ -89,6 +89,18 @@ def main() -> None:
 
 
 def _main() -> None:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        # Started in a directory since removed: torch cannot even load there (oneMKL's
+        # "FATAL ERROR: Cannot load libtorch_cpu.so"), a relative path means nothing, and
+        # finding pyproject.toml raised.
+        typer.echo(
+            "memprobe: error: the current directory no longer exists "
+            "(cd to a directory that exists and run it again)",
+            err=True,
+        )
+        sys.exit(2)
     if "--help" in sys.argv[1:] and not sys.stdout.isatty():
         # Help piped or captured: wide enough that option names are never cut off
         # (rich sizes it for 80 columns and truncates the names column).

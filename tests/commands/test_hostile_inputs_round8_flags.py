@@ -395,3 +395,31 @@ def test_user_code_leaves_torchs_defaults_as_it_found_them(
     assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"]  # the kernel is unchunked
     assert torch.is_grad_enabled() and torch.get_default_dtype() == torch.float32
     assert torch.get_default_device() == torch.device("cpu")
+
+
+# -- started in a directory since removed: torch's oneMKL said "FATAL ERROR: Cannot load
+# libtorch_cpu.so", and gate's search for pyproject.toml ended in a traceback
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["kernels"], ["gate", "{run}"], ["plan", "--vocab", "256", "--budget", "1GiB"],
+     ["sweep", "--tokens", "64", "--vocab", "256", "--out", "o"]],
+    ids=["kernels", "gate", "plan", "sweep"],
+)  # fmt: skip
+def test_a_removed_current_directory_is_one_line(
+    tmp_path: Path, made_run: Path, args: list[str]
+) -> None:
+    import shlex
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    argv = " ".join(shlex.quote(a.format(run=made_run)) for a in args)
+    command = f"cd {gone} && rmdir {gone} && {sys.executable} -m memprobe {argv}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and not done.stdout, done.stderr
+    assert done.stderr == (
+        "memprobe: error: the current directory no longer exists "
+        "(cd to a directory that exists and run it again)\n"
+    )
