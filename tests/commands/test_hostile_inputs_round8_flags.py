@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from small_config import SMALL
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_budget, parse_size
@@ -423,3 +424,54 @@ def test_a_removed_current_directory_is_one_line(
         "memprobe: error: the current directory no longer exists "
         "(cd to a directory that exists and run it again)\n"
     )
+
+
+# -- config.json sizes that do not fit each other: the step failed on meta at a tensor op,
+# with a hint that blamed meta ("try --device cpu"); and config files whose trouble was
+# not said (a JSON array "has no model_type", "not readable JSON (UnicodeDecodeError)")
+
+MISFITS = [
+    ("kv heads 3 of 4", {"num_key_value_heads": 3}, "num_key_value_heads (3) does not divide"),
+    ("kv heads 8 of 4", {"num_key_value_heads": 8}, "num_key_value_heads (8) does not divide"),
+    (
+        "mixtral: 4 experts per token of 2",
+        {"model_type": "mixtral", "num_local_experts": 2, "num_experts_per_tok": 4},
+        "num_experts_per_tok is 4 with num_local_experts 2",
+    ),
+    (
+        "qwen2_moe: 8 experts per token of 4",
+        {"model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 8,
+         "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64},
+        "num_experts_per_tok is 8 with num_experts 4",
+    ),
+]  # fmt: skip
+FILES = [
+    ("latin-1", '{"model_type": "llama", "name": "caf\xe9"}'.encode("latin-1"), "not UTF-8 text"),
+    ("a JSON array", b"[1, 2]", "holds a JSON array, not an object"),
+    ("JSON null", b"null", "holds a JSON null, not an object"),
+    ("model_type a number", b'{"model_type": 123}', "gives model_type 123, not a name"),
+    ("cut short", b'{"model_type": "llama",', "not readable JSON (Expecting property name"),
+]
+
+
+@pytest.mark.parametrize("command", ["step", "plan"])
+@pytest.mark.parametrize(
+    ("what", "text", "says"),
+    [(w, json.dumps({**SMALL, **f}).encode(), s) for w, f, s in MISFITS] + FILES,
+    ids=[m[0] for m in MISFITS] + [f[0] for f in FILES],
+)
+def test_a_config_that_does_not_fit_together_is_said_so(
+    run_cli: Any, tmp_path: Path, command: str, what: str, text: bytes, says: str
+) -> None:
+    (tmp_path / "config.json").write_bytes(text)
+    size = ["--tokens", "64"] if command == "step" else ["--step", "--budget", "1GiB"]
+    code, out, err = run_cli(command, "--config", str(tmp_path), *size)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert says in err and "meta" not in err, err
+
+
+def test_a_config_with_a_byte_order_mark_reads(run_cli: Any, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(SMALL).encode())
+    code, out, err = run_cli("step", "--config", str(tmp_path), "--tokens", "64", "--json")
+    assert code == 0, err
+    assert json.loads(out)["peak_allocated_bytes"] > 0
