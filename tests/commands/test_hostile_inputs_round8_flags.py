@@ -475,3 +475,30 @@ def test_a_config_with_a_byte_order_mark_reads(run_cli: Any, tmp_path: Path) -> 
     code, out, err = run_cli("step", "--config", str(tmp_path), "--tokens", "64", "--json")
     assert code == 0, err
     assert json.loads(out)["peak_allocated_bytes"] > 0
+
+
+# -- a baseline that is the run's own results: --update-baseline may rewrite the baseline,
+# and so rewrote the run's results.json in the baseline's format
+
+
+@pytest.mark.parametrize(
+    "baseline", ["{run}/results.json", "{run}"], ids=["its results.json", "the run directory"]
+)
+def test_update_baseline_never_rewrites_the_runs_own_results(
+    run_cli: Any, made_run: Path, here: Path, baseline: str
+) -> None:
+    import shutil
+
+    run = here / "run"
+    shutil.copytree(made_run, run)
+    before = (run / "results.json").read_bytes()
+    args = ["gate", str(run), "--baseline", baseline.format(run=run)]
+    code, out, err = run_cli(*args, "--update-baseline", str(run / "results.json"))
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "an input of this command" in err
+    assert (run / "results.json").read_bytes() == before
+    # A baseline of its own is still rewritten.
+    shutil.copy(run / "results.json", here / "base.json")
+    base = str(here / "base.json")
+    code, _, err = run_cli("gate", str(run), "--baseline", base, "--update-baseline", base)
+    assert code == 0, err
