@@ -395,7 +395,7 @@ def _measure_or_error(case: Case, layout: RankLayout | None) -> Run:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
         return Run(case=case, status="oom", note=text)
     except Exception as exc:  # one broken case must not end the sweep
-        return Run(case=case, status="error", note=exception_text(exc, limit=1000))
+        return Run(case=case, status="error", note=exception_text(exc, limit=1000, first_line=True))
 
 
 def _unfit(case: Case) -> str | None:
