@@ -9,7 +9,7 @@ import errno
 import os
 import re
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, TextIO, cast
 
 import typer
 
@@ -75,6 +75,32 @@ def main() -> None:
         # Started with standard output closed (`>&-`): what the command prints goes nowhere,
         # as with `>/dev/null`, and the files it writes are still written.
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    streams = sys.stdout, sys.stderr
+    sys.stdout = cast(TextIO, _ReaderMayLeave(sys.stdout, errors_said=True))
+    if sys.stderr is not None:
+        sys.stderr = cast(TextIO, _ReaderMayLeave(sys.stderr, errors_said=False))
+    try:
+        _main()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, _ReaderMayLeave):
+                stream.settle()
+        sys.stdout, sys.stderr = streams
+
+
+def _main() -> None:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        # Started in a directory since removed: torch cannot even load there (oneMKL's
+        # "FATAL ERROR: Cannot load libtorch_cpu.so"), a relative path means nothing, and
+        # finding pyproject.toml raised.
+        typer.echo(
+            "memprobe: error: the current directory no longer exists "
+            "(cd to a directory that exists and run it again)",
+            err=True,
+        )
+        sys.exit(2)
     if "--help" in sys.argv[1:] and not sys.stdout.isatty():
         # Help piped or captured: wide enough that option names are never cut off
         # (rich sizes it for 80 columns and truncates the names column).
@@ -98,6 +124,57 @@ def main() -> None:
     except OSError as exc:
         _output_lost(exc)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+class _ReaderMayLeave:
+    """Standard output or error whose reader may go away (`memprobe kernels | head -1`):
+    from then on what the command prints goes nowhere, as with `>/dev/null`, and the
+    command runs to its end and exits with its own status (a gate's verdict stands), rather
+    than click's exit 1 at the first write. Every other write error passes through."""
+
+    def __init__(self, stream: TextIO, *, errors_said: bool) -> None:
+        self._stream = stream
+        self._errors_said = errors_said  # False for stderr itself: nowhere to say them
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            self._lost(exc)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            self._lost(exc)
+
+    def _lost(self, exc: OSError) -> None:
+        # Standard error that cannot be written (`2>/dev/full`) has nowhere to say so: the
+        # command goes on, its exit status says how it ended.
+        if not isinstance(exc, BrokenPipeError) and self._errors_said:
+            raise exc
+        self._to_null()
+
+    def settle(self) -> None:
+        """Flush what is still buffered before the stream is handed back (print() in user
+        code does not flush): a reader that left is quiet; a full device is one line."""
+        try:
+            self.flush()
+        except OSError as exc:
+            if self._errors_said:
+                _output_lost(exc)
+
+    def _to_null(self) -> None:
+        # Python flushes the stream again at exit; pointed at /dev/null that cannot fail.
+        with open(os.devnull, "w") as null:
+            try:
+                os.dup2(null.fileno(), self._stream.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 # What writing standard output fails with: the reader went away (`| head`), the device is

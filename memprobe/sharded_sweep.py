@@ -35,6 +35,7 @@ import torch.distributed as dist
 from memprobe import results
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
+from memprobe.io.text import exception_text
 from memprobe.measure.parallel import (
     gather_row,
     join_world,
@@ -188,7 +189,7 @@ def _team_index(index: int | None) -> int | None:
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
+    return exception_text(exc, name=False)
 
 
 class _TeamLost(Exception):

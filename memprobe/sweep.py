@@ -24,6 +24,7 @@ import torch
 from memprobe import results
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
+from memprobe.io.text import exception_text
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.kernels.peers import PEERS
 from memprobe.kernels.registry import check_inputs_match
@@ -399,8 +400,7 @@ def _measure_or_error(case: Case, layout: RankLayout | None) -> Run:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
         return Run(case=case, status="oom", note=text)
     except Exception as exc:  # one broken case must not end the sweep
-        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
-        return Run(case=case, status="error", note=text)
+        return Run(case=case, status="error", note=exception_text(exc, limit=1000, first_line=True))
 
 
 def _unfit(case: Case) -> str | None:

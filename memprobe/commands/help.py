@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from typer import BadParameter
 from typer.core import TyperCommand, TyperGroup
 
 
@@ -50,11 +51,41 @@ class _Named:
         return option
 
 
+# Options that name a file or folder whatever their type (a few take text: a list of
+# snapshots, a page or a folder).
+PATH_OPTIONS = frozenset(("--out", "--from-run", "--other-from", "--html"))
+
+
+def _names_a_path(param: Any) -> bool:
+    bare = getattr(param, "bare_type", None)
+    return (callable(bare) and bare() == "Path") or bool(PATH_OPTIONS & set(param.opts))
+
+
 class Command(_Named, TyperCommand):
     """A memprobe command: flags without a type, arguments by their metavar."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return _usage(self, ctx)
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        self._refuse_blank_paths(ctx, args)
+        return list(super().parse_args(ctx, args))
+
+    def _refuse_blank_paths(self, ctx: Any, args: list[str]) -> None:
+        """A file or folder given as '' or ' ' (an unset shell variable, quoted) names
+        none: typer read it as the current directory ('.'), or as not given at all."""
+        try:
+            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception:
+            return  # not parsable: click's own parse says what is wrong
+        for param in self.params:
+            value = raw.get(param.name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, str) and not v.strip() for v in values) and _names_a_path(param):
+                shown = next(v for v in values if isinstance(v, str) and not v.strip())
+                raise BadParameter(
+                    f"{shown!r} names no file or folder (give a path)", ctx=ctx, param=param
+                )
 
 
 class Group(_Named, TyperGroup):

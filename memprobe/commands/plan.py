@@ -265,7 +265,9 @@ def command(
         batch=_single(batch, "--batch", "2"),
         kernels=None if kernel is None else tuple(name_list(kernel, "--kernel")),
         chunk_sizes=(
-            tuple(int_list(chunk_size, "--chunk-size", allow_none=True)) if chunk_size else None
+            tuple(int_list(chunk_size, "--chunk-size", allow_none=True))
+            if chunk_size is not None
+            else None
         ),
         tp=tuple(positive_ints(tp, "--tp")),
         cp=tuple(positive_ints(cp, "--cp")),
@@ -275,7 +277,7 @@ def command(
         jobs=jobs if jobs is not None else 1,
         reserved=reserved,
         other_includes_lm_head=other_includes_lm_head,
-        other_from=tuple(name_list(other_from, "--other-from")) if other_from else (),
+        other_from=(tuple(name_list(other_from, "--other-from")) if other_from is not None else ()),
     )
     if out is not None:
         _check_out(out, request)  # before the search: a bad --out must not cost it

@@ -31,11 +31,11 @@ def command(
 ) -> None:
     """Re-render a run's self-contained report.html and PNG plots from its results."""
     from memprobe.io.files import guard_outputs
-    from memprobe.io.sizes import parse_size
+    from memprobe.io.sizes import parse_budget
     from memprobe.render import write_report
     from memprobe.results import run_inputs
 
-    budget_bytes = parse_size(budget, what="--budget") if budget is not None else None
+    budget_bytes = parse_budget(budget) if budget is not None else None
     page_path = Path(out) if out is not None else None
     if out is not None and out.endswith(("/", os.sep)) and not Path(out).is_dir():
         # Path() drops the trailing slash: "DIR/" would otherwise become a file named DIR.

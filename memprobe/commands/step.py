@@ -316,7 +316,7 @@ def plan_step_lines(
 
     if not step or config is None:
         raise UserError("--step and --config go together", "e.g. --step --config config.json")
-    chunk = positive_ints(chunk_size, "--chunk-size") if chunk_size else [1024]
+    chunk = positive_ints(chunk_size, "--chunk-size") if chunk_size is not None else [1024]
     if len(chunk) != 1:
         raise UserError("--step plans one chunk size", "e.g. --chunk-size 1024")
     from memprobe import plan

@@ -67,14 +67,18 @@ def run_gate(req: GateRequest) -> GateOutcome:
     # Checked before anything runs or is written: no output replaces an input (the config
     # just read included) or another output; only --update-baseline rewrites the baseline.
     baseline_input = req.baseline or cfg.gate.baseline
-    inputs = [
-        *(_run_files(req.results) if req.results else []),
-        *filter(None, [baseline_input, cfg.source, req.config]),
-    ]
+    run_files = _run_files(req.results) if req.results else []
+    # A baseline that is the run's own results file is still the run's: not rewritten.
+    replaceable = (
+        [baseline_input]
+        if baseline_input and not any(_same_file(baseline_input, f) for f in run_files)
+        else []
+    )
+    inputs = [*run_files, *filter(None, [baseline_input, cfg.source, req.config])]
     guard_outputs(
         {"--junit-xml": req.junit_xml, "--update-baseline": req.update_baseline},
         inputs,
-        may_replace={"--update-baseline": [baseline_input] if baseline_input else []},
+        may_replace={"--update-baseline": replaceable},
     )
     config_name = str(cfg.source) if cfg.source else None
     max_regression = req.max_regression

@@ -57,8 +57,10 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
             raise UserError(f"{what} {value!r} is negative", "give a size of zero or more")
         return int(value)
     text = str(value)
-    if text.strip().startswith("-"):
-        raise UserError(f"{what} {value!r} is negative", "give a size of zero or more, e.g. 80GiB")
+    negative = text.strip().startswith("-")
+    if negative:
+        # "-0" and "-0 GiB" are zero, not negative; "-x" is not a size at all.
+        text = text.strip()[1:]
     if re.match(r"^\s*[0-9]+,[0-9]{1,2}(?![0-9])", text):
         raise UserError(f"{what} {value!r}: a comma is not a decimal point", "write e.g. 1.5 GiB")
     match = _SIZE.match(text)
@@ -69,6 +71,8 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
             "write bytes or a number with B, KB, MB, GB, KiB, MiB, GiB",
         )
     number = float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit]
+    if negative and number:
+        raise UserError(f"{what} {value!r} is negative", "give a size of zero or more, e.g. 80GiB")
     if not number <= MAX_SIZE:  # a 400-digit number reads as inf
         raise _too_big(what, value)
     return int(number)
@@ -79,7 +83,9 @@ def parse_budget(value: str | int | float, *, what: str = "--budget") -> int:
     in none, so a zero budget is a mistake in every command that takes one."""
     budget = parse_size(value, what=what)
     if budget <= 0:
-        raise UserError(f"{what} {value!r} must be more than 0 bytes", "e.g. --budget 80GiB")
+        raise UserError(
+            f"{what} {value!r} must be more than 0 bytes", "it is 0 bytes; e.g. --budget 80GiB"
+        )
     return budget
 
 

@@ -36,9 +36,10 @@ import os
 import sys
 from collections.abc import Iterator
 from functools import cache
-from typing import Any
+from typing import Any, TextIO, cast
 
 from memprobe.errors import Unwind, UserError
+from memprobe.io.text import exception_text
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
@@ -62,9 +63,7 @@ def how_it_left(exc: BaseException) -> str:
     """``exc``, a BaseException user code ended by, in words."""
     if isinstance(exc, SystemExit):
         return f"called sys.exit({exc.code!r}) instead of returning"
-    text = " ".join(str(exc).split())[:200]
-    name = type(exc).__name__
-    return f"raised {name}{': ' + text if text else ''} (a BaseException, not an Exception)"
+    return f"raised {exception_text(exc)} (a BaseException, not an Exception)"
 
 
 @contextlib.contextmanager
@@ -77,7 +76,7 @@ def user_code(who: str) -> Iterator[None]:
     :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
     try:
-        with cwd_kept():
+        with cwd_kept(), streams_kept(), torch_state_kept():
             yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
@@ -106,6 +105,66 @@ def cwd_kept() -> Iterator[None]:
                     os.chdir(cwd)
 
 
+class _Shielded:
+    """A stream lent to user code: what it writes goes to ``target``; closing it does not
+    close memprobe's stream."""
+
+    def __init__(self, target: TextIO) -> None:
+        self._target = target
+
+    def write(self, text: str) -> int:
+        return self._target.write(text)
+
+    def flush(self) -> None:
+        self._target.flush()
+
+    def close(self) -> None:
+        self._target.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+@contextlib.contextmanager
+def streams_kept() -> Iterator[None]:
+    """While user code runs, what it prints goes to standard error: standard output is
+    memprobe's answer (``--json`` is read by programs). Whatever the code does to
+    ``sys.stdout`` and ``sys.stderr`` (closes them, replaces them) is undone."""
+    out, err = sys.stdout, sys.stderr
+    if err is not None:
+        sys.stdout = sys.stderr = cast(TextIO, _Shielded(err))
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+@contextlib.contextmanager
+def torch_state_kept() -> Iterator[None]:
+    """Put back torch's process-wide defaults user code changed: a kernel that turned
+    gradients off (``torch.set_grad_enabled(False)``) failed every case after its own,
+    memprobe's kernels included; a default dtype or device it set would shape theirs."""
+    import torch
+
+    grad, dtype, device = torch.is_grad_enabled(), torch.get_default_dtype(), _default_device()
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(grad)
+        if torch.get_default_dtype() != dtype:
+            torch.set_default_dtype(dtype)
+        if _default_device() != device:
+            torch.set_default_device(device)
+
+
+def _default_device() -> Any:
+    import torch
+
+    # None where no default device was set (tensors go to cpu), as set_default_device reads it.
+    device = torch.get_default_device()
+    return None if device == torch.device("cpu") else device
+
+
 def is_import_path(name: str) -> bool:
     """True for ``package.module:function`` names (user kernels), False for registered ones."""
     return ":" in name
@@ -115,8 +174,19 @@ def is_import_path(name: str) -> bool:
 def resolve_user_kernel(path: str) -> KernelSpec:
     """Import ``package.module:function`` and describe it as a :class:`KernelSpec`."""
     fn = import_callable(path, what="kernel", hint=_SHAPE_HINT)
-    inputs = _protocol(fn, path)
-    doc = inspect.getdoc(fn)
+    try:
+        # The callable's own attributes are its code too: a __signature__ or __getattr__
+        # that raises is the kernel's failure, said in one line.
+        inputs = _protocol(fn, path)
+        doc = inspect.getdoc(fn)
+        consumes = bool(getattr(fn, "memprobe_consumes_logits", False))
+    except UserError:
+        raise
+    except Exception as exc:
+        raise UserError(
+            f"kernel {path!r} cannot be read as a kernel: {exception_text(exc)}",
+            "make it a plain function fn(logits, targets, *, chunk_size=None)",
+        ) from None
     summary = doc.splitlines()[0] if doc else f"user kernel ({inputs} protocol)"
     return KernelSpec(
         path,
@@ -124,7 +194,7 @@ def resolve_user_kernel(path: str) -> KernelSpec:
         summary,
         # memprobe never pre-casts for a user kernel: what it casts is its own business.
         casts_per_chunk=True,
-        consumes_logits=bool(getattr(fn, "memprobe_consumes_logits", False)),
+        consumes_logits=consumes,
         inputs=inputs,
     )
 
@@ -160,7 +230,7 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 def _import(module_name: str, path: str, what: str) -> Any:
     try:
-        with cwd_kept():
+        with cwd_kept(), streams_kept():
             return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
@@ -197,9 +267,7 @@ def _import(module_name: str, path: str, what: str) -> Any:
 
 def _import_failed(module_name: str, path: str, exc: BaseException, what: str) -> UserError:
     return UserError(
-        f"{what} {path!r}: importing {module_name!r} failed: {type(exc).__name__}: {exc}".replace(
-            "\n", " "
-        ),
+        f"{what} {path!r}: importing {module_name!r} failed: {exception_text(exc)}",
         f"run python -c 'import {module_name}' to see the traceback",
     )
 

@@ -48,6 +48,7 @@ import torch.multiprocessing as mp
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memprobe.errors import UserError
+from memprobe.io.text import exception_text
 
 __all__ = [
     "CollectiveCount",
@@ -307,8 +308,22 @@ def start_ranks(device: str, tp: list[int], cp: list[int]) -> RankLayout:
         backend = "nccl" if device == "cuda" else "gloo"
         if device == "cuda":
             torch.cuda.set_device(local_device_index())
-        dist.init_process_group(backend, **init_options(device))
+        try:
+            dist.init_process_group(backend, **init_options(device))
+        except dist.DistError as exc:
+            raise store_unreachable(exc) from None
     return _layout(tp[0], cp[0])
+
+
+def store_unreachable(exc: BaseException) -> UserError:
+    """torchrun's store at MASTER_ADDR:MASTER_PORT could not be reached (no rank 0 there, a
+    port taken): one line, not torch's traceback after the wait."""
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    rank = f"rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')}"
+    return UserError(
+        f"{rank} cannot reach torchrun's store at {where} ({exception_text(exc)})",
+        "start every rank with torchrun, or unset WORLD_SIZE and RANK to run in one process",
+    )
 
 
 def join_world(

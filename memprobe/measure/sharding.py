@@ -55,6 +55,7 @@ from typing import Any
 import torch.distributed as dist
 
 from memprobe.errors import UserError
+from memprobe.measure.parallel import store_unreachable
 from memprobe.records import Case
 
 # How long a rank waits for rank 0's plan (rank 0 only creates the run directory).
@@ -184,8 +185,10 @@ def wait(delays: Iterator[float]) -> None:
 
 def join_shards() -> ShardJob:
     """Connect to the torchrun job's store (no process group is created)."""
-    rendezvous = dist.rendezvous("env://", timeout=PLAN_TIMEOUT)
-    store, rank, world_size = next(rendezvous)
+    try:
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=PLAN_TIMEOUT))
+    except dist.DistError as exc:
+        raise store_unreachable(exc) from None
     # A restarted attempt (torchrun --max-restarts) must not read the last one's keys.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return ShardJob(dist.PrefixStore(f"memprobe/shard/{attempt}/", store), rank, world_size)

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from memprobe.errors import UserError
+from memprobe.io.text import exception_text
 from memprobe.kernels import get_spec
 from memprobe.kernels.user import user_code
 from memprobe.measure.parallel import RankLayout, fake_process_group
@@ -108,7 +109,7 @@ def checked_output(out: object, targets: torch.Tensor) -> torch.Tensor:
 def kernel_failed(kernel: str, tokens: str, exc: Exception) -> UserError:
     """The one line for a kernel that raised in a meta simulation outside a sweep (a plan,
     a what-if), where there is no case row to record it in: which kernel, at what size."""
-    what = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+    what = exception_text(exc, limit=300)
     return UserError(
         f"{kernel} failed in the meta simulation at {tokens} ({what})",
         f"run `memprobe sweep --kernel {kernel} --device meta` at a small size to see it",

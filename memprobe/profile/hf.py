@@ -24,8 +24,9 @@ from typing import Any
 import torch
 
 from memprobe.errors import UserError
+from memprobe.io.text import printable
 from memprobe.kernels.registry import get_spec
-from memprobe.profile.hf_config import check_sizes, load_error, read_config_json
+from memprobe.profile.hf_config import check_ratios, check_sizes, load_error, read_config_json
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype
 
@@ -53,6 +54,10 @@ def require_transformers() -> Any:
     return transformers
 
 
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}  # fmt: skip
+
+
 def load_config(path: str | os.PathLike[str]) -> Any:
     """The model config in ``path``: a ``config.json`` file, or a directory holding one."""
     transformers = require_transformers()
@@ -64,9 +69,20 @@ def load_config(path: str | os.PathLike[str]) -> Any:
             "give a config.json or the directory holding it",
         )
     data = read_config_json(file)
-    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+    if not isinstance(data, dict):
         raise UserError(
-            f"--config {file} has no model_type", "a Hugging Face config.json names its model_type"
+            f"--config {file} holds a JSON {_JSON_KINDS.get(type(data), 'value')}, not an object",
+            "give a model's config.json",
+        )
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str):
+        said = (
+            "has no model_type"
+            if model_type is None
+            else f"gives model_type {printable(repr(model_type))[:40]}, not a name"
+        )
+        raise UserError(
+            f"--config {file} {said}", "a Hugging Face config.json names its model_type"
         )
     return config_from_dict(data, transformers)
 
@@ -91,14 +107,17 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
             "memprobe step trains causal LMs (Llama, Qwen, Mistral, Gemma, ...)",
         )
     config_class = transformers.CONFIG_MAPPING[model_type]
-    check_sizes(model_type, fields, dict(getattr(config_class, "attribute_map", {}) or {}))
+    aliases = dict(getattr(config_class, "attribute_map", {}) or {})
+    check_sizes(model_type, fields, aliases)
     try:
         # Its logger would print warnings of its own on stderr, quoting the config's text
         # as is (control characters and all), beside memprobe's one line.
         with _hf_logging_off():
-            return transformers.AutoConfig.for_model(model_type, **fields)
+            config = transformers.AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # its strict validators raise their own types
         raise load_error(model_type, exc) from None
+    check_ratios(model_type, fields, aliases)  # what transformers' validators let through
+    return config
 
 
 def _torch_dtype(name: str, flag: str) -> torch.dtype:

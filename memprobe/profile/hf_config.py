@@ -52,14 +52,21 @@ def read_config_json(file: Path) -> Any:
         )
 
     try:
-        return json.loads(raw.decode("utf-8"), parse_int=whole, parse_constant=constant)
+        return json.loads(raw.decode("utf-8-sig"), parse_int=whole, parse_constant=constant)
     except RecursionError:
         raise UserError(
             f"--config {file} nests too deep to read", "give a model's config.json"
         ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except UnicodeDecodeError as exc:
         raise UserError(
-            f"--config {file} is not readable JSON ({type(exc).__name__})",
+            f"--config {file} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset "
+            f"{exc.start:,})",
+            "JSON is UTF-8: save config.json as UTF-8",
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise UserError(
+            f"--config {file} is not readable JSON ({exc.msg} at line {exc.lineno:,} "
+            f"column {exc.colno:,})",
             "give a model's config.json",
         ) from None
 
@@ -88,6 +95,39 @@ def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]
             raise UserError(
                 f"the {printable(model_type)} config's {key} is {shown}: "
                 f"a whole number from 1 to {top:,} is needed",
+                "fix config.json",
+            )
+
+
+# Expert counts under the names MoE configs give them, beside num_experts_per_tok.
+_EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def check_ratios(model_type: str, fields: dict[str, Any], aliases: dict[str, str]) -> None:
+    """Sizes that must fit each other: the key/value heads a divisor of the attention heads,
+    an MoE's experts per token no more than its experts. Left to the step, either ended in
+    a failed tensor op on meta, with a hint that blamed meta for it."""
+
+    def given(name: str) -> tuple[str, int | None]:
+        key = name if name in fields else aliases.get(name, name)
+        value = fields.get(key)
+        return key, value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    kind = printable(model_type)
+    heads_key, heads = given("num_attention_heads")
+    kv_key, kv = given("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise UserError(
+            f"the {kind} config's {kv_key} ({kv:,}) does not divide its {heads_key} ({heads:,})",
+            "each key/value head serves the same number of query heads; fix config.json",
+        )
+    per_key, per = given("num_experts_per_tok")
+    for total_key in _EXPERT_COUNTS:
+        _, total = given(total_key)
+        if per is not None and total and per > total:
+            raise UserError(
+                f"the {kind} config's {per_key} is {per:,} with {total_key} {total:,}: "
+                "each token is routed to at most that many experts",
                 "fix config.json",
             )
 

@@ -28,6 +28,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from memprobe.errors import UserError
+from memprobe.io.text import exception_text
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.profile import attention
 from memprobe.profile import memo as memo_module
@@ -185,9 +186,7 @@ def step_failed(exc: Exception, tracker: StepTracker, device: str) -> UserError:
     it, and on meta why meta may be the cause and what to do."""
     if isinstance(exc, UserError):
         return exc
-    what = " ".join(f"{type(exc).__name__}: {exc}".split())
-    if len(what) > 200:
-        what = what[:197] + "..."
+    what = exception_text(exc)
     raised_by_op = tracker.failure is not None and _caused_by(exc, tracker.failure)
     where = f"at {tracker.failed_op}" if raised_by_op else f"in its {tracker.phase} phase"
     if device == "meta":
