@@ -113,6 +113,18 @@ def run_gate(req: GateRequest) -> GateOutcome:
             )
         else:
             baseline_rows = read_rows(baseline_path)
+            if not baseline_rows:
+                # No case to compare: the gate would pass on "all 0 check(s)".
+                if req.update_baseline and _same_file(baseline_path, req.update_baseline):
+                    notes.append(f"baseline {baseline_path} holds no cases; not compared")
+                    baseline_rows, baseline_path = None, None
+                else:
+                    where = "the config's baseline" if req.baseline is None else "--baseline"
+                    raise UserError(
+                        f"{where} {baseline_path} holds no cases: it would compare nothing",
+                        "remake it from a finished run with "
+                        f"`memprobe gate RUN --update-baseline {baseline_path}`",
+                    )
     rules = cfg.gate.rules
     if not rules and baseline_path is None and req.update_baseline is None:
         where = config_name or f"no pyproject.toml at or above {req.cwd}"

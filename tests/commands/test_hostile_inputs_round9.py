@@ -1,0 +1,85 @@
+"""Hostile inputs, round 9 (the confirming pass): each row is a variant of a defect class
+the pass found. One line and exit 2, or a sane answer; nothing written is lost."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _empty_results(made_run: Path) -> dict[str, Any]:
+    data = json.loads((made_run / "results.json").read_text())
+    data["rows"] = []
+    return data
+
+
+def _digest(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+# -- a baseline with no cases compared nothing: "passed: all 0 check(s)", exit 0
+
+
+RULE = "[[tool.memprobe.gate.rules]]\nkernel = '*'\nmax_peak = '1GiB'\n"
+
+
+@pytest.mark.parametrize(
+    ("shape", "rules"),
+    [
+        ("file", ""),
+        ("file", RULE),
+        ("run directory", ""),
+        ("config's baseline", ""),
+        ("config's baseline", RULE),
+    ],
+)
+def test_a_baseline_with_no_cases_is_refused(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    shape: str, rules: str,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    if shape == "run directory":
+        base = tmp_path / "base"
+        shutil.copytree(made_run, base)
+        (base / "results.json").write_text(json.dumps(_empty_results(made_run)))
+    else:
+        base = tmp_path / "b.json"
+        base.write_text(json.dumps(_empty_results(made_run)))
+    config = rules
+    args = ["gate", str(run)]
+    if shape == "config's baseline":
+        config = f"[tool.memprobe.gate]\nbaseline = '{base}'\n" + rules
+    else:
+        args += ["--baseline", str(base)]
+    if config:
+        (tmp_path / "pyproject.toml").write_text(config)
+    before = {p: _digest(p) for p in tmp_path.rglob("*") if p.is_file()}
+    code, out, err = run_cli(*args)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (out, err)
+    assert "holds no cases: it would compare nothing" in err and "--update-baseline" in err
+    assert "Traceback" not in err
+    assert {p: _digest(p) for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_an_empty_baseline_that_is_being_rewritten_is_remade(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    base = tmp_path / "b.json"
+    base.write_text(json.dumps(_empty_results(made_run)))
+    code, out, err = run_cli(
+        "gate", str(made_run), "--baseline", str(base), "--update-baseline", str(base)
+    )
+    assert code == 0, (out, err)
+    assert f"baseline {base} holds no cases; not compared" in out + err
+    assert json.loads(base.read_text())["rows"], "the baseline was not remade"
+    # And now it compares.
+    code, out, err = run_cli("gate", str(made_run), "--baseline", str(base))
+    assert code == 0 and "all 0 check" not in out, (out, err)
