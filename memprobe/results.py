@@ -134,6 +134,10 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
             if not abs(value) < MAX_FLOAT:
                 shown = f"{value:g}" if isinstance(value, float) else f"of {len(str(value))} digits"
                 raise _bad(file, index, f"{key} {shown} is out of range")
+            # A time or an absolute error below zero: what the page and the plan's
+            # chunk pick would read is no measurement.
+            if value < 0:
+                raise _bad(file, index, f"{key} {value:g} is negative")
             value = float(value)
         elif not isinstance(value, str):
             raise _bad(file, index, f"{key} {value!r} is not text")

@@ -83,3 +83,52 @@ def test_an_empty_baseline_that_is_being_rewritten_is_remade(
     # And now it compares.
     code, out, err = run_cli("gate", str(made_run), "--baseline", str(base))
     assert code == 0 and "all 0 check" not in out, (out, err)
+
+
+# -- a negative time or error in results.json was read as measured: the report's table
+# showed "-1.0000" seconds; plan --from-run picks its chunk size by these times
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("fwd_time_s", -1.0),
+        ("bwd_time_s", -1e-9),
+        ("max_abs_err_fwd", -0.5),
+        ("max_abs_err_bwd", -3),
+    ],
+)
+@pytest.mark.parametrize("command", ["report", "gate", "plan --from-run"])
+def test_a_negative_time_or_error_in_results_is_refused(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    column: str, value: float, command: str,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    data = json.loads((run / "results.json").read_text())
+    data["rows"][0][column] = value
+    (run / "results.json").write_text(json.dumps(data))
+    args = {
+        "report": ["report", str(run), "--out", str(tmp_path / "page.html")],
+        "gate": ["gate", str(run), "--baseline", str(made_run / "results.json")],
+        "plan --from-run": ["plan", "--vocab", "256", "--budget", "1GiB", "--from-run", str(run)],
+    }[command]
+    before = {p: _digest(p) for p in tmp_path.rglob("*") if p.is_file()}
+    code, out, err = run_cli(*args)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (out, err)
+    assert f"row 0 {column} {value:g} is negative" in err and "Traceback" not in err
+    assert {p: _digest(p) for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+def test_a_zero_time_or_error_is_still_read(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    data = json.loads((run / "results.json").read_text())
+    data["rows"][0].update(fwd_time_s=0.0, bwd_time_s=-0.0, max_abs_err_fwd=0)
+    (run / "results.json").write_text(json.dumps(data))
+    code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0 and "Traceback" not in err, err
