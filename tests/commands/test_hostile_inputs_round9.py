@@ -132,3 +132,35 @@ def test_a_zero_time_or_error_is_still_read(
     (run / "results.json").write_text(json.dumps(data))
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and "Traceback" not in err, err
+
+
+# -- an MoE config with 0 (or fewer) experts: the "experts per token > experts" check read
+# 0 as not given, and the step failed at aten.topk on meta with a hint blaming meta
+
+SMALL = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+}  # fmt: skip
+NO_EXPERTS = [
+    ("mixtral: 0 experts",
+     {"model_type": "mixtral", "num_local_experts": 0, "num_experts_per_tok": 2},
+     "num_experts_per_tok is 2 with num_local_experts 0"),
+    ("mixtral: -1 experts",
+     {"model_type": "mixtral", "num_local_experts": -1, "num_experts_per_tok": 1},
+     "num_experts_per_tok is 1 with num_local_experts -1"),
+    ("qwen2_moe: 0 experts", {"model_type": "qwen2_moe", "num_experts": 0, "num_experts_per_tok": 4,
+                              "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64},
+     "num_experts_per_tok is 4 with num_experts 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["step", "plan"])
+@pytest.mark.parametrize(("what", "fields", "says"), NO_EXPERTS, ids=[n[0] for n in NO_EXPERTS])
+def test_an_moe_config_with_no_experts_is_said_so(
+    run_cli: Any, tmp_path: Path, command: str, what: str, fields: dict[str, Any], says: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**SMALL, **fields}))
+    size = ["--tokens", "64"] if command == "step" else ["--step", "--budget", "1GiB"]
+    code, out, err = run_cli(command, "--config", str(tmp_path), *size)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert says in err and "meta" not in err, err
