@@ -255,11 +255,16 @@ def numerics(frame: pd.DataFrame, kernels: list[str]) -> bytes | None:
             for y, v in zip(ys, vals, strict=True):
                 if not missing(v):
                     ax.text(v if v > 0 else 1e-12, y, f" {v:.1e}", va="center", fontsize=7)
-        ax.set_xscale("log")
         if values:
             # Whole decades, labelled only there: minor labels on a short log axis collide.
             low = 10 ** math.floor(math.log10(min(values) / 2))
-            ax.set_xlim(low, 10 ** math.ceil(math.log10(max(values) * 6)))
+            limits = (low, 10 ** math.ceil(math.log10(max(values) * 6)))
+        else:
+            # Every error exactly 0: the decades around where their labels are drawn (a log
+            # axis has no 0, and autoscaling one with no positive value only warns).
+            limits = (1e-13, 1e-10)
+        ax.set_xlim(*limits)
+        ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(what, fontsize=9)

@@ -121,6 +121,9 @@ def test_a_negative_time_or_error_in_results_is_refused(
     assert {p: _digest(p) for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+# An error of exactly 0 everywhere: the numerics plot's log axis drew with a matplotlib
+# warning on stderr ("no positive values").
+@pytest.mark.filterwarnings("error::UserWarning")
 def test_a_zero_time_or_error_is_still_read(
     run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
