@@ -101,7 +101,9 @@ def find_pyproject(start: Path) -> Path | None:
     start = start.resolve()
     for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
-        if candidate.is_file():
+        # Found if it exists at all: a FIFO or folder of that name is then refused for
+        # what it is, not passed over as if there were no pyproject.toml.
+        if candidate.exists():
             return candidate
     return None
 

@@ -167,3 +167,22 @@ def test_an_moe_config_with_no_experts_is_said_so(
     code, out, err = run_cli(command, "--config", str(tmp_path), *size)
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert says in err and "meta" not in err, err
+
+
+# A pyproject.toml that is no file was passed over: "no pyproject.toml at or above DIR",
+# though one is there.
+@pytest.mark.parametrize("kind", ["a FIFO", "a folder"])
+def test_a_pyproject_that_is_no_file_is_named_for_what_it_is(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    import os
+
+    odd = tmp_path / "pyproject.toml"
+    if kind == "a FIFO":
+        os.mkfifo(odd)
+    else:
+        odd.mkdir()
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli("gate", str(made_run))
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{odd} is a" in err and "not a regular file" in err and "no pyproject" not in err
