@@ -88,6 +88,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
     baseline_rows: list[dict[str, Any]] | None = None
     notes: list[str] = []
     if baseline_path is not None:
+        where = "the config's baseline" if req.baseline is None else "--baseline"
         if (
             req.update_baseline
             and _same_file(baseline_path, req.update_baseline)
@@ -98,14 +99,12 @@ def run_gate(req: GateRequest) -> GateOutcome:
             baseline_path = None
         elif baseline_path.is_dir() and not results_file(baseline_path).exists():
             # Not "does not exist yet": --update-baseline cannot write a folder either.
-            where = "the config's baseline" if req.baseline is None else "--baseline"
             raise UserError(
                 f"{where} {baseline_path} is a folder with no results.json in it",
                 "name the baseline file (a results.json), or a run directory that has one",
             )
         elif not results_file(baseline_path).exists():
             # The first gate run of a project: the baseline is made, not found.
-            where = "the config's baseline" if req.baseline is None else "--baseline"
             raise UserError(
                 f"{where} {baseline_path} does not exist yet",
                 f"make it once with `memprobe gate RUN --update-baseline {baseline_path}` "
@@ -119,7 +118,6 @@ def run_gate(req: GateRequest) -> GateOutcome:
                     notes.append(f"baseline {baseline_path} holds no cases; not compared")
                     baseline_rows, baseline_path = None, None
                 else:
-                    where = "the config's baseline" if req.baseline is None else "--baseline"
                     raise UserError(
                         f"{where} {baseline_path} holds no cases: it would compare nothing",
                         "remake it from a finished run with "
