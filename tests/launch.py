@@ -1,27 +1,174 @@
-"""How the multi-process tests start torchrun."""
+"""How the multi-process tests start their ranks: real torchrun, or ranks forked from a
+server that has imported torch and memprobe once."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import runpy
+import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait
+from pathlib import Path
 from typing import Any
 
 # --standalone: each launch's rendezvous takes a free port, so two tests launching at
 # once (pytest -n) never meet on torchrun's default port 29500.
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
+# What a rank would import again had it been spawned: torch (and the torch._dynamo its
+# first meta op pulls in), transformers, memprobe's commands. Seconds of CPU per rank, most
+# of a real-rank test's time on two cores. One list: the forkserver starts once per
+# pytest worker, with whichever preload is set first.
+_PRELOAD = [
+    "torch",
+    "torch._dynamo",
+    "transformers",
+    "memprobe.cli",
+    "memprobe.sharded_sweep",
+    "memprobe.profile.step",
+]
+
+
+def _forkserver() -> Any:
+    multiprocessing.set_forkserver_preload(_PRELOAD)
+    return multiprocessing.get_context("forkserver")
+
 
 def fork_ranks(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...]) -> None:
     """Run ``fn(rank, *args)`` on ``nprocs`` processes forked from a clean server.
 
-    A spawned rank imports torch, transformers and memprobe again (seconds of CPU each,
-    most of a real-rank test's time on two cores); a rank forked from the test process
-    would inherit its fake worlds and process-group registry. Forked from a forkserver
-    that has imported them once (per pytest worker), a rank starts clean and at once.
+    A rank forked from the test process would inherit its fake worlds and process-group
+    registry; forked from a forkserver that has imported torch and memprobe once (per
+    pytest worker), a rank starts clean and at once.
     """
-    import multiprocessing
-
     import torch.multiprocessing as mp
 
-    multiprocessing.set_forkserver_preload(["torch", "transformers", "memprobe.profile.step"])
+    _forkserver()
     mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
+
+
+# torchrun stops the other ranks this long after one fails, then kills them.
+_GRACE_S = 5.0
+
+
+def run_ranks(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    nproc: int = 2,
+    script: Path | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """``torchrun --standalone --nproc-per-node NPROC -m memprobe ARGV`` (or ``SCRIPT ARGV``),
+    its ranks forked from the preloaded server instead of started afresh.
+
+    Each rank sees the environment torchrun gives it (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR/PORT, the agent's store, which this process hosts so that it outlives the
+    ranks as torchrun's does). As torchrun does, the job fails when one rank fails: the
+    others are sent SIGTERM, then killed. With ``nproc=0``, one process and no torchrun
+    environment: a fresh ``python -m memprobe ARGV``.
+    Returns the ranks' exit (the first failure's code), stdout and stderr, rank by rank.
+    """
+    import torch.distributed as dist
+
+    store = None
+    base = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        base.pop(name, None)
+    ranks: list[dict[str, str]] = [base]
+    if nproc > 0:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        ranks = [
+            {
+                **base,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(store.port),
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RESTART_COUNT": "0",
+            }
+            for rank in range(nproc)
+        ]
+    context = _forkserver()
+    with tempfile.TemporaryDirectory() as logs:
+        streams = [(Path(logs, f"{i}.out"), Path(logs, f"{i}.err")) for i in range(len(ranks))]
+        procs = [
+            context.Process(target=_rank_main, args=(list(argv), script, cwd, e, *s))
+            for e, s in zip(ranks, streams, strict=True)
+        ]
+        for proc in procs:
+            proc.start()
+        code = _wait_as_torchrun(procs, timeout, argv)
+        out = "".join(o.read_text(errors="replace") for o, _ in streams)
+        err = "".join(e.read_text(errors="replace") for _, e in streams)
+    del store
+    return subprocess.CompletedProcess(list(argv), code, out, err)
+
+
+def _wait_as_torchrun(procs: list[Any], timeout: float, argv: Sequence[str]) -> int:
+    deadline = time.monotonic() + timeout
+    failed = 0
+    running = list(procs)
+    while running and not failed:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            for proc in running:
+                proc.kill()
+                proc.join()
+            raise subprocess.TimeoutExpired(list(argv), timeout)
+        wait([p.sentinel for p in running], timeout=left)
+        for proc in [p for p in running if p.exitcode is not None]:
+            running.remove(proc)
+            failed = failed or proc.exitcode
+    for proc in running:
+        proc.terminate()
+    for proc in running:
+        proc.join(_GRACE_S)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+    return failed
+
+
+def _rank_main(
+    argv: list[str], script: Path | None, cwd: Path, env: dict[str, str], out: Path, err: Path
+) -> None:
+    """One rank, in the forked child: torchrun's environment, the command, its exit code."""
+    import torch
+
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    torch.set_num_threads(1)
+    for path, fd in ((out, 1), (err, 2)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(target, fd)
+        os.close(target)
+    code = 0
+    try:
+        if script is not None:
+            sys.argv = [str(script), *argv]
+            runpy.run_path(str(script), run_name="__main__")
+        else:
+            from memprobe import cli
+
+            sys.argv = ["memprobe", *argv]
+            cli.main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)

@@ -1,14 +1,12 @@
-"""Two gloo ranks under torchrun: one rank's OOM mid-kernel must not hang the other."""
+"""Two gloo ranks as under torchrun: one rank's OOM mid-kernel must not hang the other."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from launch import TORCHRUN
+from launch import run_ranks
 
 from memprobe.results import read_results
 
@@ -23,31 +21,11 @@ DEADLINE_S = 120  # before the fix rank 0 waited in its all_reduce for the gloo 
 
 def test_one_ranks_oom_mid_kernel_ends_the_case_on_every_rank(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = subprocess.run(
-        [
-            *TORCHRUN,
-            str(SCRIPT),
-            "sweep",
-            "--device",
-            "cpu",
-            "--tp",
-            "2",
-            "--kernel",
-            "chunked_distributed,distributed",
-            "--tokens",
-            "128",
-            "--vocab",
-            "1024",
-            "--no-verify",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        cwd=tmp_path,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+    done = run_ranks(
+        ["sweep", "--device", "cpu", "--tp", "2", "--kernel", "chunked_distributed,distributed",
+         "--tokens", "128", "--vocab", "1024", "--no-verify", "--out", str(out)],
+        cwd=tmp_path, script=SCRIPT, timeout=DEADLINE_S,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     rows = read_results(out).set_index("kernel")
     first, second = rows.loc["chunked_distributed"], rows.loc["distributed"]

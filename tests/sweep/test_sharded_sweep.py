@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from launch import TORCHRUN
+from launch import run_ranks
 
 from memprobe.measure import measure
 from memprobe.records import Case
@@ -34,18 +31,10 @@ HERE = Path(__file__).parent
 
 
 def torchrun(*args: str, cwd: Path, script: str | None = None, fail: str | None = None):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if fail is not None:
-        env["SHARD_TEST_FAIL"] = fail
-    target = [str(HERE / script)] if script else ["-m", "memprobe"]
-    return subprocess.run(
-        [*TORCHRUN, *target, "sweep", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=cwd,
-        env=env,
-    )
+    """``torchrun --nproc-per-node 2 -m memprobe sweep ARGS`` (or the failing-rank SCRIPT), its
+    ranks forked from the preloaded server: tests/sweep/test_torchrun.py runs real torchrun."""
+    env = {} if fail is None else {"SHARD_TEST_FAIL": fail}
+    return run_ranks(["sweep", *args], cwd=cwd, script=HERE / script if script else None, env=env)
 
 
 def rows(run: Path) -> list[dict]:
@@ -185,11 +174,7 @@ def test_parallel_cases_run_on_teams_of_ranks_as_without_shard(tmp_path, tp2_alo
     # The tp 1 cases in a fresh process too, as every rank above was: a real run in this
     # (warm) pytest worker once read other bytes in the full suite, never alone.
     one = tmp_path / "one"
-    done = subprocess.run(
-        [sys.executable, "-m", "memprobe", "sweep", *PARALLEL, "--tp", "1", "--out", str(one)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    done = run_ranks(["sweep", *PARALLEL, "--tp", "1", "--out", str(one)], cwd=tmp_path, nproc=0)
     assert done.returncode == 0, done.stderr[-3000:]
     by_tp = {1: rows(one), 2: rows(alone)}
     expected = [by_tp[r["tp"]].pop(0) for r in sharded if r["tp"] != 4]
