@@ -1,11 +1,21 @@
 from __future__ import annotations
 
 import gc
+import os
 import sys
 
-import pytest
+# One CPU thread per test process (and the processes the tests start): the tests' tensors
+# are tiny, and two pytest workers each running torch's intra-op pool on a 2-core machine
+# spend most of their CPU spinning in OpenMP (tests/kernels/test_kernels.py: 36 s of CPU
+# with the default pool, 5 s with one thread).
+os.environ["OMP_NUM_THREADS"] = "1"
 
-from memprobe import cli
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from memprobe import cli  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture
