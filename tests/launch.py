@@ -34,9 +34,10 @@ _PRELOAD = [
 ]
 
 
-def _forkserver() -> Any:
+def forkserver() -> str:
+    """The start method for ranks forked from the preloaded server (its preload set)."""
     multiprocessing.set_forkserver_preload(_PRELOAD)
-    return multiprocessing.get_context("forkserver")
+    return "forkserver"
 
 
 def fork_ranks(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...]) -> None:
@@ -48,15 +49,14 @@ def fork_ranks(fn: Callable[..., None], nprocs: int, args: tuple[Any, ...]) -> N
     """
     import torch.multiprocessing as mp
 
-    _forkserver()
-    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method=forkserver())
 
 
 # torchrun stops the other ranks this long after one fails, then kills them.
 _GRACE_S = 5.0
 
 
-def run_ranks(
+def forked_torchrun(
     argv: Sequence[str],
     *,
     cwd: Path,
@@ -98,7 +98,7 @@ def run_ranks(
             }
             for rank in range(nproc)
         ]
-    context = _forkserver()
+    context = multiprocessing.get_context(forkserver())
     with tempfile.TemporaryDirectory() as logs:
         streams = [(Path(logs, f"{i}.out"), Path(logs, f"{i}.err")) for i in range(len(ranks))]
         procs = [

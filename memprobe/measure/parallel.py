@@ -179,6 +179,7 @@ def run_ranks(
     *,
     backend: str = "gloo",
     timeout_s: float = 120.0,
+    start_method: str = "spawn",
 ) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes.
 
@@ -187,7 +188,9 @@ def run_ranks(
     (a module-level function), as ``spawn`` requires. An exception in any
     rank is re-raised here and the other ranks are terminated; a run still
     going after ``timeout_s`` seconds is terminated with ``TimeoutError``.
-    Collectives inside time out after ``timeout_s`` as well.
+    Collectives inside time out after ``timeout_s`` as well. ``start_method="forkserver"``
+    starts the ranks in moments once ``multiprocessing.set_forkserver_preload`` names torch
+    (a spawned rank imports it again: seconds each).
     """
     if isinstance(world_size, bool) or int(world_size) < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -198,7 +201,7 @@ def run_ranks(
             args=(fn, int(world_size), store_path, backend, float(timeout_s), tuple(args)),
             nprocs=int(world_size),
             join=False,
-            start_method="spawn",
+            start_method=start_method,
         )
         deadline = time.monotonic() + timeout_s
         try:

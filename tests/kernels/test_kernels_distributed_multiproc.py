@@ -1,6 +1,6 @@
 """TP=2 numerics on two real CPU processes (gloo).
 
-One spawn runs every case on both ranks (a spawn costs seconds; a case costs
+One launch runs every case on both ranks (a launch costs seconds; a case costs
 milliseconds); each rank saves what it computed, and the tests below compare
 it in this process with a float64 single-device reference.
 """
@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from launch import forkserver
 
 from memprobe.kernels import (
     chunked_distributed_logprobs,
@@ -127,7 +128,7 @@ def _worker(rank: int, world: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("tp2")
-    run_ranks(_worker, WORLD, (os.fspath(out_dir),), timeout_s=120)
+    run_ranks(_worker, WORLD, (os.fspath(out_dir),), timeout_s=120, start_method=forkserver())
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from launch import run_ranks
+from launch import forked_torchrun
 
 from memprobe.results import read_results
 
@@ -21,7 +21,7 @@ DEADLINE_S = 120  # before the fix rank 0 waited in its all_reduce for the gloo 
 
 def test_one_ranks_oom_mid_kernel_ends_the_case_on_every_rank(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    done = run_ranks(
+    done = forked_torchrun(
         ["sweep", "--device", "cpu", "--tp", "2", "--kernel", "chunked_distributed,distributed",
          "--tokens", "128", "--vocab", "1024", "--no-verify", "--out", str(out)],
         cwd=tmp_path, script=SCRIPT, timeout=DEADLINE_S,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch import run_ranks
+from launch import forked_torchrun
 
 from memprobe.measure import measure
 from memprobe.records import Case
@@ -34,7 +34,9 @@ def torchrun(*args: str, cwd: Path, script: str | None = None, fail: str | None 
     """``torchrun --nproc-per-node 2 -m memprobe sweep ARGS`` (or the failing-rank SCRIPT), its
     ranks forked from the preloaded server: tests/sweep/test_torchrun.py runs real torchrun."""
     env = {} if fail is None else {"SHARD_TEST_FAIL": fail}
-    return run_ranks(["sweep", *args], cwd=cwd, script=HERE / script if script else None, env=env)
+    return forked_torchrun(
+        ["sweep", *args], cwd=cwd, script=HERE / script if script else None, env=env
+    )
 
 
 def rows(run: Path) -> list[dict]:
@@ -174,7 +176,9 @@ def test_parallel_cases_run_on_teams_of_ranks_as_without_shard(tmp_path, tp2_alo
     # The tp 1 cases in a fresh process too, as every rank above was: a real run in this
     # (warm) pytest worker once read other bytes in the full suite, never alone.
     one = tmp_path / "one"
-    done = run_ranks(["sweep", *PARALLEL, "--tp", "1", "--out", str(one)], cwd=tmp_path, nproc=0)
+    done = forked_torchrun(
+        ["sweep", *PARALLEL, "--tp", "1", "--out", str(one)], cwd=tmp_path, nproc=0
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     by_tp = {1: rows(one), 2: rows(alone)}
     expected = [by_tp[r["tp"]].pop(0) for r in sharded if r["tp"] != 4]
