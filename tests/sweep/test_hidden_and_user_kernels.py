@@ -64,7 +64,7 @@ def test_logits_kernels_are_refused_with_a_hidden_size(run_cli, command: str) ->
 
 def test_plan_hidden_family(run_cli) -> None:
     code, out, err = run_cli(
-        "plan", "--vocab", "4096", "--hidden", "256", "--budget", "64MiB",
+        "plan", "--vocab", "4096", "--hidden", "256", "--budget", "32MiB",
         "--kernel", "fused_linear_chunked,linear_unchunked", "--json",
     )  # fmt: skip
     assert code == 0, err
