@@ -1,0 +1,138 @@
+"""Hostile inputs, round 10 (files): snapshot pickles and run directories of legal but
+strange structure. Each row is a variant of a defect class the pass found: one line and
+exit 2, or a sane answer, never a number the file does not support."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _snapshot(made_run: Path) -> Path:
+    return next((made_run / "snapshots").glob("*.pickle"))
+
+
+def _tampered(made_run: Path, to: Path, change: Callable[[dict[str, Any]], Any]) -> Path:
+    data = pickle.loads(_snapshot(made_run).read_bytes())
+    change(data)
+    to.write_bytes(pickle.dumps(data, protocol=4))
+    return to
+
+
+def _one_line(code: int, out: str, err: str) -> str:
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert "Traceback" not in err
+    return err
+
+
+def _no_control_characters(text: str) -> None:
+    assert not [c for c in text if ord(c) < 32 and c != "\n"], repr(text)
+
+
+# -- segments that share addresses: a segment listed twice (or two files' segments merged)
+# was counted twice, "peak reserved: 4.00 MiB" where the device held 2.00 MiB
+
+
+def _seg(address: int, size: int = 2 << 20, device: int = 0) -> dict[str, Any]:
+    block = {"address": address, "size": size, "requested_size": size, "state": "inactive"}
+    return {"device": device, "address": address, "total_size": size, "blocks": [block]}
+
+
+OVERLAPS: list[tuple[str, Callable[[int], list[dict[str, Any]]], int, int]] = [
+    ("the same segment twice", lambda a: [_seg(a)], 1, 0),
+    ("one starting inside it", lambda a: [_seg(a + 512)], 1, 0),
+    ("one ending inside it", lambda a: [_seg(a - (1 << 20))], 0, 1),
+    ("one inside a larger one listed first", lambda a: [_seg(a - (1 << 20), 8 << 20)], 0, 1),
+]
+
+
+@pytest.mark.parametrize("command", [["attribute"], ["attribute", "--replay"], ["diff"]])
+@pytest.mark.parametrize(
+    ("what", "extra", "later", "earlier"), OVERLAPS, ids=[o[0] for o in OVERLAPS]
+)
+def test_segments_that_share_addresses_are_refused(
+    run_cli: Any, made_run: Path, tmp_path: Path, command: list[str],
+    what: str, extra: Callable[[int], list[dict[str, Any]]], later: int, earlier: int,
+) -> None:  # fmt: skip
+    def change(data: dict[str, Any]) -> None:
+        data["segments"] += extra(data["segments"][0]["address"])
+
+    bad = _tampered(made_run, tmp_path / "s.pickle", change)
+    args = (
+        [*command, str(bad)]
+        if command != ["diff"]
+        else ["diff", str(_snapshot(made_run)), str(bad)]
+    )
+    err = _one_line(*run_cli(*args))
+    assert f"segments[{later}] overlaps segments[{earlier}] on device 0" in err, err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param(lambda a, size: [_seg(a + size)], id="one right after it"),
+        pytest.param(lambda a, size: [_seg(a, device=1)], id="the same address on another device"),
+    ],
+)
+def test_segments_apart_are_still_read(
+    run_cli: Any, made_run: Path, tmp_path: Path, extra: Callable[[int, int], list[dict]]
+) -> None:
+    def change(data: dict[str, Any]) -> None:
+        first = data["segments"][0]
+        data["segments"] += extra(first["address"], first["total_size"])
+
+    good = _tampered(made_run, tmp_path / "s.pickle", change)
+    code, out, err = run_cli("attribute", str(good), "--device", "0")
+    assert code == 0 and "peak reserved" in out, (out, err)
+
+
+# -- a trace of actions memprobe does not know: each is skipped (a newer torch may add
+# some), so a trace of nothing else read as a step that allocated 0 B
+
+
+@pytest.mark.parametrize(
+    "rename",
+    [
+        pytest.param(str.upper, id="upper case"),
+        pytest.param(lambda a: a + " ", id="a trailing space"),
+        pytest.param(lambda a: "\x1b[31m" + a, id="an escape sequence"),
+        pytest.param(lambda a: a.replace("a", "\u0430").replace("e", "\u0435"), id="Cyrillic a, e"),
+        pytest.param(lambda a: {"alloc": "malloc"}.get(a, "x_" + a), id="other words"),
+    ],
+)
+@pytest.mark.parametrize("command", ["attribute", "diff", "--what-if"])
+def test_a_trace_of_no_known_action_is_refused(
+    run_cli: Any, made_run: Path, tmp_path: Path, rename: Callable[[str], str], command: str
+) -> None:
+    def change(data: dict[str, Any]) -> None:
+        for entry in data["device_traces"][0]:
+            entry["action"] = rename(entry["action"])
+
+    bad = str(_tampered(made_run, tmp_path / "s.pickle", change))
+    args = {
+        "attribute": ["attribute", bad],
+        "diff": ["diff", str(_snapshot(made_run)), bad],
+        "--what-if": ["attribute", bad, "--what-if", "local_chunked"],
+    }[command]
+    err = _one_line(*run_cli(*args))
+    assert "device_traces[0] has " in err and "none is an action memprobe reads" in err, err
+    _no_control_characters(err)
+
+
+def test_a_trace_with_some_unknown_actions_still_reads(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    def change(data: dict[str, Any]) -> None:
+        trace = data["device_traces"][0]
+        trace[1:1] = [{"action": "checkpoint_marker", "stream": 0, "frames": []}] * 3
+
+    good = _tampered(made_run, tmp_path / "s.pickle", change)
+    plain = run_cli("attribute", str(_snapshot(made_run)))
+    code, out, err = run_cli("attribute", str(good))
+    assert code == 0, err
+    peak = next(line for line in out.splitlines() if line.startswith("peak allocated"))
+    assert peak.split(" at ")[0] in plain[1], (peak, plain[1])
