@@ -327,7 +327,7 @@ def render_devices(all_findings: tuple[Findings, ...], *, top: int | None = None
     if len(all_findings) > 1:
         summary = "; ".join(
             f"device {f.device}: peak {format_bytes(f.peak_allocated_bytes)}"
-            + (f", {_plural(len(f.ooms), 'OOM')}" if f.ooms else "")
+            + (f", {_plural(len(f.ooms) + f.more_ooms, 'OOM')}" if f.ooms else "")
             for f in all_findings
         )
         out.append(f"{len(all_findings)} devices with a trace ({summary})")
