@@ -191,3 +191,33 @@ def test_many_ooms_in_the_output(
         assert len(lead["ooms"]) == 20 and lead["more_ooms"] == 480, lead.keys()
     else:
         assert "OOM #20 " in out and "OOM #21 " not in out
+
+
+# -- a peak before the trace's first entry (blocks freed that the trace never made) read
+# "at entry #-1" in the what-if and "at trace entry -1" on the page
+
+
+def _frees_first(data: dict[str, Any]) -> None:
+    trace = data["device_traces"][0]
+    frees = [e for e in trace if e["action"].startswith("free")]
+    data["device_traces"][0] = frees + [e for e in trace if not e["action"].startswith("free")]
+
+
+def test_a_peak_before_the_trace_is_said_so_in_the_what_if(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    snap = _tampered(made_run, tmp_path / "s.pickle", _frees_first)
+    code, out, err = run_cli("attribute", str(snap), "--what-if", "local_chunked")
+    assert code == 0, err
+    assert "#-1" not in out and "predicted (saves 0 B), at the start of the recorded trace" in out
+
+
+def test_a_peak_before_the_trace_is_said_so_on_the_page(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    snap = _tampered(made_run, tmp_path / "s.pickle", _frees_first)
+    page = tmp_path / "page.html"
+    code, _, err = run_cli("attribute", str(snap), "--html", str(page))
+    assert code == 0, err
+    html = page.read_text()
+    assert "entry -1" not in html and "at the start of the recorded trace" in html
