@@ -221,3 +221,29 @@ def test_a_peak_before_the_trace_is_said_so_on_the_page(
     assert code == 0, err
     html = page.read_text()
     assert "entry -1" not in html and "at the start of the recorded trace" in html
+
+
+# -- allocator_settings as recorded: its text reached the terminal raw (an OSC title, a
+# screen clear, a newline forging a line of its own)
+
+
+@pytest.mark.parametrize(
+    ("settings", "shown"),
+    [
+        ({"PYTORCH_ALLOC_CONF": "\x1b]0;owned\x07"}, "PYTORCH_ALLOC_CONF=\\x1b]0;owned\\x07"),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "a\nFAKE: ok"}, "PYTORCH_CUDA_ALLOC_CONF=a\\nFAKE: ok"),
+        ({"max_split_size": "\x1b[2J"}, "max_split_size=\\x1b[2J"),
+        ({"odd\rkey": 1}, "odd\\rkey=1"),
+        ({"roundup_power2_divisions": {"\x1b[1m": 4}}, "{'\\x1b[1m': 4}"),
+    ],
+)
+def test_allocator_settings_print_inert(
+    run_cli: Any, made_run: Path, tmp_path: Path, settings: dict[str, Any], shown: str
+) -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["allocator_settings"] = settings
+
+    code, out, err = run_cli("attribute", str(_tampered(made_run, tmp_path / "s.pickle", change)))
+    assert code == 0, err
+    _no_control_characters(out + err)
+    assert shown in out, out
