@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -247,3 +248,31 @@ def test_allocator_settings_print_inert(
     assert code == 0, err
     _no_control_characters(out + err)
     assert shown in out, out
+
+
+# -- a kernel name of a million characters (a tampered results.json): the legend grew the
+# figure past any memory, and `report` ended in a MemoryError traceback after a minute
+
+
+def test_figure_text_is_cut_to_a_label() -> None:
+    from memprobe.render.canvas import MAX_LABEL, clean_text
+
+    assert clean_text("local_chunked") == "local_chunked"
+    assert clean_text("k" * MAX_LABEL) == "k" * MAX_LABEL
+    cut = clean_text("k" * 10**6)
+    assert len(cut) == MAX_LABEL and cut.endswith("…")
+    assert clean_text("a\ud800b") == "a?b"
+
+
+@pytest.mark.parametrize("length", [200, 1_000_000])
+def test_a_long_kernel_name_in_results_draws(
+    run_cli: Any, made_run: Path, tmp_path: Path, length: int
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    data = json.loads((run / "results.json").read_text())
+    data["rows"][0]["kernel"] = "k" * length
+    (run / "results.json").write_text(json.dumps(data))
+    code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0 and "Traceback" not in err, err
+    assert (tmp_path / "page.html").stat().st_size < 20 * length + 2_000_000
