@@ -276,3 +276,45 @@ def test_a_long_kernel_name_in_results_draws(
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and "Traceback" not in err, err
     assert (tmp_path / "page.html").stat().st_size < 20 * length + 2_000_000
+
+
+# -- a name the file system refuses to look at (a part past 255 bytes, a path past 4096):
+# pathlib's exists() and is_dir() raise OSError(ENAMETOOLONG), and nine commands ended in
+# a traceback, exit 1
+
+
+def _long_paths(made_run: Path) -> list[tuple[str, Callable[[str], list[str]]]]:
+    run = str(made_run)
+    budget = ["--vocab", "256", "--budget", "1GiB"]
+    return [
+        ("report RUN_DIR", lambda p: ["report", p]),
+        ("report --out", lambda p: ["report", run, "--out", p + ".html"]),
+        ("gate --baseline", lambda p: ["gate", run, "--baseline", p + ".json"]),
+        ("gate --config", lambda p: ["gate", run, "--config", p + ".toml"]),
+        ("sweep --resume", lambda p: ["sweep", "--resume", p]),
+        ("sweep --out", lambda p: ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder",
+                                   "--kernel", "unchunked", "--no-verify", "-q", "--out", p]),
+        ("plan --from-run", lambda p: ["plan", *budget, "--from-run", p]),
+        ("plan --out", lambda p: ["plan", *budget, "--kernel", "unchunked", "--out", p]),
+        ("step --config", lambda p: ["step", "--config", p, "--tokens", "64"]),
+    ]  # fmt: skip
+
+
+LONG_NAMES = {
+    "a 300-byte name": "q" * 300,
+    "a 4,500-byte path": "/".join(["d" * 200] * 22),
+    "a 300-byte name in UTF-8": "é" * 150,
+}
+
+
+@pytest.mark.parametrize("long", list(LONG_NAMES), ids=list(LONG_NAMES))
+@pytest.mark.parametrize("index", range(9), ids=lambda i: str(i))
+def test_a_name_too_long_for_the_file_system_is_one_line(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    long: str, index: int,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    what, args = _long_paths(made_run)[index]
+    err = _one_line(*run_cli(*args(LONG_NAMES[long])))
+    assert "File name too long" in err, (what, err)
+    assert list(tmp_path.iterdir()) == [], "nothing is written"
