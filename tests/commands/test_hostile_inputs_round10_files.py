@@ -318,3 +318,74 @@ def test_a_name_too_long_for_the_file_system_is_one_line(
     err = _one_line(*run_cli(*args(LONG_NAMES[long])))
     assert "File name too long" in err, (what, err)
     assert list(tmp_path.iterdir()) == [], "nothing is written"
+
+
+# -- a row naming another case's snapshot (an edited row, a file copied over): the page drew
+# that case's trace and breakdown as this one's, and a failing gate named its largest block
+
+
+def _relabelled(made_run: Path, tmp_path: Path, case: str | None) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    snap = _snapshot(run)
+    data = pickle.loads(snap.read_bytes())
+    if case is None:
+        del data["memprobe"]  # as torch writes it (a cuda run's snapshot)
+    else:
+        data["memprobe"]["case"] = case
+    snap.write_bytes(pickle.dumps(data, protocol=4))
+    return run
+
+
+OTHER_CASES = [
+    "local_chunked-b1-s64-v128-bf16-c1024-tp1-cp1-meta-00000000",
+    "unchunked-b1-s128-v128-bf16-c1024-tp1-cp1-meta-51b5030b",
+    "\x1b[2Jx",
+]
+
+
+@pytest.mark.parametrize("case", OTHER_CASES)
+def test_a_snapshot_of_another_case_is_not_drawn_as_this_one(
+    run_cli: Any, made_run: Path, tmp_path: Path, case: str
+) -> None:
+    run = _relabelled(made_run, tmp_path, case)
+    page = tmp_path / "page.html"
+    code, _, err = run_cli("report", str(run), "--out", str(page))
+    assert code == 0, err
+    from memprobe.io.text import printable
+
+    html = page.read_text()
+    assert "snapshot not used" in html and "was recorded for case" in html
+    assert printable(case).replace("[", "") in html.replace("[", "")
+
+
+@pytest.mark.parametrize("case", OTHER_CASES)
+def test_a_failing_gate_does_not_explain_with_another_cases_snapshot(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = _relabelled(made_run, tmp_path, case)
+    base = json.loads((run / "results.json").read_text())
+    base["rows"][0]["peak_bytes"] = 1
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    code, out, err = run_cli("gate", str(run), "--baseline", str(tmp_path / "b.json"))
+    assert code == 1, (out, err)
+    assert "was recorded for case" in out and "largest block" not in out, out
+    _no_control_characters(out)
+
+
+@pytest.mark.parametrize("case", ["own", None], ids=["its own case", "no case (torch's own)"])
+def test_a_snapshot_of_its_own_case_or_of_none_is_still_read(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    case: str | None,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    own = _snapshot(made_run).stem
+    run = _relabelled(made_run, tmp_path, own if case == "own" else None)
+    base = json.loads((run / "results.json").read_text())
+    base["rows"][0]["peak_bytes"] = 1
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    code, out, err = run_cli("gate", str(run), "--baseline", str(tmp_path / "b.json"))
+    assert code == 1 and "largest block live at the peak" in out, (out, err)
+    code, _, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0 and "snapshot not used" not in (tmp_path / "page.html").read_text()
