@@ -389,3 +389,45 @@ def test_a_snapshot_of_its_own_case_or_of_none_is_still_read(
     assert code == 1 and "largest block live at the peak" in out, (out, err)
     code, _, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and "snapshot not used" not in (tmp_path / "page.html").read_text()
+
+
+# -- a path named on the command line reached the terminal raw in what a command says it
+# read or wrote ("page: a" and a line "b.html" of its own; an escape sequence run)
+
+ODD_NAMES = ["a\nFAKE: passed", "b\x1b[2J", "c\rd", "e\u2028f"]
+
+
+def _echoes(made_run: Path, here: Path, odd: str) -> list[tuple[str, list[str]]]:
+    run = here / f"run{odd}"
+    shutil.copytree(made_run, run)
+    snap = str(_snapshot(run))
+    budget = ["--vocab", "256", "--budget", "8MiB", "--kernel", "local_chunked"]
+    return [
+        ("attribute", ["attribute", snap, "--html", str(here / f"{odd}.html")]),
+        ("diff", ["diff", snap, snap]),
+        ("report", ["report", str(run), "--out", str(here / f"{odd}.html")]),
+        ("gate", ["gate", str(run), "--baseline", str(run), "--junit-xml", str(here / odd),
+                  "--update-baseline", str(here / f"{odd}.json")]),
+        ("plan", ["plan", *budget, "--out", str(here / odd)]),
+        ("sweep", ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
+                   "unchunked", "--no-verify", "--out", str(here / f"sweep{odd}")]),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("odd", ODD_NAMES, ids=["newline", "escape", "carriage return", "U+2028"])
+@pytest.mark.parametrize(
+    "index", range(6), ids=["attribute", "diff", "report", "gate", "plan", "sweep"]
+)
+def test_a_path_is_echoed_inert(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    odd: str, index: int,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    what, args = _echoes(made_run, tmp_path, odd)[index]
+    code, out, err = run_cli(*args)
+    assert code == 0, (what, err)
+    _no_control_characters(out + err)
+    assert "\u2028" not in out + err
+    from memprobe.io.text import printable
+
+    assert printable(odd) in out + err, (what, out, err)
