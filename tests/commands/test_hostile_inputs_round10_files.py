@@ -431,3 +431,56 @@ def test_a_path_is_echoed_inert(
     from memprobe.io.text import printable
 
     assert printable(odd) in out + err, (what, out, err)
+
+
+# -- more rows (or planned cases) than any run holds: report drew 50,000 rows for over five
+# minutes; a sweep refuses to plan past MAX_CASES, so no run of memprobe's holds them
+
+
+def _rows(made_run: Path, count: int) -> dict[str, Any]:
+    data = json.loads((made_run / "results.json").read_text())
+    row = data["rows"][0]
+    data["rows"] = [dict(row, tokens=64 + i, case_id="", snapshot=None) for i in range(count)]
+    return data
+
+
+@pytest.mark.parametrize("command", ["report", "gate", "gate --baseline", "plan --from-run"])
+def test_more_rows_than_a_run_holds_are_refused(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    from memprobe.results import MAX_CASES
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    (run / "results.json").write_text(json.dumps(_rows(made_run, MAX_CASES + 1)))
+    args = {
+        "report": ["report", str(run), "--out", str(tmp_path / "page.html")],
+        "gate": ["gate", str(run), "--baseline", str(made_run)],
+        "gate --baseline": ["gate", str(made_run), "--baseline", str(run)],
+        "plan --from-run": ["plan", "--vocab", "256", "--budget", "1GiB", "--from-run", str(run)],
+    }[command]
+    err = _one_line(*run_cli(*args))
+    assert f"holds {MAX_CASES + 1:,} rows; a run holds at most {MAX_CASES:,} cases" in err
+
+
+def test_a_plan_of_more_cases_than_a_run_holds_is_not_resumed(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    from memprobe.results import MAX_CASES
+
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    case = meta["cases"][0]
+    meta["cases"] = [dict(case, tokens=64 + i) for i in range(MAX_CASES + 1)]
+    (run / "run.json").write_text(json.dumps(meta))
+    err = _one_line(*run_cli("sweep", "--resume", str(run), "--no-verify", "-q"))
+    assert f"holds {MAX_CASES + 1:,} cases; a run holds at most {MAX_CASES:,} cases" in err
+
+
+def test_a_run_of_as_many_rows_as_it_may_hold_is_read(made_run: Path, tmp_path: Path) -> None:
+    from memprobe.results import MAX_CASES, read_rows
+
+    (tmp_path / "results.json").write_text(json.dumps(_rows(made_run, MAX_CASES)))
+    assert len(read_rows(tmp_path)) == MAX_CASES
