@@ -37,6 +37,11 @@ SNAPSHOTS = "snapshots"
 # A sweep of thousands of cases writes a few MB; the cap stops /dev/zero, not real runs.
 MAX_JSON_BYTES = 256 * 2**20
 MAX_FLOAT = 1e100
+# Cases one run holds at most: each finished case rewrites the results files whole (so
+# that nothing finished is lost), which costs about 1 s per case at 20,000 rows. A
+# results file or plan of more is none a sweep wrote, and report and gate would read and
+# draw it for minutes (50,000 rows: over five).
+MAX_CASES = 10_000
 
 # What identifies a case across runs (resume, gate baselines, the report). Not
 # case_id: its hash changes whenever Case grows a field, which would make every
@@ -212,9 +217,18 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         raise UserError(
             f"{file} is not a memprobe results.json", "point at a run directory"
         ) from None
+    _check_count(len(rows), file, "rows")
     checked = [validate_row(row, i, file) for i, row in enumerate(rows)]
     check_unique_cases(checked, str(file))
     return checked
+
+
+def _check_count(count: int, file: Path, what: str) -> None:
+    if count > MAX_CASES:
+        raise UserError(
+            f"{file} holds {count:,} {what}; a run holds at most {MAX_CASES:,} cases",
+            "the file is damaged or not memprobe's; re-run the sweep",
+        )
 
 
 def check_unique_cases(rows: Sequence[Row], source: str) -> None:
@@ -278,6 +292,7 @@ def planned_cases(run_dir: Path) -> list[Case]:
     """The cases ``run.json`` recorded for a run."""
     meta = read_run_meta(run_dir)
     file = run_dir / RUN_META
+    _check_count(len(meta["cases"]), file, "cases")
     cases = []
     for i, raw in enumerate(meta["cases"]):
         if not isinstance(raw, dict) or not set(raw) <= set(KEY_COLUMNS):

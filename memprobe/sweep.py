@@ -71,9 +71,7 @@ def _dtype(name: str) -> str:
     return key
 
 
-# Cases one run holds at most: each finished case rewrites the results files whole (so
-# that nothing finished is lost), which costs about 1 s per case at 20,000 rows.
-MAX_CASES = 10_000
+MAX_CASES = results.MAX_CASES  # cases one run holds at most (results.py says why)
 
 
 def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:

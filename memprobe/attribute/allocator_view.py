@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprobe.allocator.snapshot_format import INACTIVE, LIVE_STATES, SEGMENT_GROW, SEGMENT_SHRINK
+from memprobe.io.text import printable
 from memprobe.snapshot.allocator import round_block_size
 
 # Settings worth a line of their own (the rest are printed only when not default).
@@ -79,7 +80,9 @@ def _settings(settings: dict[str, Any]) -> tuple[tuple[str, str], ...]:
             if not value:
                 continue
         if key in _KEY_SETTINGS or value not in (None, "", 0, 0.0, False, -1, {}):
-            out.append((str(key), str(value)))
+            # The file's own text (PYTORCH_ALLOC_CONF as recorded) reaches the terminal:
+            # an escape sequence in it is shown, not run.
+            out.append((printable(str(key)), printable(str(value))))
     return tuple(out)
 
 

@@ -46,10 +46,14 @@ from memprobe.attribute.trace_context import TraceContext
 from memprobe.errors import UserError
 from memprobe.records import Frame
 from memprobe.snapshot.load import DEFAULT_MAX_BYTES, load_snapshot, normalize_snapshot
-from memprobe.snapshot.replay import BEFORE_TRACE, ReplayBlock, replay
+from memprobe.snapshot.replay import BEFORE_TRACE, OomMoment, ReplayBlock, replay
 
 DEFAULT_TOP = 10
 DEFAULT_MIN_BLOCK_BYTES = 64 << 20  # "large": blocks listed even when not live at a peak/OOM
+# OOMs detailed (what was live, the allocator at that moment): each one walks the trace
+# after it and the blocks live then, so a trace of thousands of OOMs (a loop that catches
+# OOM and retries) took minutes. The first are the failure; the rest are counted.
+MAX_OOMS_DETAILED = 20
 
 __all__ = [
     "DEFAULT_TOP",
@@ -99,6 +103,7 @@ class Findings:
     # "simulated": memprobe synthesized it on meta, its times are dropped (all None).
     times: str = "measured"
     peak_kernel: Frame | None = None  # the line in memprobe's kernel ``peak_frame`` called
+    more_ooms: int = 0  # OOMs in the trace past the MAX_OOMS_DETAILED in ``ooms``
 
     @property
     def logits_family(self) -> tuple[BlockFinding, ...]:
@@ -216,7 +221,8 @@ def _attribute_normalized(
     )
     ctx = TraceContext(rep, hints, simulated=simulated_clock(snap))
     live_peak = largest_first(rep.live_at(rep.peak_pos))
-    oom_live = [largest_first(rep.live_at(m.pos)) for m in rep.ooms]
+    detailed = rep.ooms[:MAX_OOMS_DETAILED]
+    oom_live = [largest_first(rep.live_at(m.pos)) for m in detailed]
 
     chosen: dict[int, ReplayBlock] = {}
     for group in (live_peak, *oom_live):
@@ -250,7 +256,7 @@ def _attribute_normalized(
     )
     ooms = tuple(
         oom_finding(n, m, ctx, group, top, view, snap)
-        for n, (m, group) in enumerate(zip(rep.ooms, oom_live, strict=True))
+        for n, (m, group) in enumerate(zip(detailed, oom_live, strict=True))
     )
     peak_entry = (
         rep.entries[rep.peak_pos] if rep.peak_pos is not None and rep.peak_pos >= 0 else None
@@ -288,8 +294,18 @@ def _attribute_normalized(
         ooms=ooms,
         allocator=view,
         timeline=timeline_of(rep, ctx) if timeline else None,
-        notes=rep.notes + provenance_notes(snap, rep),
+        notes=rep.notes + provenance_notes(snap, rep) + _more_ooms_note(rep.ooms),
+        more_ooms=len(rep.ooms) - len(detailed),
         times="simulated" if ctx.simulated else ("measured" if start is not None else "none"),
+    )
+
+
+def _more_ooms_note(ooms: tuple[OomMoment, ...]) -> tuple[str, ...]:
+    if len(ooms) <= MAX_OOMS_DETAILED:
+        return ()
+    return (
+        f"{len(ooms):,} OOMs in the trace: the first {MAX_OOMS_DETAILED} are detailed "
+        f"(the last is at entry #{ooms[-1].pos})",
     )
 
 

@@ -73,7 +73,12 @@ class WhatIf:
         on = " on logits[:, :-1] (a shifted loss)" if self.shifted else ""
         (fa, fb), (ba, bb) = self.forward_entries, self.backward_entries
         p = self.predicted
-        where = f"at entry #{p.peak_index}" if p.peak_index is not None else "at snapshot time"
+        if p.peak_index is None:
+            where = "at snapshot time"
+        elif p.peak_index < 0:  # BEFORE_TRACE: what was live before the first entry
+            where = "at the start of the recorded trace"
+        else:
+            where = f"at entry #{p.peak_index}"
         if p.peak_phase:
             where += f" during {p.peak_phase}"
         if p.peak_op:

@@ -19,6 +19,7 @@ from memprobe.errors import UserError
 from memprobe.io.codec import to_json
 from memprobe.io.files import guard_outputs
 from memprobe.io.sizes import format_bytes, parse_budget
+from memprobe.io.text import printable
 from memprobe.render.findings_text import render_devices
 from memprobe.snapshot.load import load_snapshot
 
@@ -319,4 +320,4 @@ def command(
     )
     typer.echo(text)
     if html is not None:  # on stderr: stdout stays the reading (or the --json object)
-        typer.echo(f"page: {html}", err=True)
+        typer.echo(f"page: {printable(str(html))}", err=True)

@@ -15,6 +15,7 @@ from memprobe.attribute.frames import describe_frame
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.io.codec import to_json
 from memprobe.io.sizes import format_bytes
+from memprobe.io.text import printable
 from memprobe.render.console import Part, show, table
 
 DEFAULT_SHOWN = 10
@@ -45,8 +46,8 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[Part]:
     then two tables (by category; by source line and op)."""
     delta = d.peak_b_bytes - d.peak_a_bytes
     out: list[Part] = [
-        f"A: {d.path_a}",
-        f"B: {d.path_b}",
+        f"A: {printable(str(d.path_a))}",
+        f"B: {printable(str(d.path_b))}",
         f"peak: {format_bytes(d.peak_a_bytes)} -> {format_bytes(d.peak_b_bytes)} "
         f"({_signed(delta)})",
     ]

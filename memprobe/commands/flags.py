@@ -41,6 +41,20 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
             # printable: a message can quote a file's text (a TOML line, a frame name).
             typer.echo(f"memprobe: error: {printable(exc.one_line())}", err=True)
             raise typer.Exit(2) from None
+        except OSError as exc:
+            # A path the file system refuses to even look at: a name past 255 bytes
+            # (ENAMETOOLONG) raises from pathlib's exists() and is_dir(), which most
+            # checks of a user's path begin with. An error with no file (standard output
+            # gone) is not this: it passes through to the CLI's own handling.
+            if exc.filename is None:
+                raise
+            reason = exc.strerror or type(exc).__name__
+            typer.echo(
+                f"memprobe: error: cannot use {printable(str(exc.filename))}: {reason} "
+                "(give a path the file system accepts)",
+                err=True,
+            )
+            raise typer.Exit(2) from None
 
     return run
 

@@ -25,6 +25,7 @@ from memprobe.commands.flags import (
 )
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_budget
+from memprobe.io.text import printable
 
 if TYPE_CHECKING:
     from memprobe.plan import PlanRequest
@@ -307,5 +308,5 @@ def command(
     if note:
         typer.echo(note)
     for path in written:
-        typer.echo(f"wrote {path}")
+        typer.echo(f"wrote {printable(str(path))}")
     typer.echo(answer_line(outcome.plans, outcome.budget))

@@ -15,6 +15,7 @@ from memprobe.commands.attribute import attribution_output
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import guard_outputs
+from memprobe.io.text import printable
 from memprobe.records import DEVICES
 
 
@@ -125,4 +126,4 @@ def command(
         )
     )
     if html is not None:  # on stderr: stdout stays the reading (or the --json object)
-        typer.echo(f"page: {html}", err=True)
+        typer.echo(f"page: {printable(str(html))}", err=True)

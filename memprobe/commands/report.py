@@ -10,6 +10,7 @@ import typer
 
 from memprobe.commands.flags import user_errors
 from memprobe.errors import UserError
+from memprobe.io.text import printable
 
 
 @user_errors
@@ -43,4 +44,4 @@ def command(
     if page_path is not None:
         guard_outputs({"--out": page_path}, run_inputs(run_dir))
     page = write_report(run_dir, page_path, budget_bytes=budget_bytes)
-    typer.echo(f"report: {page}")
+    typer.echo(f"report: {printable(str(page))}")

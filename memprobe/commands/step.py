@@ -17,6 +17,7 @@ from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import guard_outputs
 from memprobe.io.sizes import format_bytes, parse_budget
+from memprobe.io.text import printable
 
 if TYPE_CHECKING:
     from memprobe.plan import Budget, TokenPlan
@@ -198,7 +199,7 @@ def step_command(
         return json.dumps(result.row(), indent=1)
     lines = step_lines(result)
     if out is not None:
-        lines.append(f"wrote {out}")
+        lines.append(f"wrote {printable(str(out))}")
     return "\n".join(lines)
 
 

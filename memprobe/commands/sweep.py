@@ -23,6 +23,7 @@ from memprobe.commands.flags import (
 )
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_budget
+from memprobe.io.text import printable
 from memprobe.records import Grid
 from memprobe.results import default_run_dir, read_run_meta
 
@@ -264,5 +265,5 @@ def command(
         for line in answer_lines(outcome.frame, meta, budget_bytes=budget_bytes):
             typer.echo(line)
         if page is not None:
-            typer.echo(f"report: {page}")
-    typer.echo(f"run directory: {outcome.run_dir}")
+            typer.echo(f"report: {printable(str(page))}")
+    typer.echo(f"run directory: {printable(str(outcome.run_dir))}")

@@ -186,7 +186,10 @@ def _run_dir_of(req: GateRequest, source: str) -> Path:
 def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> list[str]:
     """For each failing case with a snapshot: where the snapshot is, and the line that
     made the largest block live at its peak (what to look at first)."""
-    from memprobe.attribute import attribute_file
+    from memprobe.attribute import attribute
+    from memprobe.io.text import printable
+    from memprobe.snapshot import load_snapshot
+    from memprobe.snapshot.synthesize import recorded_case
 
     by_id = {r.get("case_id"): r for r in rows}
     notes: list[str] = []
@@ -197,7 +200,15 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
         if path is None or not path.is_file():
             continue
         try:
-            groups = attribute_file(path).groups
+            snapshot = load_snapshot(path)
+            recorded = recorded_case(snapshot)
+            if recorded is not None and recorded != case_id:
+                # Another case's snapshot (an edited row, a file copied over): its largest
+                # block is not this case's.
+                shown = printable(recorded)
+                notes.append(f"{label}: snapshot {path} was recorded for case {shown}; not read")
+                continue
+            groups = attribute(snapshot, path=str(path)).groups
         except UserError as exc:
             notes.append(f"{label}: snapshot {path} could not be read ({exc.message})")
             continue

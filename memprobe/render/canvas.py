@@ -28,10 +28,18 @@ def made_by_memprobe(png: bytes) -> bool:
     return b"tEXtSoftware\x00" + PNG_SOFTWARE.encode() in png[:4096]
 
 
+# The most characters of data text a figure draws. A legend or tick label is as wide as
+# its text and ``bbox_inches="tight"`` grows the canvas to hold it: a kernel name of a
+# million characters (a tampered results.json) asked Agg for a canvas past any memory.
+MAX_LABEL = 80
+
+
 def clean_text(text: object) -> str:
     """Data text a figure can draw: a lone surrogate (a tampered kernel name, a frame from
-    a broken file) would raise inside matplotlib's text layout; it shows as "?"."""
-    return str(text).encode("utf-8", "replace").decode("utf-8")
+    a broken file) would raise inside matplotlib's text layout; it shows as "?". Text
+    longer than :data:`MAX_LABEL` is cut, its end shown as "…"."""
+    shown = str(text).encode("utf-8", "replace").decode("utf-8")
+    return shown if len(shown) <= MAX_LABEL else shown[: MAX_LABEL - 1] + "…"
 
 
 def unit_for(nbytes: float) -> tuple[float, str]:

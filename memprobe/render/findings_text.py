@@ -14,6 +14,7 @@ from memprobe.attribute.findings import Findings
 from memprobe.attribute.frames import describe_frame, in_kernel
 from memprobe.attribute.records import BlockFinding, BlockGroup, OomFinding
 from memprobe.io.sizes import format_bytes
+from memprobe.io.text import printable
 from memprobe.records import Frame
 
 LOGITS_SHOWN = 40  # logits-family blocks printed one by one (all are in --json)
@@ -253,7 +254,7 @@ def _allocator_lines(findings: Findings) -> list[str]:
 
 def render_findings(findings: Findings, *, top: int | None = None) -> list[str]:
     """The report ``memprobe attribute`` prints for one device, as lines."""
-    out = [f"snapshot: {findings.path}"] if findings.path else []
+    out = [f"snapshot: {printable(findings.path)}"] if findings.path else []
     header = _header_lines(findings)
     out.append(header[0])
     # The failure first: what was asked for, what the device and the allocator had then.
@@ -327,7 +328,7 @@ def render_devices(all_findings: tuple[Findings, ...], *, top: int | None = None
     if len(all_findings) > 1:
         summary = "; ".join(
             f"device {f.device}: peak {format_bytes(f.peak_allocated_bytes)}"
-            + (f", {_plural(len(f.ooms), 'OOM')}" if f.ooms else "")
+            + (f", {_plural(len(f.ooms) + f.more_ooms, 'OOM')}" if f.ooms else "")
             for f in all_findings
         )
         out.append(f"{len(all_findings)} devices with a trace ({summary})")

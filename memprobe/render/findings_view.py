@@ -125,6 +125,14 @@ def oom_line(oom: Any) -> OomLine:
     )
 
 
+def _at(index: int | None) -> str:
+    if index is None:
+        return ""
+    if index < 0:  # BEFORE_TRACE: the blocks live before the first entry
+        return " at the start of the recorded trace"
+    return f" at trace entry {index:,}"
+
+
 def findings_view(findings: Findings, *, top: int | None = None) -> FindingsView:
     d = findings
     blocks = [f for f in d.findings if f.live_at_peak]
@@ -133,7 +141,7 @@ def findings_view(findings: Findings, *, top: int | None = None) -> FindingsView
     reserved = d.peak_reserved_bytes
     return FindingsView(
         peak=format_bytes(d.peak_allocated_bytes),
-        at=f" at trace entry {d.peak_index:,}" if d.peak_index is not None else "",
+        at=_at(d.peak_index),
         live_count=d.live_at_peak_count,
         reserved=format_bytes(reserved) if reserved else None,
         blocks=blocks_table(shown) if shown else None,

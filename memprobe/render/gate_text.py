@@ -10,6 +10,7 @@ from pathlib import Path
 
 from memprobe.gate import Check, Verdict
 from memprobe.io.sizes import format_bytes
+from memprobe.io.text import printable
 from memprobe.render.console import indented, table
 
 _LIMIT_NAMES = {
@@ -77,11 +78,12 @@ def format_verdict(verdict: Verdict, *, written: Sequence[Path] = ()) -> str:
 
     Plain text wherever it goes (a terminal, a CI log): the checks' table comes
     through :mod:`~memprobe.render.console` without its box."""
-    lines = [f"memprobe gate: {verdict.cases} case(s) from {verdict.results}"]
+    lines = [f"memprobe gate: {verdict.cases} case(s) from {printable(str(verdict.results))}"]
     if verdict.config:
-        lines.append(f"  rules from {verdict.config}")
+        lines.append(f"  rules from {printable(str(verdict.config))}")
     if verdict.baseline:
-        lines.append(f"  baseline {verdict.baseline} (max regression {verdict.max_regression:g}%)")
+        shown = printable(str(verdict.baseline))
+        lines.append(f"  baseline {shown} (max regression {verdict.max_regression:g}%)")
     ordered = [c for c in verdict.checks if c.passed] + list(verdict.failures)
     checks = table(
         ["", "source", "kind", "case", "detail"],
@@ -89,8 +91,8 @@ def format_verdict(verdict: Verdict, *, written: Sequence[Path] = ()) -> str:
         left=("", "source", "kind", "case", "detail"),
         show_header=False,
     )
-    tail = [f"  note: {n}" for n in verdict.notes]
-    tail += [f"  wrote {p}" for p in written]
+    tail = [f"  note: {printable(n)}" for n in verdict.notes]
+    tail += [f"  wrote {printable(str(p))}" for p in written]
     total, failed = len(verdict.checks), len(verdict.failures)
     if failed:
         tail.append(f"FAILED: {failed} of {total} check(s) failed")

@@ -28,12 +28,12 @@ from memprobe.render.templating import Cell, Figure, Table, bytes_cell, render_p
 
 def _label(p: TokenPlan) -> str:
     t = p.target
-    parts = [t.kernel]
+    parts = [clean_text(t.kernel)]
     if t.tp > 1 or t.cp > 1:
         parts.append(f"tp{t.tp} cp{t.cp}")
     if t.chunk_size is not None:
         parts.append(f"c{t.chunk_size}")
-    return clean_text(" ".join(parts))
+    return " ".join(parts)
 
 
 def _log2_axis(ax: Axes, which: str, low: float, high: float, label: Any) -> None:

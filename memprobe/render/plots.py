@@ -18,7 +18,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLo
 
 from memprobe.io.sizes import format_bytes
 from memprobe.records import dtype_bytes
-from memprobe.render.canvas import new_figure, styled, to_png, unit_for
+from memprobe.render.canvas import clean_text, new_figure, styled, to_png, unit_for
 from memprobe.render.style import (
     BUDGET_STYLE,
     CATEGORY_STYLE,
@@ -63,10 +63,11 @@ def _series(rows: pd.DataFrame, axis: str) -> list[tuple[str, str, int, pd.DataF
         by_chunk = {c: mine[mine["chunk_size"] == c].sort_values(axis) for c in chunks}
         if len(chunks) > 1 and len({tuple(r["peak_bytes"]) for r in by_chunk.values()}) > 1:
             for i, (c, sub) in enumerate(by_chunk.items()):
-                label = str(kernel) if missing(c) else f"{kernel} (chunk {int(c):,})"
+                label = clean_text(kernel)
+                label = label if missing(c) else f"{label} (chunk {int(c):,})"
                 out.append((str(kernel), label, i, sub))
         else:
-            out.append((str(kernel), str(kernel), 0, by_chunk[chunks[0]]))
+            out.append((str(kernel), clean_text(kernel), 0, by_chunk[chunks[0]]))
     return out
 
 
@@ -205,7 +206,7 @@ def breakdown_bars(parts: list[Breakdown], headline: Headline) -> bytes | None:
             fontsize=8,
             va="bottom",
         )
-    ax.set_yticks(ypos, [b.kernel for b in parts])
+    ax.set_yticks(ypos, [clean_text(b.kernel) for b in parts])
     ax.invert_yaxis()
     ax.set_xlim(0, top / scale * 1.38)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.4g} {unit}"))
@@ -271,7 +272,7 @@ def numerics(frame: pd.DataFrame, kernels: list[str]) -> bytes | None:
         ax.set_xlabel("worst |error| vs float64, log scale")
         ax.grid(True, axis="x", color="#E5E5E5", linewidth=0.7)
         ax.set_axisbelow(True)
-    axes[0].set_yticks(np.arange(len(names)), names)
+    axes[0].set_yticks(np.arange(len(names)), [clean_text(k) for k in names])
     axes[0].invert_yaxis()
     if len(dtypes) > 1:
         axes[1].legend(title="logits dtype", loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -15,7 +15,7 @@ from matplotlib.ticker import FuncFormatter
 
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
-from memprobe.render.canvas import new_figure, styled, to_png, unit_for
+from memprobe.render.canvas import clean_text, new_figure, styled, to_png, unit_for
 from memprobe.render.style import CATEGORY_STYLE, PHASE_SHADE, Look, short_op
 from memprobe.report.breakdown import FP32_BSV, gradient_block, is_fp32_bsv
 from memprobe.report.headline import Headline
@@ -196,7 +196,7 @@ def _draw_timeline(ax: Axes, kernel: str, trace: Trace, case: Case, look: Look) 
     ax.set_ylim(0, top)
     ax.set_ylabel(f"{unit} live")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
-    ax.set_title(kernel, loc="left", fontsize=9)
+    ax.set_title(clean_text(kernel), loc="left", fontsize=9)
     return labels
 
 

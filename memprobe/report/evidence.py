@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
+from memprobe.io.text import printable
 from memprobe.records import Case
 from memprobe.report.breakdown import Breakdown, breakdown
 from memprobe.report.trace import Trace, from_snapshot
 from memprobe.results import case_of
+from memprobe.snapshot.synthesize import recorded_case
 
 FINDINGS_TOP = 6
 NO_SNAPSHOT = "no snapshot in the run for this case: no trace, breakdown or attribution"
@@ -55,6 +57,14 @@ def gather(row: dict[str, Any], run_dir: Path) -> Evidence:
         snapshot = load_snapshot(path)
     except UserError as exc:
         return Evidence(case.kernel, case, None, problems=(f"snapshot not used: {exc.one_line()}",))
+    recorded = recorded_case(snapshot)
+    if recorded is not None and recorded != case.case_id:
+        # A row naming another case's snapshot (an edited row, a file copied over, a link
+        # between two): its trace and breakdown would be drawn as this case's.
+        problem = (
+            f"snapshot not used: {row['snapshot']} was recorded for case {printable(recorded)}"
+        )
+        return Evidence(case.kernel, case, None, problems=(problem,))
     trace = from_snapshot(snapshot)
     findings, problems = _attribute(case, snapshot)
     return Evidence(

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from memprobe.allocator.snapshot_format import (
+    ACTIONS,
     ACTIVE_ALLOCATED,
     ADDRESSED_ACTIONS,
     FREE,
@@ -194,6 +195,7 @@ def normalize_snapshot(raw: Any, *, source: str = "<snapshot>") -> dict:
     _check_expansion(segments, traces, source)
     out: dict[str, Any] = {k: v for k, v in raw.items()}
     out["segments"] = [_segment(s, i, bad) for i, s in enumerate(segments)]
+    _check_segments_apart(out["segments"], bad)
     out["device_traces"] = [_trace(t, d, bad) for d, t in enumerate(traces)]
     settings = raw.get("allocator_settings")
     out["allocator_settings"] = settings if isinstance(settings, dict) else {}
@@ -260,10 +262,20 @@ def _trace(trace: Any, device: int, bad: _Bad) -> list[dict]:
         return []
     if not isinstance(trace, list):
         raise bad(f"device_traces[{device}]", f"is {_describe(trace)}, not a list")
-    return [_entry(e, f"device_traces[{device}][{i}]", bad) for i, e in enumerate(trace)]
+    entries = [_entry(e, f"device_traces[{device}][{i}]", bad) for i, e in enumerate(trace)]
+    if entries and not any(e["action"] in _KNOWN_ACTIONS for e in entries):
+        # Unknown actions are skipped one by one (a newer torch may add some); a trace of
+        # nothing else ('ALLOC', 'alloc ') would read as a step that allocated 0 B.
+        raise bad(
+            f"device_traces[{device}]",
+            f"has {len(entries):,} entries and none is an action memprobe reads "
+            f"(the first is {entries[0]['action']!r}; torch writes {', '.join(ACTIONS)})",
+        )
+    return entries
 
 
 _PLAIN_ACTIONS = frozenset(ADDRESSED_ACTIONS)
+_KNOWN_ACTIONS = frozenset([*ACTIONS, FREE])
 _PLAIN_KEYS = frozenset(
     {"action", "addr", "size", "stream", "time_us", "frames", "user_metadata", "compile_context"}
 )
@@ -390,6 +402,21 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
         if not _is_int(seg.get(key)):
             out[key] = value
     return out
+
+
+def _check_segments_apart(segments: list[dict], bad: _Bad) -> None:
+    """A device's segments are separate cudaMalloc ranges: two that share addresses (one
+    segment listed twice, or two files' segments merged) would be counted twice in the
+    reserved bytes and placed twice by the allocator replay."""
+    last: dict[int, tuple[int, int]] = {}  # device -> (index, end) of the segment before
+    for i in sorted(
+        range(len(segments)), key=lambda i: (segments[i]["device"], segments[i]["address"])
+    ):
+        seg = segments[i]
+        before = last.get(seg["device"])
+        if before is not None and seg["address"] < before[1]:
+            raise bad(f"segments[{i}]", f"overlaps segments[{before[0]}] on device {seg['device']}")
+        last[seg["device"]] = (i, seg["address"] + seg["total_size"])
 
 
 def _block(b: Any, default_address: int, where: str, bad: _Bad) -> dict:

@@ -115,6 +115,14 @@ def synthesize_snapshot(
     }
 
 
+def recorded_case(snapshot: dict[str, Any]) -> str | None:
+    """The case id memprobe wrote into a snapshot it synthesized for a sweep's case; None
+    for torch's own (a cuda run's) and for a profiled step, which name none."""
+    meta = snapshot.get("memprobe")
+    recorded = meta.get("case") if isinstance(meta, dict) else None
+    return recorded if isinstance(recorded, str) else None
+
+
 def allocator_requests(events: Iterable[Event]) -> tuple[list[Event], list[tuple[int, Event]]]:
     """The tracker's events as the CUDA allocator would receive them, in index order.
 

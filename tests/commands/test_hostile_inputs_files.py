@@ -89,7 +89,9 @@ def _real_style(n: int) -> dict:
     block = {"size": 512, "state": "active_allocated"}
     segment = {"address": 0x7F00_0000_0000, "total_size": 2 << 20, "segment_pool_id": (0, 0),
                "blocks": [block], "frames": frames}  # fmt: skip
-    return {"segments": [segment] * 3, "device_traces": [trace],
+    # Three segments, each its own address range (one listed thrice would overlap itself).
+    segments = [{**segment, "address": segment["address"] + (k << 21)} for k in range(3)]
+    return {"segments": segments, "device_traces": [trace],
             "allocator_settings": {"max_split_size": -1, "pools": [(1, 2), (3, 4.5)]},
             # numbers-only tuples as keys, each value's number followed by the next key's
             "pool_sizes": {(i, i % 7): i for i in range(n)}}  # fmt: skip
