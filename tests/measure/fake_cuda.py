@@ -93,6 +93,9 @@ class FakeCudaState:
     workspaces: dict[int, torch.Tensor] = field(default_factory=dict)
     fail_on_op: tuple[str, BaseException] | None = None
     sync_delay_s: float = 0.0
+    # Device addresses: each block in a segment of its own, segments end to end (a real
+    # snapshot's segments never share addresses; memprobe refuses one whose do).
+    next_address: int = 1 << 32
 
 
 class _FakeAllocatorTracker(AllocationTracker):
@@ -160,7 +163,8 @@ class FakeCuda:
         seg = segment_size(nbytes)
         metadata = self.get_metadata()
         frame_dicts = [{"name": f.name, "filename": f.filename, "line": f.line} for f in frames]
-        if s.cache[seg]:
+        reused = bool(s.cache[seg])
+        if reused:
             s.cache[seg] -= 1
         else:
             if s.reserved + seg > s.capacity:
@@ -175,11 +179,13 @@ class FakeCuda:
                 )
             s.reserved += seg
             s.peak_reserved = max(s.peak_reserved, s.reserved)
-            self._record("segment_alloc", addr=key, size=seg, frames=frame_dicts)
-        s.live[key] = _Block(key, nbytes, size, seg, frame_dicts, metadata)
+        addr, s.next_address = s.next_address, s.next_address + seg
+        if not reused:
+            self._record("segment_alloc", addr=addr, size=seg, frames=frame_dicts)
+        s.live[key] = _Block(addr, nbytes, size, seg, frame_dicts, metadata)
         s.allocated += size
         s.peak_allocated = max(s.peak_allocated, s.allocated)
-        entry = {"addr": key, "size": nbytes, "frames": frame_dicts}
+        entry = {"addr": addr, "size": nbytes, "frames": frame_dicts}
         if metadata:
             entry["user_metadata"] = metadata
         self._record("alloc", **entry)
@@ -189,7 +195,7 @@ class FakeCuda:
         block = s.live.pop(key)
         s.allocated -= block.size
         s.cache[block.segment] += 1
-        entry = {"addr": key, "size": block.requested, "frames": block.frames}
+        entry = {"addr": block.addr, "size": block.requested, "frames": block.frames}
         self._record("free_requested", **entry)
         self._record("free_completed", **entry)
 
