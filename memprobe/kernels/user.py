@@ -34,6 +34,7 @@ import importlib
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from functools import cache
 from typing import Any, TextIO, cast
@@ -76,7 +77,7 @@ def user_code(who: str) -> Iterator[None]:
     :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
     try:
-        with cwd_kept(), streams_kept(), torch_state_kept():
+        with cwd_kept(), streams_kept(), torch_state_kept(), process_kept():
             yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
@@ -103,6 +104,29 @@ def cwd_kept() -> Iterator[None]:
             if moved:
                 with contextlib.suppress(OSError):
                     os.chdir(cwd)
+
+
+@contextlib.contextmanager
+def process_kept() -> Iterator[None]:
+    """What user code starts does not take memprobe's process with it. A thread it starts
+    is a daemon: one left running (a worker that never returns) kept memprobe from exiting
+    after its answer, for ever. A child it forks (``os.fork()``) ends where the user code
+    returns or raises, with that outcome's status, instead of running the rest of memprobe
+    as well: a second answer on standard output, every output written twice."""
+    pid = os.getpid()
+    start = threading.Thread.start
+
+    def start_as_daemon(thread: threading.Thread) -> None:
+        thread.daemon = True
+        start(thread)
+
+    threading.Thread.start = start_as_daemon  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        threading.Thread.start = start  # type: ignore[method-assign]
+        if os.getpid() != pid:
+            os._exit(0 if sys.exc_info()[0] is None else 1)
 
 
 class _Shielded:
@@ -230,7 +254,7 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 def _import(module_name: str, path: str, what: str) -> Any:
     try:
-        with cwd_kept(), streams_kept():
+        with cwd_kept(), streams_kept(), process_kept():
             return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
@@ -247,7 +271,7 @@ def _import(module_name: str, path: str, what: str) -> Any:
         # shadow the standard library's for the rest of the run (a colorsys.py).
         sys.path.insert(0, cwd)
         try:
-            with cwd_kept():
+            with cwd_kept(), process_kept():
                 return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             missing = exc

@@ -1,0 +1,131 @@
+"""Hostile inputs, round 10 (flags, user code, environment): each row is a variant of a
+defect class the pass found. One line and exit 2, or a sane answer; nothing written is
+lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_STEP = (
+    "    w = torch.zeros(8, 8, device=device, requires_grad=True)\n    (w @ w).sum().backward()\n"
+)
+TINY_KERNEL = (
+    "from memprobe.kernels import get_kernel\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "{body}"
+    "    return get_kernel('unchunked')(logits, targets)\n"
+)
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def _module(here: Path, stem: str, body: str) -> str:
+    name = f"{stem}_{abs(hash(body)) % 10**8}"
+    (here / f"{name}.py").write_text(body)
+    return name
+
+
+def _memprobe(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "memprobe", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+# -- a thread user code starts and never ends: memprobe printed its answer, then waited
+# for the thread for ever (the interpreter joins every non-daemon thread at exit)
+
+FOREVER = "threading.Thread(target=time.sleep, args=(10**6,), name='r10-forever').start()\n"
+
+
+@pytest.mark.parametrize("where", ["in the step", "at the step's import", "in a thread's thread"])
+def test_a_thread_user_code_leaves_running_does_not_keep_memprobe(
+    run_cli: Any, here: Path, where: str
+) -> None:
+    import threading
+
+    start = {
+        "in the step": f"def step(device):\n    {FOREVER}",
+        "at the step's import": f"{FOREVER}def step(device):\n",
+        "in a thread's thread": (
+            "def step(device):\n"
+            f"    t = threading.Thread(target=lambda: {FOREVER.strip()})\n    t.start()\n"
+            "    t.join()\n"
+        ),
+    }[where]
+    body = "import threading, time, torch\n" + start + TINY_STEP
+    name = _module(here, "r10_forever", body)
+    code, out, err = run_cli("profile", f"{name}:step", "--json")
+    assert code == 0, err
+    assert json.loads(out)["peak_allocated_bytes"] > 0
+    left = [t for t in threading.enumerate() if t.name == "r10-forever"]
+    assert left and all(t.daemon for t in left)  # the interpreter does not wait for them
+    assert not threading.Thread(target=lambda: None).daemon  # Thread.start is put back
+
+
+def test_a_kernels_thread_left_running_does_not_keep_memprobe(run_cli: Any, here: Path) -> None:
+    import threading
+
+    body = "import threading, time\n" + TINY_KERNEL.format(body=f"    {FOREVER}")
+    kernel = _module(here, "r10_kforever", body) + ":k"
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel, "--no-reserved"]
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["max_tokens"] > 0
+    left = [t for t in threading.enumerate() if t.name == "r10-forever"]
+    assert left and all(t.daemon for t in left)
+
+
+def test_a_step_whose_thread_never_ends_exits(tmp_path: Path) -> None:
+    """The real exit: the process ends with its answer, not at a timeout."""
+    body = "import threading, time, torch\n" + f"def step(device):\n    {FOREVER}" + TINY_STEP
+    (tmp_path / "r10_hang.py").write_text(body)
+    done = _memprobe(tmp_path, "profile", "r10_hang:step", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["peak_allocated_bytes"] > 0
+
+
+# -- user code that forks (os.fork): the child ran the rest of memprobe too, so `--json`
+# printed two objects (no longer JSON) and every output was written twice
+
+FORKS = {
+    "in the step": "def step(device):\n    os.fork()\n" + TINY_STEP,
+    "in the step, the child raising": (
+        "def step(device):\n    if os.fork() == 0:\n        raise RuntimeError('child')\n"
+        + TINY_STEP
+    ),
+    "at import": "os.fork()\ndef step(device):\n" + TINY_STEP,
+}
+
+
+@pytest.mark.parametrize("what", sorted(FORKS))
+def test_a_step_that_forks_answers_once(tmp_path: Path, what: str) -> None:
+    (tmp_path / "r10_forks.py").write_text("import os, torch\n" + FORKS[what])
+    done = _memprobe(tmp_path, "profile", "r10_forks:step", "--json", "--out", "p.pickle")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["peak_allocated_bytes"] > 0  # one object: JSON
+    assert "Traceback" not in done.stderr and "error" not in done.stderr, done.stderr
+
+
+def test_a_kernel_that_forks_answers_once(tmp_path: Path) -> None:
+    body = "import os\n" + TINY_KERNEL.format(body="    os.fork()\n")
+    (tmp_path / "r10_kforks.py").write_text(body)
+    args = ["--vocab", "256", "--budget", "1GiB", "--kernel", "r10_kforks:k", "--no-reserved"]
+    done = _memprobe(tmp_path, "plan", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["max_tokens"] > 0
