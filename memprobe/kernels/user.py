@@ -234,6 +234,12 @@ def import_callable(path: str, *, what: str, hint: str) -> Any:
         try:
             fn = getattr(fn, part)
         except AttributeError:
+            shadowed = _shadowed(module_name)
+            if shadowed is not None:
+                top = module_name.split(".")[0]
+                raise UserError(
+                    f"{what} {path!r}: {shadowed}", f"rename yours (e.g. my_{top}) and name that"
+                ) from None
             raise UserError(
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr_path!r}",
                 f"check the spelling; {module_name} defines "
@@ -242,6 +248,28 @@ def import_callable(path: str, *, what: str, hint: str) -> Any:
     if not callable(fn):
         raise UserError(f"{what} {path!r} is a {type(fn).__name__}, not a callable", hint)
     return fn
+
+
+def _shadowed(module_name: str) -> str | None:
+    """Why the current directory's ``NAME.py`` (or ``NAME/``) was not the module imported:
+    the name is already Python's or an installed package's (``copy``, ``typer``,
+    ``memprobe``). Without this, a step in ``./copy.py`` read "module 'copy' has no
+    attribute 'step' (check the spelling; copy defines Error, copy, deepcopy...)"."""
+    top = module_name.split(".")[0]
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return None
+    local = next(
+        (name for name in (f"{top}.py", top) if os.path.exists(os.path.join(cwd, name))), None
+    )
+    if local is None:
+        return None
+    where = getattr(sys.modules.get(top), "__file__", None)
+    if where is not None and os.path.realpath(where).startswith(os.path.realpath(cwd) + os.sep):
+        return None  # the module imported is the one here: its attribute is what is missing
+    taken = "a module built into Python" if where is None else f"already the module at {where}"
+    return f"{top!r} is {taken}, so ./{local} is not what that name imports"
 
 
 def _split(path: str, what: str, hint: str) -> tuple[str, str]:

@@ -129,3 +129,52 @@ def test_a_kernel_that_forks_answers_once(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(done.stdout)
     assert row["max_tokens"] > 0
+
+
+# -- a step or kernel in a file whose name Python or an installed package already has
+# (./copy.py, ./typer.py): "module 'copy' has no attribute 'step' (check the spelling;
+# copy defines Error, copy, deepcopy...)", though the user's copy.py has it
+
+
+@pytest.mark.parametrize(
+    ("name", "is_"),
+    [
+        ("copy", "already the module at"),
+        ("typer", "already the module at"),
+        ("memprobe", "already the module at"),
+        ("pytest", "already the module at"),
+        ("itertools", "a module built into Python"),
+    ],
+)
+@pytest.mark.parametrize("command", ["profile", "plan"])
+def test_a_file_named_like_a_module_already_there_is_said_so(
+    run_cli: Any, here: Path, name: str, is_: str, command: str
+) -> None:
+    (here / f"{name}.py").write_text(
+        "import torch\ndef step(device):\n" + TINY_STEP + TINY_KERNEL.format(body="")
+    )
+    if command == "profile":
+        args = ["profile", f"{name}:step"]
+    else:
+        args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", f"{name}:k"]
+    code, out, err = run_cli(*args)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert f"{name!r} is {is_}" in err and f"./{name}.py is not what that name imports" in err
+    assert f"rename yours (e.g. my_{name})" in err and "check the spelling" not in err
+
+
+def test_a_folder_named_like_a_module_already_there_is_said_so(run_cli: Any, here: Path) -> None:
+    (here / "json").mkdir()
+    (here / "json" / "steps.py").write_text("def step(device):\n    pass\n")
+    code, out, err = run_cli("profile", "json:step")
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "'json' is already the module at" in err and "./json is not what" in err
+
+
+def test_a_missing_attribute_of_the_module_here_is_still_a_spelling_mistake(
+    run_cli: Any, here: Path
+) -> None:
+    (here / "r10_here.py").write_text("def stepp(device):\n    pass\n")
+    code, out, err = run_cli("profile", "r10_here:step")
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "module 'r10_here' has no attribute 'step' (check the spelling" in err
