@@ -178,3 +178,45 @@ def test_a_missing_attribute_of_the_module_here_is_still_a_spelling_mistake(
     code, out, err = run_cli("profile", "r10_here:step")
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert "module 'r10_here' has no attribute 'step' (check the spelling" in err
+
+
+# -- MPLBACKEND naming no backend: matplotlib validates it as it is imported, and every
+# command that draws (report, sweep's report, plan --out, attribute --html) ended in its
+# traceback, though memprobe draws on Agg whatever it names
+
+
+@pytest.mark.parametrize(
+    ("backend", "args"),
+    [
+        ("nonesuch", ["report", "{run}", "--out", "r.html"]),
+        ("x\x1b[2J", ["report", "{run}", "--out", "r.html"]),
+        ("qt9agg", ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
+                    "unchunked", "--no-verify", "-q", "--out", "o"]),
+        ("nonesuch", ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "unchunked",
+                      "--no-reserved", "--out", "p"]),
+    ],
+    ids=["report", "report, control characters", "sweep", "plan --out"],
+)  # fmt: skip
+def test_a_matplotlib_backend_that_is_none_is_one_line(
+    tmp_path: Path, made_run: Path, backend: str, args: list[str]
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": backend}
+    argv = [a.format(run=made_run) for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", "memprobe", *argv],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"MPLBACKEND={backend!r} in the environment is not a matplotlib backend" in done.stderr
+    assert "\x1b" not in done.stderr and "Traceback" not in done.stderr
+    assert not any(p.suffix in (".html", ".png") for p in tmp_path.rglob("*"))
+
+
+def test_a_matplotlib_backend_it_knows_still_draws(tmp_path: Path, made_run: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "svg"}
+    done = subprocess.run(
+        [sys.executable, "-m", "memprobe", "report", str(made_run), "--out", "r.html"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "r.html").is_file()
