@@ -220,3 +220,28 @@ def test_a_matplotlib_backend_it_knows_still_draws(tmp_path: Path, made_run: Pat
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r.html").is_file()
+
+
+# -- a mistake in a rank or batch count showed the tokens' example: "--tp '0': 0 must be
+# positive (e.g. --tp 1024,2048)", a layout of 1,024 ranks as the way to write it
+
+COUNT_FLAGS = [
+    (["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--out", "o"], "--tp", "1,2,4"),
+    (["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--out", "o"], "--cp", "1,2,4"),
+    (["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--out", "o"], "--batch", "1,2"),
+    (["plan", "--vocab", "256", "--budget", "1GiB"], "--tp", "1,2,4"),
+    (["plan", "--vocab", "256", "--budget", "1GiB"], "--cp", "1,2,4"),
+]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "2,,4"])
+@pytest.mark.parametrize(
+    ("args", "flag", "example"), COUNT_FLAGS, ids=[f"{a[0]} {f}" for a, f, _ in COUNT_FLAGS]
+)
+def test_a_count_mistake_shows_a_count_as_its_example(
+    run_cli: Any, here: Path, args: list[str], flag: str, example: str, value: str
+) -> None:
+    code, out, err = run_cli(*args, flag, value)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert err.strip().endswith(f"(e.g. {flag} {example})"), err
+    assert not (here / "o").exists()
