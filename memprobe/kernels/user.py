@@ -158,9 +158,36 @@ def streams_kept() -> Iterator[None]:
     if err is not None:
         sys.stdout = sys.stderr = cast(TextIO, _Shielded(err))
     try:
-        yield
+        with _stdout_fd_kept(out):
+            yield
     finally:
         sys.stdout, sys.stderr = out, err
+
+
+@contextlib.contextmanager
+def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
+    """File descriptor 1 points at standard error while user code runs: what it writes
+    below ``sys.stdout`` (``os.write(1, ...)``, a subprocess it starts, a C library's
+    printf) went into ``--json``'s object. Where either descriptor is closed, as it is."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if out is not None:
+            out.flush()  # memprobe's own output so far goes where it was meant to
+    try:
+        saved = os.dup(1)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            os.dup2(2, 1)
+        except OSError:
+            os.close(saved)
+            saved = -1
+        yield
+    finally:
+        if saved >= 0:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 @contextlib.contextmanager

@@ -245,3 +245,46 @@ def test_a_count_mistake_shows_a_count_as_its_example(
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert err.strip().endswith(f"(e.g. {flag} {example})"), err
     assert not (here / "o").exists()
+
+
+# -- user code writing below sys.stdout (os.write(1, ...), a subprocess it starts): what
+# it wrote went into `--json`'s object on standard output, no longer JSON
+
+FD_WRITES = {
+    "os.write(1)": "os.write(1, b'RAW-FD-WRITE\\n')",
+    "a subprocess": "subprocess.run(['echo', 'RAW-FD-WRITE'], check=True)",
+}
+
+
+@pytest.mark.parametrize("what", sorted(FD_WRITES))
+@pytest.mark.parametrize("command", ["profile", "plan"])
+def test_what_user_code_writes_to_descriptor_1_goes_to_stderr(
+    tmp_path: Path, what: str, command: str
+) -> None:
+    body = (
+        "import os, subprocess, torch\n"
+        + f"def step(device):\n    {FD_WRITES[what]}\n"
+        + TINY_STEP
+        + TINY_KERNEL.format(body=f"    {FD_WRITES[what]}\n")
+    )
+    (tmp_path / "r10_fd.py").write_text(body)
+    if command == "profile":
+        done = _memprobe(tmp_path, "profile", "r10_fd:step", "--json")
+        assert json.loads(done.stdout)["peak_allocated_bytes"] > 0, done.stderr
+    else:
+        args = ["--vocab", "256", "--budget", "1GiB", "--kernel", "r10_fd:k", "--no-reserved"]
+        done = _memprobe(tmp_path, "plan", *args, "--json")
+        assert json.loads(done.stdout)[0]["max_tokens"] > 0, done.stderr
+    assert done.returncode == 0 and "RAW-FD-WRITE" in done.stderr
+
+
+def test_user_code_with_descriptor_1_closed_still_runs(tmp_path: Path) -> None:
+    (tmp_path / "r10_fd.py").write_text(
+        "import os, torch\ndef step(device):\n    os.write(2, b'ran')\n" + TINY_STEP
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = f"{sys.executable} -m memprobe profile r10_fd:step --json >&-"
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "ran" in done.stderr, done.stderr
