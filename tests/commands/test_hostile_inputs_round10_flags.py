@@ -288,3 +288,69 @@ def test_user_code_with_descriptor_1_closed_still_runs(tmp_path: Path) -> None:
         ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0 and "ran" in done.stderr, done.stderr
+
+
+# -- an output named by a file name that is not UTF-8 (`--out $'r\xff'`, any non-ASCII
+# name under LC_ALL=C): Python reads the byte as a lone surrogate, the page quoting the
+# name could not be encoded, and the command ended in a traceback after its run was made
+
+ODD = "r\udcffn"  # what Python makes of the bytes b"r\xffn" in a file name
+
+
+@pytest.mark.parametrize(
+    ("args", "made"),
+    [
+        (["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+          "--no-verify", "-q", "--out", ODD], f"{ODD}/report.html"),
+        (["report", "{run}", "--out", f"{ODD}.html"], f"{ODD}.html"),
+        (["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "unchunked", "--no-reserved",
+          "--out", ODD], f"{ODD}/plan.html"),
+        (["gate", "{run}", "--config", "g.toml", "--junit-xml", f"{ODD}.xml"], f"{ODD}.xml"),
+    ],
+    ids=["sweep --out", "report --out", "plan --out", "gate --junit-xml"],
+)  # fmt: skip
+def test_an_output_named_in_bytes_that_are_not_utf8_is_written(
+    run_cli: Any, made_run: Path, here: Path, args: list[str], made: str
+) -> None:
+    (here / "g.toml").write_text("[tool.memprobe.gate]\nrules = [{kernel='*', max_peak='1TiB'}]\n")
+    code, _, err = run_cli(*[a.format(run=made_run) for a in args])
+    assert code == 0 and "Traceback" not in err, err
+    text = (here / made).read_bytes().decode("utf-8")  # UTF-8 still
+    assert "\ufffd" not in text
+
+
+def test_a_step_summary_quoting_such_a_name_is_appended(
+    run_cli: Any, made_run: Path, here: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    run = here / ODD
+    shutil.copytree(made_run, run)
+    (here / "g.toml").write_text("[tool.memprobe.gate]\nrules = [{kernel='*', max_peak='1TiB'}]\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(here / "summary.md"))
+    code, _, err = run_cli("gate", str(run), "--config", "g.toml")
+    assert code == 0 and not err, err
+    (here / "summary.md").read_bytes().decode("utf-8")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+      "--no-verify", "--out", "r\udcffn"],
+     ["profile", "r10_tiny:step", "--out", "p\udcff.pickle"]],
+    ids=["sweep", "profile"],
+)  # fmt: skip
+def test_a_terminal_that_encodes_strictly_gets_the_name_escaped(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """A UTF-8 locale other than C.UTF-8 writes standard output strictly: the name printed
+    (run directory, snapshot) raised UnicodeEncodeError."""
+    (tmp_path / "r10_tiny.py").write_text("import torch\ndef step(device):\n" + TINY_STEP)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "utf-8:strict"}
+    argv = [os.fsencode(a) for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", "memprobe", *argv],
+        cwd=tmp_path, env=env, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    assert b"\\udcff" in done.stdout and b"Traceback" not in done.stderr
