@@ -192,16 +192,22 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def torch_state_kept() -> Iterator[None]:
-    """Put back torch's process-wide defaults user code changed: a kernel that turned
-    gradients off (``torch.set_grad_enabled(False)``) failed every case after its own,
-    memprobe's kernels included; a default dtype or device it set would shape theirs."""
+    """Put back torch's process-wide defaults user code changed (anomaly detection too): a
+    kernel that turned gradients off (``torch.set_grad_enabled(False)``) failed every case
+    after its own, memprobe's kernels included; a default dtype or device it set would
+    shape theirs."""
     import torch
 
     grad, dtype, device = torch.is_grad_enabled(), torch.get_default_dtype(), _default_device()
+    # Anomaly detection reads every gradient's values: left on, it failed memprobe's own
+    # kernels on meta after the user's ("Tensor.item() cannot be called on meta tensors").
+    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
     try:
         yield
     finally:
         torch.set_grad_enabled(grad)
+        if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != anomaly:
+            torch.set_anomaly_enabled(*anomaly)
         if torch.get_default_dtype() != dtype:
             torch.set_default_dtype(dtype)
         if _default_device() != device:

@@ -354,3 +354,32 @@ def test_a_terminal_that_encodes_strictly_gets_the_name_escaped(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr.decode()
     assert b"\\udcff" in done.stdout and b"Traceback" not in done.stderr
+
+
+# -- anomaly detection turned on by user code: it reads every gradient's values, so on meta
+# every case after the kernel that turned it on failed, memprobe's own kernels included
+
+ANOMALY = {
+    "on": "torch.autograd.set_detect_anomaly(True)",
+    "on, no nan check": "torch.autograd.set_detect_anomaly(True, check_nan=False)",
+    "entered, never left": "torch.autograd.detect_anomaly().__enter__()",
+}
+
+
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")  # the user's doing
+@pytest.mark.parametrize("what", sorted(ANOMALY))
+def test_anomaly_detection_user_code_turns_on_is_put_back(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    import torch
+
+    body = "import torch\n" + TINY_KERNEL.format(body=f"    {ANOMALY[what]}\n")
+    kernel = _module(here, "r10_anomaly", body) + ":k"
+    flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
+    args = [*flags, "--no-verify", "--kernel", f"{kernel},unchunked,local_chunked"]
+    code, _, err = run_cli("sweep", *args, "--out", "o")
+    assert code == 0, err
+    rows = json.loads((here / "o" / "results.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["ok"] * 3, [r["note"] for r in rows]
+    assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"]  # the kernel is unchunked
+    assert not torch.is_anomaly_enabled()
