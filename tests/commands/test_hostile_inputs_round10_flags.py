@@ -103,7 +103,6 @@ def test_a_step_whose_thread_never_ends_exits(tmp_path: Path) -> None:
 # printed two objects (no longer JSON) and every output was written twice
 
 FORKS = {
-    "in the step": "def step(device):\n    os.fork()\n" + TINY_STEP,
     "in the step, the child raising": (
         "def step(device):\n    if os.fork() == 0:\n        raise RuntimeError('child')\n"
         + TINY_STEP
