@@ -382,3 +382,52 @@ def test_anomaly_detection_user_code_turns_on_is_put_back(
     assert [r["status"] for r in rows] == ["ok"] * 3, [r["note"] for r in rows]
     assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"]  # the kernel is unchunked
     assert not torch.is_anomaly_enabled()
+
+
+# -- the hidden route (--fused, a hidden-family kernel) under FSDP2 (--fsdp, --cp): the
+# step failed with "FSDP requires a single root module ... (fix the step and rerun)", and
+# `plan --step --fsdp N` compared the hidden family by default, failing after minutes
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["step", "--tokens", "64", "--fsdp", "2", "--fused"],
+        ["step", "--tokens", "64", "--cp", "2", "--fused"],
+        ["step", "--tokens", "64", "--fsdp", "2", "--kernel", "linear_unchunked"],
+        ["plan", "--step", "--budget", "1GiB", "--fsdp", "2", "--no-reserved",
+         "--kernel", "local_chunked,linear_local_chunked"],
+        ["plan", "--step", "--budget", "1GiB", "--cp", "2", "--no-reserved",
+         "--kernel", "fused_linear_chunked"],
+    ],
+    ids=["step --fsdp --fused", "step --cp --fused", "step --fsdp hidden kernel",
+         "plan --step --fsdp", "plan --step --cp"],
+)  # fmt: skip
+def test_the_hidden_route_under_fsdp_is_refused_before_it_runs(
+    run_cli: Any, tmp_path: Path, args: list[str]
+) -> None:
+    from small_config import SMALL
+
+    (tmp_path / "config.json").write_text(json.dumps(SMALL))
+    code, out, err = run_cli(*args[:1], "--config", str(tmp_path), *args[1:])
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
+    assert "under FSDP2 (--fsdp/--cp) is not simulated" in err
+    assert "fix the step" not in err and "[1/" not in err  # before any simulation
+
+
+def test_plan_steps_default_kernels_leave_the_hidden_route_out_under_fsdp(
+    tmp_path: Path,
+) -> None:
+    from small_config import SMALL
+
+    from memprobe.commands.step import build_step
+    from memprobe.plan.whole_step import step_kernels
+    from memprobe.profile.sharded import sharding_from_flags
+
+    (tmp_path / "config.json").write_text(json.dumps(SMALL))
+    hidden = set(step_kernels()) - set(step_kernels(hidden=False))
+    assert "fused_linear_chunked" in hidden
+    for fsdp, cp, simulated in [(1, 1, True), (2, 1, False), (1, 2, False)]:
+        sharding = sharding_from_flags(fsdp=fsdp, cp=cp)
+        step = build_step(tmp_path, tokens=8, sharding=sharding)
+        assert step.hidden_route_simulated is simulated
