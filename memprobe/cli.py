@@ -138,7 +138,14 @@ class _ReaderMayLeave:
 
     def write(self, text: str) -> int:
         try:
-            return self._stream.write(text)
+            try:
+                return self._stream.write(text)
+            except UnicodeEncodeError:
+                # What the stream's encoding cannot hold, strictly (a file name's non-UTF-8
+                # byte, read as a lone surrogate, in a UTF-8 locale): written as its escape.
+                encoding = getattr(self._stream, "encoding", None) or "utf-8"
+                self._stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
+                return len(text)
         except OSError as exc:
             self._lost(exc)
             return len(text)

@@ -4,6 +4,7 @@ mistakes turned into one line and exit 2."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable
 from typing import Annotated, ParamSpec
@@ -36,6 +37,7 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
+            _check_mplbackend()
             command(*args, **kwargs)
         except UserError as exc:
             # printable: a message can quote a file's text (a TOML line, a frame name).
@@ -57,6 +59,23 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
             raise typer.Exit(2) from None
 
     return run
+
+
+def _check_mplbackend() -> None:
+    """matplotlib validates ``$MPLBACKEND`` as it is imported: a name it does not know
+    ended every command that draws (report, sweep, plan --out, attribute --html) in its
+    traceback, halfway, though memprobe draws on Agg whatever it names. Checked before the
+    command starts, and only when it is set (else matplotlib's import is not paid here)."""
+    backend = os.environ.get("MPLBACKEND")
+    if not backend:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ValueError:
+        raise UserError(
+            f"MPLBACKEND={backend!r} in the environment is not a matplotlib backend",
+            "unset it or name one, e.g. MPLBACKEND=Agg; memprobe draws with Agg whatever it names",
+        ) from None
 
 
 def int_list(

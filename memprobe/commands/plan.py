@@ -270,8 +270,8 @@ def command(
             if chunk_size is not None
             else None
         ),
-        tp=tuple(positive_ints(tp, "--tp")),
-        cp=tuple(positive_ints(cp, "--cp")),
+        tp=tuple(positive_ints(tp, "--tp", example="1,2,4")),
+        cp=tuple(positive_ints(cp, "--cp", example="1,2,4")),
         hidden=hidden,
         alloc_conf=alloc_conf,
         from_run=from_run,

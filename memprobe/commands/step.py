@@ -340,7 +340,10 @@ def plan_step_lines(
     kernels = (
         name_list(kernel, "--kernel")
         if kernel is not None
-        else step_kernels(vocab_parallel=base.vocab_shards > 1)
+        else step_kernels(
+            vocab_parallel=base.vocab_shards > 1,
+            hidden=base.hidden_route_simulated,
+        )
     )
     for name in kernels:  # every name checked before the first simulation
         build_step(config, tokens=1, kernel=name, dtype=dtype, **sharded)

@@ -37,7 +37,10 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
         ) from None
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode("utf-8") if isinstance(data, str) else data)
+            # A name from a file name that is not UTF-8 (`--out $'r\xff'`, any name under
+            # LC_ALL=C) holds lone surrogates: written as their escapes, the page stays
+            # UTF-8 (strict encoding raised, a traceback after the run was made).
+            fh.write(data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data)
         # mkstemp makes the file private (0600); give it the usual permissions.
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)

@@ -34,6 +34,7 @@ import importlib
 import inspect
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from functools import cache
 from typing import Any, TextIO, cast
@@ -76,7 +77,7 @@ def user_code(who: str) -> Iterator[None]:
     :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
     try:
-        with cwd_kept(), streams_kept(), torch_state_kept():
+        with cwd_kept(), streams_kept(), torch_state_kept(), process_kept():
             yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
@@ -103,6 +104,29 @@ def cwd_kept() -> Iterator[None]:
             if moved:
                 with contextlib.suppress(OSError):
                     os.chdir(cwd)
+
+
+@contextlib.contextmanager
+def process_kept() -> Iterator[None]:
+    """What user code starts does not take memprobe's process with it. A thread it starts
+    is a daemon: one left running (a worker that never returns) kept memprobe from exiting
+    after its answer, for ever. A child it forks (``os.fork()``) ends where the user code
+    returns or raises, with that outcome's status, instead of running the rest of memprobe
+    as well: a second answer on standard output, every output written twice."""
+    pid = os.getpid()
+    start = threading.Thread.start
+
+    def start_as_daemon(thread: threading.Thread) -> None:
+        thread.daemon = True
+        start(thread)
+
+    threading.Thread.start = start_as_daemon  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        threading.Thread.start = start  # type: ignore[method-assign]
+        if os.getpid() != pid:
+            os._exit(0 if sys.exc_info()[0] is None else 1)
 
 
 class _Shielded:
@@ -134,23 +158,56 @@ def streams_kept() -> Iterator[None]:
     if err is not None:
         sys.stdout = sys.stderr = cast(TextIO, _Shielded(err))
     try:
-        yield
+        with _stdout_fd_kept(out):
+            yield
     finally:
         sys.stdout, sys.stderr = out, err
 
 
 @contextlib.contextmanager
+def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
+    """File descriptor 1 points at standard error while user code runs: what it writes
+    below ``sys.stdout`` (``os.write(1, ...)``, a subprocess it starts, a C library's
+    printf) went into ``--json``'s object. Where either descriptor is closed, as it is."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if out is not None:
+            out.flush()  # memprobe's own output so far goes where it was meant to
+    try:
+        saved = os.dup(1)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            os.dup2(2, 1)
+        except OSError:
+            os.close(saved)
+            saved = -1
+        yield
+    finally:
+        if saved >= 0:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+@contextlib.contextmanager
 def torch_state_kept() -> Iterator[None]:
-    """Put back torch's process-wide defaults user code changed: a kernel that turned
-    gradients off (``torch.set_grad_enabled(False)``) failed every case after its own,
-    memprobe's kernels included; a default dtype or device it set would shape theirs."""
+    """Put back torch's process-wide defaults user code changed (anomaly detection too): a
+    kernel that turned gradients off (``torch.set_grad_enabled(False)``) failed every case
+    after its own, memprobe's kernels included; a default dtype or device it set would
+    shape theirs."""
     import torch
 
     grad, dtype, device = torch.is_grad_enabled(), torch.get_default_dtype(), _default_device()
+    # Anomaly detection reads every gradient's values: left on, it failed memprobe's own
+    # kernels on meta after the user's ("Tensor.item() cannot be called on meta tensors").
+    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
     try:
         yield
     finally:
         torch.set_grad_enabled(grad)
+        if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != anomaly:
+            torch.set_anomaly_enabled(*anomaly)
         if torch.get_default_dtype() != dtype:
             torch.set_default_dtype(dtype)
         if _default_device() != device:
@@ -210,6 +267,12 @@ def import_callable(path: str, *, what: str, hint: str) -> Any:
         try:
             fn = getattr(fn, part)
         except AttributeError:
+            shadowed = _shadowed(module_name)
+            if shadowed is not None:
+                top = module_name.split(".")[0]
+                raise UserError(
+                    f"{what} {path!r}: {shadowed}", f"rename yours (e.g. my_{top}) and name that"
+                ) from None
             raise UserError(
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr_path!r}",
                 f"check the spelling; {module_name} defines "
@@ -218,6 +281,28 @@ def import_callable(path: str, *, what: str, hint: str) -> Any:
     if not callable(fn):
         raise UserError(f"{what} {path!r} is a {type(fn).__name__}, not a callable", hint)
     return fn
+
+
+def _shadowed(module_name: str) -> str | None:
+    """Why the current directory's ``NAME.py`` (or ``NAME/``) was not the module imported:
+    the name is already Python's or an installed package's (``copy``, ``typer``,
+    ``memprobe``). Without this, a step in ``./copy.py`` read "module 'copy' has no
+    attribute 'step' (check the spelling; copy defines Error, copy, deepcopy...)"."""
+    top = module_name.split(".")[0]
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return None
+    local = next(
+        (name for name in (f"{top}.py", top) if os.path.exists(os.path.join(cwd, name))), None
+    )
+    if local is None:
+        return None
+    where = getattr(sys.modules.get(top), "__file__", None)
+    if where is not None and os.path.realpath(where).startswith(os.path.realpath(cwd) + os.sep):
+        return None  # the module imported is the one here: its attribute is what is missing
+    taken = "a module built into Python" if where is None else f"already the module at {where}"
+    return f"{top!r} is {taken}, so ./{local} is not what that name imports"
 
 
 def _split(path: str, what: str, hint: str) -> tuple[str, str]:
@@ -230,7 +315,7 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 def _import(module_name: str, path: str, what: str) -> Any:
     try:
-        with cwd_kept(), streams_kept():
+        with cwd_kept(), streams_kept(), process_kept():
             return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
@@ -247,7 +332,7 @@ def _import(module_name: str, path: str, what: str) -> Any:
         # shadow the standard library's for the rest of the run (a colorsys.py).
         sys.path.insert(0, cwd)
         try:
-            with cwd_kept():
+            with cwd_kept(), process_kept():
                 return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             missing = exc

@@ -32,16 +32,17 @@ from memprobe.profile import hf
 from memprobe.profile.step import trace_hf_step
 
 
-def step_kernels(*, vocab_parallel: bool = False) -> list[str]:
+def step_kernels(*, vocab_parallel: bool = False, hidden: bool = True) -> list[str]:
     """The shipped kernels ``plan --step`` compares by default: every single-device logits
-    kernel, then the hidden family (each on the model's final hidden states); under
-    tensor parallel (``vocab_parallel``: the lm_head's logits sharded on the
-    vocabulary), the vocabulary-parallel ones."""
+    kernel, then the hidden family (each on the model's final hidden states; not with
+    ``hidden=False``: under FSDP2, which cannot simulate it); under tensor parallel
+    (``vocab_parallel``: the lm_head's logits sharded on the vocabulary), the
+    vocabulary-parallel ones."""
     from memprobe.kernels.registry import kernel_names
 
     if vocab_parallel:
         return kernel_names(distributed=True)
-    return [*kernel_names(distributed=False), *kernel_names(inputs="hidden")]
+    return [*kernel_names(distributed=False), *(kernel_names(inputs="hidden") if hidden else [])]
 
 
 def plan_step(

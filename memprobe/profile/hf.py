@@ -197,6 +197,12 @@ class HFStep:
         return get_spec(self.kernel).inputs == "hidden"
 
     @property
+    def hidden_route_simulated(self) -> bool:
+        """Whether a hidden-family kernel can run in this step's layout (the sharded step:
+        not under FSDP2)."""
+        return True
+
+    @property
     def vocab(self) -> int:
         return int(self.config.vocab_size)
 

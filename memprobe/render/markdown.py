@@ -94,7 +94,7 @@ def append_step_summary(verdict: Verdict, inputs: Iterable[Path] = ()) -> str | 
                 f"did not append to GITHUB_STEP_SUMMARY ({target}): it is {read}, "
                 "an input of this command"
             )
-        with os.fdopen(fd, "a", encoding="utf-8", closefd=False) as fh:
+        with os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace", closefd=False) as fh:
             fh.write(markdown_summary(verdict))
     except OSError as exc:
         return f"could not append to GITHUB_STEP_SUMMARY ({target}): {exc.strerror or exc}"
