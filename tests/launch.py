@@ -64,6 +64,7 @@ def forked_torchrun(
     script: Path | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 300,
+    stdout_closed: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """``torchrun --standalone --nproc-per-node NPROC -m memprobe ARGV`` (or ``SCRIPT ARGV``),
     its ranks forked from the preloaded server instead of started afresh.
@@ -72,7 +73,7 @@ def forked_torchrun(
     MASTER_ADDR/PORT, the agent's store, which this process hosts so that it outlives the
     ranks as torchrun's does). As torchrun does, the job fails when one rank fails: the
     others are sent SIGTERM, then killed. With ``nproc=0``, one process and no torchrun
-    environment: a fresh ``python -m memprobe ARGV``.
+    environment: a fresh ``python -m memprobe ARGV`` (``stdout_closed``: run as ``>&-``).
     Returns the ranks' exit (the first failure's code), stdout and stderr, rank by rank.
     """
     import torch.distributed as dist
@@ -102,7 +103,7 @@ def forked_torchrun(
     with tempfile.TemporaryDirectory() as logs:
         streams = [(Path(logs, f"{i}.out"), Path(logs, f"{i}.err")) for i in range(len(ranks))]
         procs = [
-            context.Process(target=_rank_main, args=(list(argv), script, cwd, e, *s))
+            context.Process(target=_rank_main, args=(list(argv), script, cwd, e, *s, stdout_closed))
             for e, s in zip(ranks, streams, strict=True)
         ]
         for proc in procs:
@@ -140,7 +141,13 @@ def _wait_as_torchrun(procs: list[Any], timeout: float, argv: Sequence[str]) -> 
 
 
 def _rank_main(
-    argv: list[str], script: Path | None, cwd: Path, env: dict[str, str], out: Path, err: Path
+    argv: list[str],
+    script: Path | None,
+    cwd: Path,
+    env: dict[str, str],
+    out: Path,
+    err: Path,
+    stdout_closed: bool,
 ) -> None:
     """One rank, in the forked child: torchrun's environment, the command, its exit code."""
     import torch
@@ -153,6 +160,9 @@ def _rank_main(
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
+    if stdout_closed:  # as Python starts with descriptor 1 closed: no sys.stdout at all
+        os.close(1)
+        sys.stdout = None  # type: ignore[assignment]
     code = 0
     try:
         if script is not None:
@@ -168,7 +178,4 @@ def _rank_main(
     except BaseException:
         traceback.print_exc()
         code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    os._exit(code)
+    sys.exit(code)  # as the interpreter ends: it waits for the threads left running

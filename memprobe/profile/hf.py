@@ -190,6 +190,15 @@ class HFStep:
                 "--param-dtype differs from --dtype: only fp32 master weights are modelled",
                 "use --param-dtype fp32, or the same as --dtype",
             )
+        if self.hidden_route and not self.hidden_route_simulated:
+            # The hidden route calls the base model and the lm_head apart, so FSDP2 found
+            # two roots and the step failed: "FSDP requires a single root module ... (fix
+            # the step and rerun)", after a plan's other kernels had run for minutes.
+            raise UserError(
+                f"{self.kernel} under FSDP2 (--fsdp/--cp) is not simulated: the hidden "
+                "route runs the lm_head outside the model's forward, which FSDP2 wraps",
+                "drop --fsdp/--cp, or pick a logits kernel from `memprobe kernels`",
+            )
 
     @property
     def hidden_route(self) -> bool:

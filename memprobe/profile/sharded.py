@@ -206,15 +206,6 @@ class ShardedHFStep(HFStep):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_tp_sizes(self.config, self.sharding.tp)
-        if self.hidden_route and not self.hidden_route_simulated:
-            # The hidden route calls the base model and the lm_head apart, so FSDP2 found
-            # two roots and the step failed: "FSDP requires a single root module ... (fix
-            # the step and rerun)", after a plan's other kernels had run for minutes.
-            raise UserError(
-                f"{self.kernel} under FSDP2 (--fsdp/--cp) is not simulated: the hidden "
-                "route runs the lm_head outside the model's forward, which FSDP2 wraps",
-                "drop --fsdp/--cp, or pick a logits kernel from `memprobe kernels`",
-            )
 
     @property
     def hidden_route_simulated(self) -> bool:

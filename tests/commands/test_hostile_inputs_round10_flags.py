@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launch import forked_torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_STEP = (
@@ -38,12 +39,10 @@ def _module(here: Path, stem: str, body: str) -> str:
     return name
 
 
-def _memprobe(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "memprobe", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+def _memprobe(cwd: Path, *args: str, stdout_closed: bool = False) -> Any:
+    """``memprobe ARGS`` in a process of its own (its exit, descriptors and forks are what
+    these tests look at), forked from the server that has imported torch once."""
+    return forked_torchrun(list(args), cwd=cwd, nproc=0, timeout=60, stdout_closed=stdout_closed)
 
 
 # -- a thread user code starts and never ends: memprobe printed its answer, then waited
@@ -281,11 +280,7 @@ def test_user_code_with_descriptor_1_closed_still_runs(tmp_path: Path) -> None:
     (tmp_path / "r10_fd.py").write_text(
         "import os, torch\ndef step(device):\n    os.write(2, b'ran')\n" + TINY_STEP
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = f"{sys.executable} -m memprobe profile r10_fd:step --json >&-"
-    done = subprocess.run(
-        ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    done = _memprobe(tmp_path, "profile", "r10_fd:step", "--json", stdout_closed=True)
     assert done.returncode == 0 and "ran" in done.stderr, done.stderr
 
 
