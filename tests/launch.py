@@ -160,6 +160,10 @@ def _rank_main(
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
         os.close(target)
+    if "PYTHONIOENCODING" in env:  # as Python starts with it set: streams in that encoding
+        encoding, _, errors = env["PYTHONIOENCODING"].partition(":")
+        for stream in (sys.stdout, sys.stderr):
+            stream.reconfigure(encoding=encoding or None, errors=errors or None)  # type: ignore[union-attr]
     if stdout_closed:  # as Python starts with descriptor 1 closed: no sys.stdout at all
         os.close(1)
         sys.stdout = None  # type: ignore[assignment]

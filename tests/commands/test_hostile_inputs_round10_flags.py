@@ -340,14 +340,11 @@ def test_a_terminal_that_encodes_strictly_gets_the_name_escaped(
     """A UTF-8 locale other than C.UTF-8 writes standard output strictly: the name printed
     (run directory, snapshot) raised UnicodeEncodeError."""
     (tmp_path / "r10_tiny.py").write_text("import torch\ndef step(device):\n" + TINY_STEP)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "utf-8:strict"}
-    argv = [os.fsencode(a) for a in args]
-    done = subprocess.run(
-        [sys.executable, "-m", "memprobe", *argv],
-        cwd=tmp_path, env=env, capture_output=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr.decode()
-    assert b"\\udcff" in done.stdout and b"Traceback" not in done.stderr
+    done = forked_torchrun(
+        args, cwd=tmp_path, nproc=0, timeout=60, env={"PYTHONIOENCODING": "utf-8:strict"}
+    )
+    assert done.returncode == 0, done.stderr
+    assert "\\udcff" in done.stdout and "Traceback" not in done.stderr
 
 
 # -- anomaly detection turned on by user code: it reads every gradient's values, so on meta
