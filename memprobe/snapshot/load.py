@@ -286,7 +286,9 @@ def _is_plain(e: Any) -> bool:
     which keeps a million-entry trace from being copied."""
     return (
         type(e) is dict
-        and e.get("action") in _PLAIN_ACTIONS
+        # str first: an unhashable action (a list) raised TypeError from the set lookup
+        and type(e.get("action")) is str
+        and e["action"] in _PLAIN_ACTIONS
         and type(e.get("addr")) is int
         and type(e.get("size")) is int
         and 0 <= e["size"] < _U64
