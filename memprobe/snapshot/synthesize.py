@@ -120,7 +120,11 @@ def recorded_case(snapshot: dict[str, Any]) -> str | None:
     for torch's own (a cuda run's) and for a profiled step, which name none."""
     meta = snapshot.get("memprobe")
     recorded = meta.get("case") if isinstance(meta, dict) else None
-    return recorded if isinstance(recorded, str) else None
+    if recorded is None or isinstance(recorded, str):
+        return recorded
+    # memprobe writes a string or nothing: a number or a list there is no case of this
+    # run, and read as "names none" the page drew the file as the row's own case.
+    return f"<a {type(recorded).__name__}, not a case id>"
 
 
 def allocator_requests(events: Iterable[Event]) -> tuple[list[Event], list[tuple[int, Event]]]:

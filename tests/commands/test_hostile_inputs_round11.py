@@ -3,7 +3,9 @@ classes through other fields and paths. One line and exit 2, or a sane answer.""
 
 from __future__ import annotations
 
+import json
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -44,3 +46,55 @@ def test_an_unhashable_trace_action_is_one_line(
     }[command]
     err = _one_line(*run_cli(*args))
     assert f"[{0 if first else 3}] has no 'action'" in err, err
+
+
+# -- a snapshot whose recorded case is not a string (a number, a list): read as "names no
+# case" (torch's own), so the page drew it as the row's case and a failing gate named its
+# largest block, where any other recorded case is refused
+
+
+NOT_STRINGS = [123, 1.5, b"unchunked", ["unchunked"], {"case": "x"}]
+
+
+def _recorded(made_run: Path, tmp_path: Path, case: Any) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    snap = _snapshot(run)
+    data = pickle.loads(snap.read_bytes())
+    data["memprobe"]["case"] = case
+    snap.write_bytes(pickle.dumps(data, protocol=4))
+    return run
+
+
+@pytest.mark.parametrize("case", NOT_STRINGS, ids=lambda c: type(c).__name__)
+def test_a_recorded_case_that_is_not_a_string_is_not_drawn(
+    run_cli: Any, made_run: Path, tmp_path: Path, case: Any
+) -> None:
+    run = _recorded(made_run, tmp_path, case)
+    page = tmp_path / "page.html"
+    code, _, err = run_cli("report", str(run), "--out", str(page))
+    assert code == 0, err
+    html = page.read_text()
+    assert "snapshot not used" in html and f"&lt;a {type(case).__name__}, not a case id&gt;" in html
+
+
+@pytest.mark.parametrize("case", NOT_STRINGS, ids=lambda c: type(c).__name__)
+def test_a_failing_gate_does_not_explain_with_a_case_that_is_not_a_string(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Any
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = _recorded(made_run, tmp_path, case)
+    base = json.loads((run / "results.json").read_text())
+    base["rows"][0]["peak_bytes"] = 1
+    (tmp_path / "b.json").write_text(json.dumps(base))
+    code, out, err = run_cli("gate", str(run), "--baseline", str(tmp_path / "b.json"))
+    assert code == 1, (out, err)
+    assert "was recorded for case <a " in out and "largest block" not in out, out
+
+
+def test_a_recorded_case_of_none_still_names_none(made_run: Path) -> None:
+    from memprobe.snapshot.synthesize import recorded_case
+
+    data = pickle.loads(_snapshot(made_run).read_bytes())
+    data["memprobe"]["case"] = None
+    assert recorded_case(data) is None
