@@ -374,7 +374,13 @@ def create_run_dir(run_dir: Path, cases: Sequence[Case], environment: Mapping[st
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cases": [asdict(c) for c in cases],
     }
-    write_atomic(run_dir / RUN_META, json.dumps(meta, indent=1))
+    try:
+        write_atomic(run_dir / RUN_META, json.dumps(meta, indent=1))
+    except UserError:
+        # The claim is still empty: left behind (a full disk), the folder read as taken to
+        # `--out` ("not empty") and as no run to `--resume`, so a retry had to delete it.
+        (run_dir / RUN_META).unlink(missing_ok=True)
+        raise
     return run_dir
 
 

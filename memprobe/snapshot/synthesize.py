@@ -124,7 +124,7 @@ def recorded_case(snapshot: dict[str, Any]) -> str | None:
         return recorded
     # memprobe writes a string or nothing: a number or a list there is no case of this
     # run, and read as "names none" the page drew the file as the row's own case.
-    return f"<a {type(recorded).__name__}, not a case id>"
+    return f"(a {type(recorded).__name__}, not a case id)"
 
 
 def allocator_requests(events: Iterable[Event]) -> tuple[list[Event], list[tuple[int, Event]]]:

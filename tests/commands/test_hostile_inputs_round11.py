@@ -75,7 +75,7 @@ def test_a_recorded_case_that_is_not_a_string_is_not_drawn(
     code, _, err = run_cli("report", str(run), "--out", str(page))
     assert code == 0, err
     html = page.read_text()
-    assert "snapshot not used" in html and f"&lt;a {type(case).__name__}, not a case id&gt;" in html
+    assert "snapshot not used" in html and f"(a {type(case).__name__}, not a case id)" in html
 
 
 @pytest.mark.parametrize("case", NOT_STRINGS, ids=lambda c: type(c).__name__)
@@ -89,7 +89,7 @@ def test_a_failing_gate_does_not_explain_with_a_case_that_is_not_a_string(
     (tmp_path / "b.json").write_text(json.dumps(base))
     code, out, err = run_cli("gate", str(run), "--baseline", str(tmp_path / "b.json"))
     assert code == 1, (out, err)
-    assert "was recorded for case <a " in out and "largest block" not in out, out
+    assert "was recorded for case (a " in out and "largest block" not in out, out
 
 
 def test_a_recorded_case_of_none_still_names_none(made_run: Path) -> None:
@@ -98,3 +98,31 @@ def test_a_recorded_case_of_none_still_names_none(made_run: Path) -> None:
     data = pickle.loads(_snapshot(made_run).read_bytes())
     data["memprobe"]["case"] = None
     assert recorded_case(data) is None
+
+
+# -- a sweep whose run.json cannot be written (a full disk): the empty claim file stayed,
+# and the folder was refused by `--out` as not empty and by `--resume` as no run
+
+
+@pytest.mark.parametrize("made", [True, False], ids=["an empty folder given", "a new folder"])
+def test_a_sweep_that_cannot_write_its_run_json_leaves_no_claim(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: bool
+) -> None:
+    from memprobe import results
+    from memprobe.errors import UserError
+
+    def full(path: Any, data: Any, **_: Any) -> Path:
+        raise UserError(f"cannot write {path}: No space left on device", "choose another path")
+
+    run = tmp_path / "run"
+    if made:
+        run.mkdir()
+    args = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
+            "unchunked", "--device", "meta", "--out", str(run), "-q", "--no-verify"]  # fmt: skip
+    with monkeypatch.context() as patch:
+        patch.setattr(results, "write_atomic", full)
+        err = _one_line(*run_cli(*args))
+    assert "No space left on device" in err
+    assert not (run / "run.json").exists()
+    code, out, err = run_cli(*args)
+    assert code == 0 and (run / "run.json").is_file(), err
