@@ -25,3 +25,11 @@ def made_run(tmp_path_factory) -> Path:
     finally:
         sys.argv = argv
     return run
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh current directory, importable: where a test writes a user's step or kernel."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path

@@ -26,13 +26,6 @@ TINY_KERNEL = (
 )
 
 
-@pytest.fixture
-def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
-
-
 def _module(here: Path, stem: str, body: str) -> str:
     name = f"{stem}_{abs(hash(body)) % 10**8}"
     (here / f"{name}.py").write_text(body)

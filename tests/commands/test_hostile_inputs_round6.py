@@ -40,13 +40,6 @@ LEAVES = {
 }
 
 
-@pytest.fixture
-def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
-
-
 def _module(here: Path, stem: str, body: str) -> str:
     name = f"{stem}_{abs(hash(body)) % 10**8}"
     (here / f"{name}.py").write_text(body)

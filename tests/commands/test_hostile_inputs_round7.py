@@ -27,13 +27,6 @@ RETURNS = {
 FLAGS = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
 
 
-@pytest.fixture
-def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
-
-
 def _kernel(here: Path, returns: str) -> str:
     name = f"r7_kernel_{abs(hash(returns)) % 10**8}"
     body = f"def k(logits, targets, *, chunk_size=None):\n    return {returns}\n"

@@ -21,13 +21,6 @@ from memprobe.io.sizes import parse_budget, parse_size
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return tmp_path
-
-
 # -- a negative zero is zero: "-0" was called negative, where "0" is "must be more than 0"
 
 
