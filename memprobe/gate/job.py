@@ -187,9 +187,8 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
     """For each failing case with a snapshot: where the snapshot is, and the line that
     made the largest block live at its peak (what to look at first)."""
     from memprobe.attribute import attribute
-    from memprobe.io.text import printable
     from memprobe.snapshot import load_snapshot
-    from memprobe.snapshot.synthesize import recorded_case
+    from memprobe.snapshot.synthesize import another_case
 
     by_id = {r.get("case_id"): r for r in rows}
     notes: list[str] = []
@@ -201,12 +200,9 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
             continue
         try:
             snapshot = load_snapshot(path)
-            recorded = recorded_case(snapshot)
-            if recorded is not None and recorded != case_id:
-                # Another case's snapshot (an edited row, a file copied over): its largest
-                # block is not this case's.
-                shown = printable(recorded)
-                notes.append(f"{label}: snapshot {path} was recorded for case {shown}; not read")
+            recorded = another_case(snapshot, case_id)
+            if recorded is not None:
+                notes.append(f"{label}: snapshot {path} was recorded for case {recorded}; not read")
                 continue
             groups = attribute(snapshot, path=str(path)).groups
         except UserError as exc:

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
-from memprobe.io.text import printable
 from memprobe.records import Case
 from memprobe.report.breakdown import Breakdown, breakdown
 from memprobe.report.trace import Trace, from_snapshot
 from memprobe.results import case_of
-from memprobe.snapshot.synthesize import recorded_case
+from memprobe.snapshot.synthesize import another_case
 
 FINDINGS_TOP = 6
 NO_SNAPSHOT = "no snapshot in the run for this case: no trace, breakdown or attribution"
@@ -57,13 +56,9 @@ def gather(row: dict[str, Any], run_dir: Path) -> Evidence:
         snapshot = load_snapshot(path)
     except UserError as exc:
         return Evidence(case.kernel, case, None, problems=(f"snapshot not used: {exc.one_line()}",))
-    recorded = recorded_case(snapshot)
-    if recorded is not None and recorded != case.case_id:
-        # A row naming another case's snapshot (an edited row, a file copied over, a link
-        # between two): its trace and breakdown would be drawn as this case's.
-        problem = (
-            f"snapshot not used: {row['snapshot']} was recorded for case {printable(recorded)}"
-        )
+    recorded = another_case(snapshot, case.case_id)
+    if recorded is not None:
+        problem = f"snapshot not used: {row['snapshot']} was recorded for case {recorded}"
         return Evidence(case.kernel, case, None, problems=(problem,))
     trace = from_snapshot(snapshot)
     findings, problems = _attribute(case, snapshot)

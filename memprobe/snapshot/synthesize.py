@@ -21,6 +21,7 @@ from typing import Any
 
 from memprobe.allocator import AllocConf, simulate
 from memprobe.allocator.snapshot_format import SETTINGS_CONF_KEYS
+from memprobe.io.text import printable
 from memprobe.records import Case, Event, Frame
 from memprobe.snapshot.labels import format_label
 
@@ -125,6 +126,14 @@ def recorded_case(snapshot: dict[str, Any]) -> str | None:
     # memprobe writes a string or nothing: a number or a list there is no case of this
     # run, and read as "names none" the page drew the file as the row's own case.
     return f"(a {type(recorded).__name__}, not a case id)"
+
+
+def another_case(snapshot: dict[str, Any], case_id: str) -> str | None:
+    """The case a snapshot was recorded for, printable, when it is not ``case_id`` (an
+    edited row, a file copied over: its trace and largest block are not this case's);
+    None when it is this case's or names none. Report and gate both ask this."""
+    recorded = recorded_case(snapshot)
+    return None if recorded is None or recorded == case_id else printable(recorded)
 
 
 def allocator_requests(events: Iterable[Event]) -> tuple[list[Event], list[tuple[int, Event]]]:
