@@ -6,6 +6,7 @@ Nothing imports this module; only the console script and ``python -m memprobe`` 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import sys
@@ -65,6 +66,15 @@ app.command("profile", cls=Command)(profile.command)
 app.command("step", cls=Command)(step.command)
 
 
+@functools.cache
+def _click_command() -> Any:
+    """The click command typer builds from ``app``, built once per process: typer rebuilds
+    it at every ``app()`` call (evaluating every option's annotations again, about 30 ms),
+    which whoever runs the CLI more than once in a process (the test suite does, a
+    thousand times) pays each time."""
+    return typer.main.get_command(app)
+
+
 _SPLIT_UNIT = re.compile(r"unexpected extra argument(?:s|\(s\))? \(([KMGT]i?B|B)\b", re.I)
 
 
@@ -106,7 +116,9 @@ def _main() -> None:
         # (rich sizes it for 80 columns and truncates the names column).
         os.environ.setdefault("COLUMNS", "120")
     try:
-        code = app(standalone_mode=False)
+        # As ``app(standalone_mode=False)`` runs it; its own exception hook is off
+        # (pretty_exceptions_enable=False), so nothing of typer's call is skipped.
+        code = _click_command()(standalone_mode=False)
     except typer.TyperException as exc:
         # typer's public base of its (vendored, private) click errors; usage errors exit 2.
         if exc.exit_code != 2:
