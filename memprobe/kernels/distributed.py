@@ -284,7 +284,11 @@ def _chunked_distributed_forward(
     dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
     # local shift - global shift (<= 0): moves this rank's sum of exps and
     # its shifted target logit onto the global shift before they are summed.
-    to_global = local_max.sub_(global_max)
+    # Written over the reduced buffer (the same floats as local_max - global_max):
+    # gloo's worker thread lets go of a buffer it reduced a moment after the call
+    # returns, so a reduced buffer freed at once was sometimes still live for the
+    # tracker, and a real CPU peak read one [B, S] float32 block more.
+    to_global = global_max.neg_().add_(local_max)
     del local_max, global_max
     stats[0].mul_(to_global.exp())
     stats[1].addcmul_(to_global, stats[2])

@@ -124,18 +124,37 @@ def test_a_size_split_by_a_space_says_how_to_write_it(run_cli, args):
     assert len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("command", ["plan", "step", "sweep", "attribute", "gate"])
-def test_help_off_a_terminal_never_cuts_an_option_name(command):
+HELP_COMMANDS = ("plan", "step", "sweep", "attribute", "gate")
+# Each command's --help in turn, in one fresh process (one torch import, not five).
+_HELP_OFF_A_TERMINAL = """
+import sys
+from memprobe import cli
+for command in sys.argv[1:]:
+    print("=== " + command, flush=True)
+    sys.argv = ["memprobe", command, "--help"]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert not exc.code, (command, exc.code)
+"""
+
+
+def test_help_off_a_terminal_never_cuts_an_option_name():
+    """Help piped or captured, with no COLUMNS set: as a fresh process sees it."""
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     out = subprocess.run(
-        [sys.executable, "-m", "memprobe", command, "--help"],
+        [sys.executable, "-c", _HELP_OFF_A_TERMINAL, *HELP_COMMANDS],
         capture_output=True, text=True, env=env, check=True,
     ).stdout  # fmt: skip
-    assert "…" not in out
+    pages = dict(page.split("\n", 1) for page in out.split("=== ")[1:])
+    assert sorted(pages) == sorted(HELP_COMMANDS)
+    for command, page in pages.items():
+        assert "Usage: memprobe " + command in page
+        assert "…" not in page, command
 
 
 USAGES = {
