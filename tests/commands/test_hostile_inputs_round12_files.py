@@ -1,0 +1,59 @@
+"""Hostile inputs, round 12 (the confirming pass), files a user hands memprobe: results
+files, run folders, baselines. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+def _one_line(code: int, out: str, err: str) -> str:
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert "Traceback" not in err
+    return err
+
+
+def _edited(made_run: Path, tmp_path: Path, name: str, **row: Any) -> Path:
+    run = tmp_path / name
+    shutil.copytree(made_run, run)
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"][0].update(row)
+    (run / "results.json").write_text(json.dumps(payload))
+    return run
+
+
+# -- a row whose peak is 0 B: no step holds nothing (the logits alone are in every peak),
+# yet it was read as a measurement: the gate passed it as the lowest peak there is, a
+# baseline of 0 failed every later run, and the report's log axis warned on stderr
+
+
+@pytest.mark.parametrize("status", ["ok", "error"])
+@pytest.mark.parametrize("command", ["report", "gate", "gate --baseline", "plan --from-run"])
+def test_a_peak_of_zero_bytes_is_one_line(
+    run_cli: Any, made_run: Path, tmp_path: Path, status: str, command: str
+) -> None:
+    bad = _edited(made_run, tmp_path, "bad", peak_bytes=0, status=status)
+    args = {
+        "report": ["report", str(bad), "--out", str(tmp_path / "page.html")],
+        "gate": ["gate", str(bad), "--baseline", str(made_run)],
+        "gate --baseline": ["gate", str(made_run), "--baseline", str(bad)],
+        "plan --from-run": ["plan", "--vocab", "128", "--budget", "1GiB", "--from-run", str(bad)],
+    }[command]
+    err = _one_line(*run_cli(*args))
+    assert "row 0 peak_bytes 0 is not positive" in err, err
+    assert not (tmp_path / "page.html").exists()
+
+
+def test_a_peak_of_one_byte_is_still_read(run_cli: Any, made_run: Path, tmp_path: Path) -> None:
+    # The guard is for 0 only: a small peak is a number the gate can judge (here, a pass).
+    small = _edited(made_run, tmp_path, "small", peak_bytes=1)
+    config = tmp_path / "gate.toml"
+    config.write_text("[tool.memprobe.gate]\n")
+    code, out, err = run_cli(
+        "gate", str(small), "--baseline", str(made_run), "--config", str(config)
+    )
+    assert code == 0 and "passed" in out + err, (code, out, err)
