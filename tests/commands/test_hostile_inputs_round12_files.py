@@ -57,3 +57,49 @@ def test_a_peak_of_one_byte_is_still_read(run_cli: Any, made_run: Path, tmp_path
         "gate", str(small), "--baseline", str(made_run), "--config", str(config)
     )
     assert code == 0 and "passed" in out + err, (code, out, err)
+
+
+# -- a run.json whose planned cases a sweep would refuse (edited, or mixed from another
+# run): resume measured them as something else under their own names (unchunked at tp 2
+# ran on half the vocabulary and wrote half the peak; a logits kernel with a hidden size
+# wrote a hidden-family row holding the logits kernel's figures)
+
+
+def _planning(made_run: Path, tmp_path: Path, **case: Any) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["cases"].append({**meta["cases"][0], **case})
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
+REFUSED_CASES = [
+    ({"hidden": 64}, "takes logits, not hidden states"),
+    ({"kernel": "linear_unchunked"}, "takes hidden states and the lm_head weight"),
+    ({"tp": 2}, "--tp 2 shards the vocabulary, which it cannot do"),
+    ({"kernel": "chunked_distributed", "tp": 3}, "--tp 3 does not divide the vocabulary 128"),
+    ({"cp": 3}, "--cp 3 does not divide the tokens 64"),
+    ({"kernel": "no_such_kernel"}, "unknown kernel 'no_such_kernel'"),
+]
+
+
+@pytest.mark.parametrize(("case", "why"), REFUSED_CASES, ids=[str(c) for c, _ in REFUSED_CASES])
+def test_resume_refuses_a_planned_case_no_sweep_runs(
+    run_cli: Any, made_run: Path, tmp_path: Path, case: dict[str, Any], why: str
+) -> None:
+    run = _planning(made_run, tmp_path, **case)
+    before = (run / "results.json").read_bytes()
+    err = _one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-report"))
+    assert f"cannot resume {run}: its run.json plans " in err and why in err, err
+    assert (run / "results.json").read_bytes() == before
+
+
+def test_resume_still_runs_a_planned_case_a_sweep_runs(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _planning(made_run, tmp_path, kernel="local_chunked")
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-report", "--no-verify")
+    assert code == 0, err
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert [r["kernel"] for r in rows] == ["unchunked", "local_chunked"]
