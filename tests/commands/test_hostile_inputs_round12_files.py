@@ -103,3 +103,40 @@ def test_resume_still_runs_a_planned_case_a_sweep_runs(
     assert code == 0, err
     rows = json.loads((run / "results.json").read_text())["rows"]
     assert [r["kernel"] for r in rows] == ["unchunked", "local_chunked"]
+
+
+# -- a config that was read but whose text is not TOML memprobe can parse (not UTF-8, or
+# nested past Python's recursion limit): the line said "check the path and permissions",
+# where neither is wrong
+
+
+BAD_TEXT = {
+    "latin-1 comment": (b"[tool.memprobe.gate]\n# caf\xe9\n", "is not UTF-8 text (byte 0xe9"),
+    "UTF-16": (
+        "[tool.memprobe.gate]\n".encode("utf-16"),
+        "is not UTF-8 text (byte 0xff at offset 0)",
+    ),
+    "NUL-free binary": (b"\x80\x04\x95", "is not UTF-8 text (byte 0x80 at offset 0)"),
+    "deep arrays": (
+        b"x = " + b"[" * 50_000 + b"]" * 50_000 + b"\n",
+        "nests arrays or tables too deep",
+    ),
+    "deep inline tables": (b"x = " + b"{a = " * 50_000 + b"1" + b"}" * 50_000 + b"\n", "too deep"),
+}
+
+
+@pytest.mark.parametrize("text", list(BAD_TEXT))
+@pytest.mark.parametrize("where", ["gate --config", "gate, nearest pyproject.toml"])
+def test_a_config_that_is_not_readable_toml_says_what_is_wrong(
+    run_cli: Any, made_run: Path, here: Path, text: str, where: str
+) -> None:
+    data, why = BAD_TEXT[text]
+    if where == "gate --config":
+        (here / "g.toml").write_bytes(data)
+        args = ["gate", str(made_run), "--config", "g.toml"]
+    else:
+        (here / "pyproject.toml").write_bytes(data)
+        args = ["gate"]  # its own sweep, planned from the file's [tool.memprobe.sweep]
+    err = _one_line(*run_cli(*args))
+    assert why in err and "permissions" not in err, err
+    assert not (here / "reports").exists()
