@@ -4,11 +4,13 @@ files, run folders, baselines. One line and exit 2, or a sane answer."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from small_config import SMALL
 
 
 def _one_line(code: int, out: str, err: str) -> str:
@@ -140,3 +142,59 @@ def test_a_config_that_is_not_readable_toml_says_what_is_wrong(
     err = _one_line(*run_cli(*args))
     assert why in err and "permissions" not in err, err
     assert not (here / "reports").exists()
+
+
+# -- an output path that can never be written (a folder, a FIFO, a device) was refused
+# only when the command wrote, after its work: a step simulated, a user's step run, a
+# plan searched, then one line; now the same line comes before any of it
+
+
+def _special(tmp_path: Path, kind: str) -> Path:
+    if kind == "device":
+        return Path("/dev/null")
+    path = tmp_path / f"out.{kind}"
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    return path
+
+
+def _must_not_run(*_: Any, **__: Any) -> None:
+    raise AssertionError("the work ran before its output was checked")
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo", "device"])
+@pytest.mark.parametrize("command", ["step --out", "profile --out", "profile --html"])
+def test_an_unwritable_output_file_is_refused_before_the_work(
+    run_cli: Any, here: Path, monkeypatch: pytest.MonkeyPatch, kind: str, command: str
+) -> None:
+    import memprobe.profile.step
+
+    special = _special(here, kind)
+    monkeypatch.setattr(memprobe.profile.step, "simulate_step", _must_not_run)
+    (here / "config.json").write_text(json.dumps(SMALL))
+    (here / "r12_step.py").write_text(
+        "from pathlib import Path\ndef step(device):\n    Path('ran').touch()\n"
+    )
+    flag = command.split()[1]
+    args = {
+        "step": ["step", "--config", "config.json", "--tokens", "64", "--out", str(special)],
+        "profile": ["profile", "r12_step:step", flag, str(special)],
+    }[command.split()[0]]
+    err = _one_line(*run_cli(*args))
+    what = "HTML page" if flag == "--html" else "snapshot"
+    assert f"cannot write {what} {special}: it is a" in err and "not a regular file" in err, err
+    assert not (here / "ran").exists()
+
+
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+@pytest.mark.parametrize("name", ["plan.html", "plan.png", "plan.json"])
+def test_plan_refuses_an_unwritable_page_before_the_search(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, name: str
+) -> None:
+    import memprobe.plan
+
+    monkeypatch.setattr(memprobe.plan, "run_plan_job", _must_not_run)
+    out = tmp_path / "p"
+    out.mkdir()
+    (out / name).mkdir() if kind == "folder" else os.mkfifo(out / name)
+    err = _one_line(*run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--out", str(out)))
+    assert f"{out / name}: it is a" in err and "not a regular file" in err, err
