@@ -198,3 +198,44 @@ def test_plan_refuses_an_unwritable_page_before_the_search(
     (out / name).mkdir() if kind == "folder" else os.mkfifo(out / name)
     err = _one_line(*run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--out", str(out)))
     assert f"{out / name}: it is a" in err and "not a regular file" in err, err
+
+
+# -- plan --out into a folder holding a plan.html, plan.png or plan.json of the user's own:
+# replaced without a word, where report --out leaves a user's page and plots alone
+
+
+FOREIGN = {
+    "plan.html": b"<html><title>our capacity plan</title></html>",
+    "plan.png": b"\x89PNG\r\n\x1a\n not ours",
+    "plan.json": b'{"mine": 1}',
+    "plan.json as rows of another tool": b'[{"kernel": "x"}]',
+}
+
+
+@pytest.mark.parametrize("which", list(FOREIGN))
+def test_plan_leaves_a_users_own_plan_file_alone(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, which: str
+) -> None:
+    import memprobe.plan
+
+    monkeypatch.setattr(memprobe.plan, "run_plan_job", _must_not_run)
+    out = tmp_path / "p"
+    out.mkdir()
+    mine = out / which.split()[0]
+    mine.write_bytes(FOREIGN[which])
+    err = _one_line(*run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--out", str(out)))
+    assert f"{mine} exists and was not written by memprobe; the plan would replace it" in err
+    assert mine.read_bytes() == FOREIGN[which]
+    assert sorted(p.name for p in out.iterdir()) == [mine.name]
+
+
+def test_plan_replaces_its_own_files(run_cli: Any, tmp_path: Path) -> None:
+    out = tmp_path / "p"
+    args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "unchunked"]
+    args += ["--out", str(out)]
+    assert run_cli(*args)[0] == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    code, _, err = run_cli(*args)
+    assert code == 0, err
+    assert sorted(first) == ["plan.html", "plan.json", "plan.png"]
+    assert (out / "plan.json").read_bytes() == first["plan.json"]
