@@ -118,13 +118,22 @@ def read_toml(path: Path) -> dict[str, Any]:
             f"config file {path} does not exist", "give --config an existing TOML file"
         ) from None
     data = read_regular(path, what="config file", max_bytes=MAX_CONFIG_BYTES)
+    # The file was read: what is wrong is its text, not its path or permissions (the
+    # hint these two errors used to give).
     try:
         return tomllib.loads(data.decode("utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path} is not valid TOML: {exc}", "fix the syntax at that line") from None
-    except (UnicodeDecodeError, RecursionError) as exc:
+    except UnicodeDecodeError as exc:
         raise UserError(
-            f"cannot read config {path}: {exc}", "check the path and permissions"
+            f"config {path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset "
+            f"{exc.start:,})",
+            "TOML is UTF-8: save the file as UTF-8",
+        ) from None
+    except RecursionError:
+        raise UserError(
+            f"config {path} nests arrays or tables too deep to read",
+            "a memprobe config is a few tables of keys: fix the file",
         ) from None
 
 

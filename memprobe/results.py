@@ -165,9 +165,10 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
         # A device memprobe never ran on ("tpu", or "auto", which a run resolves): gate and
         # report would judge and draw it as if one of them had measured it.
         raise _bad(file, index, f"device {clean['device']!r} is not one of {', '.join(DEVICES)}")
-    for key in ("hidden", "floor_bytes"):
-        # H sizes the hidden family's inputs; a floor holds at least the logits: neither
-        # is ever 0 (a ratio over a floor of 0 has no value).
+    for key in ("hidden", "floor_bytes", "peak_bytes"):
+        # H sizes the hidden family's inputs; a floor and a peak hold at least the logits:
+        # none is ever 0 (a ratio over a floor of 0 has no value; a peak of 0 passed the
+        # gate as the best row there is and sent the report's log axis to a warning).
         if clean[key] == 0:
             raise _bad(file, index, f"{key} 0 is not positive")
     snapshot = clean["snapshot"]

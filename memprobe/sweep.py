@@ -358,7 +358,33 @@ def open_run(
     done = [r for r in done if not results.unfinished(r) and results.identity_agrees(r)]
     finished = {results.case_key(r) for r in done}
     todo = [c for c in cases if results.case_key(asdict(c)) not in finished]
+    if resume:
+        _check_resumed(todo, out_dir)
     return cases, list(done), todo
+
+
+def _check_resumed(todo: list[Case], out_dir: Path) -> None:
+    """The cases a resume is about to run, held to the rules :func:`plan_cases` plans by.
+
+    run.json is a file a user can edit or mix: a case no sweep makes (a logits kernel
+    with a hidden size, a --tp above 1 for a kernel that cannot shard, a tp or cp that
+    does not divide the shape) was measured as something else and written under its own
+    name (unchunked at tp 2 ran on half the vocabulary: half the peak, a wrong row). Only
+    the cases still to run are checked: a finished one imports nothing again."""
+    for case in todo:
+        try:
+            spec = get_spec(case.kernel)
+            check_inputs_match([case.kernel], case.hidden)
+            if case.tp > 1 and not spec.distributed:
+                raise UserError(f"--tp {case.tp} shards the vocabulary, which it cannot do")
+            _check_parallel(case.tokens, case.vocab, case.tp, case.cp)
+        except (UserError, ValueError) as exc:
+            why = exc.message if isinstance(exc, UserError) else str(exc)
+            raise UserError(
+                f"cannot resume {out_dir}: its {results.RUN_META} plans {case.case_id}, "
+                f"which no sweep runs ({why})",
+                "the run directory was edited or mixed with another; start a new run",
+            ) from None
 
 
 def measure_one(case: Case, *, verify: bool, layout: RankLayout | None) -> Run:

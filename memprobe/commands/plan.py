@@ -46,8 +46,9 @@ def _progress(progress: Progress) -> Callable[[int, int, Any], None]:
 def _check_out(out: Path, request: PlanRequest) -> None:
     """``--out`` is a folder for plan.html, plan.png and plan.json, none of them an input
     (the --from-run run, the --other-from snapshots)."""
-    from memprobe.io.files import guard_outputs
-    from memprobe.render.plan_page import PLAN_FILES
+    from memprobe.io.files import check_output_file, guard_outputs
+    from memprobe.render.html import refuse_foreign
+    from memprobe.render.plan_page import PLAN_FILE_WHAT, PLAN_FILES
     from memprobe.results import run_inputs
 
     # The folder, or the nearest part of its path that exists, must be a folder.
@@ -61,6 +62,10 @@ def _check_out(out: Path, request: PlanRequest) -> None:
     inputs = [*(run_inputs(request.from_run) if request.from_run else []),
               *map(Path, request.other_from)]  # fmt: skip
     guard_outputs({f"--out {name}": out / name for name in PLAN_FILES}, inputs)
+    for name, what in zip(PLAN_FILES, PLAN_FILE_WHAT, strict=True):
+        check_output_file(out / name, what=what)
+    # As the report's: a plan.html, plan.png or plan.json of the user's own is not replaced.
+    refuse_foreign([out / name for name in PLAN_FILES], writer="plan")
 
 
 def _single(text: str, flag: str, example: str) -> int:

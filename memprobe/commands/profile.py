@@ -14,7 +14,7 @@ from memprobe.allocator import parse_alloc_conf
 from memprobe.commands.attribute import attribution_output
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
-from memprobe.io.files import guard_outputs
+from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.text import printable
 from memprobe.records import DEVICES
 
@@ -44,6 +44,9 @@ def profile_command(
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     outputs = {"--out": out, "--html": html_path}
     guard_outputs(outputs, [])
+    for path, what in ((out, "snapshot"), (html_path, "HTML page")):
+        if path is not None:
+            check_output_file(path, what=what)
     # torch only now: the CLI starts without it.
     from memprobe.profile import load_step, profile_step
     from memprobe.snapshot.write import write_snapshot

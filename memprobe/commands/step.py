@@ -15,7 +15,7 @@ import typer
 from memprobe.commands import sharded_flags as sharded
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
-from memprobe.io.files import guard_outputs
+from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.sizes import format_bytes, parse_budget
 from memprobe.io.text import printable
 
@@ -181,6 +181,8 @@ def step_command(
     conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
     guard_outputs({"--out": out}, [source])
+    if out is not None:
+        check_output_file(out, what="snapshot")
     step = build_step(config, tokens=tokens, **step_flags)
     from memprobe.profile.step import simulate_step
 

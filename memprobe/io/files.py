@@ -54,6 +54,14 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
     return target
 
 
+def check_output_file(path: str | os.PathLike[str], *, what: str) -> None:
+    """:func:`write_atomic`'s refusal of a folder, device, FIFO or socket at ``path``,
+    made before a command's work: a step or plan that runs for minutes otherwise failed
+    only at its last line, when it wrote. ``what`` is the name write_atomic is given."""
+    target = Path(path)
+    _refuse_special(target, f"{what} {target}")
+
+
 def _refuse_special(target: Path, label: str) -> None:
     """A device, FIFO, socket or folder at ``target`` is never replaced: moving a file
     onto it would swap a device node (``--out /dev/null`` run as root) for a file."""

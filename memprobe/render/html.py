@@ -7,6 +7,7 @@ shows; the markup is the template's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe.errors import UserError
-from memprobe.io.files import write_atomic
+from memprobe.io.files import read_regular, write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
 from memprobe.render.canvas import made_by_memprobe
@@ -42,7 +43,7 @@ from memprobe.report.headline import (
     why_sentence,
 )
 from memprobe.report.page import Page, build_page
-from memprobe.results import missing
+from memprobe.results import MAX_JSON_BYTES, missing
 
 REPORT_NAME = "report.html"
 
@@ -327,7 +328,7 @@ def write_report(
         )
     plots = render_plots(model)
     paths = _plot_paths(target)
-    _refuse_foreign([target, *(p for n, p in paths.items() if plots.images[n] is not None)])
+    refuse_foreign([target, *(p for n, p in paths.items() if plots.images[n] is not None)])
     for name, path in _plot_paths(target).items():
         png = plots.images[name]
         if png is not None:
@@ -341,17 +342,32 @@ def _made_by_memprobe(path: Path) -> bool:
     head = path.read_bytes()[:4096] if path.is_file() else b""
     if path.suffix == ".png":
         return made_by_memprobe(head)
+    if path.suffix == ".json":
+        return _plan_rows(path)
     # Pages carry a generator tag; pages from before it, memprobe's own title.
     return b'<meta name="generator" content="memprobe">' in head or b"<title>memprobe " in head
 
 
-def _refuse_foreign(paths: list[Path]) -> None:
-    """A page and its plots replace only files memprobe wrote: a user's own report.html or
-    timeline.png in the --out folder is left alone, and nothing is written."""
+def _plan_rows(path: Path) -> bool:
+    """Whether ``path`` is a plan.json memprobe wrote: a list of the plan's rows, each
+    naming its kernel and the tokens that fit (the file carries no other mark)."""
+    try:
+        rows = json.loads(read_regular(path, what="plan rows", max_bytes=MAX_JSON_BYTES))
+    except (UserError, ValueError, RecursionError):
+        return False
+    return isinstance(rows, list) and all(
+        isinstance(r, dict) and {"kernel", "max_tokens"} <= set(r) for r in rows
+    )
+
+
+def refuse_foreign(paths: list[Path], *, writer: str = "report") -> None:
+    """A page, its plots and a plan's rows replace only files memprobe wrote: a user's own
+    report.html, timeline.png or plan.json in the --out folder is left alone, and nothing
+    is written. ``writer`` names what would replace it."""
     for path in paths:
         if path.exists() and not _made_by_memprobe(path):
             raise UserError(
-                f"{path} exists and was not written by memprobe; the report would replace it",
+                f"{path} exists and was not written by memprobe; the {writer} would replace it",
                 "choose another --out, or move that file",
             )
 

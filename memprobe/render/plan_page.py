@@ -180,6 +180,8 @@ def page_html(plans: Sequence[TokenPlan], budget: Budget, png: bytes, answer: st
 
 # What ``--out DIR`` holds: the page, its plot and the rows.
 PLAN_FILES = ("plan.html", "plan.png", "plan.json")
+# What each is called in a line about it (write_atomic's ``what``).
+PLAN_FILE_WHAT = ("plan", "plan plot", "plan rows")
 
 
 def write_plan_page(
@@ -190,8 +192,9 @@ def write_plan_page(
     png = plot_png(plans, budget)
     answer = answer_line(plans, budget)
     html, image, table = PLAN_FILES
+    said_html, said_image, said_table = PLAN_FILE_WHAT
     return (
-        write_atomic(out_dir / html, page_html(plans, budget, png, answer), what="plan"),
-        write_atomic(out_dir / image, png, what="plan plot"),
-        write_atomic(out_dir / table, json.dumps(rows, indent=1), what="plan rows"),
+        write_atomic(out_dir / html, page_html(plans, budget, png, answer), what=said_html),
+        write_atomic(out_dir / image, png, what=said_image),
+        write_atomic(out_dir / table, json.dumps(rows, indent=1), what=said_table),
     )
