@@ -97,3 +97,72 @@ def test_an_attribute_that_raises_on_reading_is_one_line(
     err = _one_line(*run_cli(*args))
     assert f"reading {attr.split('.')[-1]!r} from" in err and said in err, err
     assert not (here / "run").exists()
+
+
+# -- `memprobe step --kernel` took whatever the kernel returned: a result that is not
+# computed from the logits (a fresh leaf) stopped the backward before the model, so no
+# gradient was made and the peak read about half the step's, exit 0; a scalar or a
+# transposed result passed too, where sweep and plan refuse them
+
+STEP_KERNELS = {
+    "a fresh leaf": (
+        "    return torch.zeros(targets.shape, device=logits.device, requires_grad=True)\n",
+        "do not depend on its logits",
+    ),
+    "a leaf computed beside the logits": (
+        "    w = torch.zeros((), device=logits.device, requires_grad=True)\n"
+        "    return torch.zeros(targets.shape, device=logits.device) * w\n",
+        "do not depend on its logits",
+    ),
+    "a scalar": (
+        "    return torch.log_softmax(logits.float(), -1).sum()\n",
+        "a float32 tensor of shape []",
+    ),
+    "transposed": (
+        "    lp = torch.log_softmax(logits.float(), -1)\n"
+        "    return lp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).T\n",
+        "of shape [64, 1]",
+    ),
+    "the whole log-softmax": (
+        "    return torch.log_softmax(logits.float(), -1)\n",
+        "of shape [1, 64, 512]",
+    ),
+    "a tuple": ("    return (logits.float().sum(-1),)\n", "returned tuple"),
+}
+
+
+@pytest.mark.parametrize("kernel", STEP_KERNELS, ids=list(STEP_KERNELS))
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+def test_a_step_kernel_is_held_to_the_kernel_contract(
+    run_cli: Any, here: Path, kernel: str, command: str
+) -> None:
+    body, said = STEP_KERNELS[kernel]
+    source = "import torch\ndef k(logits, targets, *, chunk_size=None):\n" + body
+    target = f"{_module(here, 'r12_stepk', source)}:k"
+    config = _config(here)
+    args = {
+        "step": ["step", "--config", config, "--tokens", "64", "--kernel", target],
+        "plan --step": [
+            "plan",
+            "--step",
+            "--config",
+            config,
+            "--budget",
+            "1GiB",
+            "--no-reserved",
+            "--kernel",
+            target,
+        ],  # fmt: skip
+    }[command]
+    err = _one_line(*run_cli(*args))
+    # The plan bisects over other token counts: its shapes differ from these.
+    assert said in err or (command == "plan --step" and "log-prob per target" in err), err
+
+
+def test_a_step_kernel_that_keeps_the_contract_still_runs(run_cli: Any, here: Path) -> None:
+    target = f"{_module(here, 'r12_stepk_ok', TINY_KERNEL)}:k"
+    code, out, err = run_cli(
+        "step", "--config", _config(here), "--tokens", "64", "--kernel", target, "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["peak_allocated_bytes"] > 0
