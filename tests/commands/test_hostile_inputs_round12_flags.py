@@ -166,3 +166,44 @@ def test_a_step_kernel_that_keeps_the_contract_still_runs(run_cli: Any, here: Pa
     )
     assert code == 0, err
     assert json.loads(out)["peak_allocated_bytes"] > 0
+
+
+# -- --alloc-conf backend:cudaMallocAsync: attribute --replay refused it, but sweep (meta,
+# cpu), plan, plan --step, step and profile took it and printed the native allocator
+# model's reserved peak as that backend's ("planned on memprobe's model of the CUDA
+# caching allocator with backend:cudaMallocAsync")
+
+ASYNC = ["backend:cudaMallocAsync", "expandable_segments:True,backend:cudaMallocAsync"]
+
+
+@pytest.mark.parametrize("conf", ASYNC, ids=["alone", "with another option"])
+@pytest.mark.parametrize(
+    "command", ["sweep", "sweep --device cpu", "plan", "plan --step", "step", "profile"]
+)
+def test_an_allocator_backend_the_model_is_not_is_refused(
+    run_cli: Any, here: Path, conf: str, command: str
+) -> None:
+    sweep = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+             "--out", str(here / "run"), "-q", "--no-verify"]  # fmt: skip
+    plan = ["plan", "--budget", "1GiB"]
+    args = {
+        "sweep": sweep,
+        "sweep --device cpu": [*sweep, "--device", "cpu"],
+        "plan": [*plan, "--vocab", "256", "--kernel", "local_chunked"],
+        "plan --step": [*plan, "--step", "--config", _config(here)],
+        "step": ["step", "--config", _config(here), "--tokens", "64"],
+        "profile": [
+            "profile",
+            f"{_module(here, 'r12_async_step', TINY_STEP)}:step",
+        ],
+    }[command]
+    err = _one_line(*run_cli(*args, "--alloc-conf", conf))
+    assert "not backend:cudaMallocAsync" in err, err
+    assert not (here / "run").exists()
+
+
+def test_the_native_backend_named_is_still_modelled(run_cli: Any) -> None:
+    args = ["plan", "--vocab", "256", "--kernel", "local_chunked", "--budget", "1GiB"]
+    code, out, err = run_cli(*args, "--alloc-conf", "backend:native", "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["max_tokens"] > 0
