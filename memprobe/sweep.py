@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
-from memprobe.allocator import AllocConf, parse_alloc_conf
+from memprobe.allocator import AllocConf, modelled_alloc_conf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
 from memprobe.kernels import get_spec, kernel_names
@@ -224,7 +224,7 @@ class SweepOutcome:
 def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> SweepOutcome:
     """Plan (or resume) the cases, join the torchrun ranks when there are any, and run
     them into the run directory under the requested allocator settings."""
-    conf = parse_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
+    conf = modelled_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
     if request.resume is not None and request.resume.is_dir():
         # A resumed run keeps the allocator settings it started with.
         recorded = results.read_run_meta(request.resume).get("alloc_conf")

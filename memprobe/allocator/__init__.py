@@ -10,7 +10,12 @@ Pure Python (no torch import). The pieces:
   compare with what the real allocator did.
 """
 
-from memprobe.allocator.config import AllocConf, alloc_conf_from_env, parse_alloc_conf
+from memprobe.allocator.config import (
+    AllocConf,
+    alloc_conf_from_env,
+    modelled_alloc_conf,
+    parse_alloc_conf,
+)
 from memprobe.allocator.model import (
     AllocatorStats,
     CachingAllocatorModel,
@@ -33,6 +38,7 @@ __all__ = [
     "OutOfMemory",
     "Simulation",
     "alloc_conf_from_env",
+    "modelled_alloc_conf",
     "allocation_size",
     "conf_from_snapshot",
     "parse_alloc_conf",

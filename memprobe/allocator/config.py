@@ -315,6 +315,21 @@ def parse_alloc_conf(text: str | None) -> AllocConf:
     return AllocConf(**fields, unmodelled=tuple(unmodelled))  # type: ignore[arg-type]
 
 
+def modelled_alloc_conf(text: str) -> AllocConf:
+    """``--alloc-conf`` text for memprobe's allocator model (sweep, plan, step, profile,
+    attribute --replay): parsed, and refused when it names another backend. The model is
+    torch's native caching allocator: under ``backend:cudaMallocAsync`` its reserved peak
+    would be the native figure printed as that backend's."""
+    conf = parse_alloc_conf(text)
+    if not conf.is_modelled:
+        raise UserError(
+            f"--alloc-conf {text}: memprobe models torch's native caching allocator "
+            f"only, not backend:{conf.backend}",
+            "drop the backend option: the model's figures are the native allocator's",
+        )
+    return conf
+
+
 def alloc_conf_from_env(environ: Mapping[str, str] | None = None) -> AllocConf:
     """The settings torch would read at startup: ``PYTORCH_ALLOC_CONF``, else its older
     alias ``PYTORCH_CUDA_ALLOC_CONF``."""

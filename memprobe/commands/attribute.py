@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memprobe.allocator import DeviceReplay, parse_alloc_conf, replay_snapshot
+from memprobe.allocator import DeviceReplay, modelled_alloc_conf, replay_snapshot
 from memprobe.attribute import DEFAULT_TOP, attribute_devices
 from memprobe.attribute.what_if import WhatIf, check_what_if_kernel
 from memprobe.attribute.what_if import what_if as predict_with
@@ -57,15 +57,7 @@ def attribute_command(
     budget_bytes = parse_budget(budget) if budget is not None else None
     if what_if is not None:
         check_what_if_kernel(what_if)  # before the snapshot is read
-    conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
-    if conf is not None and not conf.is_modelled:
-        # The model is torch's native caching allocator: under another backend its
-        # "this job would have reserved" would be the native figure, said of that one.
-        raise UserError(
-            f"--alloc-conf {alloc_conf}: memprobe models torch's native caching allocator "
-            f"only, not backend:{conf.backend}",
-            "drop the backend option (a what-if of the native allocator's settings)",
-        )
+    conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     if html_path is not None:
         # Before anything is read or written: the page must not replace the snapshot.
         guard_outputs({"--html": html_path}, [Path(snapshot)])

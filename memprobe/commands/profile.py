@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memprobe.allocator import parse_alloc_conf
+from memprobe.allocator import modelled_alloc_conf
 from memprobe.commands.attribute import attribution_output
 from memprobe.commands.flags import MAX_COUNT, user_errors
 from memprobe.errors import UserError
@@ -41,7 +41,7 @@ def profile_command(
             "--alloc-conf applies to the allocator model (meta, cpu)",
             "on cuda set PYTORCH_ALLOC_CONF in the environment instead",
         )
-    conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     outputs = {"--out": out, "--html": html_path}
     guard_outputs(outputs, [])
     for path, what in ((out, "snapshot"), (html_path, "HTML page")):

@@ -175,10 +175,10 @@ def step_command(
     **step_flags: Any,
 ) -> str:
     """Simulate the step; write the snapshot to ``out`` when given; return the text."""
-    from memprobe.allocator import parse_alloc_conf
+    from memprobe.allocator import modelled_alloc_conf
 
     budget_bytes = parse_budget(budget) if budget is not None else None
-    conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
     guard_outputs({"--out": out}, [source])
     if out is not None:
@@ -314,7 +314,7 @@ def plan_step_lines(
     **sharded: Any,
 ) -> list[str]:
     """``memprobe plan --step --config CONFIG``: the plan table for the whole step."""
-    from memprobe.allocator import parse_alloc_conf
+    from memprobe.allocator import modelled_alloc_conf
     from memprobe.commands.flags import name_list, positive_ints
 
     if not step or config is None:
@@ -328,7 +328,7 @@ def plan_step_lines(
     from memprobe.render.plan_text import answer_line, plan_table
 
     limit = plan.make_budget(parse_budget(budget))
-    conf = parse_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     base = build_step(
         config,
         tokens=1,

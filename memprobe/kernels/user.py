@@ -278,6 +278,16 @@ def import_callable(path: str, *, what: str, hint: str) -> Any:
                 f"check the spelling; {module_name} defines "
                 f"{_public_names(module) or 'no public names'}",
             ) from None
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
+            # A module's own __getattr__ (PEP 562) or a class property that raises
+            # something else, or exits: a traceback out of memprobe without this.
+            raise UserError(
+                f"{what} {path!r}: reading {part!r} from {module_name!r} failed: "
+                f"{exception_text(exc)}",
+                hint,
+            ) from None
     if not callable(fn):
         raise UserError(f"{what} {path!r} is a {type(fn).__name__}, not a callable", hint)
     return fn

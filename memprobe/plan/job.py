@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memprobe.allocator import parse_alloc_conf
+from memprobe.allocator import modelled_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
@@ -127,7 +127,7 @@ def run_plan_job(
         request.budget, request.other, request.other_from, vocab=request.vocab
     )
     if request.alloc_conf is not None:
-        parse_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
+        modelled_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
     rows = read_rows(request.from_run) if request.from_run is not None else None
     if rows is not None and not any(r.get("fwd_time_s") is not None for r in rows):
         # Its times are all --from-run reads: without any, the flag would change nothing.

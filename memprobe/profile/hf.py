@@ -26,6 +26,7 @@ import torch
 from memprobe.errors import UserError
 from memprobe.io.text import printable
 from memprobe.kernels.registry import get_spec
+from memprobe.measure.step import checked_output
 from memprobe.profile.hf_config import check_ratios, check_sizes, load_error, read_config_json
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype
@@ -311,24 +312,43 @@ class HFStep:
         targets = torch.randint(0, self.vocab, (self.batch, self.tokens), device=device)
         fn: Any = get_spec(self.kernel).fn
         lm: Any = model  # transformers' PreTrainedModel: base_model, get_output_embeddings
+        reached: list[bool] = []
+
+        def mark_grad(grad: torch.Tensor) -> None:
+            # Backward reaches the logits (or hidden states): the kernel's backward is done.
+            reached.append(True)
+            mark(LOGPROB_GRAD)
+
         if self.hidden_route:
             hidden = lm.base_model(input_ids=ids, use_cache=False).last_hidden_state
             weight = lm.get_output_embeddings().weight
-            hidden.register_hook(_mark_grad)
+            hidden.register_hook(mark_grad)
             mark(LOGPROB_START)
-            logprobs = fn(hidden, weight, targets, chunk_size=self.chunk_size)
+            out = fn(hidden, weight, targets, chunk_size=self.chunk_size)
         else:
             logits = lm(input_ids=ids, use_cache=False).logits
-            logits.register_hook(_mark_grad)
+            logits.register_hook(mark_grad)
             mark(LOGPROB_START)
-            logprobs = fn(logits, targets, chunk_size=self.chunk_size, **self.logprob_kwargs())
+            out = fn(logits, targets, chunk_size=self.chunk_size, **self.logprob_kwargs())
             del logits  # the kernel holds what it saved; the step keeps no other reference
+        # The contract the sweep and plan hold a kernel to (one log-prob per target).
+        logprobs = checked_output(out, targets)
+        del out
         loss = -logprobs.mean()
         mark(LOGPROB_END)
         del logprobs
         mark(BACKWARD_START)
         loss.backward()
         del loss
+        if not reached:
+            # A result that is not computed from the kernel's input (a fresh leaf): the
+            # backward stopped at it and never reached the model, so no gradient was
+            # made and the peak read about half the real step's.
+            raise ValueError(
+                "the kernel's log-probs do not depend on its "
+                f"{'hidden states' if self.hidden_route else 'logits'}: the backward never "
+                "reached the model"
+            )
         if self.master_weights:
             for m, p in zip(master, params, strict=True):
                 m.grad = p.grad.float() if p.grad is not None else None
@@ -339,11 +359,6 @@ class HFStep:
             with torch.no_grad():
                 for m, p in zip(master, params, strict=True):
                     p.copy_(m)
-
-
-def _mark_grad(grad: torch.Tensor) -> None:
-    # Backward reaches the logits (or hidden states): the kernel's backward is done.
-    mark(LOGPROB_GRAD)
 
 
 def _optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer | None:
