@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import one_line
 
 
 def _snapshot(made_run: Path) -> Path:
@@ -23,12 +24,6 @@ def _tampered(made_run: Path, to: Path, change: Callable[[dict[str, Any]], Any])
     change(data)
     to.write_bytes(pickle.dumps(data, protocol=4))
     return to
-
-
-def _one_line(code: int, out: str, err: str) -> str:
-    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
-    assert "Traceback" not in err
-    return err
 
 
 def _no_control_characters(text: str) -> None:
@@ -69,7 +64,7 @@ def test_segments_that_share_addresses_are_refused(
         if command != ["diff"]
         else ["diff", str(_snapshot(made_run)), str(bad)]
     )
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert f"segments[{later}] overlaps segments[{earlier}] on device 0" in err, err
 
 
@@ -120,7 +115,7 @@ def test_a_trace_of_no_known_action_is_refused(
         "diff": ["diff", str(_snapshot(made_run)), bad],
         "--what-if": ["attribute", bad, "--what-if", "local_chunked"],
     }[command]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert "device_traces[0] has " in err and "none is an action memprobe reads" in err, err
     _no_control_characters(err)
 
@@ -315,7 +310,7 @@ def test_a_name_too_long_for_the_file_system_is_one_line(
 ) -> None:  # fmt: skip
     monkeypatch.chdir(tmp_path)
     what, args = _long_paths(made_run)[index]
-    err = _one_line(*run_cli(*args(LONG_NAMES[long])))
+    err = one_line(*run_cli(*args(LONG_NAMES[long])))
     assert "File name too long" in err, (what, err)
     assert list(tmp_path.iterdir()) == [], "nothing is written"
 
@@ -460,7 +455,7 @@ def test_more_rows_than_a_run_holds_are_refused(
         "gate --baseline": ["gate", str(made_run), "--baseline", str(run)],
         "plan --from-run": ["plan", "--vocab", "256", "--budget", "1GiB", "--from-run", str(run)],
     }[command]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert f"holds {MAX_CASES + 1:,} rows; a run holds at most {MAX_CASES:,} cases" in err
 
 
@@ -475,7 +470,7 @@ def test_a_plan_of_more_cases_than_a_run_holds_is_not_resumed(
     case = meta["cases"][0]
     meta["cases"] = [dict(case, tokens=64 + i) for i in range(MAX_CASES + 1)]
     (run / "run.json").write_text(json.dumps(meta))
-    err = _one_line(*run_cli("sweep", "--resume", str(run), "--no-verify", "-q"))
+    err = one_line(*run_cli("sweep", "--resume", str(run), "--no-verify", "-q"))
     assert f"holds {MAX_CASES + 1:,} cases; a run holds at most {MAX_CASES:,} cases" in err
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import user_module
 from launch import forked_torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,12 +25,6 @@ TINY_KERNEL = (
     "{body}"
     "    return get_kernel('unchunked')(logits, targets)\n"
 )
-
-
-def _module(here: Path, stem: str, body: str) -> str:
-    name = f"{stem}_{abs(hash(body)) % 10**8}"
-    (here / f"{name}.py").write_text(body)
-    return name
 
 
 def _memprobe(cwd: Path, *args: str, stdout_closed: bool = False) -> Any:
@@ -60,7 +55,7 @@ def test_a_thread_user_code_leaves_running_does_not_keep_memprobe(
         ),
     }[where]
     body = "import threading, time, torch\n" + start + TINY_STEP
-    name = _module(here, "r10_forever", body)
+    name = user_module(here, "r10_forever", body)
     code, out, err = run_cli("profile", f"{name}:step", "--json")
     assert code == 0, err
     assert json.loads(out)["peak_allocated_bytes"] > 0
@@ -73,7 +68,7 @@ def test_a_kernels_thread_left_running_does_not_keep_memprobe(run_cli: Any, here
     import threading
 
     body = "import threading, time\n" + TINY_KERNEL.format(body=f"    {FOREVER}")
-    kernel = _module(here, "r10_kforever", body) + ":k"
+    kernel = user_module(here, "r10_kforever", body) + ":k"
     args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel, "--no-reserved"]
     code, out, err = run_cli(*args, "--json")
     assert code == 0, err
@@ -358,7 +353,7 @@ def test_anomaly_detection_user_code_turns_on_is_put_back(
     import torch
 
     body = "import torch\n" + TINY_KERNEL.format(body=f"    {ANOMALY[what]}\n")
-    kernel = _module(here, "r10_anomaly", body) + ":k"
+    kernel = user_module(here, "r10_anomaly", body) + ":k"
     flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
     args = [*flags, "--no-verify", "--kernel", f"{kernel},unchunked,local_chunked"]
     code, _, err = run_cli("sweep", *args, "--out", "o")

@@ -10,16 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import one_line
 
 
 def _snapshot(made_run: Path) -> Path:
     return next((made_run / "snapshots").glob("*.pickle"))
-
-
-def _one_line(code: int, out: str, err: str) -> str:
-    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
-    assert "Traceback" not in err
-    return err
 
 
 # -- a trace action that is not a string but unhashable (a list, a dict): the fast path's
@@ -44,7 +39,7 @@ def test_an_unhashable_trace_action_is_one_line(
         "diff": ["diff", str(_snapshot(made_run)), str(bad)],
         "plan": ["plan", "--vocab", "128", "--budget", "1GiB", "--other-from", str(bad)],
     }[command]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert f"[{0 if first else 3}] has no 'action'" in err, err
 
 
@@ -121,7 +116,7 @@ def test_a_sweep_that_cannot_write_its_run_json_leaves_no_claim(
             "unchunked", "--device", "meta", "--out", str(run), "-q", "--no-verify"]  # fmt: skip
     with monkeypatch.context() as patch:
         patch.setattr(results, "write_atomic", full)
-        err = _one_line(*run_cli(*args))
+        err = one_line(*run_cli(*args))
     assert "No space left on device" in err
     assert not (run / "run.json").exists()
     code, out, err = run_cli(*args)

@@ -10,13 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import one_line
 from small_config import SMALL
-
-
-def _one_line(code: int, out: str, err: str) -> str:
-    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
-    assert "Traceback" not in err
-    return err
 
 
 def _edited(made_run: Path, tmp_path: Path, name: str, **row: Any) -> Path:
@@ -45,7 +40,7 @@ def test_a_peak_of_zero_bytes_is_one_line(
         "gate --baseline": ["gate", str(made_run), "--baseline", str(bad)],
         "plan --from-run": ["plan", "--vocab", "128", "--budget", "1GiB", "--from-run", str(bad)],
     }[command]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert "row 0 peak_bytes 0 is not positive" in err, err
     assert not (tmp_path / "page.html").exists()
 
@@ -92,7 +87,7 @@ def test_resume_refuses_a_planned_case_no_sweep_runs(
 ) -> None:
     run = _planning(made_run, tmp_path, **case)
     before = (run / "results.json").read_bytes()
-    err = _one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-report"))
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-report"))
     assert f"cannot resume {run}: its run.json plans " in err and why in err, err
     assert (run / "results.json").read_bytes() == before
 
@@ -139,7 +134,7 @@ def test_a_config_that_is_not_readable_toml_says_what_is_wrong(
     else:
         (here / "pyproject.toml").write_bytes(data)
         args = ["gate"]  # its own sweep, planned from the file's [tool.memprobe.sweep]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert why in err and "permissions" not in err, err
     assert not (here / "reports").exists()
 
@@ -179,7 +174,7 @@ def test_an_unwritable_output_file_is_refused_before_the_work(
         "step": ["step", "--config", "config.json", "--tokens", "64", "--out", str(special)],
         "profile": ["profile", "r12_step:step", flag, str(special)],
     }[command.split()[0]]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     what = "HTML page" if flag == "--html" else "snapshot"
     assert f"cannot write {what} {special}: it is a" in err and "not a regular file" in err, err
     assert not (here / "ran").exists()
@@ -196,7 +191,7 @@ def test_plan_refuses_an_unwritable_page_before_the_search(
     out = tmp_path / "p"
     out.mkdir()
     (out / name).mkdir() if kind == "folder" else os.mkfifo(out / name)
-    err = _one_line(*run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--out", str(out)))
+    err = one_line(*run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--out", str(out)))
     assert f"{out / name}: it is a" in err and "not a regular file" in err, err
 
 
@@ -223,7 +218,7 @@ def test_plan_leaves_a_users_own_plan_file_alone(
     out.mkdir()
     mine = out / which.split()[0]
     mine.write_bytes(FOREIGN[which])
-    err = _one_line(*run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--out", str(out)))
+    err = one_line(*run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--out", str(out)))
     assert f"{mine} exists and was not written by memprobe; the plan would replace it" in err
     assert mine.read_bytes() == FOREIGN[which]
     assert sorted(p.name for p in out.iterdir()) == [mine.name]

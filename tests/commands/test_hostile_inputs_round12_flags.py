@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import one_line, user_module
 from small_config import SMALL
 
 TINY_STEP = (
@@ -21,18 +22,6 @@ TINY_KERNEL = (
     "def k(logits, targets, *, chunk_size=None):\n"
     "    return get_kernel('unchunked')(logits, targets)\n"
 )
-
-
-def _module(here: Path, stem: str, body: str) -> str:
-    name = f"{stem}_{abs(hash(body)) % 10**8}"
-    (here / f"{name}.py").write_text(body)
-    return name
-
-
-def _one_line(code: int, out: str, err: str) -> str:
-    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
-    assert "Traceback" not in err
-    return err
 
 
 def _config(here: Path) -> str:
@@ -75,7 +64,7 @@ def test_an_attribute_that_raises_on_reading_is_one_line(
     run_cli: Any, here: Path, getter: str, command: str
 ) -> None:
     body, attr, said = GETTERS[getter]
-    target = f"{_module(here, 'r12_getter', body)}:{attr}"
+    target = f"{user_module(here, 'r12_getter', body)}:{attr}"
     args = {
         "profile": ["profile", target],
         "plan --kernel": ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", target],
@@ -94,7 +83,7 @@ def test_an_attribute_that_raises_on_reading_is_one_line(
             "--no-verify",
         ],  # fmt: skip
     }[command]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert f"reading {attr.split('.')[-1]!r} from" in err and said in err, err
     assert not (here / "run").exists()
 
@@ -138,7 +127,7 @@ def test_a_step_kernel_is_held_to_the_kernel_contract(
 ) -> None:
     body, said = STEP_KERNELS[kernel]
     source = "import torch\ndef k(logits, targets, *, chunk_size=None):\n" + body
-    target = f"{_module(here, 'r12_stepk', source)}:k"
+    target = f"{user_module(here, 'r12_stepk', source)}:k"
     config = _config(here)
     args = {
         "step": ["step", "--config", config, "--tokens", "64", "--kernel", target],
@@ -154,13 +143,13 @@ def test_a_step_kernel_is_held_to_the_kernel_contract(
             target,
         ],  # fmt: skip
     }[command]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     # The plan bisects over other token counts: its shapes differ from these.
     assert said in err or (command == "plan --step" and "log-prob per target" in err), err
 
 
 def test_a_step_kernel_that_keeps_the_contract_still_runs(run_cli: Any, here: Path) -> None:
-    target = f"{_module(here, 'r12_stepk_ok', TINY_KERNEL)}:k"
+    target = f"{user_module(here, 'r12_stepk_ok', TINY_KERNEL)}:k"
     code, out, err = run_cli(
         "step", "--config", _config(here), "--tokens", "64", "--kernel", target, "--json"
     )
@@ -194,10 +183,10 @@ def test_an_allocator_backend_the_model_is_not_is_refused(
         "step": ["step", "--config", _config(here), "--tokens", "64"],
         "profile": [
             "profile",
-            f"{_module(here, 'r12_async_step', TINY_STEP)}:step",
+            f"{user_module(here, 'r12_async_step', TINY_STEP)}:step",
         ],
     }[command]
-    err = _one_line(*run_cli(*args, "--alloc-conf", conf))
+    err = one_line(*run_cli(*args, "--alloc-conf", conf))
     assert "not backend:cudaMallocAsync" in err, err
     assert not (here / "run").exists()
 

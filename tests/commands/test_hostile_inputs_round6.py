@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import user_module
 from small_config import SMALL
 
 from memprobe.errors import UserError
@@ -40,16 +41,10 @@ LEAVES = {
 }
 
 
-def _module(here: Path, stem: str, body: str) -> str:
-    name = f"{stem}_{abs(hash(body)) % 10**8}"
-    (here / f"{name}.py").write_text(body)
-    return name
-
-
 @pytest.mark.parametrize("how", sorted(LEAVES))
 def test_a_step_leaving_by_a_base_exception_is_one_line(run_cli, here: Path, how: str) -> None:
     prelude, says = LEAVES[how]
-    name = _module(here, "r6_step", prelude + "def step(device):\n    raise LEAVE\n")
+    name = user_module(here, "r6_step", prelude + "def step(device):\n    raise LEAVE\n")
     code, out, err = run_cli("profile", f"{name}:step", "--out", "p.pickle")
     assert code == 2 and not out, err
     (line,) = err.strip().splitlines()
@@ -62,7 +57,7 @@ def test_a_module_leaving_by_a_base_exception_on_import_is_one_line(
     run_cli, here: Path, how: str
 ) -> None:
     prelude, _ = LEAVES[how]
-    name = _module(here, "r6_import", prelude + "raise LEAVE\n")
+    name = user_module(here, "r6_import", prelude + "raise LEAVE\n")
     code, _, err = run_cli("profile", f"{name}:step")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"importing {name!r} failed: " in err and "Traceback" not in err
@@ -72,7 +67,7 @@ def test_a_module_leaving_by_a_base_exception_on_import_is_one_line(
 def test_a_kernel_leaving_by_a_base_exception(run_cli, here: Path, how: str) -> None:
     prelude, says = LEAVES[how]
     body = prelude + "def k(logits, targets, *, chunk_size=None):\n    raise LEAVE\n"
-    kernel = _module(here, "r6_kernel", body) + ":k"
+    kernel = user_module(here, "r6_kernel", body) + ":k"
     code, out, err = run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel)
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert f"{kernel} failed in the meta simulation" in err and says in err
@@ -110,7 +105,7 @@ MOVES = {
 @pytest.mark.parametrize("where", sorted(MOVES))
 def test_a_step_that_moves_the_current_directory(run_cli, here: Path, where: str) -> None:
     body = "import os, torch\ndef step(device):\n    torch.empty(10, device=device)\n    "
-    name = _module(here, "r6_chdir", body + MOVES[where] + "\n")
+    name = user_module(here, "r6_chdir", body + MOVES[where] + "\n")
     code, _, err = run_cli("profile", f"{name}:step", "--out", "p.pickle", "--html", "p.html")
     assert code == 0, err
     assert (here / "p.pickle").is_file() and (here / "p.html").is_file()
@@ -127,7 +122,7 @@ def test_a_kernel_or_module_that_moves_the_current_directory(
         + MOVES[where]
         + "\n    return get_kernel('unchunked')(logits, targets)\n"
     )
-    kernel = _module(here, "r6_kchdir", body) + ":k"
+    kernel = user_module(here, "r6_kchdir", body) + ":k"
     flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
     code, _, err = run_cli(
         "sweep", "--no-report", *flags, "--no-verify", "--kernel", kernel, "--out", "o"
@@ -135,7 +130,7 @@ def test_a_kernel_or_module_that_moves_the_current_directory(
     assert code == 0, err
     (row,) = json.loads((here / "o" / "results.json").read_text())["rows"]
     assert row["status"] == "ok" and Path.cwd() == here
-    at_import = _module(here, "r6_ichdir", "import os\n" + MOVES[where].replace("\n    ", "\n"))
+    at_import = user_module(here, "r6_ichdir", "import os\n" + MOVES[where].replace("\n    ", "\n"))
     code, _, err = run_cli("profile", f"{at_import}:step")
     assert code == 2 and "has no attribute 'step'" in err and Path.cwd() == here
 
@@ -328,7 +323,7 @@ def test_a_step_returning_what_would_run_its_body_is_one_line(
     run_cli, here: Path, what: str
 ) -> None:
     body = "import torch\n" + RETURNS[what] + "def step(device):\n    return body(device)\n"
-    name = _module(here, "r6_returns", body)
+    name = user_module(here, "r6_returns", body)
     code, out, err = run_cli("profile", f"{name}:step", "--out", "p.pickle")
     assert code == 2 and not out, err
     (line,) = err.strip().splitlines()
@@ -338,6 +333,6 @@ def test_a_step_returning_what_would_run_its_body_is_one_line(
 
 def test_a_step_returning_a_value_is_still_profiled(run_cli, here: Path) -> None:
     body = "import torch\ndef step(device):\n    return [torch.empty(8, device=device), 'done']\n"
-    name = _module(here, "r6_value", body)
+    name = user_module(here, "r6_value", body)
     code, _, err = run_cli("profile", f"{name}:step", "--out", "p.pickle")
     assert code == 0 and (here / "p.pickle").is_file(), err

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import one_line
 
 STEP = """\
 import torch
@@ -47,12 +48,6 @@ def step_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         sys.argv, sys.path[:] = argv, path
     return out
-
-
-def _one_line(code: int, out: str, err: str) -> str:
-    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
-    assert "Traceback" not in err
-    return err
 
 
 def _relabel(snapshot: Path, to: Path, old: str, new: str) -> Path:
@@ -159,7 +154,7 @@ def test_a_row_no_sweep_writes_is_one_line(
         "resume": ["sweep", "--resume", str(run), "-q", "--no-verify"],
     }[command]
     before = (run / "results.json").read_bytes()
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert says in err and "row 0" in err
     assert (run / "results.json").read_bytes() == before
     assert not (tmp_path / "page.html").exists()
@@ -281,7 +276,7 @@ def test_a_max_peak_without_a_unit_below_a_mib_is_refused(
     monkeypatch.chdir(tmp_path)
     rule = f'[tool.memprobe.gate]\nrules = [{{ kernel = "*", max_peak = {value} }}]\n'
     (tmp_path / "pyproject.toml").write_text(rule)
-    err = _one_line(*run_cli("gate", str(made_run), "--junit-xml", "j.xml"))
+    err = one_line(*run_cli("gate", str(made_run), "--junit-xml", "j.xml"))
     assert UNITLESS[value] in err and "rules[0]" in err and "GiB" in err
     assert not (tmp_path / "j.xml").exists()
 
@@ -304,7 +299,7 @@ def test_an_empty_device_list_in_a_rule_is_refused(
     monkeypatch.chdir(tmp_path)
     rule = '[tool.memprobe.gate]\nrules = [{ kernel = "*", device = [], max_peak = "1 GiB" }]\n'
     (tmp_path / "pyproject.toml").write_text(rule)
-    err = _one_line(*run_cli("gate", str(made_run)))
+    err = one_line(*run_cli("gate", str(made_run)))
     assert "rules[0]: 'device' is an empty list" in err
 
 
@@ -372,7 +367,7 @@ def test_junit_never_replaces_a_file_of_the_run(
     shutil.copytree(made_run, run)
     before = _tree(run)
     for flag in ("--junit-xml", "--update-baseline"):
-        err = _one_line(*run_cli("gate", "run", flag, f"run/{name}"))
+        err = one_line(*run_cli("gate", "run", flag, f"run/{name}"))
         assert f"would overwrite run/{name}, an input of this command" in err
     assert _tree(run) == before
 
@@ -412,7 +407,7 @@ def test_resume_refuses_a_snapshots_folder_that_is_not_the_runs(
     else:
         os.mkfifo(run / "snapshots")
     before = _tree(run)
-    err = _one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
     assert f"cannot resume {run}: {run / 'snapshots'} is" in err
     assert not list(elsewhere.iterdir()) and _tree(run) == before
 
@@ -476,7 +471,7 @@ def test_other_from_a_step_at_another_vocabulary_is_refused(
     run_cli, step_snapshot: Path, vocab: str
 ) -> None:
     """Read as this job's "other": the answer planned a job whose lm_head the file lacks."""
-    err = _one_line(*run_cli(*PLAN, "--vocab", vocab, "--other-from", str(step_snapshot)))
+    err = one_line(*run_cli(*PLAN, "--vocab", vocab, "--other-from", str(step_snapshot)))
     assert f"its loss is over a vocabulary of 256, and this plan's --vocab is {int(vocab):,}" in err
 
 
@@ -492,7 +487,7 @@ def test_other_from_past_the_budget_names_other_from(
     big.write_bytes(pickle.dumps(data, protocol=4))
     for others in ([big], [big, step_snapshot]):
         paths = ",".join(map(str, others))
-        err = _one_line(*run_cli(*PLAN, "--vocab", "256", "--other-from", paths))
+        err = one_line(*run_cli(*PLAN, "--vocab", "256", "--other-from", paths))
         assert "the rest of the job read from --other-from holds 1.00 GiB" in err
         assert "--other " not in err and "more than --budget 1.00 GiB" in err
 
@@ -540,7 +535,7 @@ def test_an_oom_of_no_bytes_is_refused(
         "diff": ["diff", str(step_snapshot), str(bad)],
         "--replay": ["attribute", str(bad), "--replay"],
     }[command]
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert "device_traces[0][34] (oom) requests 0 bytes" in err
 
 
@@ -605,7 +600,7 @@ def test_a_baseline_that_is_a_folder_is_not_called_missing(
     config = GATE_TOML + ('baseline = "ci"\n' if how == "config" else "")
     (tmp_path / "pyproject.toml").write_text(config)
     args = ["gate", str(made_run)] + (["--baseline", "ci"] if how == "flag" else [])
-    err = _one_line(*run_cli(*args))
+    err = one_line(*run_cli(*args))
     assert "ci is a folder with no results.json in it" in err and "does not exist" not in err
 
 
@@ -617,7 +612,7 @@ def test_a_replay_what_if_under_a_backend_memprobe_does_not_model_is_refused(
 ) -> None:
     """'what-if backend:cudaMallocAsync: this job would have reserved 2.00 MiB' was the
     native allocator's figure, said of another allocator."""
-    err = _one_line(*run_cli("attribute", str(step_snapshot), "--replay", "--alloc-conf", conf))
+    err = one_line(*run_cli("attribute", str(step_snapshot), "--replay", "--alloc-conf", conf))
     assert "not backend:cudaMallocAsync" in err
 
 
@@ -630,6 +625,6 @@ def test_an_output_under_an_input_folder_that_is_a_link_names_where_it_leads(
     shutil.copytree(made_run, run)
     shutil.rmtree(run / "snapshots")
     (run / "snapshots").symlink_to(tmp_path)
-    err = _one_line(*run_cli("report", "run", "--out", "p.html"))
+    err = one_line(*run_cli("report", "run", "--out", "p.html"))
     assert f"--out p.html would write inside run/snapshots (a link to {tmp_path})" in err
     assert not (tmp_path / "p.html").exists()

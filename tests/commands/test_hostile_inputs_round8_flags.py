@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import user_module
 from small_config import SMALL
 
 from memprobe.errors import UserError
@@ -128,19 +129,13 @@ UNREADABLE = (
 )
 
 
-def _module(here: Path, stem: str, body: str) -> str:
-    name = f"{stem}_{abs(hash(body)) % 10**8}"
-    (here / f"{name}.py").write_text(body)
-    return name
-
-
 @pytest.mark.parametrize("base", ["Exception", "RuntimeError", "KeyError"])
 def test_a_kernel_raising_an_unprintable_exception(run_cli: Any, here: Path, base: str) -> None:
     body = (
         UNREADABLE.format(base=base)
         + "def k(logits, targets, *, chunk_size=None):\n    raise E()\n"
     )
-    kernel = _module(here, "r8_unreadable", body) + ":k"
+    kernel = user_module(here, "r8_unreadable", body) + ":k"
     flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
     code, _, err = run_cli("sweep", *flags, "--no-verify", "--kernel", kernel, "--out", "o")
     assert code == 0 and "Traceback" not in err, err
@@ -161,7 +156,7 @@ def test_a_step_or_module_raising_an_unprintable_exception(
 ) -> None:
     body = UNREADABLE.format(base=base)
     body += "def step(device):\n    raise E()\n" if where == "step" else "raise E()\n"
-    name = _module(here, "r8_unreadable_step", body)
+    name = user_module(here, "r8_unreadable_step", body)
     code, out, err = run_cli("profile", f"{name}:step", "--out", "p.pickle")
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert "could not be read" in err and "Traceback" not in err
@@ -199,7 +194,7 @@ ODD_CALLABLES = {
 
 @pytest.mark.parametrize("what", sorted(ODD_CALLABLES))
 def test_a_kernel_that_cannot_be_read_is_one_line(run_cli: Any, here: Path, what: str) -> None:
-    kernel = _module(here, "r8_odd", ODD_CALLABLES[what]) + ":k"
+    kernel = user_module(here, "r8_odd", ODD_CALLABLES[what]) + ":k"
     code, out, err = run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel)
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, err
     assert f"kernel {kernel!r} cannot be read as a kernel: RuntimeError" in err
@@ -248,7 +243,7 @@ TINY_STEP = (
 @pytest.mark.parametrize("what", sorted(STREAM_CODE))
 def test_a_step_cannot_take_standard_output(run_cli: Any, here: Path, what: str) -> None:
     body = f"import os, sys, torch\ndef step(device):\n    {STREAM_CODE[what]}\n" + TINY_STEP
-    name = _module(here, "r8_streams", body)
+    name = user_module(here, "r8_streams", body)
     code, out, err = run_cli("profile", f"{name}:step", "--json")
     assert code == 0, err
     assert json.loads(out)["peak_allocated_bytes"] > 0  # stdout is the reading, whole
@@ -264,7 +259,7 @@ def test_a_kernel_cannot_take_standard_output(run_cli: Any, here: Path, what: st
         f"    {STREAM_CODE[what]}\n"
         "    return get_kernel('unchunked')(logits, targets)\n"
     )
-    kernel = _module(here, "r8_kstreams", body) + ":k"
+    kernel = user_module(here, "r8_kstreams", body) + ":k"
     args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", kernel, "--no-reserved"]
     code, out, err = run_cli(*args, "--json")
     assert code == 0, err
@@ -379,7 +374,7 @@ def test_user_code_leaves_torchs_defaults_as_it_found_them(
         f"    {TORCH_STATE[what]}\n"
         "    return out\n"
     )
-    kernel = _module(here, "r8_torch_state", body) + ":k"
+    kernel = user_module(here, "r8_torch_state", body) + ":k"
     flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
     args = [*flags, "--no-verify", "--kernel", f"{kernel},unchunked,local_chunked"]
     code, _, err = run_cli("sweep", *args, "--out", "o")

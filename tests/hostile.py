@@ -1,0 +1,21 @@
+"""Helpers the hostile-input tests share (tests/commands/test_hostile_inputs*.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def one_line(code: int, out: str, err: str) -> str:
+    """The contract for a bad input: exit 2, nothing on stdout, one line on stderr, no
+    traceback. Returns that line."""
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
+    assert "Traceback" not in err
+    return err
+
+
+def user_module(here: Path, stem: str, body: str) -> str:
+    """Write ``body`` as an importable module in ``here``; its name, unique per body (a
+    module imported once stays in sys.modules, so two bodies never share a name)."""
+    name = f"{stem}_{abs(hash(body)) % 10**8}"
+    (here / f"{name}.py").write_text(body)
+    return name
