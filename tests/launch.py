@@ -64,7 +64,8 @@ def forked_torchrun(
     script: Path | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 300,
-    stdout_closed: bool = False,
+    stdout: str = "captured",
+    stderr: str = "captured",
 ) -> subprocess.CompletedProcess[str]:
     """``torchrun --standalone --nproc-per-node NPROC -m memprobe ARGV`` (or ``SCRIPT ARGV``),
     its ranks forked from the preloaded server instead of started afresh.
@@ -73,8 +74,10 @@ def forked_torchrun(
     MASTER_ADDR/PORT, the agent's store, which this process hosts so that it outlives the
     ranks as torchrun's does). As torchrun does, the job fails when one rank fails: the
     others are sent SIGTERM, then killed. With ``nproc=0``, one process and no torchrun
-    environment: a fresh ``python -m memprobe ARGV`` (``stdout_closed``: run as ``>&-``).
-    Returns the ranks' exit (the first failure's code), stdout and stderr, rank by rank.
+    environment: a fresh ``python -m memprobe ARGV``. ``stdout`` and ``stderr`` say what the
+    process writes into, as a shell would set it up (:data:`STREAMS`); a stream that is not
+    ``captured`` comes back empty. Returns the ranks' exit (the first failure's code),
+    stdout and stderr, rank by rank.
     """
     import torch.distributed as dist
 
@@ -103,7 +106,9 @@ def forked_torchrun(
     with tempfile.TemporaryDirectory() as logs:
         streams = [(Path(logs, f"{i}.out"), Path(logs, f"{i}.err")) for i in range(len(ranks))]
         procs = [
-            context.Process(target=_rank_main, args=(list(argv), script, cwd, e, *s, stdout_closed))
+            context.Process(
+                target=_rank_main, args=(list(argv), script, cwd, e, *s, (stdout, stderr))
+            )
             for e, s in zip(ranks, streams, strict=True)
         ]
         for proc in procs:
@@ -140,6 +145,34 @@ def _wait_as_torchrun(procs: list[Any], timeout: float, argv: Sequence[str]) -> 
     return failed
 
 
+def _closed(fd: int) -> None:
+    """As Python starts with the descriptor closed (``>&-``): no sys.stdout/stderr at all."""
+    os.close(fd)
+    setattr(sys, ("stdout", "stderr")[fd - 1], None)
+
+
+def _onto(fd: int, target: int) -> None:
+    os.dup2(target, fd)
+    os.close(target)
+
+
+def _reader_gone(fd: int) -> None:
+    """A pipe whose reader has left (``| true`` once true is done): every write is EPIPE
+    (Python ignores SIGPIPE, as the forked child inherits)."""
+    read, write = os.pipe()
+    os.close(read)
+    _onto(fd, write)
+
+
+# What a forked process's stdout or stderr is, by name.
+STREAMS: dict[str, Callable[[int], None]] = {
+    "captured": lambda fd: None,
+    "closed": _closed,
+    "full": lambda fd: _onto(fd, os.open("/dev/full", os.O_WRONLY)),
+    "reader gone": _reader_gone,
+}
+
+
 def _rank_main(
     argv: list[str],
     script: Path | None,
@@ -147,7 +180,7 @@ def _rank_main(
     env: dict[str, str],
     out: Path,
     err: Path,
-    stdout_closed: bool,
+    hows: tuple[str, str],
 ) -> None:
     """One rank, in the forked child: torchrun's environment, the command, its exit code."""
     import torch
@@ -164,9 +197,8 @@ def _rank_main(
         encoding, _, errors = env["PYTHONIOENCODING"].partition(":")
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(encoding=encoding or None, errors=errors or None)  # type: ignore[union-attr]
-    if stdout_closed:  # as Python starts with descriptor 1 closed: no sys.stdout at all
-        os.close(1)
-        sys.stdout = None  # type: ignore[assignment]
+    for fd, how in zip((1, 2), hows, strict=True):
+        STREAMS[how](fd)
     code = 0
     try:
         if script is not None:

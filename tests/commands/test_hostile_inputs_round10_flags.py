@@ -27,10 +27,10 @@ TINY_KERNEL = (
 )
 
 
-def _memprobe(cwd: Path, *args: str, stdout_closed: bool = False) -> Any:
+def _memprobe(cwd: Path, *args: str, stdout: str = "captured") -> Any:
     """``memprobe ARGS`` in a process of its own (its exit, descriptors and forks are what
     these tests look at), forked from the server that has imported torch once."""
-    return forked_torchrun(list(args), cwd=cwd, nproc=0, timeout=60, stdout_closed=stdout_closed)
+    return forked_torchrun(list(args), cwd=cwd, nproc=0, timeout=60, stdout=stdout)
 
 
 # -- a thread user code starts and never ends: memprobe printed its answer, then waited
@@ -268,7 +268,7 @@ def test_user_code_with_descriptor_1_closed_still_runs(tmp_path: Path) -> None:
     (tmp_path / "r10_fd.py").write_text(
         "import os, torch\ndef step(device):\n    os.write(2, b'ran')\n" + TINY_STEP
     )
-    done = _memprobe(tmp_path, "profile", "r10_fd:step", "--json", stdout_closed=True)
+    done = _memprobe(tmp_path, "profile", "r10_fd:step", "--json", stdout="closed")
     assert done.returncode == 0 and "ran" in done.stderr, done.stderr
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from hostile import user_module
+from launch import forked_torchrun
 from small_config import SMALL
 
 from memprobe.errors import UserError
@@ -114,10 +115,8 @@ def test_a_gates_verdict_stands_when_its_reader_left(
 
 
 def test_kernels_into_a_pipe_whose_reader_left_exits_0(tmp_path: Path) -> None:
-    """The real pipe: the writer's own status (PIPESTATUS[0]), not the reader's."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = f"{sys.executable} -m memprobe kernels | (sleep 1; true); exit ${{PIPESTATUS[0]}}"
-    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+    """A real pipe whose reader left before the first write: the writer's own status."""
+    done = forked_torchrun(["kernels"], cwd=tmp_path, nproc=0, timeout=60, stdout="reader gone")
     assert done.returncode == 0 and not done.stderr, done.stderr
 
 
@@ -203,11 +202,13 @@ def test_a_kernel_that_cannot_be_read_is_one_line(run_cli: Any, here: Path, what
 # -- standard error that cannot be written: a usage error exited 1 (its message raised)
 
 
-@pytest.mark.parametrize("redirect", ["2>/dev/full", "2>&-"])
-def test_a_usage_error_keeps_exit_2_when_stderr_cannot_be_written(redirect: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = f"{sys.executable} -m memprobe report nowhere --budget 0 {redirect}"
-    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
+@pytest.mark.parametrize("stderr", ["full", "closed"])
+def test_a_usage_error_keeps_exit_2_when_stderr_cannot_be_written(
+    tmp_path: Path, stderr: str
+) -> None:
+    """``2>/dev/full`` and ``2>&-``, in a process of its own."""
+    argv = ["report", "nowhere", "--budget", "0"]
+    done = forked_torchrun(argv, cwd=tmp_path, nproc=0, timeout=60, stderr=stderr)
     assert done.returncode == 2 and not done.stdout
 
 

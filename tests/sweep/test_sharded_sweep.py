@@ -21,10 +21,12 @@ from memprobe.results import (
 from memprobe.sharded_sweep import shares
 from memprobe.sweep import open_run, plan_cases, run_sweep
 
-# Four small cases: two kernels at two token counts, simulated.
+# Four small cases: two kernels at two token counts, simulated. No report: rank 0 would
+# draw one that no test here reads (a second each); test_two_ranks_measure_and_rank_zero_writes
+# has rank 0 write its report.
 GRID = [
     "--device", "meta", "--kernel", "unchunked,local_chunked", "--tokens", "1024,2048",
-    "--vocab", "4096", "--no-ladder", "--no-verify",
+    "--vocab", "4096", "--no-ladder", "--no-verify", "--no-report",
 ]  # fmt: skip
 TIMING = ("fwd_time_s", "bwd_time_s")
 HERE = Path(__file__).parent
@@ -66,7 +68,7 @@ def test_a_rank_killed_mid_run_loses_nothing_on_resume(tmp_path, run_cli):
     assert 2 <= len(read_rows(out)) <= 3
     planned = json.loads((out / "run.json").read_text())["cases"]
     assert len(planned) == 4
-    code, _, err = run_cli("sweep", "--resume", str(out), "--no-verify", "--quiet")
+    code, _, err = run_cli("sweep", "--resume", str(out), "--no-verify", "--no-report", "--quiet")
     assert code == 0, err
     assert rows(out) == reference(tmp_path)
 
@@ -86,7 +88,7 @@ def test_two_ranks_resume_a_one_process_run(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run_sweep(cases, out, verify=False, progress=stop_after_one)
-    done = torchrun("--resume", str(out), "--no-verify", "--shard", cwd=tmp_path)
+    done = torchrun("--resume", str(out), "--no-verify", "--no-report", "--shard", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("run directory:") == 1  # only rank 0 reports
     assert rows(out) == reference(tmp_path)
@@ -143,6 +145,7 @@ def tp2_alone(tmp_path_factory):
 def test_two_ranks_measure_and_rank_zero_writes(tp2_alone):
     done, out = tp2_alone
     assert done.stdout.count("run directory:") == 1  # only rank 0 reports
+    assert done.stdout.count("report:") == 1 and (out / "report.html").is_file()
     frame = read_results(out).set_index("dtype")
     assert list(frame["status"]) == ["ok", "ok"] and list(frame["tp"]) == [2, 2]
     simulated = measure(Case("chunked_distributed", 1, 256, 2048, "bf16", 1024, tp=2))
@@ -160,7 +163,9 @@ def test_two_ranks_measure_and_rank_zero_writes(tp2_alone):
 @pytest.mark.multiprocess
 def test_parallel_cases_run_on_teams_of_ranks_as_without_shard(tmp_path, tp2_alone):
     out = tmp_path / "run"
-    done = torchrun(*PARALLEL, "--tp", "1,2,4", "--shard", "--out", str(out), cwd=tmp_path)
+    done = torchrun(
+        *PARALLEL, "--tp", "1,2,4", "--no-report", "--shard", "--out", str(out), cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     sharded = rows(out)
     assert [(r["tp"], r["dtype"]) for r in sharded] == [
@@ -177,7 +182,7 @@ def test_parallel_cases_run_on_teams_of_ranks_as_without_shard(tmp_path, tp2_alo
     # (warm) pytest worker once read other bytes in the full suite, never alone.
     one = tmp_path / "one"
     done = forked_torchrun(
-        ["sweep", *PARALLEL, "--tp", "1", "--out", str(one)], cwd=tmp_path, nproc=0
+        ["sweep", *PARALLEL, "--tp", "1", "--no-report", "--out", str(one)], cwd=tmp_path, nproc=0
     )
     assert done.returncode == 0, done.stderr[-3000:]
     by_tp = {1: rows(one), 2: rows(alone)}
@@ -206,7 +211,7 @@ def test_a_rank_that_hangs_is_named_and_its_case_runs_again_on_resume(tmp_path, 
     assert sorted(r["status"] for r in written) == ["error", "ok", "ok", "ok"]
     (hung,) = [r for r in written if r["status"] == "error"]
     assert hung["note"].startswith("unfinished: rank 1 sent no result within 3 s")
-    code, _, err = run_cli("sweep", "--resume", str(out), "--no-verify", "--quiet")
+    code, _, err = run_cli("sweep", "--resume", str(out), "--no-verify", "--no-report", "--quiet")
     assert code == 0, err
     assert rows(out) == reference(tmp_path)
 
@@ -215,8 +220,8 @@ def test_a_rank_that_hangs_is_named_and_its_case_runs_again_on_resume(tmp_path, 
 def test_a_rank_that_hangs_inside_a_two_rank_case_does_not_hold_rank_0(tmp_path):
     out = tmp_path / "run"
     done = torchrun(
-        *PARALLEL, "--tp", "2", "--no-verify", "--shard", "--case-timeout", "2", "--out",
-        str(out), cwd=tmp_path, script="shard_rank_fails.py", fail="hang-team",
+        *PARALLEL, "--tp", "2", "--no-verify", "--no-report", "--shard", "--case-timeout", "2",
+        "--out", str(out), cwd=tmp_path, script="shard_rank_fails.py", fail="hang-team",
     )  # fmt: skip
     assert done.returncode != 0
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
@@ -232,8 +237,8 @@ def test_a_rank_that_hangs_before_its_team_forms_is_one_line(tmp_path):
     line: no traceback, no row for a case nobody started."""
     out = tmp_path / "run"
     done = torchrun(
-        *PARALLEL, "--tp", "2", "--no-verify", "--shard", "--case-timeout", "1", "--out",
-        str(out), cwd=tmp_path, script="shard_rank_fails.py", fail="hang-join",
+        *PARALLEL, "--tp", "2", "--no-verify", "--no-report", "--shard", "--case-timeout", "1",
+        "--out", str(out), cwd=tmp_path, script="shard_rank_fails.py", fail="hang-join",
     )  # fmt: skip
     assert done.returncode != 0
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
