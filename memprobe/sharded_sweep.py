@@ -41,10 +41,10 @@ from memprobe.measure.parallel import (
     join_world,
     local_device_index,
     stop_ranks,
-    under_torchrun,
 )
 from memprobe.measure.rank_agreement import new_world
 from memprobe.measure.sharding import Plan, ShardJob, join_shards, poll_delays, wait
+from memprobe.measure.torchrun_env import under_torchrun
 from memprobe.records import Case, Run
 from memprobe.sweep import (
     OnCase,

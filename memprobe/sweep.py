@@ -36,9 +36,9 @@ from memprobe.measure.parallel import (
     share_cases,
     start_ranks,
     stop_ranks,
-    under_torchrun,
 )
 from memprobe.measure.rank_agreement import run_agreed
+from memprobe.measure.torchrun_env import under_torchrun
 from memprobe.records import DTYPES, Case, Grid, Run, normalize_dtype
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}

@@ -21,13 +21,19 @@ from typing import Any
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 
 # What a rank would import again had it been spawned: torch (and the torch._dynamo its
-# first meta op pulls in), transformers, memprobe's commands. Seconds of CPU per rank, most
-# of a real-rank test's time on two cores. One list: the forkserver starts once per
-# pytest worker, with whichever preload is set first.
+# first meta op pulls in), transformers, memprobe's commands, and what a model step
+# imports at its first call (transformers' model classes, FSDP2, tensor parallel: about a
+# second more per rank that builds a model). Seconds of CPU per rank, most of a real-rank
+# test's time on two cores. One list: the forkserver starts once per pytest worker, with
+# whichever preload is set first.
 _PRELOAD = [
     "torch",
     "torch._dynamo",
     "transformers",
+    "transformers.modeling_utils",
+    "transformers.models.llama.modeling_llama",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor.parallel",
     "memprobe.cli",
     "memprobe.sharded_sweep",
     "memprobe.profile.step",

@@ -24,6 +24,7 @@ from memprobe.commands.flags import (
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_budget
 from memprobe.io.text import printable
+from memprobe.measure.torchrun_env import check_team
 from memprobe.records import Grid
 from memprobe.results import default_run_dir, read_run_meta
 
@@ -173,18 +174,13 @@ def command(
     from memprobe.render import REPORT_NAME, write_report
     from memprobe.render.console import Progress, show
     from memprobe.render.terminal import answer_lines, json_summary, sweep_table
-    from memprobe.sweep import SweepRequest, run_sweep_job
 
-    if shard:
-        from memprobe.sharded_sweep import run_sharded_job as run_job
-    elif "--case-timeout" in given_flags(ctx):
+    if not shard and "--case-timeout" in given_flags(ctx):
         raise UserError(
             "--case-timeout is how long a --shard job waits for a rank; without --shard "
             "it would be ignored",
             "add --shard (under torchrun), or drop --case-timeout",
         )
-    else:
-        run_job = run_sweep_job
 
     # Parsed before the sweep runs: a typo must not cost a whole sweep.
     warn_on_size(budget, "--budget")
@@ -213,6 +209,17 @@ def command(
         )
     elif out is None:
         out = default_run_dir()
+    tp_list = positive_ints(tp, "--tp", example="1,2,4")
+    cp_list = positive_ints(cp, "--cp", example="1,2,4")
+    if not shard:
+        # A torchrun job of the wrong size fails here, before its ranks import torch.
+        check_team(device, tp_list, cp_list)
+    from memprobe.sweep import SweepRequest, run_sweep_job
+
+    if shard:
+        from memprobe.sharded_sweep import run_sharded_job as run_job
+    else:
+        run_job = run_sweep_job
     request = SweepRequest(
         grid=Grid(
             tokens=tuple(positive_ints("20000" if tokens is None else tokens, "--tokens")),
@@ -221,8 +228,8 @@ def command(
             dtype=tuple(name_list(dtype, "--dtype")),
             kernel=None if kernel is None else tuple(name_list(kernel, "--kernel")),
             chunk_size=tuple(int_list(chunk_size, "--chunk-size", allow_none=True)),
-            tp=tuple(positive_ints(tp, "--tp", example="1,2,4")),
-            cp=tuple(positive_ints(cp, "--cp", example="1,2,4")),
+            tp=tuple(tp_list),
+            cp=tuple(cp_list),
             device=device,
             grid=grid,
             ladder=ladder,

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from memprobe.errors import UserError
 from memprobe.records import DEVICE_CHOICES, Case, Run
 
@@ -23,6 +21,8 @@ def resolve_device(device: str) -> str:
     if device not in DEVICE_CHOICES:
         raise UserError(f"unknown device {device!r}", f"use one of: {', '.join(DEVICE_CHOICES)}")
     if device == "auto":
+        import torch  # here: the package itself is torch-free (measure.torchrun_env)
+
         return "cuda" if torch.cuda.is_available() else "meta"
     if device == "cuda":
         from memprobe.measure.cuda_backend import require_cuda

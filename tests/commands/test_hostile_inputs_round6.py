@@ -22,7 +22,7 @@ from memprobe.errors import UserError
 from memprobe.gate.rules import Verdict
 from memprobe.io.files import guard_outputs, resolved_path
 from memprobe.kernels.user import UserCodeExit, user_code
-from memprobe.measure.parallel import under_torchrun
+from memprobe.measure.torchrun_env import under_torchrun
 from memprobe.render.markdown import append_step_summary
 
 # How user code can leave by a BaseException that is not an Exception, and what the one
