@@ -5,9 +5,6 @@ lost."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +12,6 @@ import pytest
 from hostile import user_module
 from launch import forked_torchrun
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY_STEP = (
     "    w = torch.zeros(8, 8, device=device, requires_grad=True)\n    (w @ w).sum().backward()\n"
 )
@@ -186,12 +182,10 @@ def test_a_missing_attribute_of_the_module_here_is_still_a_spelling_mistake(
 def test_a_matplotlib_backend_that_is_none_is_one_line(
     tmp_path: Path, made_run: Path, backend: str, args: list[str]
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": backend}
+    # A process of its own: matplotlib reads MPLBACKEND as it is first imported (the
+    # forkserver the process comes from has not imported it).
     argv = [a.format(run=made_run) for a in args]
-    done = subprocess.run(
-        [sys.executable, "-m", "memprobe", *argv],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    done = forked_torchrun(argv, cwd=tmp_path, nproc=0, timeout=60, env={"MPLBACKEND": backend})
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"MPLBACKEND={backend!r} in the environment is not a matplotlib backend" in done.stderr
     assert "\x1b" not in done.stderr and "Traceback" not in done.stderr
@@ -199,11 +193,8 @@ def test_a_matplotlib_backend_that_is_none_is_one_line(
 
 
 def test_a_matplotlib_backend_it_knows_still_draws(tmp_path: Path, made_run: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "svg"}
-    done = subprocess.run(
-        [sys.executable, "-m", "memprobe", "report", str(made_run), "--out", "r.html"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    argv = ["report", str(made_run), "--out", "r.html"]
+    done = forked_torchrun(argv, cwd=tmp_path, nproc=0, timeout=60, env={"MPLBACKEND": "svg"})
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "r.html").is_file()
 
