@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def made_run(tmp_path_factory) -> Path:
-    """One small run, swept once for the module; tests copy it."""
+    """One small run, swept once per test process (a dozen modules read it); tests copy
+    it before they change it."""
     from memprobe import cli
 
     run = tmp_path_factory.mktemp("made") / "run"
