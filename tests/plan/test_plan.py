@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -201,10 +198,9 @@ def test_reserved_plan_uses_the_allocator_model():
     assert "expandable_segments:True" in plan.reserved_status(conf)
 
 
-def test_import_memprobe_stays_cheap():
-    code = "import sys, memprobe; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True)
-    assert memprobe.fits is plan.fits  # loaded on first use
+def test_memprobe_fits_is_loaded_on_first_use():
+    # (`import memprobe` alone imports no torch: tests/test_architecture.py)
+    assert memprobe.fits is plan.fits
 
 
 def test_fits_checks_its_arguments():
