@@ -19,6 +19,7 @@ from typing import Any
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.io.sizes import format_bytes, parse_size
+from memprobe.io.text import exception_text
 from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, Grid
 
 if sys.version_info >= (3, 11):
@@ -135,6 +136,18 @@ def read_toml(path: Path) -> dict[str, Any]:
             f"config {path} nests arrays or tables too deep to read",
             "a memprobe config is a few tables of keys: fix the file",
         ) from None
+    except ValueError as exc:
+        # tomllib reads an integer with int(), which refuses text past Python's 4,300
+        # digits with a plain ValueError (not a TOMLDecodeError): it was a traceback.
+        what = (
+            "an integer of more than 4,300 digits"
+            if "digits" in str(exc)
+            else f"a value Python cannot read ({exception_text(exc, name=False)})"
+        )
+        raise UserError(
+            f"config {path} holds {what}",
+            "a memprobe config holds sizes and counts of a few digits: fix the file",
+        ) from None
 
 
 def load_config(path: Path | None = None, *, start: Path | None = None) -> MemprobeConfig:
@@ -225,6 +238,13 @@ def _parse_gate(value: Any, where: str, base: Path) -> GateConfig:
     if "baseline" in table:
         if not isinstance(table["baseline"], str) or not table["baseline"]:
             raise UserError(f"{where}: 'baseline' must be a path string")
+        if "\0" in table["baseline"]:
+            # TOML strings may hold "\u0000"; no path can, and the first look at it
+            # (os.stat, realpath) raised ValueError: a traceback.
+            raise UserError(
+                f"{where}: 'baseline' holds a NUL character (\\u0000)",
+                "no file name holds one: write the baseline's path",
+            )
         baseline = base / table["baseline"]
     max_regression = None
     if "max_regression" in table:

@@ -227,8 +227,7 @@ def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> Swee
     conf = modelled_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
     if request.resume is not None and request.resume.is_dir():
         # A resumed run keeps the allocator settings it started with.
-        recorded = results.read_run_meta(request.resume).get("alloc_conf")
-        conf = parse_alloc_conf(recorded) if isinstance(recorded, str) else None
+        conf = _recorded_alloc_conf(request.resume)
     if conf is not None and request.resume is None:
         # The real allocator reads it at its first allocation: set before any CUDA call.
         os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
@@ -315,6 +314,30 @@ def run_sweep(
         if progress is not None:
             progress(i, len(todo), case, run)
     return results.frame_of(rows)
+
+
+def _recorded_alloc_conf(run_dir: Path) -> AllocConf | None:
+    """The allocator settings a run being resumed started with, as its run.json records
+    them, held to what a sweep runs under: its cases still to run are measured, and their
+    reserved bytes modelled, under them. Settings run.json cannot hold (not text, or
+    backend:cudaMallocAsync, which --alloc-conf refuses: the native model's reserved peak
+    was written as that backend's) are refused, never read as torch's defaults."""
+    recorded = results.read_run_meta(run_dir).get("alloc_conf")
+    if recorded is None:
+        return None  # a run.json without the key: torch's defaults, as it ran
+    try:
+        if not isinstance(recorded, str):
+            raise UserError(f"{str(recorded)[:40]!r} is not settings text")
+        conf = parse_alloc_conf(recorded)
+        if not conf.is_modelled:
+            raise UserError(f"memprobe models torch's native allocator, not {conf.backend}")
+    except UserError as exc:
+        raise UserError(
+            f"cannot resume {run_dir}: its {results.RUN_META} records allocator settings "
+            f"no sweep runs under ({exc.message})",
+            "the run directory was edited or mixed with another; start a new run",
+        ) from None
+    return conf
 
 
 def open_run(

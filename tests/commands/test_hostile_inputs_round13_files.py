@@ -1,0 +1,317 @@
+"""Hostile inputs, round 13, files a user hands memprobe: snapshot pickles, TOML configs,
+run folders, config.json. Each table is a variant of a defect class the pass found: one
+line and exit 2, or a sane answer, never a number the file does not support."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+_FRAMES = [{"name": "forward", "filename": "/home/u/train.py", "line": 10}]
+
+
+def _segment(*blocks: dict[str, Any], total: int = 20 << 20, **extra: Any) -> dict[str, Any]:
+    """One segment whose blocks tile it from its start, as torch writes them."""
+    address, laid = 0x7F00_0000_0000, []
+    for block in blocks:
+        laid.append({"address": address, "frames": _FRAMES, **block})
+        address += block["size"]
+    return {"device": 0, "address": 0x7F00_0000_0000, "total_size": total, "stream": 0,
+            "segment_type": "large", "blocks": laid, **extra}  # fmt: skip
+
+
+def _block(size: int, state: str = "active_allocated", **extra: Any) -> dict[str, Any]:
+    return {"size": size, "state": state, "requested_size": size, **extra}
+
+
+def _write(tmp_path: Path, data: Any, name: str = "s.pickle") -> str:
+    path = tmp_path / name
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # to pickle the ints past 4,300 digits (not to read them)
+    try:
+        path.write_bytes(pickle.dumps(data, protocol=4))
+    finally:
+        sys.set_int_max_str_digits(limit)
+    return str(path)
+
+
+def _segments_only(*segments: dict[str, Any]) -> dict[str, Any]:
+    return {"segments": list(segments), "device_traces": [[]]}
+
+
+SNAPSHOT_COMMANDS = {
+    "attribute": lambda s: ["attribute", s],
+    "attribute --replay": lambda s: ["attribute", s, "--replay"],
+    "attribute --json": lambda s: ["attribute", s, "--json"],
+    "diff": lambda s: ["diff", s, s],
+}
+
+
+# -- a block's requested size outside the block: the allocator rounds a request up to its
+# block, so what was asked is never more than the block nor below 0; read as it stood, a
+# segments-only snapshot printed "peak allocated: -1.00 TiB" (or 1,024.00 TiB in a 20 MiB
+# segment, or -5 B from a legacy history's real_size)
+
+EIGHT = 8 << 20
+REQUESTED = {
+    "negative": (_block(EIGHT, requested_size=-(1 << 40)), "requested -1,099,511,627,776 bytes"),
+    "-1": (_block(EIGHT, requested_size=-1), "requested -1 bytes"),
+    "one byte over its block": (_block(EIGHT, requested_size=EIGHT + 1), "requested 8,388,609"),
+    "a petabyte": (_block(EIGHT, requested_size=1 << 50), "requested 1,125,899,906,842,624"),
+    "a block pending free": (
+        _block(EIGHT, "active_pending_free", requested_size=EIGHT * 2),
+        "requested 16,777,216",
+    ),
+    "a free block's below 0": (_block(EIGHT, "inactive", requested_size=-1), "requested -1"),
+    "a legacy history's real_size": (
+        {"size": EIGHT, "state": "active_allocated", "history": [{"real_size": -5}]},
+        "requested -5 bytes",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", sorted(SNAPSHOT_COMMANDS))
+@pytest.mark.parametrize("what", sorted(REQUESTED))
+def test_a_request_outside_its_block_is_refused(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    block, says = REQUESTED[what]
+    snap = _write(tmp_path, _segments_only(_segment(block, _block(12 << 20, "inactive"))))
+    err = one_line(*run_cli(*SNAPSHOT_COMMANDS[command](snap)))
+    assert "segments[0].blocks[0] " in err and says in err and "outside its block of" in err
+
+
+@pytest.mark.parametrize("requested", [0, 1, EIGHT - 512, EIGHT])
+def test_a_request_inside_its_block_is_read(run_cli: Any, tmp_path: Path, requested: int) -> None:
+    block = _block(EIGHT, requested_size=requested)
+    # A free block keeps what its last use asked for, which may be more than what is left
+    # of it after a split: torch writes that, and it is not counted.
+    stale = _block(12 << 20, "inactive", requested_size=18 << 20)
+    snap = _write(tmp_path, _segments_only(_segment(block, stale)))
+    code, out, err = run_cli("attribute", snap)
+    assert code == 0, err
+    from memprobe.io.sizes import format_bytes
+
+    assert f"peak allocated: {format_bytes(requested)} at snapshot time" in out, out
+
+
+# -- a segment of no bytes (a total_size of 0 tiled by a 0-byte block): `attribute
+# --replay` ended in an IndexError traceback laying it out
+
+
+@pytest.mark.parametrize("command", sorted(SNAPSHOT_COMMANDS))
+@pytest.mark.parametrize(
+    "segment",
+    [
+        pytest.param(_segment(_block(0, "inactive"), total=0), id="total 0, one 0-byte block"),
+        pytest.param(_segment(_block(0), total=0), id="total 0, a live 0-byte block"),
+        pytest.param(
+            {"device": 0, "address": 0, "blocks": [_block(0, "inactive")]}, id="no total, 0 B"
+        ),
+    ],
+)
+def test_a_segment_of_no_bytes_is_refused(
+    run_cli: Any, tmp_path: Path, segment: dict[str, Any], command: str
+) -> None:
+    snap = _write(tmp_path, _segments_only(segment))
+    err = one_line(*run_cli(*SNAPSHOT_COMMANDS[command](snap)))
+    assert "segments[0] holds 0 bytes" in err, err
+
+
+def test_a_zero_byte_block_in_a_segment_is_still_read(run_cli: Any, tmp_path: Path) -> None:
+    snap = _write(tmp_path, _segments_only(_segment(_block(0), _block(20 << 20, "inactive"))))
+    code, out, err = run_cli("attribute", snap, "--replay")
+    assert code == 0 and "peak reserved:  20.00 MiB" in out, err
+
+
+# -- a segment on a negative device: chosen as the device to read, then refused in the
+# same breath: "the snapshot has nothing for device -1 (devices with data: -1)"
+
+
+@pytest.mark.parametrize("command", sorted(SNAPSHOT_COMMANDS))
+@pytest.mark.parametrize("device", [-1, -(2**63)])
+def test_a_segment_on_a_negative_device_is_refused(
+    run_cli: Any, tmp_path: Path, device: int, command: str
+) -> None:
+    segment = _segment(_block(EIGHT), _block(12 << 20, "inactive"), device=device)
+    snap = _write(tmp_path, _segments_only(segment))
+    err = one_line(*run_cli(*SNAPSHOT_COMMANDS[command](snap)))
+    assert f"segments[0] is on device {device} (CUDA numbers its devices from 0)" in err, err
+
+
+@pytest.mark.parametrize("device", [0, 3, "cuda:0"])
+def test_a_segment_on_a_device_from_0_is_still_read(
+    run_cli: Any, tmp_path: Path, device: object
+) -> None:
+    segment = _segment(_block(EIGHT), _block(12 << 20, "inactive"), device=device)
+    code, out, err = run_cli("attribute", _write(tmp_path, _segments_only(segment)))
+    assert code == 0 and "peak allocated: 8.00 MiB" in out, err
+
+
+# -- what a pickle that is no snapshot holds, quoted in the one line: a key of 5,000 digits
+# raised ValueError as it was quoted (a traceback), one of 5 MB (or an action of 3 MB)
+# made the line megabytes long
+
+
+def _trace_of(action: str) -> dict[str, Any]:
+    entry = {"action": action, "addr": 1, "size": 512, "stream": 0, "frames": []}
+    return {"segments": [], "device_traces": [[entry]]}
+
+
+QUOTED = {
+    "a key of 5,000 digits": ({10**5000: 1}, "keys <an integer of 16,610 bits>"),
+    "a negative key past 64 bits": ({-(2**64): 1}, "keys <an integer of 65 bits>"),
+    "a key of 5 MB": ({"k" * 5_000_000: 1}, "keys 'kkkk"),
+    "a bytes key of 1 MB": ({b"k" * 1_000_000: 1}, "keys b'kkkk"),
+    "a tuple key of huge ints": ({(10**5000, 1): 1}, "keys <a tuple>"),
+    "a frozenset key": ({frozenset({1}): 1}, "keys <a frozenset>"),
+    "an action of 3 MB": (_trace_of("x" * 3_000_000), "(the first is 'xxxx"),
+}
+
+
+@pytest.mark.parametrize("command", ["attribute", "diff"])
+@pytest.mark.parametrize("what", sorted(QUOTED))
+def test_what_a_pickle_holds_is_quoted_short(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    data, says = QUOTED[what]
+    snap = _write(tmp_path, data)
+    err = one_line(*run_cli(*SNAPSHOT_COMMANDS[command](snap)))
+    assert says in err and len(err) < 600, err[:600]
+
+
+def test_short_keys_are_still_quoted_whole(run_cli: Any, tmp_path: Path) -> None:
+    snap = _write(tmp_path, {"segmentz": [], 7: 1, 2**63: 1, None: 0})
+    err = one_line(*run_cli("attribute", snap))
+    assert f"keys 'segmentz', 7, {2**63}, None" in err, err
+
+
+# -- TOML a config cannot hold: an integer past Python's 4,300 digits (tomllib raises a
+# plain ValueError, not TOMLDecodeError), and a baseline path holding NUL (os.stat and
+# realpath raise ValueError): each was a traceback from `memprobe gate`
+
+DIGITS = "9" * 5000
+CONFIGS = {
+    "max_peak of 5,000 digits": (
+        f'rules = [{{ kernel = "*", max_peak = {DIGITS} }}]',
+        "holds an integer of more than 4,300 digits",
+    ),
+    "a negative count of 5,000 digits": (
+        f'rules = [{{ kernel = "*", max_big_fp32_blocks = -{DIGITS} }}]',
+        "holds an integer of more than 4,300 digits",
+    ),
+    "a tokens filter of 5,000 digits": (
+        f'rules = [{{ kernel = "*", tokens = [{DIGITS}], max_peak = "1 GiB" }}]',
+        "holds an integer of more than 4,300 digits",
+    ),
+    "max_regression of 5,000 digits": (
+        f"max_regression = {DIGITS}",
+        "holds an integer of more than 4,300 digits",
+    ),
+    "an unknown key of 5,000 digits": (f"x = {DIGITS}", "holds an integer of more than 4,300"),
+    "a baseline holding NUL": (
+        'baseline = "base\\u0000line.json"',
+        "'baseline' holds a NUL character (\\u0000)",
+    ),
+    "a baseline that is NUL": ('baseline = "\\u0000"', "'baseline' holds a NUL character"),
+}
+
+
+@pytest.mark.parametrize("where", ["--config", "pyproject.toml"])
+@pytest.mark.parametrize("what", sorted(CONFIGS))
+def test_toml_a_config_cannot_hold_is_one_line(
+    run_cli: Any, made_run: Path, here: Path, what: str, where: str
+) -> None:
+    text, says = CONFIGS[what]
+    name = "g.toml" if where == "--config" else "pyproject.toml"
+    (here / name).write_text(f"[tool.memprobe.gate]\n{text}\n")
+    args = ["gate", str(made_run), *(["--config", name] if where == "--config" else [])]
+    err = one_line(*run_cli(*args))
+    assert says in err, err
+
+
+def test_an_integer_of_4300_digits_is_still_read_as_a_size(made_run: Path, tmp_path: Path) -> None:
+    from memprobe.config import load_config
+    from memprobe.errors import UserError
+
+    path = tmp_path / "g.toml"
+    rule = f'{{ kernel = "*", max_peak = {"9" * 4300} }}'
+    path.write_text(f"[tool.memprobe.gate]\nrules = [{rule}]\n")
+    with pytest.raises(UserError, match="beyond the largest size"):
+        load_config(path)
+
+
+# -- allocator settings a run.json records that no sweep runs under: --alloc-conf refuses
+# backend:cudaMallocAsync (the model is the native allocator's), yet --resume of a run
+# recording it modelled the cases left as native and wrote them under that backend; a
+# value that is not text was read as torch's defaults; a bad one was blamed on
+# "allocator settings" the user never gave
+
+
+def _resumable(made_run: Path, tmp_path: Path, alloc_conf: object) -> Path:
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["cases"].append({**meta["cases"][0], "kernel": "local_chunked"})
+    if alloc_conf is _ABSENT:
+        del meta["alloc_conf"]
+    else:
+        meta["alloc_conf"] = alloc_conf
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
+_ABSENT = object()
+RECORDED = {
+    "backend:cudaMallocAsync": (
+        "backend:cudaMallocAsync",
+        "memprobe models torch's native allocator, not cudaMallocAsync",
+    ),
+    "async among others": (
+        "expandable_segments:False,backend:cudaMallocAsync",
+        "not cudaMallocAsync",
+    ),
+    "a number": (5, "'5' is not settings text"),
+    "a list": (["expandable_segments:True"], "is not settings text"),
+    "true": (True, "'True' is not settings text"),
+    "an unknown option": ("bogus:1", "unknown option 'bogus'"),
+    "a bad value": ("max_split_size_mb:lots", "max_split_size_mb"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(RECORDED))
+def test_resume_refuses_allocator_settings_no_sweep_runs_under(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    recorded, says = RECORDED[what]
+    run = _resumable(made_run, tmp_path, recorded)
+    before = (run / "results.json").read_bytes()
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert f"cannot resume {run}: its run.json records allocator settings no sweep" in err
+    assert says in err, err
+    assert (run / "results.json").read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "recorded",
+    ["", "expandable_segments:True", "backend:native", None, _ABSENT],
+    ids=["empty", "expandable", "native", "null", "no key"],
+)
+def test_resume_keeps_the_settings_a_sweep_runs_under(
+    run_cli: Any, made_run: Path, tmp_path: Path, recorded: object
+) -> None:
+    import json
+
+    run = _resumable(made_run, tmp_path, recorded)
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify", "--no-report")
+    assert code == 0, err
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    assert [r["kernel"] for r in rows] == ["unchunked", "local_chunked"]
