@@ -315,3 +315,149 @@ def test_resume_keeps_the_settings_a_sweep_runs_under(
     assert code == 0, err
     rows = json.loads((run / "results.json").read_text())["rows"]
     assert [r["kernel"] for r in rows] == ["unchunked", "local_chunked"]
+
+
+# -- config.json of a multimodal architecture (its text model's sizes read from its
+# text_config), or a text_config given to one that takes none: gemma3 with its sizes at the
+# top level built its defaults' 2.72B parameters for a 100K-parameter config without a
+# word; with them nested, and llama given a text_config, the step "failed on meta" with a
+# hint to try cpu (an AttributeError transformers raised building it)
+
+TEXT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 512, "intermediate_size": 128,
+        "head_dim": 16}  # fmt: skip
+MULTIMODAL = {
+    "gemma3, sizes at the top level": (
+        {"model_type": "gemma3", **TEXT},
+        "is a multimodal model's, whose text model's sizes are read from its text_config",
+        'with model_type "gemma3_text"',
+    ),
+    "gemma3, sizes in text_config": (
+        {"model_type": "gemma3", "text_config": TEXT},
+        "memprobe step builds text-only causal LMs",
+        'with model_type "gemma3_text"',
+    ),
+    "mllama, nothing given": (
+        {"model_type": "mllama"},
+        "the mllama config is a multimodal model's",
+        "give the config of a text-only causal LM",
+    ),
+    "llama given an empty text_config": (
+        {"model_type": "llama", "text_config": {}, "num_hidden_layers": 2},
+        "the llama config gives a text_config, which llama does not take",
+        "move the sizes to the top level",
+    ),
+    "llama given its sizes in a text_config too": (
+        {"model_type": "llama", **TEXT, "text_config": {"hidden_size": 4096}},
+        "gives a text_config, which llama does not take",
+        "drop text_config",
+    ),
+}
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(MULTIMODAL))
+def test_a_config_whose_sizes_the_step_would_not_read_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    import json
+
+    pytest.importorskip("transformers")
+    data, says, hint = MULTIMODAL[what]
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    config = str(tmp_path / "config.json")
+    args = {
+        "step": ["step", "--config", config, "--tokens", "64"],
+        "plan --step": ["plan", "--step", "--config", config, "--budget", "1GiB"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert says in err and hint in err and "meta" not in err, err
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"model_type": "gemma3_text", **TEXT},
+        {"model_type": "llama", **TEXT, "text_config": None},
+    ],
+    ids=["gemma3's text model", "llama with a null text_config"],
+)
+def test_a_text_models_config_is_still_stepped(
+    run_cli: Any, tmp_path: Path, data: dict[str, Any]
+) -> None:
+    import json
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    code, out, err = run_cli("step", "--config", str(tmp_path / "config.json"), "--tokens", "64")
+    assert code == 0, err
+    assert f"{data['model_type']}, 1" in out and "B parameters" not in out.split("\n")[0], out
+
+
+# -- a sequence longer than the positions a model learned (GPT-2's n_positions, OPT's
+# max_position_embeddings): on meta no index is read, so a GPT-2 of 8 positions was
+# simulated at 64 tokens and its peak printed, where a real step fails at the table's end
+
+POSITIONS = {
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512},
+    "opt": {"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "vocab_size": 512, "ffn_dim": 128,
+            "word_embed_proj_dim": 64},
+    "gpt_bigcode": {"model_type": "gpt_bigcode", "n_embd": 64, "n_layer": 2, "n_head": 4,
+                    "vocab_size": 512},
+}  # fmt: skip
+_POSITION_KEY = {"gpt2": "n_positions", "opt": "max_position_embeddings",
+                 "gpt_bigcode": "n_positions"}  # fmt: skip
+
+
+@pytest.mark.parametrize("positions", [8, 63])
+@pytest.mark.parametrize("model", sorted(POSITIONS))
+def test_tokens_past_the_learned_positions_are_refused(
+    run_cli: Any, tmp_path: Path, model: str, positions: int
+) -> None:
+    import json
+
+    pytest.importorskip("transformers")
+    data = {**POSITIONS[model], _POSITION_KEY[model]: positions}
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    out = tmp_path / "s.pickle"
+    args = ["step", "--config", str(tmp_path / "config.json"), "--tokens", "64", "--out", str(out)]
+    err = one_line(*run_cli(*args))
+    assert f"the {model} model learned positions for {positions} tokens; a sequence of 64" in err
+    assert f"give --tokens {positions} or fewer" in err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("model", "positions"),
+    [("gpt2", 64), ("opt", 64), ("gpt_bigcode", 100), ("llama", 8)],
+    ids=["gpt2 at its 64", "opt at its 64", "gpt_bigcode below its 100", "llama (RoPE) past 8"],
+)
+def test_tokens_within_the_positions_or_of_computed_positions_are_stepped(
+    run_cli: Any, tmp_path: Path, model: str, positions: int
+) -> None:
+    import json
+
+    pytest.importorskip("transformers")
+    from small_config import SMALL
+
+    base = SMALL if model == "llama" else POSITIONS[model]
+    key = "max_position_embeddings" if model == "llama" else _POSITION_KEY[model]
+    (tmp_path / "config.json").write_text(json.dumps({**base, key: positions}))
+    code, out, err = run_cli("step", "--config", str(tmp_path / "config.json"), "--tokens", "64")
+    assert code == 0 and "peak allocated" in out, err
+
+
+def test_learned_positions_reads_the_table_and_its_offset() -> None:
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from memprobe.profile.hf import learned_positions
+
+    for model, expected in (("gpt2", 8), ("opt", 8)):
+        config = AutoConfig.for_model(**{**POSITIONS[model], _POSITION_KEY[model]: 8})
+        with torch.device("meta"):
+            assert learned_positions(AutoModelForCausalLM.from_config(config)) == expected
+    with torch.device("meta"):
+        plain = torch.nn.Sequential(torch.nn.Embedding(4, 2))
+    assert learned_positions(plain) is None
