@@ -461,3 +461,75 @@ def test_learned_positions_reads_the_table_and_its_offset() -> None:
     with torch.device("meta"):
         plain = torch.nn.Sequential(torch.nn.Embedding(4, 2))
     assert learned_positions(plain) is None
+
+
+# -- a run whose snapshot records no allocation (segments only, as torch writes it without
+# history; a trace emptied, or of segment events alone) or allocations of 0 bytes: its
+# breakdown was a peak of 0 B, and the figure of such peaks ended `report` in matplotlib's
+# ValueError (an empty legend), a traceback after two warnings on stderr
+
+
+def _with_snapshot(made_run: Path, tmp_path: Path, change: Any) -> Path:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    snap = next((run / "snapshots").glob("*.pickle"))
+    data = pickle.loads(snap.read_bytes())
+    snap.write_bytes(pickle.dumps(change(data), protocol=4))
+    return run
+
+
+def _zero_byte_allocations(data: dict[str, Any]) -> dict[str, Any]:
+    for entry in data["device_traces"][0]:
+        if entry["action"] in ("alloc", "free_requested", "free_completed"):
+            entry["size"] = 0
+    return data
+
+
+NO_ALLOCATION = {
+    "torch's, segments only": lambda d: _segments_only(
+        _segment(_block(EIGHT), _block(12 << 20, "inactive"))
+    ),
+    "memprobe's, its trace emptied": lambda d: {**d, "device_traces": [[]]},
+    "segment events only": lambda d: {
+        **d,
+        "device_traces": [[e for e in d["device_traces"][0] if e["action"].startswith("seg")]],
+    },
+}
+
+
+@pytest.mark.parametrize("what", sorted(NO_ALLOCATION))
+def test_a_snapshot_of_no_allocation_is_not_drawn(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    run = _with_snapshot(made_run, tmp_path, NO_ALLOCATION[what])
+    page = tmp_path / "page.html"
+    code, _, err = run_cli("report", str(run), "--out", str(page))
+    assert code == 0 and not err.strip(), err
+    html = page.read_text()
+    assert "snapshot not used" in html and "records no allocation or free" in html
+    assert not (tmp_path / "peak_breakdown.png").exists()
+
+
+def test_allocations_of_no_bytes_draw_no_breakdown(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _with_snapshot(made_run, tmp_path, _zero_byte_allocations)
+    page = tmp_path / "page.html"
+    code, _, err = run_cli("report", str(run), "--out", str(page))
+    assert code == 0 and not err.strip(), err
+    assert page.exists() and not (tmp_path / "peak_breakdown.png").exists()
+
+
+@pytest.mark.parametrize("what", [*sorted(NO_ALLOCATION), "allocations of 0 bytes"])
+def test_a_failing_gate_reads_such_a_snapshot_without_a_traceback(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    change = NO_ALLOCATION.get(what, _zero_byte_allocations)
+    run = _with_snapshot(made_run, tmp_path, change)
+    rule = '{ kernel = "*", max_peak = "1 KiB" }'
+    (tmp_path / "g.toml").write_text(f"[tool.memprobe.gate]\nrules = [{rule}]\n")
+    code, out, err = run_cli("gate", str(run), "--config", "g.toml", "--junit-xml", "j.xml")
+    assert code == 1 and "FAIL" in out and not err.strip(), (out, err)
