@@ -20,7 +20,7 @@ from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.io.text import exception_text
-from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, Grid
+from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, MAX_COUNT, Grid
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -354,6 +354,15 @@ def _ints(value: Any, where: str, key: str) -> tuple[int, ...]:
         if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
             raise UserError(
                 f"{where}: '{key}' value {item!r} is not a positive whole number",
+                f"e.g. {key} = [4096, 20000]",
+            )
+        if item > MAX_COUNT:
+            # The bound --tokens and every count flag are held to: a config past it ran a
+            # sweep of 2^41 tokens the CLI refuses, or one that overflowed int64 in torch.
+            shown = f"{item:,}" if item < 10**20 else f"of {len(str(item)):,} digits"
+            raise UserError(
+                f"{where}: '{key}' value {shown} is beyond the largest count memprobe "
+                f"simulates ({MAX_COUNT:,} = 2^40)",
                 f"e.g. {key} = [4096, 20000]",
             )
     return tuple(items)

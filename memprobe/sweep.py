@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
-from memprobe.allocator import AllocConf, modelled_alloc_conf, parse_alloc_conf
+from memprobe.allocator import AllocConf, modelled_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
 from memprobe.kernels import get_spec, kernel_names
@@ -39,7 +39,7 @@ from memprobe.measure.parallel import (
     under_torchrun,
 )
 from memprobe.measure.rank_agreement import run_agreed
-from memprobe.records import DTYPES, Case, Grid, Run, normalize_dtype
+from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -227,7 +227,7 @@ def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> Swee
     conf = modelled_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
     if request.resume is not None and request.resume.is_dir():
         # A resumed run keeps the allocator settings it started with.
-        conf = _recorded_alloc_conf(request.resume)
+        conf = results.recorded_alloc_conf(request.resume)
     if conf is not None and request.resume is None:
         # The real allocator reads it at its first allocation: set before any CUDA call.
         os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
@@ -316,30 +316,6 @@ def run_sweep(
     return results.frame_of(rows)
 
 
-def _recorded_alloc_conf(run_dir: Path) -> AllocConf | None:
-    """The allocator settings a run being resumed started with, as its run.json records
-    them, held to what a sweep runs under: its cases still to run are measured, and their
-    reserved bytes modelled, under them. Settings run.json cannot hold (not text, or
-    backend:cudaMallocAsync, which --alloc-conf refuses: the native model's reserved peak
-    was written as that backend's) are refused, never read as torch's defaults."""
-    recorded = results.read_run_meta(run_dir).get("alloc_conf")
-    if recorded is None:
-        return None  # a run.json without the key: torch's defaults, as it ran
-    try:
-        if not isinstance(recorded, str):
-            raise UserError(f"{str(recorded)[:40]!r} is not settings text")
-        conf = parse_alloc_conf(recorded)
-        if not conf.is_modelled:
-            raise UserError(f"memprobe models torch's native allocator, not {conf.backend}")
-    except UserError as exc:
-        raise UserError(
-            f"cannot resume {run_dir}: its {results.RUN_META} records allocator settings "
-            f"no sweep runs under ({exc.message})",
-            "the run directory was edited or mixed with another; start a new run",
-        ) from None
-    return conf
-
-
 def open_run(
     cases: list[Case], out_dir: Path, command: str, resume: bool, conf: AllocConf | None
 ) -> tuple[list[Case], list[dict[str, Any]], list[Case]]:
@@ -396,6 +372,15 @@ def _check_resumed(todo: list[Case], out_dir: Path) -> None:
     the cases still to run are checked: a finished one imports nothing again."""
     for case in todo:
         try:
+            # The bound every count flag and config is held to: past it a resumed case
+            # ran at 2^41 tokens, or failed on torch's int64 overflow as a row of its own.
+            for name in ("batch", "tokens", "vocab", "chunk_size", "tp", "cp", "hidden"):
+                value = getattr(case, name)
+                if value is not None and value > MAX_COUNT:
+                    raise UserError(
+                        f"{name} {value:,} is beyond the largest count memprobe simulates "
+                        f"({MAX_COUNT:,} = 2^40)"
+                    )
             spec = get_spec(case.kernel)
             check_inputs_match([case.kernel], case.hidden)
             if case.tp > 1 and not spec.distributed:

@@ -104,8 +104,10 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     model_type = fields.pop("model_type")
     version = transformers.__version__
     if model_type not in transformers.CONFIG_MAPPING:
+        # Quoted short: a model_type of a megabyte was the one line, a megabyte long.
+        shown = repr(model_type) if len(model_type) <= 60 else repr(model_type[:57]) + "..."
         raise UserError(
-            f"unknown architecture {model_type!r} (transformers {version} does not know it)",
+            f"unknown architecture {shown} (transformers {version} does not know it)",
             "check the config's model_type, or upgrade transformers",
         )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:

@@ -144,9 +144,9 @@ def _quoted(value: Any) -> str:
     64 bits is said by its size (repr raises past 4,300 digits); a tuple or any other
     container by its type (its repr would hold such ints, or megabytes)."""
     if isinstance(value, int) and not isinstance(value, bool) and not -_U64 < value < _U64:
-        return f"<an integer of {value.bit_length():,} bits>"
+        return f"(an integer of {value.bit_length():,} bits)"
     if not isinstance(value, (str, bytes, int, float, bool, type(None))):
-        return f"<a {type(value).__name__}>"
+        return f"(a {type(value).__name__})"
     text = repr(value)
     return text if len(text) <= _QUOTE_CHARS else text[: _QUOTE_CHARS - 3] + "..."
 

@@ -164,12 +164,12 @@ def _trace_of(action: str) -> dict[str, Any]:
 
 
 QUOTED = {
-    "a key of 5,000 digits": ({10**5000: 1}, "keys <an integer of 16,610 bits>"),
-    "a negative key past 64 bits": ({-(2**64): 1}, "keys <an integer of 65 bits>"),
+    "a key of 5,000 digits": ({10**5000: 1}, "keys (an integer of 16,610 bits)"),
+    "a negative key past 64 bits": ({-(2**64): 1}, "keys (an integer of 65 bits)"),
     "a key of 5 MB": ({"k" * 5_000_000: 1}, "keys 'kkkk"),
     "a bytes key of 1 MB": ({b"k" * 1_000_000: 1}, "keys b'kkkk"),
-    "a tuple key of huge ints": ({(10**5000, 1): 1}, "keys <a tuple>"),
-    "a frozenset key": ({frozenset({1}): 1}, "keys <a frozenset>"),
+    "a tuple key of huge ints": ({(10**5000, 1): 1}, "keys (a tuple)"),
+    "a frozenset key": ({frozenset({1}): 1}, "keys (a frozenset)"),
     "an action of 3 MB": (_trace_of("x" * 3_000_000), "(the first is 'xxxx"),
 }
 
@@ -533,3 +533,87 @@ def test_a_failing_gate_reads_such_a_snapshot_without_a_traceback(
     (tmp_path / "g.toml").write_text(f"[tool.memprobe.gate]\nrules = [{rule}]\n")
     code, out, err = run_cli("gate", str(run), "--config", "g.toml", "--junit-xml", "j.xml")
     assert code == 1 and "FAIL" in out and not err.strip(), (out, err)
+
+
+# -- counts past 2^40 from a file, where every count flag stops: [tool.memprobe.sweep]
+# tokens = [2^41] ran nine cases the CLI refuses (3,592 TiB peaks), 30 digits failed in
+# torch's int64; a run.json planning them was resumed and measured alike
+
+MAX = 2**40
+SWEEP_COUNTS = {
+    "tokens 2^40 + 1": ("tokens", MAX + 1, "'tokens' value 1,099,511,627,777 is beyond"),
+    "tokens of 30 digits": ("tokens", 10**30, "'tokens' value of 31 digits is beyond"),
+    "vocab 2^62": ("vocab", 2**62, "'vocab' value 4,611,686,018,427,387,904 is beyond"),
+    "batch 2^41": ("batch", 2**41, "'batch' value 2,199,023,255,552 is beyond"),
+    "chunk_size 2^41": ("chunk_size", 2**41, "'chunk_size' value 2,199,023,255,552"),
+    "tp 2^41": ("tp", 2**41, "'tp' value 2,199,023,255,552"),
+    "hidden 2^41": ("hidden", 2**41, "'hidden' value 2,199,023,255,552"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(SWEEP_COUNTS))
+def test_a_sweep_config_past_the_count_bound_is_refused_before_it_runs(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    key, value, says = SWEEP_COUNTS[what]
+    grid = {"tokens": 64, "vocab": 128, key: value}
+    lines = [f"{k} = [{v}]" for k, v in grid.items()]
+    (here / "pyproject.toml").write_text(
+        "[tool.memprobe.sweep]\n" + "\n".join(lines) + '\nkernel = ["local_chunked"]\n'
+        '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+    )
+    err = one_line(*run_cli("gate"))
+    assert f"tool.memprobe.sweep: {says}" in err and "(1,099,511,627,776 = 2^40)" in err, err
+    assert not (here / "reports").exists()
+
+
+def test_a_sweep_config_at_the_count_bound_is_read(tmp_path: Path) -> None:
+    from memprobe.config import load_config
+
+    path = tmp_path / "pyproject.toml"
+    path.write_text(f"[tool.memprobe.sweep]\ntokens = [{MAX}]\nvocab = [{MAX}]\n")
+    grid = load_config(path).sweep
+    assert grid is not None and grid.tokens == (MAX,) and grid.vocab == (MAX,)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tokens", MAX + 1), ("vocab", 2**62), ("chunk_size", 2**62), ("batch", 2**41),
+     ("cp", 2**41)],
+)  # fmt: skip
+def test_resume_refuses_a_planned_count_past_the_bound(
+    run_cli: Any, made_run: Path, tmp_path: Path, field: str, value: int
+) -> None:
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["cases"].append({**meta["cases"][0], "kernel": "local_chunked", field: value})
+    (run / "run.json").write_text(json.dumps(meta))
+    before = (run / "results.json").read_bytes()
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert f"which no sweep runs ({field} {value:,} is beyond the largest count" in err, err
+    assert (run / "results.json").read_bytes() == before
+
+
+# -- a model_type transformers does not know, quoted whole: one of a megabyte made the
+# one line a megabyte long
+
+
+@pytest.mark.parametrize(
+    ("model_type", "shown"),
+    [("x" * 1_000_000, "'" + "x" * 57 + "'..."), ("llama\x1b[2J", "'llama\\x1b[2J'"),
+     ("y" * 60, "'" + "y" * 60 + "'")],
+    ids=["a megabyte", "an escape", "60 characters"],
+)  # fmt: skip
+def test_an_unknown_model_type_is_quoted_short(
+    run_cli: Any, tmp_path: Path, model_type: str, shown: str
+) -> None:
+    import json
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    err = one_line(*run_cli("step", "--config", str(tmp_path / "config.json"), "--tokens", "64"))
+    assert f"unknown architecture {shown} (transformers" in err and len(err) < 400, err[:500]
