@@ -9,6 +9,7 @@ than the user meant. Every error names the key and where it sits, e.g.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -103,8 +104,10 @@ def find_pyproject(start: Path) -> Path | None:
     for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
         # Found if it exists at all: a FIFO or folder of that name is then refused for
-        # what it is, not passed over as if there were no pyproject.toml.
-        if candidate.exists():
+        # what it is, not passed over as if there were no pyproject.toml. So is a link
+        # that leads nowhere (exists() follows it): passed over, the rules of a
+        # pyproject.toml further up, another project's, gated this one.
+        if candidate.exists() or candidate.is_symlink():
             return candidate
     return None
 
@@ -114,6 +117,12 @@ MAX_CONFIG_BYTES = 16 * 2**20
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    if not path.exists() and path.is_symlink():
+        raise UserError(
+            f"config file {path} is a link to {os.readlink(path)}, which leads to no file "
+            "(it is missing, or a loop of links)",
+            "point the link at a TOML file, or remove it",
+        )
     if not path.exists():
         raise UserError(
             f"config file {path} does not exist", "give --config an existing TOML file"

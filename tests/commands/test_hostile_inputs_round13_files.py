@@ -617,3 +617,53 @@ def test_an_unknown_model_type_is_quoted_short(
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     err = one_line(*run_cli("step", "--config", str(tmp_path / "config.json"), "--tokens", "64"))
     assert f"unknown architecture {shown} (transformers" in err and len(err) < 400, err[:500]
+
+
+# -- a pyproject.toml that is a link leading nowhere (dangling, or a loop): exists() follows
+# it, so it was passed over as no file, and the rules of a pyproject.toml further up,
+# another project's, gated this one
+
+
+@pytest.mark.parametrize(
+    ("target", "to"),
+    [("missing.toml", "missing.toml"), ("pyproject.toml", "pyproject.toml"), ("a/b", "a/b")],
+    ids=["dangling", "itself", "a missing folder"],
+)
+def test_a_pyproject_link_to_nothing_is_named_not_passed_over(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    target: str, to: str,
+) -> None:  # fmt: skip
+    outer = '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 KiB" }]\n'
+    (tmp_path / "pyproject.toml").write_text(outer)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").symlink_to(target)
+    monkeypatch.chdir(project)
+    err = one_line(*run_cli("gate", str(made_run)))
+    assert (
+        f"config file {project / 'pyproject.toml'} is a link to {to}, which leads to no file" in err
+    )
+    assert "rules[0]" not in err
+
+
+def test_a_config_link_to_nothing_is_named(run_cli: Any, made_run: Path, here: Path) -> None:
+    (here / "g.toml").symlink_to("nowhere.toml")
+    err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
+    assert "config file g.toml is a link to nowhere.toml, which leads to no file" in err, err
+
+
+def test_a_pyproject_link_to_a_config_is_read(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 KiB" }]\n'
+    )
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "real.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+    )
+    (project / "pyproject.toml").symlink_to("real.toml")
+    monkeypatch.chdir(project)
+    code, out, err = run_cli("gate", str(made_run))
+    assert code == 0 and f"rules from {project / 'pyproject.toml'}" in out, (out, err)
