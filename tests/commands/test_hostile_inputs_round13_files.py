@@ -667,3 +667,24 @@ def test_a_pyproject_link_to_a_config_is_read(
     monkeypatch.chdir(project)
     code, out, err = run_cli("gate", str(made_run))
     assert code == 0 and f"rules from {project / 'pyproject.toml'}" in out, (out, err)
+
+
+# -- diff --device N where one file has no device N: "the snapshot has nothing for device
+# 5 (devices with data: 0)", where either of the two files may be "the snapshot"
+
+
+@pytest.mark.parametrize("which", ["A", "B"])
+def test_diff_names_the_file_without_the_device(run_cli: Any, tmp_path: Path, which: str) -> None:
+    one = _write(tmp_path, _segments_only(_segment(_block(EIGHT), _block(12 << 20, "inactive"))))
+    segments = [
+        _segment(_block(2 << 20), total=2 << 20, device=d) | {"address": d << 30} for d in range(8)
+    ]
+    for segment in segments:
+        for block in segment["blocks"]:
+            block["address"] = segment["address"]
+    many = _write(tmp_path, {"segments": segments, "device_traces": [[]] * 8}, "many.pickle")
+    a, b = (one, many) if which == "A" else (many, one)
+    err = one_line(*run_cli("diff", a, b, "--device", "5"))
+    assert err.startswith(f"memprobe: error: {one}: the snapshot has nothing for device 5"), err
+    code, out, err = run_cli("diff", many, many, "--device", "5")
+    assert code == 0 and "peak: 2.00 MiB -> 2.00 MiB" in out, err
