@@ -110,7 +110,16 @@ def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]
     ``text_config``, is refused before: :func:`check_text_only`) and each size given a
     whole number within reach."""
     for name in REQUIRED + OPTIONAL:
-        key = name if name in fields else aliases.get(name, name)
+        alias = aliases.get(name, name)
+        if alias != name and name in fields and alias in fields and fields[name] != fields[alias]:
+            # GPT-2's n_embd is its hidden_size: given both, transformers builds one of
+            # them without a word (n_embd 64 and hidden_size 4096 built 405M parameters).
+            raise UserError(
+                f"the {printable(model_type)} config gives {alias} {_shown(fields[alias])} and "
+                f"{name} {_shown(fields[name])}: two names for one size",
+                "give one of them in config.json",
+            )
+        key = name if name in fields else alias
         if key not in fields:
             if name in REQUIRED:
                 raise UserError(
@@ -124,13 +133,17 @@ def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]
             continue
         top = MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-            shown = printable(repr(value))
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
             raise UserError(
-                f"the {printable(model_type)} config's {key} is {shown}: "
+                f"the {printable(model_type)} config's {key} is {_shown(value)}: "
                 f"a whole number from 1 to {top:,} is needed",
                 "fix config.json",
             )
+
+
+def _shown(value: Any) -> str:
+    """A config's value as a message quotes it: printable, at most 40 characters."""
+    shown = printable(repr(value))
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 # Expert counts under the names MoE configs give them, beside num_experts_per_tok.

@@ -688,3 +688,51 @@ def test_diff_names_the_file_without_the_device(run_cli: Any, tmp_path: Path, wh
     assert err.startswith(f"memprobe: error: {one}: the snapshot has nothing for device 5"), err
     code, out, err = run_cli("diff", many, many, "--device", "5")
     assert code == 0 and "peak: 2.00 MiB -> 2.00 MiB" in out, err
+
+
+# -- one size under two names that disagree (GPT-2's n_embd is its hidden_size): n_embd 64
+# and hidden_size 4096 built 405M parameters, the config's own n_embd passed over silently
+
+GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512,
+        "n_positions": 64}  # fmt: skip
+TWO_NAMES = {
+    "hidden_size 4096 beside n_embd 64": ({"hidden_size": 4096}, "n_embd 64 and hidden_size 4096"),
+    "num_hidden_layers 3 beside n_layer 2": (
+        {"num_hidden_layers": 3},
+        "n_layer 2 and num_hidden_layers 3",
+    ),
+    "num_attention_heads 8 beside n_head 4": (
+        {"num_attention_heads": 8},
+        "n_head 4 and num_attention_heads 8",
+    ),
+    "hidden_size as text": ({"hidden_size": "x" * 100}, "n_embd 64 and hidden_size 'xxxx"),
+}
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(TWO_NAMES))
+def test_one_size_under_two_names_that_disagree_is_refused(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    import json
+
+    pytest.importorskip("transformers")
+    extra, says = TWO_NAMES[what]
+    (tmp_path / "config.json").write_text(json.dumps({**GPT2, **extra}))
+    config = str(tmp_path / "config.json")
+    args = {
+        "step": ["step", "--config", config, "--tokens", "64"],
+        "plan --step": ["plan", "--step", "--config", config, "--budget", "1GiB"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert f"the gpt2 config gives {says}" in err and "two names for one size" in err, err
+    assert len(err) < 300, err
+
+
+def test_one_size_under_two_names_that_agree_is_stepped(run_cli: Any, tmp_path: Path) -> None:
+    import json
+
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").write_text(json.dumps({**GPT2, "hidden_size": 64, "n_layer": 2}))
+    code, out, err = run_cli("step", "--config", str(tmp_path / "config.json"), "--tokens", "64")
+    assert code == 0 and "gpt2, 136,960 parameters" in out, err
