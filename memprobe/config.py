@@ -254,7 +254,10 @@ def _parse_gate(value: Any, where: str, base: Path) -> GateConfig:
                 f"{where}: 'baseline' holds a NUL character (\\u0000)",
                 "no file name holds one: write the baseline's path",
             )
-        baseline = base / table["baseline"]
+        # "~/base.json" is the user's home, as a shell reads it: joined as written, it named
+        # a folder "~" beside the config, and the line's own hint (`--update-baseline
+        # ~/base.json`, expanded by the shell) made a baseline the gate never read.
+        baseline = base / Path(table["baseline"]).expanduser()
     max_regression = None
     if "max_regression" in table:
         max_regression = _percent(table["max_regression"], f"{where}.max_regression")

@@ -736,3 +736,29 @@ def test_one_size_under_two_names_that_agree_is_stepped(run_cli: Any, tmp_path: 
     (tmp_path / "config.json").write_text(json.dumps({**GPT2, "hidden_size": 64, "n_layer": 2}))
     code, out, err = run_cli("step", "--config", str(tmp_path / "config.json"), "--tokens", "64")
     assert code == 0 and "gpt2, 136,960 parameters" in out, err
+
+
+# -- a config's baseline written from the home folder ("~/base.json"): joined as written it
+# named a folder "~" beside the config, and the line's own hint (`--update-baseline
+# ~/base.json`, which the shell expands) made a baseline the gate then never read
+
+
+@pytest.mark.parametrize("where", ["--config", "pyproject.toml"])
+def test_a_baseline_from_the_home_folder_is_read_there(
+    run_cli: Any, made_run: Path, here: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    import shutil
+
+    home = here / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    name = "g.toml" if where == "--config" else "pyproject.toml"
+    (here / name).write_text('[tool.memprobe.gate]\nbaseline = "~/base.json"\n')
+    args = ["gate", str(made_run), *(["--config", name] if where == "--config" else [])]
+    err = one_line(*run_cli(*args))
+    assert f"baseline {home / 'base.json'} does not exist yet" in err, err
+    assert f"--update-baseline {home / 'base.json'}`" in err
+    shutil.copy(made_run / "results.json", home / "base.json")
+    code, out, err = run_cli(*args)
+    assert code == 0 and f"baseline {home / 'base.json'}" in out, (out, err)
+    assert not (here / "~").exists()
