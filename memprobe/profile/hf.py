@@ -70,7 +70,9 @@ def load_config(path: str | os.PathLike[str]) -> Any:
     transformers = require_transformers()
     source = Path(path)
     file = source / "config.json" if source.is_dir() else source
-    if source.is_dir() and not file.exists():
+    # A config.json that is a link leading nowhere is there (exists() follows it): read,
+    # it is named for what it is, not "no config.json in DIR".
+    if source.is_dir() and not file.exists() and not file.is_symlink():
         raise UserError(
             f"--config: no config.json in {source}",
             "give a config.json or the directory holding it",

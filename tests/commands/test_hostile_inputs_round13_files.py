@@ -762,3 +762,15 @@ def test_a_baseline_from_the_home_folder_is_read_there(
     code, out, err = run_cli(*args)
     assert code == 0 and f"baseline {home / 'base.json'}" in out, (out, err)
     assert not (here / "~").exists()
+
+
+# -- a folder whose config.json is a link to itself: "--config: no config.json in DIR",
+# though one is there (exists() follows the link)
+
+
+def test_a_config_json_link_loop_is_named_for_what_it_is(run_cli: Any, tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    (tmp_path / "config.json").symlink_to("config.json")
+    err = one_line(*run_cli("step", "--config", str(tmp_path), "--tokens", "64"))
+    assert f"cannot read --config {tmp_path / 'config.json'}: Too many levels" in err, err
+    assert "no config.json in" not in err
