@@ -9,6 +9,7 @@ than the user meant. Every error names the key and where it sits, e.g.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -19,7 +20,8 @@ from typing import Any
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, Grid
+from memprobe.io.text import exception_text
+from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, MAX_COUNT, Grid
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -102,8 +104,10 @@ def find_pyproject(start: Path) -> Path | None:
     for folder in (start, *start.parents):
         candidate = folder / "pyproject.toml"
         # Found if it exists at all: a FIFO or folder of that name is then refused for
-        # what it is, not passed over as if there were no pyproject.toml.
-        if candidate.exists():
+        # what it is, not passed over as if there were no pyproject.toml. So is a link
+        # that leads nowhere (exists() follows it): passed over, the rules of a
+        # pyproject.toml further up, another project's, gated this one.
+        if candidate.exists() or candidate.is_symlink():
             return candidate
     return None
 
@@ -113,6 +117,12 @@ MAX_CONFIG_BYTES = 16 * 2**20
 
 
 def read_toml(path: Path) -> dict[str, Any]:
+    if not path.exists() and path.is_symlink():
+        raise UserError(
+            f"config file {path} is a link to {os.readlink(path)}, which leads to no file "
+            "(it is missing, or a loop of links)",
+            "point the link at a TOML file, or remove it",
+        )
     if not path.exists():
         raise UserError(
             f"config file {path} does not exist", "give --config an existing TOML file"
@@ -134,6 +144,18 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise UserError(
             f"config {path} nests arrays or tables too deep to read",
             "a memprobe config is a few tables of keys: fix the file",
+        ) from None
+    except ValueError as exc:
+        # tomllib reads an integer with int(), which refuses text past Python's 4,300
+        # digits with a plain ValueError (not a TOMLDecodeError): it was a traceback.
+        what = (
+            "an integer of more than 4,300 digits"
+            if "digits" in str(exc)
+            else f"a value Python cannot read ({exception_text(exc, name=False)})"
+        )
+        raise UserError(
+            f"config {path} holds {what}",
+            "a memprobe config holds sizes and counts of a few digits: fix the file",
         ) from None
 
 
@@ -225,7 +247,17 @@ def _parse_gate(value: Any, where: str, base: Path) -> GateConfig:
     if "baseline" in table:
         if not isinstance(table["baseline"], str) or not table["baseline"]:
             raise UserError(f"{where}: 'baseline' must be a path string")
-        baseline = base / table["baseline"]
+        if "\0" in table["baseline"]:
+            # TOML strings may hold "\u0000"; no path can, and the first look at it
+            # (os.stat, realpath) raised ValueError: a traceback.
+            raise UserError(
+                f"{where}: 'baseline' holds a NUL character (\\u0000)",
+                "no file name holds one: write the baseline's path",
+            )
+        # "~/base.json" is the user's home, as a shell reads it: joined as written, it named
+        # a folder "~" beside the config, and the line's own hint (`--update-baseline
+        # ~/base.json`, expanded by the shell) made a baseline the gate never read.
+        baseline = base / Path(table["baseline"]).expanduser()
     max_regression = None
     if "max_regression" in table:
         max_regression = _percent(table["max_regression"], f"{where}.max_regression")
@@ -334,6 +366,15 @@ def _ints(value: Any, where: str, key: str) -> tuple[int, ...]:
         if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
             raise UserError(
                 f"{where}: '{key}' value {item!r} is not a positive whole number",
+                f"e.g. {key} = [4096, 20000]",
+            )
+        if item > MAX_COUNT:
+            # The bound --tokens and every count flag are held to: a config past it ran a
+            # sweep of 2^41 tokens the CLI refuses, or one that overflowed int64 in torch.
+            shown = f"{item:,}" if item < 10**20 else f"of {len(str(item)):,} digits"
+            raise UserError(
+                f"{where}: '{key}' value {shown} is beyond the largest count memprobe "
+                f"simulates ({MAX_COUNT:,} = 2^40)",
                 f"e.g. {key} = [4096, 20000]",
             )
     return tuple(items)

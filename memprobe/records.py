@@ -31,6 +31,10 @@ DTYPE_ALIASES = {
     "float32": "fp32",
     "float": "fp32",
 }
+# Far beyond any GPU's tokens, vocabulary or ranks (a bf16 [1, 2^40] row alone is 2 TiB);
+# past it a shape's byte count no longer fits the 64-bit results columns. Every count a
+# flag or a config gives is held to it.
+MAX_COUNT = 2**40
 STATUSES = ("ok", "oom", "skipped", "error")
 PHASES = ("setup", "forward", "backward")
 # Where a step runs; a sweep or a rule may also say "auto" (cuda when available, else meta).

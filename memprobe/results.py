@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe import __version__
+from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular, write_atomic
 from memprobe.io.text import printable
@@ -287,6 +288,30 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
         return meta
     except (OSError, ValueError, RecursionError):
         raise not_a_run from None
+
+
+def recorded_alloc_conf(run_dir: Path) -> AllocConf | None:
+    """The allocator settings a run being resumed started with, as its run.json records
+    them, held to what a sweep runs under: its cases still to run are measured, and their
+    reserved bytes modelled, under them. Settings run.json cannot hold (not text, or
+    backend:cudaMallocAsync, which --alloc-conf refuses: the native model's reserved peak
+    was written as that backend's) are refused, never read as torch's defaults."""
+    recorded = read_run_meta(run_dir).get("alloc_conf")
+    if recorded is None:
+        return None  # a run.json without the key: torch's defaults, as it ran
+    try:
+        if not isinstance(recorded, str):
+            raise UserError(f"{str(recorded)[:40]!r} is not settings text")
+        conf = parse_alloc_conf(recorded)
+        if not conf.is_modelled:
+            raise UserError(f"memprobe models torch's native allocator, not {conf.backend}")
+    except UserError as exc:
+        raise UserError(
+            f"cannot resume {run_dir}: its {RUN_META} records allocator settings "
+            f"no sweep runs under ({exc.message})",
+            "the run directory was edited or mixed with another; start a new run",
+        ) from None
+    return conf
 
 
 def planned_cases(run_dir: Path) -> list[Case]:

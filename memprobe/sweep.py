@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
-from memprobe.allocator import AllocConf, modelled_alloc_conf, parse_alloc_conf
+from memprobe.allocator import AllocConf, modelled_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
 from memprobe.kernels import get_spec, kernel_names
@@ -39,7 +39,7 @@ from memprobe.measure.parallel import (
 )
 from memprobe.measure.rank_agreement import run_agreed
 from memprobe.measure.torchrun_env import under_torchrun
-from memprobe.records import DTYPES, Case, Grid, Run, normalize_dtype
+from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -227,8 +227,7 @@ def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> Swee
     conf = modelled_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
     if request.resume is not None and request.resume.is_dir():
         # A resumed run keeps the allocator settings it started with.
-        recorded = results.read_run_meta(request.resume).get("alloc_conf")
-        conf = parse_alloc_conf(recorded) if isinstance(recorded, str) else None
+        conf = results.recorded_alloc_conf(request.resume)
     if conf is not None and request.resume is None:
         # The real allocator reads it at its first allocation: set before any CUDA call.
         os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
@@ -373,6 +372,15 @@ def _check_resumed(todo: list[Case], out_dir: Path) -> None:
     the cases still to run are checked: a finished one imports nothing again."""
     for case in todo:
         try:
+            # The bound every count flag and config is held to: past it a resumed case
+            # ran at 2^41 tokens, or failed on torch's int64 overflow as a row of its own.
+            for name in ("batch", "tokens", "vocab", "chunk_size", "tp", "cp", "hidden"):
+                value = getattr(case, name)
+                if value is not None and value > MAX_COUNT:
+                    raise UserError(
+                        f"{name} {value:,} is beyond the largest count memprobe simulates "
+                        f"({MAX_COUNT:,} = 2^40)"
+                    )
             spec = get_spec(case.kernel)
             check_inputs_match([case.kernel], case.hidden)
             if case.tp > 1 and not spec.distributed:

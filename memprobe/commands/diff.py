@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -13,6 +13,7 @@ from memprobe.attribute import attribute_file_devices
 from memprobe.attribute.diff import Difference, PeakDiff, diff_findings
 from memprobe.attribute.frames import describe_frame
 from memprobe.commands.flags import MAX_COUNT, user_errors
+from memprobe.errors import UserError
 from memprobe.io.codec import to_json
 from memprobe.io.sizes import format_bytes
 from memprobe.io.text import printable
@@ -93,9 +94,18 @@ def diff_files(
     a: str | os.PathLike[str], b: str | os.PathLike[str], *, device: int | None = None
 ) -> PeakDiff:
     """Each file's lead device (the one that hit an OOM, else the largest peak), compared."""
-    fa = attribute_file_devices(a, device=device)[0]
-    fb = attribute_file_devices(b, device=device)[0]
+    fa, fb = (_lead(path, device) for path in (a, b))
     return diff_findings(fa, fb)
+
+
+def _lead(path: str | os.PathLike[str], device: int | None) -> Any:
+    try:
+        return attribute_file_devices(path, device=device)[0]
+    except UserError as exc:
+        if device is None or "has nothing for device" not in exc.message:
+            raise
+        # Of two files, say which has no such device: "the snapshot" was either of them.
+        raise UserError(f"{path}: {exc.message}", exc.hint) from None
 
 
 @user_errors

@@ -14,11 +14,9 @@ import typer
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.io.text import printable
+from memprobe.records import MAX_COUNT
 
 P = ParamSpec("P")
-# Far beyond any GPU's tokens, vocabulary or ranks (a bf16 [1, 2^40] row alone is 2 TiB);
-# past it a shape's byte count no longer fits the 64-bit results columns.
-MAX_COUNT = 2**40
 
 # The parallel layout flags, worded once for every command that takes them.
 TpOption = Annotated[

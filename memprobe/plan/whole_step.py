@@ -75,7 +75,9 @@ def plan_step(
     answers: dict[int, int] = {}  # earlier kernels' answers: allocated -> reserved
     limit = budget.limit_bytes
     for kernel in kernels:
-        step = replace(base, kernel=kernel)
+        # The search probes counts on either side of its answer: one past the positions
+        # a model learned is a count that does not run, not a plan that cannot be made.
+        step = replace(base, kernel=kernel, check_positions=False)
         target = PlanTarget(
             kernel,
             vocab=base.vocab,

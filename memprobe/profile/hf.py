@@ -27,7 +27,13 @@ from memprobe.errors import UserError
 from memprobe.io.text import printable
 from memprobe.kernels.registry import get_spec
 from memprobe.measure.step import checked_output
-from memprobe.profile.hf_config import check_ratios, check_sizes, load_error, read_config_json
+from memprobe.profile.hf_config import (
+    check_ratios,
+    check_sizes,
+    check_text_only,
+    load_error,
+    read_config_json,
+)
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype
 
@@ -64,7 +70,9 @@ def load_config(path: str | os.PathLike[str]) -> Any:
     transformers = require_transformers()
     source = Path(path)
     file = source / "config.json" if source.is_dir() else source
-    if source.is_dir() and not file.exists():
+    # A config.json that is a link leading nowhere is there (exists() follows it): read,
+    # it is named for what it is, not "no config.json in DIR".
+    if source.is_dir() and not file.exists() and not file.is_symlink():
         raise UserError(
             f"--config: no config.json in {source}",
             "give a config.json or the directory holding it",
@@ -98,8 +106,10 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     model_type = fields.pop("model_type")
     version = transformers.__version__
     if model_type not in transformers.CONFIG_MAPPING:
+        # Quoted short: a model_type of a megabyte was the one line, a megabyte long.
+        shown = repr(model_type) if len(model_type) <= 60 else repr(model_type[:57]) + "..."
         raise UserError(
-            f"unknown architecture {model_type!r} (transformers {version} does not know it)",
+            f"unknown architecture {shown} (transformers {version} does not know it)",
             "check the config's model_type, or upgrade transformers",
         )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
@@ -108,6 +118,7 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
             "memprobe step trains causal LMs (Llama, Qwen, Mistral, Gemma, ...)",
         )
     config_class = transformers.CONFIG_MAPPING[model_type]
+    check_text_only(model_type, config_class, fields, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     aliases = dict(getattr(config_class, "attribute_map", {}) or {})
     check_sizes(model_type, fields, aliases)
     try:
@@ -119,6 +130,38 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
         raise load_error(model_type, exc) from None
     check_ratios(model_type, fields, aliases)  # what transformers' validators let through
     return config
+
+
+def learned_positions(model: torch.nn.Module) -> int | None:
+    """How many positions the model learned an embedding for (GPT-2's ``wpe``, OPT's and
+    BioGPT's ``embed_positions``, which skip their first ``offset`` rows); None for a
+    model that computes its positions (RoPE, ALiBi, sinusoids), whose reach has no
+    table's end."""
+    get_inputs = getattr(model, "get_input_embeddings", None)
+    inputs = get_inputs() if callable(get_inputs) else None
+    counts = [
+        module.num_embeddings - int(getattr(module, "offset", 0) or 0)
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Embedding)
+        and module is not inputs
+        and ("pos" in name.rsplit(".", 1)[-1] or name.endswith("wpe"))
+    ]
+    return min(counts) if counts else None
+
+
+def check_positions(model: torch.nn.Module, tokens: int, model_type: str) -> None:
+    """A sequence no longer than the positions the model learned. Past them, a real step
+    indexes outside the table (a device-side assert on CUDA), while on meta no index is
+    read: a GPT-2 of 8 positions was simulated at 64 tokens, its peak printed as if it
+    could run."""
+    positions = learned_positions(model)
+    if positions is not None and tokens > positions:
+        raise UserError(
+            f"the {printable(model_type)} model learned positions for {positions:,} tokens; "
+            f"a sequence of {tokens:,} indexes past them (a real step fails there)",
+            f"give --tokens {positions:,} or fewer, or a config with more positions "
+            "(max_position_embeddings / n_positions)",
+        )
 
 
 def _torch_dtype(name: str, flag: str) -> torch.dtype:
@@ -151,6 +194,9 @@ class HFStep:
     dtype: str = "bf16"
     param_dtype: str | None = None
     attn: str = "auto"
+    # Refuse a sequence longer than the positions the model learned (plan --step, which
+    # probes counts on either side of its answer, turns it off).
+    check_positions: bool = True
 
     def __post_init__(self) -> None:
         for name in ("tokens", "batch"):
@@ -274,7 +320,10 @@ class HFStep:
                 )
         # torch's modules assert their arguments (nn.Embedding: a padding_idx inside the
         # vocabulary): a config transformers takes can still fail here, before any step.
-        except (ValueError, TypeError, KeyError, AssertionError) as exc:
+        # A model reading a field its config lacks (a text_config where the architecture
+        # takes none, a multimodal config whose text sizes are nested) raises
+        # AttributeError: said as the step failing "on meta", with a hint to try cpu.
+        except (ValueError, TypeError, KeyError, AssertionError, AttributeError) as exc:
             what = " ".join(str(exc).split())[:200]
             raise UserError(
                 f"transformers cannot build this model ({what})", "check the config"
@@ -298,6 +347,8 @@ class HFStep:
         """The step on ``device``; ``on_model`` sees the model once it is built."""
         with _quiet_transformers():
             model = self.build(device)
+            if self.check_positions:
+                check_positions(model, self.tokens, self.config.model_type)
             if on_model is not None:
                 on_model(model)
             self._train(model, device)

@@ -11,6 +11,7 @@ planned on any of those is not the user's model, so each is one line here instea
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +72,56 @@ def read_config_json(file: Path) -> Any:
         ) from None
 
 
+def check_text_only(
+    model_type: str, config_class: Any, fields: dict[str, Any], causal_lms: Mapping[str, Any]
+) -> None:
+    """A text model's config: its sizes at the top level, where the step reads them.
+
+    A multimodal architecture (gemma3, mllama) reads its text model's sizes from its
+    ``text_config`` and nothing else: sizes written at the top level were passed over
+    and its defaults built a 2.72B-parameter model for a 100K-parameter config, without
+    a word; sizes nested where they belong failed the step "on meta" (its config has no
+    ``vocab_size``). A ``text_config`` given to an architecture that takes none (llama)
+    failed as a dict with no ``to_dict``, with a hint blaming meta."""
+    subs = getattr(config_class, "sub_configs", None) or {}
+    kind = printable(model_type)
+    if "text_config" in subs:
+        text_type = getattr(subs["text_config"], "model_type", "")
+        hint = (
+            f"give its text model's config: text_config's fields, with model_type \"{text_type}\""
+            if text_type in causal_lms
+            else "give the config of a text-only causal LM (llama, qwen2, mistral, ...)"
+        )
+        raise UserError(
+            f"the {kind} config is a multimodal model's, whose text model's sizes are "
+            "read from its text_config: memprobe step builds text-only causal LMs",
+            hint,
+        )
+    if fields.get("text_config") is not None:
+        raise UserError(
+            f"the {kind} config gives a text_config, which {kind} does not take "
+            "(its sizes are read from the top level)",
+            "move the sizes to the top level of config.json and drop text_config",
+        )
+
+
 def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]) -> None:
-    """Every size in :data:`REQUIRED` present (a multimodal config's ``text_config`` is
-    left to transformers) and each size given a whole number within reach."""
-    nested = isinstance(fields.get("text_config"), dict)
+    """Every size in :data:`REQUIRED` present (a multimodal config, which nests them in
+    ``text_config``, is refused before: :func:`check_text_only`) and each size given a
+    whole number within reach."""
     for name in REQUIRED + OPTIONAL:
-        key = name if name in fields else aliases.get(name, name)
+        alias = aliases.get(name, name)
+        if alias != name and name in fields and alias in fields and fields[name] != fields[alias]:
+            # GPT-2's n_embd is its hidden_size: given both, transformers builds one of
+            # them without a word (n_embd 64 and hidden_size 4096 built 405M parameters).
+            raise UserError(
+                f"the {printable(model_type)} config gives {alias} {_shown(fields[alias])} and "
+                f"{name} {_shown(fields[name])}: two names for one size",
+                "give one of them in config.json",
+            )
+        key = name if name in fields else alias
         if key not in fields:
-            if name in REQUIRED and not nested:
+            if name in REQUIRED:
                 raise UserError(
                     f"the {printable(model_type)} config gives no {key}",
                     "a model's config.json gives its sizes; memprobe does not fill them "
@@ -90,13 +133,17 @@ def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]
             continue
         top = MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
-            shown = printable(repr(value))
-            shown = shown if len(shown) <= 40 else shown[:37] + "..."
             raise UserError(
-                f"the {printable(model_type)} config's {key} is {shown}: "
+                f"the {printable(model_type)} config's {key} is {_shown(value)}: "
                 f"a whole number from 1 to {top:,} is needed",
                 "fix config.json",
             )
+
+
+def _shown(value: Any) -> str:
+    """A config's value as a message quotes it: printable, at most 40 characters."""
+    shown = printable(repr(value))
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 # Expert counts under the names MoE configs give them, beside num_experts_per_tok.

@@ -164,6 +164,9 @@ def _floor_lines(floors: pd.DataFrame, axis: str) -> list[list[tuple[float, floa
 @styled
 def breakdown_bars(parts: list[Breakdown], headline: Headline) -> bytes | None:
     """At the largest case: one horizontal bar per kernel, split by what made the peak."""
+    # A peak of no bytes has no bar (a trace whose allocations are all of 0 bytes): with
+    # nothing else to draw, the empty legend ended `report` in matplotlib's ValueError.
+    parts = [b for b in parts if b.peak_bytes > 0]
     if not parts:
         return None
     by_kernel = {k.kernel: k for k in headline.kernels}

@@ -61,6 +61,15 @@ def gather(row: dict[str, Any], run_dir: Path) -> Evidence:
         problem = f"snapshot not used: {row['snapshot']} was recorded for case {recorded}"
         return Evidence(case.kernel, case, None, problems=(problem,))
     trace = from_snapshot(snapshot)
+    if trace.length == 0:
+        # A snapshot of segments only (torch's, recorded without history, or the trace
+        # emptied): no allocation to place, so its "peak" was 0 B of nothing, and the
+        # breakdown figure of such peaks ended `report` in a traceback from matplotlib.
+        problem = (
+            f"snapshot not used: {row['snapshot']} records no allocation or free "
+            "(no trace: record it with torch.cuda.memory._record_memory_history())"
+        )
+        return Evidence(case.kernel, case, None, problems=(problem,))
     findings, problems = _attribute(case, snapshot)
     return Evidence(
         kernel=case.kernel,

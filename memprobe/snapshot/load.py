@@ -134,9 +134,26 @@ def _unpickle(data: bytes, p: Path) -> Any:
             gc.enable()
 
 
+# How much of a value from the file one message quotes: a key or action of megabytes would
+# make the one line megabytes long.
+_QUOTE_CHARS = 60
+
+
+def _quoted(value: Any) -> str:
+    """``value`` as a message quotes it: its repr, cut to :data:`_QUOTE_CHARS`. An int past
+    64 bits is said by its size (repr raises past 4,300 digits); a tuple or any other
+    container by its type (its repr would hold such ints, or megabytes)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -_U64 < value < _U64:
+        return f"(an integer of {value.bit_length():,} bits)"
+    if not isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return f"(a {type(value).__name__})"
+    text = repr(value)
+    return text if len(text) <= _QUOTE_CHARS else text[: _QUOTE_CHARS - 3] + "..."
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, dict):
-        keys = ", ".join(repr(k) for k in list(value)[:5])
+        keys = ", ".join(_quoted(k) for k in list(value)[:5])
         return f"a dict with keys {keys}" if value else "an empty dict"
     if isinstance(value, (list, tuple)):
         n = len(value)
@@ -269,7 +286,7 @@ def _trace(trace: Any, device: int, bad: _Bad) -> list[dict]:
         raise bad(
             f"device_traces[{device}]",
             f"has {len(entries):,} entries and none is an action memprobe reads "
-            f"(the first is {entries[0]['action']!r}; torch writes {', '.join(ACTIONS)})",
+            f"(the first is {_quoted(entries[0]['action'])}; torch writes {', '.join(ACTIONS)})",
         )
     return entries
 
@@ -377,17 +394,26 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
     size: int = total if isinstance(total, int) and given else sum(b["size"] for b in blocks)
     if size < 0:
         raise bad(where, f"has a negative 'total_size' ({size})")
+    if size == 0:
+        # A segment is memory cudaMalloc reserved: one of no bytes has no layout the
+        # allocator replay could place (it ended in an IndexError).
+        raise bad(where, "holds 0 bytes (a segment is memory the allocator reserved)")
     if given and isinstance(address, int) and offset > address + size:
         used = offset - address
         raise bad(where, f"has blocks past its end ({used:,} bytes of blocks in {size:,})")
     total = size
+    device = seg["device"] if _is_int(seg.get("device")) else 0
+    if device < 0:
+        # CUDA numbers devices from 0: -1 was chosen as the device to read, then refused
+        # as one the snapshot "has nothing for" while naming it as the one with data.
+        raise bad(where, f"is on device {device} (CUDA numbers its devices from 0)")
     out = {k: v for k, v in seg.items()}
     live = [b for b in blocks if b["state"] in LIVE_STATES]
     out.update(
         address=address,
         total_size=total,
         blocks=blocks,
-        device=seg["device"] if _is_int(seg.get("device")) else 0,
+        device=device,
         stream=seg["stream"] if _is_int(seg.get("stream")) else 0,
         frames=seg["frames"] if isinstance(seg.get("frames"), list) else [],
         # torch writes a bool: a string "False" is true to bool(), an expandable segment
@@ -437,6 +463,13 @@ def _block(b: Any, default_address: int, where: str, bad: _Bad) -> dict:
         history[0] if isinstance(history, list) and history and isinstance(history[0], dict) else {}
     )
     requested = b.get("requested_size", first.get("real_size", size))
+    if _is_int(requested) and (requested < 0 or (requested > size and state in LIVE_STATES)):
+        # The allocator rounds a request up to its block: what a live block was asked for
+        # is never more than the block, nor less than nothing. Counted as it stood, a live
+        # block of -1 TiB (or 1 PiB in a 20 MiB segment) was the step's "peak allocated".
+        # A free block may keep a larger stale request (the remainder of a split keeps
+        # the whole block's, in torch as in memprobe's model): it is not counted.
+        raise bad(where, f"requested {requested:,} bytes, outside its block of {size:,}")
     frames = b.get("frames", first.get("frames"))
     address = b.get("address")
     out.update(
