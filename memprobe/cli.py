@@ -197,9 +197,10 @@ class _ReaderMayLeave:
 
 
 # What writing standard output fails with: the reader went away (`| head`), the device is
-# full (`> /dev/full`), an I/O error. Every file memprobe writes turns its own errors into a
-# one-line UserError, so one of these reaching main is the output stream's.
-_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EBADF}
+# full (`> /dev/full`), the file is at the size limit (`ulimit -f`), an I/O error. Every
+# file memprobe writes turns its own errors into a one-line UserError, so one of these
+# reaching main is the output stream's.
+_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EDQUOT, errno.EBADF}
 
 
 def _output_lost(exc: OSError) -> None:

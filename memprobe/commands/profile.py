@@ -12,7 +12,7 @@ import typer
 
 from memprobe.allocator import modelled_alloc_conf
 from memprobe.commands.attribute import attribution_output
-from memprobe.commands.flags import MAX_COUNT, user_errors
+from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.text import printable
@@ -77,6 +77,7 @@ def _source_files(fn: object) -> list[Path]:
 
 
 @user_errors
+@runs_torch
 def command(
     step: Annotated[
         str,

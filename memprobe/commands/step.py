@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from memprobe.commands import sharded_flags as sharded
-from memprobe.commands.flags import MAX_COUNT, user_errors
+from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.sizes import format_bytes, parse_budget
@@ -206,6 +206,7 @@ def step_command(
 
 
 @user_errors
+@runs_torch
 def command(
     config: Annotated[
         Path, typer.Option(help="The model's config.json, or the directory holding it.")

@@ -18,6 +18,7 @@ from memprobe.commands.flags import (
     int_list,
     name_list,
     positive_ints,
+    runs_torch,
     user_errors,
     warn_on_size,
 )
@@ -42,6 +43,7 @@ def check_resume_flags(given: list[str]) -> None:
 
 
 @user_errors
+@runs_torch
 def command(
     ctx: typer.Context,
     tokens: Annotated[

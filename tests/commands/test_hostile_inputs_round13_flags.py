@@ -1,0 +1,183 @@
+"""Hostile inputs, round 13 (flags, the process environment, user code): each row is a
+variant of a defect class the pass found. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line, user_module
+from small_config import SMALL
+
+TINY_STEP = (
+    "import torch\n"
+    "def step(device):\n"
+    "    w = torch.zeros(8, 8, device=device, requires_grad=True)\n"
+    "    (w @ w).sum().backward()\n"
+)
+TINY_KERNEL = (
+    "from memprobe.kernels import get_kernel\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    return get_kernel('unchunked')(logits, targets)\n"
+)
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+         "--out", "run", "-q", "--no-verify"]  # fmt: skip
+PLAN = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "unchunked", "--no-reserved"]
+
+
+def _config(here: Path) -> str:
+    (here / "config.json").write_text(json.dumps(SMALL))
+    return str(here / "config.json")
+
+
+def _snapshot(made_run: Path) -> str:
+    return str(next((made_run / "snapshots").glob("*.pickle")))
+
+
+# -- standard output to a file at the size limit (`ulimit -f`, EFBIG): a traceback, where
+# a full device (ENOSPC) is one line
+
+
+class _AtSizeLimit(io.StringIO):
+    def write(self, text: str) -> int:
+        raise OSError(errno.EFBIG, "File too large")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["kernels"],
+        [*PLAN, "--json"],
+        ["gate", "{run}", "--config", "g.toml"],
+        ["diff", "{s}", "{s}"],
+    ],
+    ids=["kernels", "plan --json", "gate", "diff"],
+)
+def test_standard_output_at_the_file_size_limit_is_one_line(
+    here: Path, made_run: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any, args: list[str]
+) -> None:
+    from memprobe import cli
+
+    (here / "g.toml").write_text("[tool.memprobe.gate]\nrules = [{kernel='*', max_peak='1TiB'}]\n")
+    argv = [a.format(run=made_run, s=_snapshot(made_run)) for a in args]
+    monkeypatch.setattr(sys, "argv", ["memprobe", *argv])
+    monkeypatch.setattr(sys, "stdout", _AtSizeLimit())
+    with pytest.raises(SystemExit) as leaving:
+        cli.main()
+    err = capsys.readouterr().err
+    assert leaving.value.code == 2 and err.endswith("cannot write the output: File too large\n")
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2, err  # plan: progress
+
+
+# -- no usable temporary directory (TMPDIR gone or unwritable and /tmp read-only, `ulimit
+# -f 0`): torch's first autograd op imports torch._dynamo, which asks tempfile for one; the
+# one line blamed the kernel ("unchunked failed in the meta simulation ... run memprobe
+# sweep") or meta ("the step failed on meta ... try --device cpu")
+
+
+@pytest.fixture
+def no_temp_dir(here: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """tempfile finding no directory to write to, as with every candidate read-only."""
+    gone = here / "gone"
+    monkeypatch.setattr(tempfile, "tempdir", None)  # not the one found before
+    monkeypatch.setattr(tempfile, "_candidate_tempdir_list", lambda: [str(gone)])
+    with pytest.raises(FileNotFoundError):
+        tempfile.gettempdir()
+    return gone
+
+
+@pytest.mark.parametrize("tmpdir", [None, "/nonexistent/tmp"], ids=["unset", "set"])
+@pytest.mark.parametrize(
+    "command", ["sweep", "plan", "plan --step", "profile", "step", "attribute --what-if"]
+)
+def test_no_temporary_directory_is_said_so(
+    run_cli: Any, here: Path, made_run: Path, no_temp_dir: Path,
+    monkeypatch: pytest.MonkeyPatch, command: str, tmpdir: str | None,
+) -> None:  # fmt: skip
+    if tmpdir is None:
+        monkeypatch.delenv("TMPDIR", raising=False)
+    else:
+        monkeypatch.setenv("TMPDIR", tmpdir)
+    args = {
+        "sweep": SWEEP,
+        "plan": PLAN,
+        "plan --step": ["plan", "--step", "--config", _config(here), "--budget", "1GiB"],
+        "profile": ["profile", f"{user_module(here, 'r13_tmp_step', TINY_STEP)}:step"],
+        "step": ["step", "--config", _config(here), "--tokens", "64"],
+        "attribute --what-if": [
+            "attribute",
+            _snapshot(made_run),
+            "--what-if",
+            f"{user_module(here, 'r13_tmp_kernel', TINY_KERNEL)}:k",
+        ],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert "no usable temporary directory, which torch needs to start" in err, err
+    assert ("TMPDIR='/nonexistent/tmp'" in err) == (tmpdir is not None)
+    assert "set TMPDIR to a directory you can write to" in err
+    assert "meta" not in err and not (here / "run").exists()
+
+
+NO_TORCH = [["gate", "{run}", "--config", "g.toml"], ["kernels"], ["attribute", "{s}"],
+            ["report", "{run}", "--out", "r.html"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("args", NO_TORCH, ids=[a[0] for a in NO_TORCH])
+def test_commands_that_run_no_torch_need_no_temporary_directory(
+    run_cli: Any, here: Path, made_run: Path, no_temp_dir: Path, args: list[str]
+) -> None:
+    (here / "g.toml").write_text("[tool.memprobe.gate]\nrules = [{kernel='*', max_peak='1TiB'}]\n")
+    code, out, err = run_cli(*[a.format(run=made_run, s=_snapshot(made_run)) for a in args])
+    assert code == 0 and out, err
+
+
+# -- MASTER_ADDR naming no host (a typo, a blank, a label past 63 characters): torch's store
+# retried it for its whole timeout (5 minutes), a c10d warning on stderr every few seconds,
+# rank 0 included
+
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_PORT": "29511"}
+NO_HOSTS = ["nonexistent.invalid", " ", "a" * 70, "höst.invalid", "127.0.0.1 "]
+
+
+@pytest.mark.parametrize("addr", NO_HOSTS, ids=["typo", "blank", "long label", "unicode", "space"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--device", "meta", "--kernel", "local_chunked", "--shard"],
+        ["--device", "cpu", "--kernel", "chunked_distributed", "--tp", "2"],
+    ],
+    ids=["--shard", "--tp 2"],
+)
+def test_a_master_addr_that_names_no_host_is_one_line_at_once(
+    run_cli: Any, here: Path, monkeypatch: pytest.MonkeyPatch, addr: str, args: list[str]
+) -> None:
+    import torch.distributed as dist
+
+    def never(*_: Any, **__: Any) -> Any:
+        raise AssertionError("torch was asked to reach it")
+
+    for name, value in {**TORCHRUN, "MASTER_ADDR": addr}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(dist, "rendezvous", never)
+    monkeypatch.setattr(dist, "init_process_group", never)
+    sweep = ["sweep", "--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--out", "o"]
+    err = one_line(*run_cli(*sweep, *args))
+    assert f"MASTER_ADDR={addr!r} in the environment names no host this machine can find" in err
+    assert "unset WORLD_SIZE and RANK" in err and not (here / "o").exists()
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "localhost", "::1"])
+def test_a_master_addr_that_resolves_is_torchruns(
+    monkeypatch: pytest.MonkeyPatch, addr: str
+) -> None:
+    from memprobe.measure.parallel import torchrun_world
+
+    for name, value in {**TORCHRUN, "MASTER_ADDR": addr}.items():
+        monkeypatch.setenv(name, value)
+    assert torchrun_world() == 2
