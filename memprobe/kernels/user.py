@@ -77,7 +77,7 @@ def user_code(who: str) -> Iterator[None]:
     :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
     try:
-        with cwd_kept(), streams_kept(), torch_state_kept(), process_kept():
+        with cwd_kept(), streams_kept(), torch_state_kept(), process_kept(), environment_kept():
             yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
@@ -104,6 +104,48 @@ def cwd_kept() -> Iterator[None]:
             if moved:
                 with contextlib.suppress(OSError):
                     os.chdir(cwd)
+
+
+# The variables memprobe, and what it calls after user code (matplotlib as it is imported
+# to draw, torch.distributed between a sweep's cases), read: as the user set them, not as
+# user code left them.
+MEMPROBE_READS = (
+    "MPLBACKEND",
+    "COLUMNS",
+    "TMPDIR",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "GITHUB_STEP_SUMMARY",
+)
+
+
+@contextlib.contextmanager
+def environment_kept() -> Iterator[None]:
+    """Put back the variables of :data:`MEMPROBE_READS` and the umask user code changed: a
+    step that set MPLBACKEND ended `profile --html` in matplotlib's traceback; a kernel that
+    set WORLD_SIZE failed its sweep after the last case, "WORLD_SIZE='two' in the
+    environment", a variable the user never set; a umask of 0o777 left memprobe's outputs
+    unreadable (mode 000). The code's other variables are its own, left as it set them."""
+    saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
+    umask = os.umask(0o077)  # read by setting; put back at once
+    os.umask(umask)
+    try:
+        yield
+    finally:
+        os.umask(umask)
+        for name, value in saved.items():
+            if os.environ.get(name) != value:
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -325,7 +367,7 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 def _import(module_name: str, path: str, what: str) -> Any:
     try:
-        with cwd_kept(), streams_kept(), process_kept():
+        with cwd_kept(), streams_kept(), process_kept(), environment_kept():
             return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
@@ -342,7 +384,9 @@ def _import(module_name: str, path: str, what: str) -> Any:
         # shadow the standard library's for the rest of the run (a colorsys.py).
         sys.path.insert(0, cwd)
         try:
-            with cwd_kept(), process_kept():
+            # Shielded as the first try is: found here (the console script's sys.path holds
+            # no current directory), a print at import went into `--json`'s object.
+            with cwd_kept(), streams_kept(), process_kept(), environment_kept():
                 return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             missing = exc

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -181,3 +182,110 @@ def test_a_master_addr_that_resolves_is_torchruns(
     for name, value in {**TORCHRUN, "MASTER_ADDR": addr}.items():
         monkeypatch.setenv(name, value)
     assert torchrun_world() == 2
+
+
+# -- user code changing the environment memprobe reads after it: a step that set
+# MPLBACKEND ended `profile --html` in matplotlib's traceback (its check ran before the
+# step); a kernel that set WORLD_SIZE and RANK failed its sweep after the last case with
+# "WORLD_SIZE='two' in the environment", a variable the user never set
+
+SETS = "os.environ.update(WORLD_SIZE='two', RANK='x', MPLBACKEND='nonesuch', COLUMNS='0')"
+ENV_NAMES = ("WORLD_SIZE", "RANK", "MPLBACKEND", "COLUMNS")
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["kernel call", "kernel import", "step call", "step import", "what-if kernel", "plan kernel"],
+)
+def test_user_code_leaves_the_environment_memprobe_reads_as_it_was(
+    run_cli: Any, here: Path, made_run: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    for name in ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    kernel = "import os\n" + TINY_KERNEL
+    if where.endswith("import"):
+        kernel = f"import os\n{SETS}\n" + TINY_KERNEL
+    else:
+        kernel = kernel.replace("    return", f"    {SETS}\n    return")
+    step = TINY_STEP.replace("import torch\n", "import os, torch\n")
+    step = f"{step}{SETS}\n" if where == "step import" else f"{step}    {SETS}\n"
+    k = f"{user_module(here, 'r13_env_k', kernel)}:k"
+    args = {
+        "kernel call": [*SWEEP, "--kernel", f"{k},unchunked", "--tokens", "64,128"],
+        "kernel import": [*SWEEP, "--kernel", f"{k},unchunked"],
+        "step call": ["profile", f"{user_module(here, 'r13_env_s', step)}:step", "--html", "p"],
+        "step import": ["profile", f"{user_module(here, 'r13_env_s', step)}:step", "--html", "p"],
+        "what-if kernel": ["attribute", _snapshot(made_run), "--what-if", k, "--html", "p"],
+        "plan kernel": ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", k, "--out", "p"],
+    }[where]
+    code, out, err = run_cli(*args)
+    assert code == 0 and out, err
+    assert not [name for name in ENV_NAMES if name in os.environ]
+    if where.startswith("kernel"):
+        rows = json.loads((here / "run" / "results.json").read_text())["rows"]
+        assert {r["status"] for r in rows} == {"ok"}
+
+
+def test_the_user_codes_own_variables_stay_set(run_cli: Any, here: Path) -> None:
+    step = TINY_STEP.replace("import torch\n", "import os, torch\n")
+    step += "    os.environ['R13_MINE'] = os.environ.get('R13_MINE', '') + 'x'\n"
+    name = user_module(here, "r13_env_own", step)
+    try:
+        code, _, err = run_cli("profile", f"{name}:step")
+        assert code == 0 and os.environ["R13_MINE"] == "x", err
+    finally:
+        os.environ.pop("R13_MINE", None)
+
+
+def test_a_matplotlib_backend_set_by_the_steps_import_is_not_memprobes(tmp_path: Path) -> None:
+    """The real failure: matplotlib read MPLBACKEND as `--html` imported it to draw."""
+    from launch import forked_torchrun
+
+    step = TINY_STEP.replace("import torch\n", "import os, torch\nos.environ['MPLBACKEND'] = 'x'\n")
+    (tmp_path / "r13_mpl.py").write_text(step)
+    done = forked_torchrun(
+        ["profile", "r13_mpl:step", "--html", "p.html"], cwd=tmp_path, nproc=0, timeout=60
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert (tmp_path / "p.html").is_file()
+
+
+# -- a umask of 0o777 set by user code: memprobe's outputs were written mode 000, which the
+# user could not open
+
+
+def test_user_codes_umask_is_not_memprobes(run_cli: Any, here: Path) -> None:
+    step = TINY_STEP.replace("import torch\n", "import os, torch\nos.umask(0o777)\n")
+    step += "    os.umask(0o777)\n"
+    name = user_module(here, "r13_umask", step)
+    mask = os.umask(0o022)
+    try:
+        code, _, err = run_cli("profile", f"{name}:step", "--out", "p.pickle", "--html", "p.html")
+        assert code == 0, err
+        assert os.umask(0o022) == 0o022
+    finally:
+        os.umask(mask)
+    for made in ("p.pickle", "p.html"):
+        assert (here / made).stat().st_mode & 0o666 == 0o644, made
+
+
+# -- a module found in the current directory by the fallback import (the console script's
+# sys.path holds no current directory): its print at import went into `--json`'s object,
+# where the first import sends it to stderr
+
+
+@pytest.mark.parametrize("command", ["profile", "plan"])
+def test_a_module_imported_from_here_prints_to_stderr(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    body = "print('R13-AT-IMPORT')\n" + TINY_STEP + TINY_KERNEL
+    name = user_module(tmp_path, f"r13_fallback_{command}", body)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    if command == "profile":
+        args = ["profile", f"{name}:step", "--json"]
+    else:
+        args = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", f"{name}:k", "--json"]
+    code, out, err = run_cli(*args)
+    assert code == 0 and "R13-AT-IMPORT" in err, err
+    json.loads(out)  # JSON alone
