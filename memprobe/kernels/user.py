@@ -128,18 +128,22 @@ MEMPROBE_READS = (
 
 @contextlib.contextmanager
 def environment_kept() -> Iterator[None]:
-    """Put back the variables of :data:`MEMPROBE_READS` and the umask user code changed: a
-    step that set MPLBACKEND ended `profile --html` in matplotlib's traceback; a kernel that
-    set WORLD_SIZE failed its sweep after the last case, "WORLD_SIZE='two' in the
-    environment", a variable the user never set; a umask of 0o777 left memprobe's outputs
-    unreadable (mode 000). The code's other variables are its own, left as it set them."""
+    """Put back the variables of :data:`MEMPROBE_READS`, the umask and the recursion limit
+    user code changed: a step that set MPLBACKEND ended `profile --html` in matplotlib's
+    traceback; a kernel that set WORLD_SIZE failed its sweep after the last case,
+    "WORLD_SIZE='two' in the environment", a variable the user never set; a umask of 0o777
+    left memprobe's outputs unreadable (mode 000); a recursion limit of 60 failed every
+    case after the kernel's, memprobe's own kernels too, and the report's template ended in
+    a RecursionError. The code's other variables are its own, left as it set them."""
     saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
     umask = os.umask(0o077)  # read by setting; put back at once
     os.umask(umask)
+    depth = sys.getrecursionlimit()
     try:
         yield
     finally:
         os.umask(umask)
+        sys.setrecursionlimit(depth)
         for name, value in saved.items():
             if os.environ.get(name) != value:
                 if value is None:

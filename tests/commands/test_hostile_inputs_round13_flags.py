@@ -289,3 +289,28 @@ def test_a_module_imported_from_here_prints_to_stderr(
     code, out, err = run_cli(*args)
     assert code == 0 and "R13-AT-IMPORT" in err, err
     json.loads(out)  # JSON alone
+
+
+# -- a recursion limit lowered by user code: every case after the kernel's failed,
+# memprobe's own kernels too, and the report's template ended in a RecursionError
+
+
+@pytest.mark.parametrize("where", ["kernel call", "kernel import"])
+def test_user_codes_recursion_limit_is_not_memprobes(run_cli: Any, here: Path, where: str) -> None:
+    limit = sys.getrecursionlimit()
+    low = "sys.setrecursionlimit(len(inspect.stack()) + 25)"  # a little above where it is
+    kernel = f"import inspect, sys\n{low}\n" + TINY_KERNEL
+    if where == "kernel call":
+        kernel = "import inspect, sys\n" + TINY_KERNEL.replace(
+            "    return", f"    {low}\n    return"
+        )
+    k = f"{user_module(here, 'r13_depth', kernel)}:k"
+    try:
+        code, _, err = run_cli(*SWEEP, "--kernel", f"{k},unchunked,local_chunked")
+        assert code == 0 and "Traceback" not in err, err
+        assert sys.getrecursionlimit() == limit
+    finally:
+        sys.setrecursionlimit(limit)
+    rows = json.loads((here / "run" / "results.json").read_text())["rows"]
+    assert [r["status"] for r in rows[1:]] == ["ok", "ok"], [r["note"] for r in rows]
+    assert (here / "run" / "report.html").is_file()
