@@ -314,3 +314,25 @@ def test_user_codes_recursion_limit_is_not_memprobes(run_cli: Any, here: Path, w
     rows = json.loads((here / "run" / "results.json").read_text())["rows"]
     assert [r["status"] for r in rows[1:]] == ["ok", "ok"], [r["note"] for r in rows]
     assert (here / "run" / "report.html").is_file()
+
+
+# -- COLUMNS of 0 (left by a tool that found no terminal) or a few columns: rich drew the
+# help in that width, one blank line at 0 and a column of word pieces up to 20
+
+
+@pytest.mark.parametrize("columns", ["0", "1", "5", "39", "", "abc", "-3", "٨٠"])
+@pytest.mark.parametrize("command", ["sweep", "plan", ""])
+def test_help_in_a_width_of_nothing_is_still_read(
+    run_cli: Any, monkeypatch: pytest.MonkeyPatch, columns: str, command: str
+) -> None:
+    monkeypatch.setenv("COLUMNS", columns)
+    code, out, _ = run_cli(*([command] if command else []), "--help")
+    assert code == 0
+    assert "Usage:" in out and "--help" in out and "…" not in out, out
+    assert max(len(line) for line in out.splitlines()) >= 80
+
+
+def test_a_wide_columns_is_still_the_width(run_cli: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run_cli("sweep", "--help")
+    assert code == 0 and max(len(line) for line in out.splitlines()) == 200
