@@ -336,3 +336,26 @@ def test_a_wide_columns_is_still_the_width(run_cli: Any, monkeypatch: pytest.Mon
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = run_cli("sweep", "--help")
     assert code == 0 and max(len(line) for line in out.splitlines()) == 200
+
+
+# -- --case-timeout nan: typer's bound check read it as "should be less than or equal to
+# 1000000", which NaN is not more than
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [("nan", "nan"), ("-nan", "nan"), ("NaN", "nan"), ("inf", "inf"), ("1e300", "1e+300"),
+     ("0", "0.0"), ("-1", "-1.0"), ("1000001", "1000001.0")],
+)  # fmt: skip
+def test_a_case_timeout_out_of_bounds_says_what_it_is(
+    run_cli: Any, here: Path, value: str, shown: str
+) -> None:
+    err = one_line(*run_cli(*SWEEP, "--shard", "--case-timeout", value))
+    assert f"--case-timeout {shown} is not a number of seconds from 0.001 to 1,000,000" in err
+    assert "less than or equal" not in err and not (here / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["0.001", "1000000", "600"])
+def test_a_case_timeout_in_bounds_reaches_the_shard_check(run_cli: Any, value: str) -> None:
+    err = one_line(*run_cli(*SWEEP, "--shard", "--case-timeout", value))
+    assert "--shard shares the cases out across torchrun ranks" in err
