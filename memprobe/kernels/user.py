@@ -134,16 +134,26 @@ def environment_kept() -> Iterator[None]:
     "WORLD_SIZE='two' in the environment", a variable the user never set; a umask of 0o777
     left memprobe's outputs unreadable (mode 000); a recursion limit of 60 failed every
     case after the kernel's, memprobe's own kernels too, and the report's template ended in
-    a RecursionError. The code's other variables are its own, left as it set them."""
+    a RecursionError. The code's other variables are its own, left as it set them.
+
+    sys.path too: entries the code removed (``sys.path[:] = [...]``) are put back at its
+    end, so that what memprobe imports later (torch._dynamo at the first autograd op,
+    matplotlib to draw) is found: a sweep's report lost its plots without a word, and
+    attribute --html ended in a ModuleNotFoundError. Entries it added stay, where it put
+    them (a kernel may import from them later)."""
     saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
     umask = os.umask(0o077)  # read by setting; put back at once
     os.umask(umask)
     depth = sys.getrecursionlimit()
+    path = list(sys.path)
     try:
         yield
     finally:
         os.umask(umask)
         sys.setrecursionlimit(depth)
+        if not isinstance(sys.path, list):  # replaced by something else altogether
+            sys.path = []
+        sys.path.extend(entry for entry in path if entry not in sys.path)
         for name, value in saved.items():
             if os.environ.get(name) != value:
                 if value is None:

@@ -359,3 +359,45 @@ def test_a_case_timeout_out_of_bounds_says_what_it_is(
 def test_a_case_timeout_in_bounds_reaches_the_shard_check(run_cli: Any, value: str) -> None:
     err = one_line(*run_cli(*SWEEP, "--shard", "--case-timeout", value))
     assert "--shard shares the cases out across torchrun ranks" in err
+
+
+# -- sys.path emptied by user code: what memprobe imported after it was not found; a
+# sweep's run lost its snapshots and plots without a word, attribute --html ended in a
+# ModuleNotFoundError traceback
+
+CLEARS = "sys.path[:] = ['/nonexistent']"
+
+
+@pytest.mark.parametrize("where", ["kernel call", "kernel import", "step import"])
+def test_entries_user_code_takes_off_sys_path_are_put_back(
+    run_cli: Any, here: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # this test's own, put back after
+    before = list(sys.path)
+    if where == "step import":
+        body = TINY_STEP.replace("import torch\n", f"import sys, torch\n{CLEARS}\n")
+        code, _, err = run_cli("profile", f"{user_module(here, 'r13_path_s', body)}:step")
+    else:
+        body = "import sys\n" + TINY_KERNEL
+        if where == "kernel import":
+            body = f"import sys\n{CLEARS}\n" + TINY_KERNEL
+        else:
+            body = body.replace("    return", f"    {CLEARS}\n    return")
+        k = f"{user_module(here, 'r13_path_k', body)}:k"
+        code, _, err = run_cli(*SWEEP, "--kernel", f"unchunked,{k},local_chunked")
+        rows = json.loads((here / "run" / "results.json").read_text())["rows"]
+        assert [r["status"] for r in rows] == ["ok"] * 3, [r["note"] for r in rows]
+    assert code == 0, err
+    assert set(before) <= set(sys.path) and "/nonexistent" in sys.path
+
+
+def test_an_emptied_sys_path_does_not_stop_the_page(tmp_path: Path, made_run: Path) -> None:
+    """The real failure: matplotlib, imported to draw after the kernel ran, not found."""
+    from launch import forked_torchrun
+
+    body = "import sys\n" + TINY_KERNEL.replace("    return", f"    {CLEARS}\n    return")
+    (tmp_path / "r13_path_page.py").write_text(body)
+    args = ["attribute", _snapshot(made_run), "--what-if", "r13_path_page:k", "--html", "a.html"]
+    done = forked_torchrun(args, cwd=tmp_path, nproc=0, timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert (tmp_path / "a.html").is_file()
