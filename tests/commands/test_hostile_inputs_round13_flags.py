@@ -401,3 +401,38 @@ def test_an_emptied_sys_path_does_not_stop_the_page(tmp_path: Path, made_run: Pa
     done = forked_torchrun(args, cwd=tmp_path, nproc=0, timeout=60)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert (tmp_path / "a.html").is_file()
+
+
+# -- a gate given a run's results.json (not its folder): the run's other files were no
+# inputs, so `--update-baseline run/run.json` left a folder no longer a run (report and
+# --resume refused it) and `--junit-xml run/report.html` replaced the run's page
+
+
+@pytest.mark.parametrize(
+    ("flag", "name"),
+    [("--update-baseline", "run.json"), ("--junit-xml", "report.html"),
+     ("--junit-xml", "snapshots/j.xml"), ("--update-baseline", "results.csv"),
+     ("--junit-xml", "timeline.png")],
+)  # fmt: skip
+def test_a_gate_on_a_runs_results_file_replaces_none_of_the_run(
+    run_cli: Any, made_run: Path, here: Path, flag: str, name: str
+) -> None:
+    import shutil
+
+    run = here / "run"
+    shutil.copytree(made_run, run)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    (here / "g.toml").write_text("[tool.memprobe.gate]\nrules = [{kernel='*', max_peak='1TiB'}]\n")
+    args = ["gate", str(run / "results.json"), "--config", "g.toml", flag, str(run / name)]
+    err = one_line(*run_cli(*args))
+    assert "an input of this command" in err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_results_file_outside_a_run_still_takes_outputs_beside_it(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    (here / "results.json").write_bytes((made_run / "results.json").read_bytes())
+    (here / "g.toml").write_text("[tool.memprobe.gate]\nrules = [{kernel='*', max_peak='1TiB'}]\n")
+    code, _, err = run_cli("gate", "results.json", "--config", "g.toml", "--junit-xml", "j.xml")
+    assert code == 0 and (here / "j.xml").is_file(), err
