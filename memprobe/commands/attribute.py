@@ -61,7 +61,9 @@ def attribute_command(
     conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     if html_path is not None:
         # Before anything is read or written: the page must not replace the snapshot.
-        guard_outputs({"--html": html_path}, [Path(snapshot)])
+        from memprobe.kernels.user import kernel_source_files
+
+        guard_outputs({"--html": html_path}, [Path(snapshot), *kernel_source_files(what_if)])
     loaded = load_snapshot(snapshot)
     predicted = None
     if what_if is not None:

@@ -48,12 +48,13 @@ def profile_command(
         if path is not None:
             check_output_file(path, what=what)
     # torch only now: the CLI starts without it.
+    from memprobe.kernels.user import source_files
     from memprobe.profile import load_step, profile_step
     from memprobe.snapshot.write import write_snapshot
 
     fn = load_step(step)
     # The step's own source file is an input: an output must never replace it.
-    guard_outputs(outputs, _source_files(fn))
+    guard_outputs(outputs, source_files(fn))
     snapshot = profile_step(fn, device, alloc_conf=conf, name=step)
     if out is not None:
         write_snapshot(snapshot, out)
@@ -64,16 +65,6 @@ def profile_command(
         as_json=as_json,
         html_path=html_path,
     )
-
-
-def _source_files(fn: object) -> list[Path]:
-    import inspect
-
-    try:
-        source = inspect.getsourcefile(fn)  # type: ignore[arg-type]
-    except TypeError:  # a builtin, or a callable object without a file
-        source = None
-    return [Path(source)] if source else []
 
 
 @user_errors

@@ -179,8 +179,10 @@ def step_command(
 
     budget_bytes = parse_budget(budget) if budget is not None else None
     conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    from memprobe.kernels.user import kernel_source_files
+
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
-    guard_outputs({"--out": out}, [source])
+    guard_outputs({"--out": out}, [source, *kernel_source_files(step_flags.get("kernel"))])
     if out is not None:
         check_output_file(out, what="snapshot")
     step = build_step(config, tokens=tokens, **step_flags)

@@ -37,6 +37,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 from typing import Any, TextIO, cast
 
 from memprobe.errors import Unwind, UserError
@@ -281,6 +282,26 @@ def _default_device() -> Any:
 def is_import_path(name: str) -> bool:
     """True for ``package.module:function`` names (user kernels), False for registered ones."""
     return ":" in name
+
+
+def source_files(fn: object) -> list[Path]:
+    """The file that defines ``fn`` (none for a builtin, or an object without one): an
+    output of the command that runs it must not replace it."""
+    try:
+        source = inspect.getsourcefile(fn)  # type: ignore[arg-type]
+    except TypeError:  # a builtin, or a callable object without a file
+        source = None
+    return [Path(source)] if source else []
+
+
+def kernel_source_files(name: str | None) -> list[Path]:
+    """The source of a user's kernel named ``package.module:function`` (imported here, as
+    the command would), none for memprobe's own: `step --kernel mine:k --out mine.py` and
+    `attribute --what-if mine:k --html mine.py` replaced the kernel's code with the
+    snapshot or the page."""
+    if name is None or not is_import_path(name):
+        return []
+    return source_files(resolve_user_kernel(name).fn)
 
 
 @cache

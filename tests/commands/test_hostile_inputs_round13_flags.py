@@ -436,3 +436,42 @@ def test_a_results_file_outside_a_run_still_takes_outputs_beside_it(
     (here / "g.toml").write_text("[tool.memprobe.gate]\nrules = [{kernel='*', max_peak='1TiB'}]\n")
     code, _, err = run_cli("gate", "results.json", "--config", "g.toml", "--junit-xml", "j.xml")
     assert code == 0 and (here / "j.xml").is_file(), err
+
+
+# -- an output naming the user kernel's own source file: `step --kernel mine:k --out
+# mine.py` replaced the kernel's code with a pickle, `attribute --what-if mine:k --html
+# mine.py` with the page (profile already guarded its step's file)
+
+
+@pytest.mark.parametrize("command", ["step --out", "attribute --what-if --html"])
+@pytest.mark.parametrize("named", ["{name}.py", "./{name}.py", "{here}/{name}.py"])
+def test_an_output_never_replaces_the_kernels_source(
+    run_cli: Any, here: Path, made_run: Path, command: str, named: str
+) -> None:
+    # A module of its own per case: one imported stays in sys.modules, its file the first's.
+    stem = f"r13_src_{command.split()[0]}_{len(named)}"
+    name = user_module(here, stem, TINY_KERNEL)
+    target = named.format(name=name, here=here)
+    args = {
+        "step --out": ["step", "--config", _config(here), "--tokens", "64", "--kernel",
+                       f"{name}:k", "--out", target],
+        "attribute --what-if --html": ["attribute", _snapshot(made_run), "--what-if",
+                                       f"{name}:k", "--html", target],
+    }[command]  # fmt: skip
+    err = one_line(*run_cli(*args))
+    assert "an input of this command" in err
+    assert (here / f"{name}.py").read_text() == TINY_KERNEL
+
+
+@pytest.mark.parametrize("kernel", ["local_chunked", "user"])
+def test_an_output_beside_the_kernel_is_written(
+    run_cli: Any, here: Path, made_run: Path, kernel: str
+) -> None:
+    if kernel == "user":
+        kernel = f"{user_module(here, 'r13_src_beside', TINY_KERNEL)}:k"
+    args = ["attribute", _snapshot(made_run), "--what-if", kernel, "--html", "page.html"]
+    code, _, err = run_cli(*args)
+    assert code == 0 and (here / "page.html").is_file(), err
+    args = ["step", "--config", _config(here), "--tokens", "64", "--kernel", kernel]
+    code, _, err = run_cli(*args, "--out", "s.pickle")
+    assert code == 0 and (here / "s.pickle").is_file(), err
