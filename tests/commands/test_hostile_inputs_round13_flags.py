@@ -475,3 +475,33 @@ def test_an_output_beside_the_kernel_is_written(
     args = ["step", "--config", _config(here), "--tokens", "64", "--kernel", kernel]
     code, _, err = run_cli(*args, "--out", "s.pickle")
     assert code == 0 and (here / "s.pickle").is_file(), err
+
+
+# -- TERM=dumb on a terminal: rich took memprobe's width for a table printed whole only
+# with a height, so the table was drawn in 80 columns and its numbers cut ("299,…")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("term", ["dumb", "unknown", "xterm-256color"])
+@pytest.mark.parametrize("columns", [None, "40", "200"])
+def test_a_table_on_any_terminal_is_printed_whole(
+    monkeypatch: pytest.MonkeyPatch, term: str, columns: str | None
+) -> None:
+    from memprobe.render.console import show, table
+
+    monkeypatch.setenv("TERM", term)
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    header = [f"column number {i}" for i in range(9)]
+    row = [f"{10**12 + i:,}" for i in range(9)]
+    stream = _Terminal()
+    show([table(header, [row])], file=stream)
+    text = stream.getvalue()
+    assert "…" not in text and all(cell in text for cell in row), text
