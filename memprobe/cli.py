@@ -111,6 +111,7 @@ def _main() -> None:
             err=True,
         )
         sys.exit(2)
+    _drop_unusable_columns()
     if "--help" in sys.argv[1:] and not sys.stdout.isatty():
         # Help piped or captured: wide enough that option names are never cut off
         # (rich sizes it for 80 columns and truncates the names column).
@@ -136,6 +137,23 @@ def _main() -> None:
     except OSError as exc:
         _output_lost(exc)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# The narrowest COLUMNS taken as a width: rich lays the help out in it, and below this the
+# options' names and words are cut to a few letters a line.
+MIN_COLUMNS = 40
+
+
+def _drop_unusable_columns() -> None:
+    """A COLUMNS of 0 (left by a tool that found no terminal) or a few columns: rich drew
+    the help in that width, empty at 0 (`memprobe sweep --help` printed one blank line)
+    and a column of word pieces at 1 to 20. Dropped, the terminal's own width (or the
+    width for help off a terminal) is used, as for a value that is no number."""
+    columns = os.environ.get("COLUMNS")
+    if columns is None:
+        return
+    if not (columns.isascii() and columns.isdigit() and int(columns) >= MIN_COLUMNS):
+        del os.environ["COLUMNS"]
 
 
 class _ReaderMayLeave:
@@ -197,9 +215,10 @@ class _ReaderMayLeave:
 
 
 # What writing standard output fails with: the reader went away (`| head`), the device is
-# full (`> /dev/full`), an I/O error. Every file memprobe writes turns its own errors into a
-# one-line UserError, so one of these reaching main is the output stream's.
-_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EBADF}
+# full (`> /dev/full`), the file is at the size limit (`ulimit -f`), an I/O error. Every
+# file memprobe writes turns its own errors into a one-line UserError, so one of these
+# reaching main is the output stream's.
+_OUTPUT_ERRNOS = {errno.EPIPE, errno.ENOSPC, errno.EFBIG, errno.EIO, errno.EDQUOT, errno.EBADF}
 
 
 def _output_lost(exc: OSError) -> None:

@@ -14,7 +14,7 @@ from memprobe.allocator import DeviceReplay, modelled_alloc_conf, replay_snapsho
 from memprobe.attribute import DEFAULT_TOP, attribute_devices
 from memprobe.attribute.what_if import WhatIf, check_what_if_kernel
 from memprobe.attribute.what_if import what_if as predict_with
-from memprobe.commands.flags import MAX_COUNT, user_errors
+from memprobe.commands.flags import MAX_COUNT, check_temp_dir, user_errors
 from memprobe.errors import UserError
 from memprobe.io.codec import to_json
 from memprobe.io.files import guard_outputs
@@ -56,11 +56,14 @@ def attribute_command(
             raise UserError(f"{flag} applies to --what-if", "add --what-if KERNEL")
     budget_bytes = parse_budget(budget) if budget is not None else None
     if what_if is not None:
+        check_temp_dir()  # the prediction runs the kernel on meta
         check_what_if_kernel(what_if)  # before the snapshot is read
     conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     if html_path is not None:
         # Before anything is read or written: the page must not replace the snapshot.
-        guard_outputs({"--html": html_path}, [Path(snapshot)])
+        from memprobe.kernels.user import kernel_source_files
+
+        guard_outputs({"--html": html_path}, [Path(snapshot), *kernel_source_files(what_if)])
     loaded = load_snapshot(snapshot)
     predicted = None
     if what_if is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import tempfile
 from collections.abc import Callable
 from typing import Annotated, ParamSpec
 
@@ -57,6 +58,36 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
             raise typer.Exit(2) from None
 
     return run
+
+
+def runs_torch(command: Callable[P, None]) -> Callable[P, None]:
+    """A command that runs torch's ops (a kernel's meta simulation, a step): checks first
+    what torch needs of the process to start them. Put below :func:`user_errors`."""
+
+    @functools.wraps(command)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        check_temp_dir()
+        command(*args, **kwargs)
+
+    return run
+
+
+def check_temp_dir() -> None:
+    """torch imports torch._dynamo at its first autograd op, and that import asks tempfile
+    for a writable temporary directory: with none (TMPDIR unwritable or gone and /tmp read-
+    only, or ``ulimit -f 0``), every kernel and step failed there, and the one line blamed
+    the kernel ("unchunked failed in the meta simulation") or meta ("try --device cpu")."""
+    try:
+        tempfile.gettempdir()  # found once, then cached for the process
+    except FileNotFoundError:
+        tmpdir = os.environ.get("TMPDIR")
+        given = f"TMPDIR={tmpdir!r}, " if tmpdir else ""
+        raise UserError(
+            f"no usable temporary directory, which torch needs to start: {given}/tmp, "
+            "/var/tmp, /usr/tmp and the current directory take no file (missing, read-only, "
+            "or ulimit -f)",
+            "set TMPDIR to a directory you can write to, e.g. TMPDIR=$HOME/tmp",
+        ) from None
 
 
 def _check_mplbackend() -> None:

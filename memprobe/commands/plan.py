@@ -20,6 +20,7 @@ from memprobe.commands.flags import (
     int_list,
     name_list,
     positive_ints,
+    runs_torch,
     user_errors,
     warn_on_size,
 )
@@ -76,6 +77,7 @@ def _single(text: str, flag: str, example: str) -> int:
 
 
 @user_errors
+@runs_torch
 def command(
     vocab: Annotated[
         Optional[str],  # noqa: UP045

@@ -12,7 +12,7 @@ import typer
 
 from memprobe.allocator import modelled_alloc_conf
 from memprobe.commands.attribute import attribution_output
-from memprobe.commands.flags import MAX_COUNT, user_errors
+from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.text import printable
@@ -48,12 +48,13 @@ def profile_command(
         if path is not None:
             check_output_file(path, what=what)
     # torch only now: the CLI starts without it.
+    from memprobe.kernels.user import source_files
     from memprobe.profile import load_step, profile_step
     from memprobe.snapshot.write import write_snapshot
 
     fn = load_step(step)
     # The step's own source file is an input: an output must never replace it.
-    guard_outputs(outputs, _source_files(fn))
+    guard_outputs(outputs, source_files(fn))
     snapshot = profile_step(fn, device, alloc_conf=conf, name=step)
     if out is not None:
         write_snapshot(snapshot, out)
@@ -66,17 +67,8 @@ def profile_command(
     )
 
 
-def _source_files(fn: object) -> list[Path]:
-    import inspect
-
-    try:
-        source = inspect.getsourcefile(fn)  # type: ignore[arg-type]
-    except TypeError:  # a builtin, or a callable object without a file
-        source = None
-    return [Path(source)] if source else []
-
-
 @user_errors
+@runs_torch
 def command(
     step: Annotated[
         str,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from memprobe.commands import sharded_flags as sharded
-from memprobe.commands.flags import MAX_COUNT, user_errors
+from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.sizes import format_bytes, parse_budget
@@ -179,8 +179,10 @@ def step_command(
 
     budget_bytes = parse_budget(budget) if budget is not None else None
     conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    from memprobe.kernels.user import kernel_source_files
+
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
-    guard_outputs({"--out": out}, [source])
+    guard_outputs({"--out": out}, [source, *kernel_source_files(step_flags.get("kernel"))])
     if out is not None:
         check_output_file(out, what="snapshot")
     step = build_step(config, tokens=tokens, **step_flags)
@@ -206,6 +208,7 @@ def step_command(
 
 
 @user_errors
+@runs_torch
 def command(
     config: Annotated[
         Path, typer.Option(help="The model's config.json, or the directory holding it.")

@@ -18,6 +18,7 @@ from memprobe.commands.flags import (
     int_list,
     name_list,
     positive_ints,
+    runs_torch,
     user_errors,
     warn_on_size,
 )
@@ -42,7 +43,12 @@ def check_resume_flags(given: list[str]) -> None:
         )
 
 
+# --case-timeout's bounds: a millisecond, and 11 days (a timedelta of twice it fits).
+MIN_CASE_TIMEOUT, MAX_CASE_TIMEOUT = 0.001, 1e6
+
+
 @user_errors
+@runs_torch
 def command(
     ctx: typer.Context,
     tokens: Annotated[
@@ -140,11 +146,9 @@ def command(
     case_timeout: Annotated[
         float,
         typer.Option(
-            # Bounded: a team's rendezvous waits twice this as a timedelta, which
-            # overflows at inf or 1e300 (a traceback on every rank of a tp/cp team).
-            # 1e6 s is 11 days.
-            min=0.001,
-            max=1e6,
+            # Bounded (below, NaN too): a team's rendezvous waits twice this as a
+            # timedelta, which overflows at inf or 1e300 (a traceback on every rank of a
+            # tp/cp team).
             help="With --shard: seconds rank 0 waits for a case another rank took; a rank "
             "still silent then (hung) gets the case recorded as unfinished, and the job "
             "stops with a non-zero exit (--resume runs the case again).",
@@ -175,6 +179,14 @@ def command(
     from memprobe.render.console import Progress, show
     from memprobe.render.terminal import answer_lines, json_summary, sweep_table
 
+    if not MIN_CASE_TIMEOUT <= case_timeout <= MAX_CASE_TIMEOUT:
+        # Checked here, not by typer's min/max: NaN passed under theirs as "should be less
+        # than or equal to 1000000", which it is not more than.
+        raise UserError(
+            f"--case-timeout {case_timeout!r} is not a number of seconds from "
+            f"{MIN_CASE_TIMEOUT:g} to {MAX_CASE_TIMEOUT:,.0f} (11 days)",
+            "e.g. --case-timeout 600",
+        )
     if not shard and "--case-timeout" in given_flags(ctx):
         raise UserError(
             "--case-timeout is how long a --shard job waits for a rank; without --shard "

@@ -14,7 +14,14 @@ from memprobe.config import MemprobeConfig, load_config
 from memprobe.errors import UserError
 from memprobe.gate.rules import Row, Verdict, evaluate
 from memprobe.io.files import guard_outputs, resolved_path
-from memprobe.results import read_rows, results_file, run_inputs, write_baseline
+from memprobe.results import (
+    RESULTS_JSON,
+    RUN_META,
+    read_rows,
+    results_file,
+    run_inputs,
+    write_baseline,
+)
 
 if TYPE_CHECKING:
     from memprobe.attribute.records import BlockGroup
@@ -162,8 +169,13 @@ def run_gate(req: GateRequest) -> GateOutcome:
 
 def _run_files(results: Path) -> list[Path]:
     """A run's files: what the gate reads (run_inputs) and what else the sweep wrote there
-    (report.html, its PNGs): a gate's report replaces none of them."""
+    (report.html, its PNGs): a gate's report replaces none of them. A run's results.json
+    given for the run is the run too (its snapshots explain a failure): `gate
+    run/results.json --update-baseline run/run.json` left a folder that was no longer a
+    run, and `--junit-xml run/report.html` replaced the run's page."""
     if not results.is_dir():
+        if results.name == RESULTS_JSON and (results.parent / RUN_META).is_file():
+            return [results, *_run_files(results.parent)]
         return run_inputs(results)
     return list(dict.fromkeys([*run_inputs(results), *sorted(results.iterdir())]))
 

@@ -37,6 +37,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from functools import cache
+from pathlib import Path
 from typing import Any, TextIO, cast
 
 from memprobe.errors import Unwind, UserError
@@ -77,7 +78,7 @@ def user_code(who: str) -> Iterator[None]:
     :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
     try:
-        with cwd_kept(), streams_kept(), torch_state_kept(), process_kept():
+        with cwd_kept(), streams_kept(), torch_state_kept(), process_kept(), environment_kept():
             yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
@@ -104,6 +105,62 @@ def cwd_kept() -> Iterator[None]:
             if moved:
                 with contextlib.suppress(OSError):
                     os.chdir(cwd)
+
+
+# The variables memprobe, and what it calls after user code (matplotlib as it is imported
+# to draw, torch.distributed between a sweep's cases), read: as the user set them, not as
+# user code left them.
+MEMPROBE_READS = (
+    "MPLBACKEND",
+    "COLUMNS",
+    "TMPDIR",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "PYTORCH_ALLOC_CONF",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",
+    "GITHUB_STEP_SUMMARY",
+)
+
+
+@contextlib.contextmanager
+def environment_kept() -> Iterator[None]:
+    """Put back the variables of :data:`MEMPROBE_READS`, the umask and the recursion limit
+    user code changed: a step that set MPLBACKEND ended `profile --html` in matplotlib's
+    traceback; a kernel that set WORLD_SIZE failed its sweep after the last case,
+    "WORLD_SIZE='two' in the environment", a variable the user never set; a umask of 0o777
+    left memprobe's outputs unreadable (mode 000); a recursion limit of 60 failed every
+    case after the kernel's, memprobe's own kernels too, and the report's template ended in
+    a RecursionError. The code's other variables are its own, left as it set them.
+
+    sys.path too: entries the code removed (``sys.path[:] = [...]``) are put back at its
+    end, so that what memprobe imports later (torch._dynamo at the first autograd op,
+    matplotlib to draw) is found: a sweep's report lost its plots without a word, and
+    attribute --html ended in a ModuleNotFoundError. Entries it added stay, where it put
+    them (a kernel may import from them later)."""
+    saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
+    umask = os.umask(0o077)  # read by setting; put back at once
+    os.umask(umask)
+    depth = sys.getrecursionlimit()
+    path = list(sys.path)
+    try:
+        yield
+    finally:
+        os.umask(umask)
+        sys.setrecursionlimit(depth)
+        if not isinstance(sys.path, list):  # replaced by something else altogether
+            sys.path = []
+        sys.path.extend(entry for entry in path if entry not in sys.path)
+        for name, value in saved.items():
+            if os.environ.get(name) != value:
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -227,6 +284,26 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
+def source_files(fn: object) -> list[Path]:
+    """The file that defines ``fn`` (none for a builtin, or an object without one): an
+    output of the command that runs it must not replace it."""
+    try:
+        source = inspect.getsourcefile(fn)  # type: ignore[arg-type]
+    except TypeError:  # a builtin, or a callable object without a file
+        source = None
+    return [Path(source)] if source else []
+
+
+def kernel_source_files(name: str | None) -> list[Path]:
+    """The source of a user's kernel named ``package.module:function`` (imported here, as
+    the command would), none for memprobe's own: `step --kernel mine:k --out mine.py` and
+    `attribute --what-if mine:k --html mine.py` replaced the kernel's code with the
+    snapshot or the page."""
+    if name is None or not is_import_path(name):
+        return []
+    return source_files(resolve_user_kernel(name).fn)
+
+
 @cache
 def resolve_user_kernel(path: str) -> KernelSpec:
     """Import ``package.module:function`` and describe it as a :class:`KernelSpec`."""
@@ -325,7 +402,7 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 def _import(module_name: str, path: str, what: str) -> Any:
     try:
-        with cwd_kept(), streams_kept(), process_kept():
+        with cwd_kept(), streams_kept(), process_kept(), environment_kept():
             return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
@@ -342,7 +419,9 @@ def _import(module_name: str, path: str, what: str) -> Any:
         # shadow the standard library's for the rest of the run (a colorsys.py).
         sys.path.insert(0, cwd)
         try:
-            with cwd_kept(), process_kept():
+            # Shielded as the first try is: found here (the console script's sys.path holds
+            # no current directory), a print at import went into `--json`'s object.
+            with cwd_kept(), streams_kept(), process_kept(), environment_kept():
                 return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             missing = exc

@@ -9,8 +9,10 @@ import; :func:`memprobe.measure.parallel.start_ranks` asks the same again.
 from __future__ import annotations
 
 import os
+import socket
 
 from memprobe.errors import UserError
+from memprobe.io.text import exception_text
 
 _TORCHRUN_HINT = "launch with torchrun, or unset WORLD_SIZE and RANK to run in one process"
 
@@ -47,7 +49,22 @@ def torchrun_world() -> int:
     port = env_count("MASTER_PORT", least=1)
     if port > 65535:
         raise UserError(f"MASTER_PORT={port} in the environment is not a port", _TORCHRUN_HINT)
+    _check_master_addr(os.environ["MASTER_ADDR"], port)
     return world
+
+
+def _check_master_addr(addr: str, port: int) -> None:
+    """A MASTER_ADDR that names no host (a typo, a blank, a host of another network):
+    torch's store retried it for its whole timeout, minutes, with a c10d warning on stderr
+    every few seconds, rank 0 included. Looked up once here, it is one line at once."""
+    try:
+        socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:  # socket.gaierror; idna's "label too long"
+        raise UserError(
+            f"MASTER_ADDR={addr!r} in the environment names no host this machine can find "
+            f"({exception_text(exc)})",
+            _TORCHRUN_HINT,
+        ) from None
 
 
 def check_team(device: str, tp: list[int], cp: list[int]) -> None:

@@ -85,7 +85,18 @@ def indented(part: Part, by: int = 2) -> list[str]:
 
 
 def _terminal_console(stream: TextIO, *, width: int | None = None) -> Console:
-    return Console(file=stream, width=width, highlight=False, markup=False, emoji=False)
+    # A width is given with a height: rich takes a width alone as asked only where it is
+    # given both or the terminal is not "dumb"; under TERM=dumb it drew 80 columns, and the
+    # plan's and sweep's numbers were cut to "299,…" and "1,03…".
+    height = None if width is None else _DUMB_HEIGHT
+    return Console(
+        file=stream, width=width, height=height, highlight=False, markup=False, emoji=False
+    )
+
+
+# Lines rich assumes a terminal has when it is not told (what it takes for TERM=dumb); a
+# table printed whole does not read it.
+_DUMB_HEIGHT = 25
 
 
 def show(parts: Iterable[Part], *, file: TextIO | None = None) -> None:
