@@ -34,15 +34,21 @@ import importlib
 import inspect
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any
 
 from memprobe.errors import Unwind, UserError
 from memprobe.io.text import exception_text
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
+from memprobe.kernels.user_guards import (
+    cwd_kept,
+    environment_kept,
+    process_kept,
+    streams_kept,
+    torch_state_kept,
+)
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
 _SIGNATURES = {
@@ -84,199 +90,6 @@ def user_code(who: str) -> Iterator[None]:
         raise
     except BaseException as exc:
         raise UserCodeExit(f"{who} {how_it_left(exc)}") from None
-
-
-@contextlib.contextmanager
-def cwd_kept() -> Iterator[None]:
-    """Put back the current directory user code moved to: memprobe's relative paths (an
-    ``--out`` given before the code ran) keep meaning what they meant."""
-    try:
-        cwd: str | None = os.getcwd()
-    except OSError:  # run from a directory since removed: nothing to put back
-        cwd = None
-    try:
-        yield
-    finally:
-        if cwd is not None:
-            try:
-                moved = os.getcwd() != cwd
-            except OSError:  # the code removed the directory it moved to
-                moved = True
-            if moved:
-                with contextlib.suppress(OSError):
-                    os.chdir(cwd)
-
-
-# The variables memprobe, and what it calls after user code (matplotlib as it is imported
-# to draw, torch.distributed between a sweep's cases), read: as the user set them, not as
-# user code left them.
-MEMPROBE_READS = (
-    "MPLBACKEND",
-    "COLUMNS",
-    "TMPDIR",
-    "WORLD_SIZE",
-    "RANK",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "PYTORCH_ALLOC_CONF",
-    "PYTORCH_CUDA_ALLOC_CONF",
-    "PYTORCH_NO_CUDA_MEMORY_CACHING",
-    "GITHUB_STEP_SUMMARY",
-)
-
-
-@contextlib.contextmanager
-def environment_kept() -> Iterator[None]:
-    """Put back the variables of :data:`MEMPROBE_READS`, the umask and the recursion limit
-    user code changed: a step that set MPLBACKEND ended `profile --html` in matplotlib's
-    traceback; a kernel that set WORLD_SIZE failed its sweep after the last case,
-    "WORLD_SIZE='two' in the environment", a variable the user never set; a umask of 0o777
-    left memprobe's outputs unreadable (mode 000); a recursion limit of 60 failed every
-    case after the kernel's, memprobe's own kernels too, and the report's template ended in
-    a RecursionError. The code's other variables are its own, left as it set them.
-
-    sys.path too: entries the code removed (``sys.path[:] = [...]``) are put back at its
-    end, so that what memprobe imports later (torch._dynamo at the first autograd op,
-    matplotlib to draw) is found: a sweep's report lost its plots without a word, and
-    attribute --html ended in a ModuleNotFoundError. Entries it added stay, where it put
-    them (a kernel may import from them later)."""
-    saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
-    umask = os.umask(0o077)  # read by setting; put back at once
-    os.umask(umask)
-    depth = sys.getrecursionlimit()
-    path = list(sys.path)
-    try:
-        yield
-    finally:
-        os.umask(umask)
-        sys.setrecursionlimit(depth)
-        if not isinstance(sys.path, list):  # replaced by something else altogether
-            sys.path = []
-        sys.path.extend(entry for entry in path if entry not in sys.path)
-        for name, value in saved.items():
-            if os.environ.get(name) != value:
-                if value is None:
-                    del os.environ[name]
-                else:
-                    os.environ[name] = value
-
-
-@contextlib.contextmanager
-def process_kept() -> Iterator[None]:
-    """What user code starts does not take memprobe's process with it. A thread it starts
-    is a daemon: one left running (a worker that never returns) kept memprobe from exiting
-    after its answer, for ever. A child it forks (``os.fork()``) ends where the user code
-    returns or raises, with that outcome's status, instead of running the rest of memprobe
-    as well: a second answer on standard output, every output written twice."""
-    pid = os.getpid()
-    start = threading.Thread.start
-
-    def start_as_daemon(thread: threading.Thread) -> None:
-        thread.daemon = True
-        start(thread)
-
-    threading.Thread.start = start_as_daemon  # type: ignore[method-assign,assignment]
-    try:
-        yield
-    finally:
-        threading.Thread.start = start  # type: ignore[method-assign]
-        if os.getpid() != pid:
-            os._exit(0 if sys.exc_info()[0] is None else 1)
-
-
-class _Shielded:
-    """A stream lent to user code: what it writes goes to ``target``; closing it does not
-    close memprobe's stream."""
-
-    def __init__(self, target: TextIO) -> None:
-        self._target = target
-
-    def write(self, text: str) -> int:
-        return self._target.write(text)
-
-    def flush(self) -> None:
-        self._target.flush()
-
-    def close(self) -> None:
-        self._target.flush()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
-
-
-@contextlib.contextmanager
-def streams_kept() -> Iterator[None]:
-    """While user code runs, what it prints goes to standard error: standard output is
-    memprobe's answer (``--json`` is read by programs). Whatever the code does to
-    ``sys.stdout`` and ``sys.stderr`` (closes them, replaces them) is undone."""
-    out, err = sys.stdout, sys.stderr
-    if err is not None:
-        sys.stdout = sys.stderr = cast(TextIO, _Shielded(err))
-    try:
-        with _stdout_fd_kept(out):
-            yield
-    finally:
-        sys.stdout, sys.stderr = out, err
-
-
-@contextlib.contextmanager
-def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
-    """File descriptor 1 points at standard error while user code runs: what it writes
-    below ``sys.stdout`` (``os.write(1, ...)``, a subprocess it starts, a C library's
-    printf) went into ``--json``'s object. Where either descriptor is closed, as it is."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        if out is not None:
-            out.flush()  # memprobe's own output so far goes where it was meant to
-    try:
-        saved = os.dup(1)
-    except OSError:
-        yield
-        return
-    try:
-        try:
-            os.dup2(2, 1)
-        except OSError:
-            os.close(saved)
-            saved = -1
-        yield
-    finally:
-        if saved >= 0:
-            os.dup2(saved, 1)
-            os.close(saved)
-
-
-@contextlib.contextmanager
-def torch_state_kept() -> Iterator[None]:
-    """Put back torch's process-wide defaults user code changed (anomaly detection too): a
-    kernel that turned gradients off (``torch.set_grad_enabled(False)``) failed every case
-    after its own, memprobe's kernels included; a default dtype or device it set would
-    shape theirs."""
-    import torch
-
-    grad, dtype, device = torch.is_grad_enabled(), torch.get_default_dtype(), _default_device()
-    # Anomaly detection reads every gradient's values: left on, it failed memprobe's own
-    # kernels on meta after the user's ("Tensor.item() cannot be called on meta tensors").
-    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
-    try:
-        yield
-    finally:
-        torch.set_grad_enabled(grad)
-        if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != anomaly:
-            torch.set_anomaly_enabled(*anomaly)
-        if torch.get_default_dtype() != dtype:
-            torch.set_default_dtype(dtype)
-        if _default_device() != device:
-            torch.set_default_device(device)
-
-
-def _default_device() -> Any:
-    import torch
-
-    # None where no default device was set (tensors go to cpu), as set_default_device reads it.
-    device = torch.get_default_device()
-    return None if device == torch.device("cpu") else device
 
 
 def is_import_path(name: str) -> bool:

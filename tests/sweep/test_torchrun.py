@@ -27,7 +27,7 @@ def torchrun(*args: str, cwd) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_world_size_that_disagrees_with_tp_exits_2_on_every_rank(tmp_path):
+def test_world_size_that_disagrees_with_tp_exits_2(tmp_path):
     done = torchrun(
         "--device",
         "cpu",
@@ -44,7 +44,9 @@ def test_world_size_that_disagrees_with_tp_exits_2_on_every_rank(tmp_path):
         cwd=tmp_path,
     )
     assert done.returncode != 0
+    # Each rank refuses before it imports torch; the first to exit ends the job, so the
+    # other may be stopped by torchrun before it has printed its own line.
     lines = [ln for ln in done.stderr.splitlines() if ln.startswith("memprobe: error:")]
-    assert len(lines) == 2 and "torchrun started 2 ranks" in lines[0]
-    assert "exitcode  : 2" in done.stderr
+    assert lines and all("torchrun started 2 ranks but --tp 4" in ln for ln in lines), lines
+    assert "exitcode  : 2" in done.stderr  # (torchrun prints its own traceback)
     assert not (tmp_path / "run").exists()
