@@ -1,0 +1,99 @@
+"""Hostile inputs, round 14, files a user hands memprobe that are each valid alone but do
+not belong together. Each table is a variant of a defect class the pass found: one line
+and exit 2, never a page that mixes two runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+Rows = list[dict[str, Any]]
+
+
+def _copy(made_run: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    return run
+
+
+def _edit_rows(run: Path, edit: Callable[[Rows], Rows]) -> None:
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"] = edit(payload["rows"])
+    (run / "results.json").write_text(json.dumps(payload))
+
+
+def _edit_cases(run: Path, edit: Callable[[Rows], Rows]) -> None:
+    meta = json.loads((run / "run.json").read_text())
+    meta["cases"] = edit(meta["cases"])
+    (run / "run.json").write_text(json.dumps(meta))
+
+
+def _another(rows: Rows, **change: Any) -> Rows:
+    return [{**row, **change, "case_id": None} for row in rows]
+
+
+# -- a results.json from another run beside this run.json: the page headed the other run's
+# rows with this run.json's device, GPU capacity (the default --budget), command and date,
+# where `sweep --resume` of the same folder refuses them
+
+
+MIXED: dict[str, tuple[Callable[[Path], None], str]] = {
+    "rows of another vocabulary": (
+        lambda run: _edit_rows(run, lambda rows: _another(rows, vocab=256)),
+        "results row 0 is a case its run.json did not plan (1 such row(s))",
+    ),
+    "a row more, of another kernel": (
+        lambda run: _edit_rows(run, lambda rows: rows + _another(rows, kernel="local_chunked")),
+        "results row 1 is a case its run.json did not plan (1 such row(s))",
+    ),
+    "rows measured on another device": (
+        lambda run: _edit_rows(run, lambda rows: _another(rows, device="cpu")),
+        "results row 0 is a case its run.json did not plan",
+    ),
+    "a run.json planning other tokens": (
+        lambda run: _edit_cases(run, lambda cases: [{**c, "tokens": 128} for c in cases]),
+        "results row 0 is a case its run.json did not plan",
+    ),
+    "a run.json planning nothing": (
+        lambda run: _edit_cases(run, lambda cases: []),
+        "results row 0 is a case its run.json did not plan",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(MIXED))
+def test_report_refuses_results_its_run_json_did_not_plan(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    mix, says = MIXED[what]
+    run = _copy(made_run, tmp_path)
+    mix(run)
+    before = (run / "report.html").read_bytes()
+    err = one_line(*run_cli("report", str(run)))
+    assert f"cannot report {run}: {says}" in err and "another run's device" in err, err
+    assert (run / "report.html").read_bytes() == before  # the earlier page is kept
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda run: _edit_rows(run, lambda rows: rows[::-1]),
+        lambda run: _edit_cases(
+            run, lambda cases: cases + [{**cases[0], "kernel": "local_chunked"}]
+        ),  # a case planned, not yet run: an unfinished run is still reported
+    ],
+    ids=["rows reordered", "a planned case not run yet"],
+)
+def test_report_reads_rows_its_run_json_planned(
+    run_cli: Any, made_run: Path, tmp_path: Path, edit: Callable[[Path], None]
+) -> None:
+    run = _copy(made_run, tmp_path)
+    edit(run)
+    code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0 and out.strip() == f"report: {tmp_path / 'page.html'}", err
