@@ -97,3 +97,75 @@ def test_report_reads_rows_its_run_json_planned(
     edit(run)
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and out.strip() == f"report: {tmp_path / 'page.html'}", err
+
+
+# -- a baseline whose case_id disagrees with its columns (cases matched by their columns,
+# failures explained by id): two rows' ids swapped told unchunked's regression with
+# local_chunked's snapshot and line, and a case that disappeared was explained by the
+# snapshot of the row of these results that bears its id
+
+
+@pytest.fixture(scope="module")
+def two_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import sys
+
+    from memprobe import cli
+
+    run = tmp_path_factory.mktemp("two") / "run"
+    argv = sys.argv
+    sys.argv = ["memprobe", "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder",
+                "--kernel", "unchunked,local_chunked", "--device", "meta", "--out", str(run),
+                "-q", "--no-verify", "--no-report"]  # fmt: skip
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert not exc.code
+    finally:
+        sys.argv = argv
+    return run
+
+
+def _baseline(run: Path, tmp_path: Path, edit: Callable[[Rows], Rows]) -> str:
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"] = edit([{**r, "peak_bytes": r["peak_bytes"] - 512} for r in payload["rows"]])
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps(payload))
+    return str(path)
+
+
+def _swap_ids(rows: Rows) -> Rows:
+    rows[0]["case_id"], rows[1]["case_id"] = rows[1]["case_id"], rows[0]["case_id"]
+    return rows
+
+
+IDS: dict[str, Callable[[Rows], Rows]] = {
+    "two rows' ids swapped": _swap_ids,
+    "an id of no case": lambda rows: [{**r, "case_id": f"old-{i}"} for i, r in enumerate(rows)],
+    "no id": lambda rows: [{k: v for k, v in r.items() if k != "case_id"} for r in rows],
+}
+
+
+@pytest.mark.parametrize("what", sorted(IDS))
+def test_a_regression_is_explained_by_its_own_snapshot(
+    run_cli: Any, two_kernels: Path, here: Path, what: str
+) -> None:
+    base = _baseline(two_kernels, here, IDS[what])
+    code, out, err = run_cli("gate", str(two_kernels), "--baseline", base)
+    assert code == 1 and "FAILED: 2 of 2" in out, (out, err)
+    notes = {
+        line.split("note: ")[1].split(":")[0]: line for line in out.splitlines() if "note: " in line
+    }
+    unchunked = notes["unchunked b1 s64 v128 bf16 c1024 meta"]
+    local = notes["local_chunked b1 s64 v128 bf16 c1024 meta"]
+    assert "autograd_reference.py" in unchunked and "snapshots/unchunked-" in unchunked
+    assert "local_chunked.py" in local and "snapshots/local_chunked-" in local
+
+
+def test_a_case_that_disappeared_is_not_explained_by_another(
+    run_cli: Any, two_kernels: Path, here: Path
+) -> None:
+    # The unchunked row at another chunk size, its id left as this run's unchunked case's.
+    base = _baseline(two_kernels, here, lambda rows: [{**rows[0], "chunk_size": 2048}])
+    code, out, err = run_cli("gate", str(two_kernels), "--baseline", base)
+    assert code == 1 and "disappeared  unchunked b1 s64 v128 bf16 c2048 meta" in out, (out, err)
+    assert "c2048 meta:" not in out and "snapshot " not in out, out
