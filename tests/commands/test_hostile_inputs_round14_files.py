@@ -169,3 +169,66 @@ def test_a_case_that_disappeared_is_not_explained_by_another(
     code, out, err = run_cli("gate", str(two_kernels), "--baseline", base)
     assert code == 1 and "disappeared  unchunked b1 s64 v128 bf16 c2048 meta" in out, (out, err)
     assert "c2048 meta:" not in out and "snapshot " not in out, out
+
+
+# -- plan --other-from of a snapshot whose loss step cannot be found: the refusal was
+# --what-if's, word for word ("--what-if cuts exactly one"), to a user who never gave it
+
+
+def _trace_of(run: Path, kernel: str) -> dict[str, Any]:
+    import pickle
+
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    row = next(r for r in rows if r["kernel"] == kernel)
+    return pickle.loads((run / row["snapshot"]).read_bytes())
+
+
+def _twice(run: Path, first: str, second: str) -> dict[str, Any]:
+    one, two = _trace_of(run, first), _trace_of(run, second)
+    later = [e for e in two["device_traces"][0] if e["action"] != "segment_alloc"]
+    return {**one, "device_traces": [one["device_traces"][0] + later]}
+
+
+def _small(run: Path) -> dict[str, Any]:
+    snap = _trace_of(run, "unchunked")
+    trace = snap["device_traces"][0]
+    small = [{**e, "size": 512} if "segment" not in e["action"] else e for e in trace]
+    return {**snap, "device_traces": [small]}
+
+
+NO_STEP: dict[str, tuple[Callable[[Path], dict[str, Any]], str, str]] = {
+    "two unchunked steps": (
+        lambda run: _twice(run, "unchunked", "unchunked"),
+        "the trace holds several loss steps (2 candidates): --other-from reads beside exactly one",
+        "--what-if cuts exactly one",
+    ),
+    "two steps of memprobe's kernels": (
+        lambda run: _twice(run, "local_chunked", "unchunked"),
+        "(autograd_reference, local_chunked): --other-from reads beside exactly one",
+        "--what-if cuts exactly one",
+    ),
+    "no [N, V] block": (
+        _small,
+        "no loss over [N, V] logits found in the snapshot: nothing to read beside (--other-from "
+        "needs a step whose loss materializes the logits)",
+        "nothing to replace (--what-if needs a step",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(NO_STEP))
+def test_other_from_refusals_speak_of_other_from(
+    run_cli: Any, two_kernels: Path, tmp_path: Path, what: str
+) -> None:
+    import pickle
+
+    make, other_from_says, what_if_says = NO_STEP[what]
+    snap = tmp_path / "step.pickle"
+    snap.write_bytes(pickle.dumps(make(two_kernels)))
+    plan = ["plan", "--vocab", "128", "--budget", "1MiB", "--kernel", "local_chunked"]
+    err = one_line(*run_cli(*plan, "--other-from", str(snap)))
+    assert f"--other-from {snap}: " in err and other_from_says in err, err
+    assert "--what-if" not in err and "replace" not in err, err
+    # --what-if itself still says what it does with the step.
+    err = one_line(*run_cli("attribute", str(snap), "--what-if", "local_chunked"))
+    assert what_if_says in err, err
