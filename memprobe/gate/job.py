@@ -204,7 +204,14 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
 
     by_id = {r.get("case_id"): r for r in rows}
     notes: list[str] = []
-    failing = dict.fromkeys((c.case_id, c.case) for c in verdict.failures if c.case_id in by_id)
+    # A case that disappeared has no row here: a row of these results under its id (a
+    # baseline whose case_id disagrees with its columns) is another case's, and its
+    # snapshot would be told as the lost case's evidence.
+    failing = dict.fromkeys(
+        (c.case_id, c.case)
+        for c in verdict.failures
+        if c.case_id in by_id and c.kind != "disappeared"
+    )
     for case_id, label in list(failing)[:MAX_EXPLAINED]:
         snapshot = by_id[case_id].get("snapshot")
         path = run_dir / snapshot if snapshot else None

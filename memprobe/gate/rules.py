@@ -267,6 +267,9 @@ def check_baseline(
                 )
             )
             continue
+        # This run's id for the case: a baseline's case_id may disagree with its columns,
+        # and the failure's evidence is looked up by it in these results.
+        common["case_id"] = _case_id(row)
         status = row.get("status")
         if base_status != "ok":
             # Nothing to regress from; say so rather than drop the case.

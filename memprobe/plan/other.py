@@ -79,7 +79,8 @@ def other_from_snapshots(
         try:
             reading = other_memory(snapshot, path=str(path))
         except UserError as exc:
-            raise UserError(f"--other-from {path}: {exc.message}", exc.hint) from None
+            message, hint = _as_other_from(exc.message), _as_other_from(exc.hint)
+            raise UserError(f"--other-from {path}: {message}", hint) from None
         if vocab is not None and reading.vocab and reading.vocab != vocab:
             raise UserError(
                 f"--other-from {path}: its loss is over a vocabulary of {reading.vocab:,}, "
@@ -88,3 +89,24 @@ def other_from_snapshots(
             )
         points.append((reading.tokens, reading.other_bytes))
     return fit_other(points)
+
+
+# The loss step is found as --what-if finds it, and its refusals say what --what-if does
+# with it; --other-from reads the memory beside that step (a user who never gave
+# --what-if was told "--what-if cuts exactly one").
+_OTHER_FROM_WORDS = (
+    ("--what-if cuts a", "--other-from needs a"),
+    ("--what-if cuts", "--other-from reads beside"),
+    ("--what-if swaps", "--other-from reads"),
+    ("--what-if replaces", "--other-from needs"),
+    ("--what-if needs", "--other-from needs"),
+    ("--what-if", "--other-from"),
+    ("nothing to replace", "nothing to read beside"),
+)
+
+
+def _as_other_from(text: str) -> str:
+    """A loss-step refusal worded for --other-from."""
+    for said, meant in _OTHER_FROM_WORDS:
+        text = text.replace(said, meant)
+    return text

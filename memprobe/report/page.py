@@ -18,7 +18,14 @@ from memprobe.io.text import printable
 from memprobe.report.evidence import Evidence, gather
 from memprobe.report.headline import Headline, config_slice, make_headlines
 from memprobe.report.ratios import with_ratios
-from memprobe.results import read_results, read_run_meta
+from memprobe.results import (
+    RUN_META,
+    frame_of,
+    planned_cases,
+    read_rows,
+    read_run_meta,
+    unplanned_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -52,13 +59,30 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
             f"{run_dir} is not a directory", "give a run directory made by `memprobe sweep`"
         )
     meta = _inert(read_run_meta(run_dir))
-    frame = read_results(run_dir)
+    rows = read_rows(run_dir)
+    _check_planned(run_dir, rows)
+    frame = frame_of(rows)
     if frame.empty:
         raise UserError(
             f"{run_dir} has no finished cases to report",
             f"finish the run with `memprobe sweep --resume {run_dir}`",
         )
     return frame, meta
+
+
+def _check_planned(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """Rows of cases run.json never planned: a results.json copied in from another run.
+    The page would head them with this run.json's device, GPU capacity (the default
+    budget), command and date, the other run's, as --resume refuses to keep them."""
+    stray = unplanned_rows(rows, planned_cases(run_dir))
+    if stray:
+        raise UserError(
+            f"cannot report {run_dir}: results row {stray[0]} is a case its {RUN_META} "
+            f"did not plan ({len(stray)} such row(s)), so the page would show another "
+            "run's device, command and date for it",
+            "the run directory was edited or mixed with another: report the run directory "
+            "each file came from, or re-run the sweep",
+        )
 
 
 def _inert(value: Any) -> Any:

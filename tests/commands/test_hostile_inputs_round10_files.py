@@ -268,6 +268,9 @@ def test_a_long_kernel_name_in_results_draws(
     data = json.loads((run / "results.json").read_text())
     data["rows"][0]["kernel"] = "k" * length
     (run / "results.json").write_text(json.dumps(data))
+    meta = json.loads((run / "run.json").read_text())  # planned, as the report requires
+    meta["cases"][0]["kernel"] = "k" * length
+    (run / "run.json").write_text(json.dumps(meta))
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and "Traceback" not in err, err
     assert (tmp_path / "page.html").stat().st_size < 20 * length + 2_000_000

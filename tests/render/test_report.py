@@ -171,6 +171,11 @@ def test_hostile_kernel_frame_and_command_show_as_text(run: Path, tmp_path: Path
     # A "$" pair in a name would be mathtext to matplotlib, and a bad formula raises.
     payload["rows"].append({**top, "case_id": "mathtext", "kernel": "k $\\frac$", "snapshot": None})
     (hostile / "results.json").write_text(json.dumps(payload))
+    # run.json plans every row's case, as a sweep's does (the report refuses rows it did not).
+    from memprobe.results import KEY_COLUMNS
+
+    meta["cases"] = [{k: row[k] for k in KEY_COLUMNS} for row in payload["rows"]]
+    (hostile / "run.json").write_text(json.dumps(meta))
 
     text = write_report(hostile).read_text(encoding="utf-8")
     assert HOSTILE not in text
