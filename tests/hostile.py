@@ -19,3 +19,18 @@ def user_module(here: Path, stem: str, body: str) -> str:
     name = f"{stem}_{abs(hash(body)) % 10**8}"
     (here / f"{name}.py").write_text(body)
     return name
+
+
+# The smallest user step and kernel (a module body each): a step that allocates, runs
+# backward and returns; a kernel that is memprobe's unchunked one.
+TINY_STEP = (
+    "import torch\n"
+    "def step(device):\n"
+    "    w = torch.zeros(8, 8, device=device, requires_grad=True)\n"
+    "    (w @ w).sum().backward()\n"
+)
+TINY_KERNEL = (
+    "from memprobe.kernels import get_kernel\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    return get_kernel('unchunked')(logits, targets)\n"
+)

@@ -8,20 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line, user_module
+from hostile import TINY_KERNEL, TINY_STEP, one_line, user_module
 from small_config import SMALL
-
-TINY_STEP = (
-    "import torch\n"
-    "def step(device):\n"
-    "    w = torch.zeros(8, 8, device=device, requires_grad=True)\n"
-    "    (w @ w).sum().backward()\n"
-)
-TINY_KERNEL = (
-    "from memprobe.kernels import get_kernel\n"
-    "def k(logits, targets, *, chunk_size=None):\n"
-    "    return get_kernel('unchunked')(logits, targets)\n"
-)
 
 
 def _config(here: Path) -> str:
