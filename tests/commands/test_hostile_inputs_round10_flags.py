@@ -347,7 +347,7 @@ def test_anomaly_detection_user_code_turns_on_is_put_back(
     kernel = user_module(here, "r10_anomaly", body) + ":k"
     flags = ["--tokens", "64", "--vocab", "256", "--no-ladder", "-q", "--device", "meta"]
     args = [*flags, "--no-verify", "--kernel", f"{kernel},unchunked,local_chunked"]
-    code, _, err = run_cli("sweep", *args, "--out", "o")
+    code, _, err = run_cli("sweep", *args, "--no-report", "--out", "o")
     assert code == 0, err
     rows = json.loads((here / "o" / "results.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["ok"] * 3, [r["note"] for r in rows]

@@ -113,7 +113,8 @@ def test_a_sweep_that_cannot_write_its_run_json_leaves_no_claim(
     if made:
         run.mkdir()
     args = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
-            "unchunked", "--device", "meta", "--out", str(run), "-q", "--no-verify"]  # fmt: skip
+            "unchunked", "--device", "meta", "--out", str(run), "-q", "--no-verify",
+            "--no-report"]  # fmt: skip
     with monkeypatch.context() as patch:
         patch.setattr(results, "write_atomic", full)
         err = one_line(*run_cli(*args))

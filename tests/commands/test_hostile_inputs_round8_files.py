@@ -417,7 +417,7 @@ def test_resume_still_makes_a_missing_snapshots_folder(
 ) -> None:
     run = _unfinished(made_run, tmp_path)
     shutil.rmtree(run / "snapshots")
-    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify", "--no-report")
     assert code == 0, err
     assert len(list((run / "snapshots").glob("*.pickle"))) == 1
 
@@ -443,7 +443,7 @@ def test_resume_runs_again_a_row_whose_case_id_is_not_its_case(
     right = row["case_id"]
     row.update(case_id=IDENTITIES[what], peak_bytes=1)
     (run / "results.json").write_text(json.dumps(data))
-    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify", "--no-report")
     assert code == 0, err
     (again,) = json.loads((run / "results.json").read_text())["rows"]
     assert again["case_id"] == right and again["peak_bytes"] > 1
@@ -456,7 +456,7 @@ def test_resume_keeps_a_row_whose_case_id_is_its_case(
     run = tmp_path / "run"
     shutil.copytree(made_run, run)
     before = (run / "results.json").read_bytes()
-    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify", "--no-report")
     assert code == 0, err
     assert (run / "results.json").read_bytes() == before  # nothing ran again
 
