@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 
@@ -11,6 +12,21 @@ def one_line(code: int, out: str, err: str) -> str:
     assert code == 2 and not out and len(err.strip().splitlines()) == 1, (code, out, err)
     assert "Traceback" not in err
     return err
+
+
+def swept(run: Path, *flags: str) -> Path:
+    """``memprobe sweep FLAGS --out RUN``, in this process (a fixture's run to copy)."""
+    from memprobe import cli
+
+    argv = sys.argv
+    sys.argv = ["memprobe", "sweep", *flags, "--out", str(run)]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert not exc.code
+    finally:
+        sys.argv = argv
+    return run
 
 
 def user_module(here: Path, stem: str, body: str) -> str:

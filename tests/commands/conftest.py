@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
+from hostile import swept
 
 
 @pytest.fixture(scope="session")
 def made_run(tmp_path_factory) -> Path:
     """One small run, swept once per test process (a dozen modules read it); tests copy
     it before they change it."""
-    from memprobe import cli
-
-    run = tmp_path_factory.mktemp("made") / "run"
-    argv = sys.argv
-    sys.argv = ["memprobe", "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder",
-                "--kernel", "unchunked", "--device", "meta", "--out", str(run), "-q",
-                "--no-verify"]  # fmt: skip
-    try:
-        cli.main()
-    except SystemExit as exc:
-        assert not exc.code
-    finally:
-        sys.argv = argv
-    return run
+    return swept(
+        tmp_path_factory.mktemp("made") / "run",
+        *("--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked"),
+        *("--device", "meta", "-q", "--no-verify"),
+    )
 
 
 @pytest.fixture

@@ -355,22 +355,26 @@ MULTIMODAL = {
 }
 
 
+def _stepping(tmp_path: Path, config: dict[str, Any], command: str) -> list[str]:
+    """``memprobe step`` or ``plan --step`` of ``config`` written as tmp_path/config.json."""
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return {
+        "step": ["step", "--config", str(path), "--tokens", "64"],
+        "plan --step": ["plan", "--step", "--config", str(path), "--budget", "1GiB"],
+    }[command]
+
+
 @pytest.mark.parametrize("command", ["step", "plan --step"])
 @pytest.mark.parametrize("what", sorted(MULTIMODAL))
 def test_a_config_whose_sizes_the_step_would_not_read_is_one_line(
     run_cli: Any, tmp_path: Path, what: str, command: str
 ) -> None:
-    import json
-
     pytest.importorskip("transformers")
     data, says, hint = MULTIMODAL[what]
-    (tmp_path / "config.json").write_text(json.dumps(data))
-    config = str(tmp_path / "config.json")
-    args = {
-        "step": ["step", "--config", config, "--tokens", "64"],
-        "plan --step": ["plan", "--step", "--config", config, "--budget", "1GiB"],
-    }[command]
-    err = one_line(*run_cli(*args))
+    err = one_line(*run_cli(*_stepping(tmp_path, data, command)))
     assert says in err and hint in err and "meta" not in err, err
 
 
@@ -714,17 +718,9 @@ TWO_NAMES = {
 def test_one_size_under_two_names_that_disagree_is_refused(
     run_cli: Any, tmp_path: Path, what: str, command: str
 ) -> None:
-    import json
-
     pytest.importorskip("transformers")
     extra, says = TWO_NAMES[what]
-    (tmp_path / "config.json").write_text(json.dumps({**GPT2, **extra}))
-    config = str(tmp_path / "config.json")
-    args = {
-        "step": ["step", "--config", config, "--tokens", "64"],
-        "plan --step": ["plan", "--step", "--config", config, "--budget", "1GiB"],
-    }[command]
-    err = one_line(*run_cli(*args))
+    err = one_line(*run_cli(*_stepping(tmp_path, {**GPT2, **extra}, command)))
     assert f"the gpt2 config gives {says}" in err and "two names for one size" in err, err
     assert len(err) < 300, err
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line
+from hostile import one_line, swept
 
 Rows = list[dict[str, Any]]
 
@@ -107,22 +107,11 @@ def test_report_reads_rows_its_run_json_planned(
 
 @pytest.fixture(scope="module")
 def two_kernels(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import sys
-
-    from memprobe import cli
-
-    run = tmp_path_factory.mktemp("two") / "run"
-    argv = sys.argv
-    sys.argv = ["memprobe", "sweep", "--tokens", "64", "--vocab", "128", "--no-ladder",
-                "--kernel", "unchunked,local_chunked", "--device", "meta", "--out", str(run),
-                "-q", "--no-verify", "--no-report"]  # fmt: skip
-    try:
-        cli.main()
-    except SystemExit as exc:
-        assert not exc.code
-    finally:
-        sys.argv = argv
-    return run
+    return swept(
+        tmp_path_factory.mktemp("two") / "run",
+        *("--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked,local_chunked"),
+        *("--device", "meta", "-q", "--no-verify", "--no-report"),
+    )
 
 
 def _baseline(run: Path, tmp_path: Path, edit: Callable[[Rows], Rows]) -> str:
