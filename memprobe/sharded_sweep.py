@@ -397,9 +397,9 @@ def _wait_for_others(
 
 def _requested_conf(request: SweepRequest) -> AllocConf | None:
     if request.resume is not None:
-        # A resumed run keeps the allocator settings it started with.
-        recorded = results.read_run_meta(request.resume).get("alloc_conf")
-        return parse_alloc_conf(recorded) if isinstance(recorded, str) else None
+        # A resumed run keeps the allocator settings it started with (held to what a
+        # sweep runs under, as a one-process resume holds them).
+        return results.recorded_alloc_conf(request.resume)
     return modelled_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
 
 

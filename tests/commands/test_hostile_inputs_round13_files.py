@@ -300,6 +300,26 @@ def test_resume_refuses_allocator_settings_no_sweep_runs_under(
     assert (run / "results.json").read_bytes() == before
 
 
+@pytest.mark.parametrize("what", sorted(RECORDED))
+def test_a_sharded_resume_reads_the_recorded_settings_as_a_resume_does(
+    made_run: Path, tmp_path: Path, what: str
+) -> None:
+    """`sweep --shard --resume` (its ranks under torchrun) reads run.json's settings
+    through the same check: it had parsed them on its own, the async backend as native."""
+    from memprobe.errors import UserError
+    from memprobe.records import Grid
+    from memprobe.sharded_sweep import _requested_conf
+    from memprobe.sweep import SweepRequest
+
+    recorded, says = RECORDED[what]
+    run = _resumable(made_run, tmp_path, recorded)
+    grid = Grid(tokens=(64,), vocab=(128,))
+    with pytest.raises(UserError) as refused:
+        _requested_conf(SweepRequest(grid=grid, resume=run))
+    assert "records allocator settings no sweep" in refused.value.message
+    assert says in refused.value.message
+
+
 @pytest.mark.parametrize(
     "recorded",
     ["", "expandable_segments:True", "backend:native", None, _ABSENT],
