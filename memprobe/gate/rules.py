@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from memprobe.config import Rule
 from memprobe.errors import UserError
 from memprobe.results import (
+    KEY_COLUMNS,
+    CaseKey,
     case_key,
     check_unique_cases,
     unfinished,
@@ -248,8 +250,9 @@ def check_baseline(
         )
     allowed = 1.0 + max_regression / 100.0
     checks: list[Check] = []
+    matched = _chunk_free_matches(rows, baseline, current)
     for base in baseline:
-        row = current.get(case_key(base))
+        row = current.get(case_key(base)) or matched.get(case_key(base))
         common: _CaseFields = {
             "source": "baseline",
             "case": case_label(base),
@@ -270,6 +273,8 @@ def check_baseline(
         # This run's id for the case: a baseline's case_id may disagree with its columns,
         # and the failure's evidence is looked up by it in these results.
         common["case_id"] = _case_id(row)
+        # ... and its label (a kernel that ignores the chunk size matches across sizes).
+        common["case"] = case_label(row)
         status = row.get("status")
         if base_status != "ok":
             # Nothing to regress from; say so rather than drop the case.
@@ -295,10 +300,40 @@ def check_baseline(
                     **common,
                 )
             )
-    base_keys = {case_key(b) for b in baseline}
+    base_keys = {case_key(b) for b in baseline} | {case_key(r) for r in matched.values()}
     new = [r for r in rows if case_key(r) not in base_keys]
     notes = [f"{len(new)} case(s) not in the baseline, not compared"] if new else []
     return checks, notes
+
+
+def _chunk_free_matches(
+    rows: Sequence[Row], baseline: Sequence[Row], current: Mapping[CaseKey, Row]
+) -> dict[CaseKey, Row]:
+    """This run's row for each baseline case of a kernel that ignores the chunk size
+    (unchunked, ...), swept at another ``--chunk-size``: the sweep records the first size
+    given on such a kernel's row, so the same case would otherwise have "disappeared"."""
+    missing = [b for b in baseline if case_key(b) not in current]
+    if not missing:
+        return {}
+    # The registry imports torch: only a gate that lost a case pays for it.
+    from memprobe.kernels.registry import KERNELS, PEERS
+
+    specs = {**KERNELS, **PEERS}
+    free = {name for name, spec in specs.items() if not spec.uses_chunk_size}
+
+    def key(row: Row) -> CaseKey:
+        return tuple(row.get(k) for k in KEY_COLUMNS if k != "chunk_size")
+
+    by_key: dict[CaseKey, list[Row]] = {}
+    for row in rows:
+        if row.get("kernel") in free:
+            by_key.setdefault(key(row), []).append(row)
+    out = {}
+    for base in missing:
+        found = by_key.get(key(base), [])
+        if base.get("kernel") in free and len(found) == 1:
+            out[case_key(base)] = found[0]
+    return out
 
 
 # -- the whole gate -----------------------------------------------------------

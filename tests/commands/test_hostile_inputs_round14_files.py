@@ -153,11 +153,35 @@ def test_a_regression_is_explained_by_its_own_snapshot(
 def test_a_case_that_disappeared_is_not_explained_by_another(
     run_cli: Any, two_kernels: Path, here: Path
 ) -> None:
-    # The unchunked row at another chunk size, its id left as this run's unchunked case's.
-    base = _baseline(two_kernels, here, lambda rows: [{**rows[0], "chunk_size": 2048}])
+    # The local_chunked row at another chunk size, its id left as this run's case's.
+    base = _baseline(two_kernels, here, lambda rows: [{**rows[1], "chunk_size": 2048}])
     code, out, err = run_cli("gate", str(two_kernels), "--baseline", base)
-    assert code == 1 and "disappeared  unchunked b1 s64 v128 bf16 c2048 meta" in out, (out, err)
+    assert code == 1 and "disappeared  local_chunked b1 s64 v128 bf16 c2048 meta" in out, (
+        out,
+        err,
+    )
     assert "c2048 meta:" not in out and "snapshot " not in out, out
+
+
+@pytest.mark.parametrize("chunk", [2048, 1, None])
+def test_a_kernel_that_ignores_the_chunk_size_is_compared_across_chunk_sizes(
+    run_cli: Any, two_kernels: Path, here: Path, chunk: int | None
+) -> None:
+    # A baseline swept with another --chunk-size: unchunked ran the same case (its row
+    # records the first size given), local_chunked did not.
+    def other_size(rows: Rows) -> Rows:
+        return [{**r, "chunk_size": chunk, "case_id": f"old-{i}"} for i, r in enumerate(rows)]
+
+    code, out, err = run_cli(
+        "gate", str(two_kernels), "--baseline", _baseline(two_kernels, here, other_size)
+    )
+    assert code == 1 and "FAILED: 2 of 2" in out, (out, err)
+    assert (
+        f"disappeared  local_chunked b1 s64 v128 bf16 c{'none' if chunk is None else chunk} meta"
+        in out
+    )
+    assert "disappeared  unchunked" not in out and "regression" in out, out
+    assert "not in the baseline" in out, out  # local_chunked at c1024 is new
 
 
 # -- plan --other-from of a snapshot whose loss step cannot be found: the refusal was
