@@ -56,9 +56,17 @@ def splice(snap: dict[str, Any], dev: int, step: LossStep, kt: KernelTrace) -> d
     logits_at: tuple[str, int] | None = None
     la, lf = step.logits.alloc_pos, step.logits.free_pos
     # Freed inside the step, or as its backward ended (nothing allocated in between: the
-    # recorded kernel's saved tensors going), the logits were the loss's alone.
+    # recorded kernel's saved tensors going), the logits were the loss's alone. Unless
+    # their gradient went first: the loss lets go of what it saved as its backward
+    # returns, before that gradient is consumed, so logits outliving their gradient were
+    # held by the caller (a harness holding its inputs, as memprobe's sweep does).
+    gf = step.gradient.free_pos
     held_by_loss = lf is not None and (
-        lf <= be or not any(entries[pos]["action"] == ALLOC for pos in range(be + 1, lf))
+        lf <= be
+        or not (
+            (gf is not None and gf < lf)
+            or any(entries[pos]["action"] == ALLOC for pos in range(be + 1, lf))
+        )
     )
     if lf is not None and held_by_loss:
         where, k = kt.logits_release

@@ -181,3 +181,31 @@ def test_a_recorded_oom_after_the_step_gives_the_capacity() -> None:
     assert w.capacity_source == "reserved + the device's free bytes at the OOM"
     assert w.capacity_bytes == attribute(profiled("unchunked")).reserved_at_snapshot_bytes + free
     assert w.fits == (w.predicted_reserved_peak_bytes <= w.capacity_bytes)
+
+
+# A sweep's own snapshots: its harness holds the logits for the whole case, so each
+# snapshot, with any kernel put in its loss step, predicts that kernel's swept peak.
+SWEPT = ("unchunked", "local_chunked", "local_tiled", "naive_chunked")
+
+
+@pytest.fixture(scope="module")
+def sweep_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hostile import swept
+
+    return swept(
+        tmp_path_factory.mktemp("whatif") / "run",
+        *("--tokens", "512", "--vocab", "1024", "--chunk-size", "128", "--no-ladder"),
+        *("--kernel", ",".join(SWEPT), "--device", "meta", "-q", "--no-verify", "--no-report"),
+    )
+
+
+# naive_chunked's blocks are a chunk's, no [N, V] step to cut (its snapshot is refused).
+@pytest.mark.parametrize("recorded", SWEPT[:3])
+def test_a_sweeps_snapshot_predicts_each_kernels_swept_peak(sweep_run: Path, recorded: str) -> None:
+    from memprobe.snapshot.load import load_snapshot
+
+    rows = {r["kernel"]: r for r in json.loads((sweep_run / "results.json").read_text())["rows"]}
+    snap = load_snapshot(sweep_run / rows[recorded]["snapshot"])
+    for kernel in SWEPT:
+        w = what_if(copy.deepcopy(snap), kernel, chunk_size=128)
+        assert w.predicted_peak_bytes == rows[kernel]["peak_bytes"], (recorded, kernel)
