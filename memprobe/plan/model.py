@@ -224,7 +224,9 @@ class Search:
 
     max_tokens: int
     peak_at_max: int | None  # None when nothing fits (max_tokens 0)
-    peak_above: int  # the peak at max_tokens + 1, the first count that does not fit
+    # The peak at max_tokens + 1, the first count that does not fit; None when no longer
+    # sequence can run (a whole-step plan that reached the positions the model learned).
+    peak_above: int | None
     line: Line
     predicted: int | None  # what the seed line alone said
     simulations: int
@@ -260,6 +262,11 @@ class TokenPlan:
     @property
     def fits_at_all(self) -> bool:
         return self.allocated.max_tokens > 0
+
+    @property
+    def at_positions(self) -> bool:
+        """The model's learned positions, not the budget, end the answer."""
+        return self.allocated.peak_above is None
 
     def row(self) -> dict[str, Any]:
         """One flat, JSON-ready row (the ``--json`` output)."""

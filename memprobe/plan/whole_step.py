@@ -74,6 +74,9 @@ def plan_step(
     plans = []
     answers: dict[int, int] = {}  # earlier kernels' answers: allocated -> reserved
     limit = budget.limit_bytes
+    # A model with a table of positions (GPT-2's) runs no longer sequence: where the
+    # whole table fits, that is the answer, and the search past it is never made.
+    positions = base.learned_positions()
     for kernel in kernels:
         # The search probes counts on either side of its answer: one past the positions
         # a model learned is a count that does not run, not a plan that cannot be made.
@@ -93,14 +96,22 @@ def plan_step(
         known = peaks.samples(reserved=False)
         hints = _near(list(answers), line.tokens_within(limit))
         periods = _jump_periods(step)
-        allocated = peaks.search(
-            search_step_tokens(limit, known, line=line, hints=hints, periods=periods),
-            reserved=False,
-        )
-        allocated = replace(allocated, simulations=allocated.simulations + len(seeds))
+        if positions is not None and peaks.at(positions)[0] <= limit:
+            allocated = _whole_table(peaks, positions, line, limit, reserved=False)
+        else:
+            allocated = peaks.search(
+                search_step_tokens(limit, known, line=line, hints=hints, periods=periods),
+                reserved=False,
+            )
+            allocated = replace(allocated, simulations=allocated.simulations + len(seeds))
+            allocated = _within(allocated, positions, peaks, reserved=False)
         on_reserved = None
-        if reserved:
+        if reserved and positions is not None and peaks.at(positions)[1] <= limit:
+            on_reserved = _whole_table(peaks, positions, line, limit, reserved=True)
+        elif reserved:
             known = peaks.samples(reserved=True)
+            if positions is not None:  # counts past the table are not the answer's evidence
+                known = {t: s for t, s in known.items() if t <= positions}
             gap = _staircase_gap(line)
             # Where an earlier kernel's allocated answer was near this one's, the same
             # part of the step decided both, and its reserved answer likely holds too.
@@ -119,12 +130,38 @@ def plan_step(
                 ),
                 reserved=True,
             )
+            on_reserved = _within(on_reserved, positions, peaks, reserved=True)
         answers.setdefault(allocated.max_tokens, on_reserved.max_tokens if on_reserved else 0)
         plan = TokenPlan(target, budget, allocated, on_reserved)
         plans.append(plan)
         if on_done is not None:
             on_done(plan)
     return plans
+
+
+def _whole_table(
+    peaks: _StepPeaks, positions: int, line: Line, limit: int, *, reserved: bool
+) -> Search:
+    """The answer when a sequence of all ``positions`` the model learned fits: that many
+    tokens, and no count above (none runs: a real step indexes past the table)."""
+    return Search(
+        max_tokens=positions,
+        peak_at_max=peaks.sample(positions, reserved=reserved)[0],
+        peak_above=None,
+        line=line,
+        predicted=line.tokens_within(limit),
+        simulations=len(peaks.traced),
+        points=tuple(sorted((t, s[0]) for t, s in peaks.samples(reserved=reserved).items())),
+    )
+
+
+def _within(search: Search, positions: int | None, peaks: _StepPeaks, *, reserved: bool) -> Search:
+    """``search``'s answer no longer than the positions the model learned (a search whose
+    peaks do not grow with tokens can end past them)."""
+    if positions is None or search.max_tokens <= positions:
+        return search
+    peak = peaks.sample(positions, reserved=reserved)[0]
+    return replace(search, max_tokens=positions, peak_at_max=peak, peak_above=None)
 
 
 # An earlier kernel's answer is asked about first when it lies this close (relative)

@@ -341,6 +341,12 @@ class HFStep:
     def __call__(self, device: torch.device) -> None:
         self.run(device)
 
+    def learned_positions(self) -> int | None:
+        """The positions the model learned an embedding for (:func:`learned_positions`),
+        read off the model built on meta."""
+        with _quiet_transformers():
+            return learned_positions(self.build(torch.device("meta")))
+
     def run(
         self, device: torch.device, on_model: Callable[[torch.nn.Module], None] | None = None
     ) -> None:

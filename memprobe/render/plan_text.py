@@ -49,7 +49,7 @@ def plan_table(plans: Sequence[TokenPlan]) -> Table:
         cells += [
             format_bytes(a.peak_at_max),
             format_bytes(None if a.peak_at_max is None else limit - a.peak_at_max),
-            format_bytes(a.peak_above - limit),
+            "no more positions" if a.peak_above is None else format_bytes(a.peak_above - limit),
             format_bytes(a.line.slope),
             format_bytes(a.line.fixed),
             _line_check(p),
@@ -113,7 +113,12 @@ def chunk_lines(choices: Sequence[ChunkChoice]) -> list[str]:
 def line_note(plans: Sequence[TokenPlan]) -> str | None:
     """Where the seed line missed the simulated answer, and by how much at the answer."""
     # Where nothing fits there is no answer to miss: tiny budgets sit off the line's piece.
-    missed = [p for p in plans if p.fits_at_all and p.allocated.predicted != p.max_tokens]
+    # Nor where the model's positions ended the answer before the budget did.
+    missed = [
+        p
+        for p in plans
+        if p.fits_at_all and not p.at_positions and p.allocated.predicted != p.max_tokens
+    ]
     if not missed:
         return None
     worst = max(abs(p.allocated.line_error_bytes or 0) for p in missed)
@@ -130,13 +135,16 @@ def answer_line(plans: Sequence[TokenPlan], budget: Budget) -> str:
     left = format_bytes(budget.limit_bytes)
     fitting = [p for p in plans if p.fits_at_all]
     if not fitting:
-        leanest = min(plans, key=lambda p: p.allocated.peak_above)
+        # Nothing fits: every search ended at one token, over the limit (never None).
+        leanest = min(plans, key=lambda p: p.allocated.peak_above or 0)
         return (
             f"answer: nothing fits: one token per GPU already needs "
             f"{format_bytes(leanest.allocated.peak_above)} with {leanest.target.kernel} "
             f"(tp {leanest.target.tp}), and the step has {left}"
         )
     best = max(fitting, key=lambda p: p.max_tokens)
+    if best.at_positions:
+        return _positions_answer(plans, best.max_tokens, left)
     tokens = f"{best.max_tokens:,} {'token' if best.max_tokens == 1 else 'tokens'}"
     batch = best.target.batch
     where = (
@@ -164,6 +172,27 @@ def answer_line(plans: Sequence[TokenPlan], budget: Budget) -> str:
     if reference:
         text += f"; unchunked fits {reference[0].max_tokens:,}"
     return text
+
+
+def _positions_answer(plans: Sequence[TokenPlan], positions: int, left: str) -> str:
+    """The answer when the model's learned positions, not the budget, end the longest
+    sequence: which kernels fit all of them, the leanest there, and the others' answers."""
+    whole = [p for p in plans if p.at_positions]
+    leanest = min(whole, key=lambda p: p.allocated.peak_at_max or 0)
+    peak = format_bytes(leanest.allocated.peak_at_max)
+    if len(whole) == 1:
+        names, lowest = whole[0].target.kernel, f", at {peak}"
+    else:
+        everyone = len(whole) == len(plans)
+        names = "every kernel" if everyone else ", ".join(p.target.kernel for p in whole)
+        lowest = f"; lowest peak there: {leanest.target.kernel}, {peak}"
+    verb = "fit" if len(whole) > 1 and names != "every kernel" else "fits"
+    text = (
+        f"answer: with {left} for the step, {names} {verb} all {positions:,} positions the "
+        f"model learned (no longer sequence runs){lowest}"
+    )
+    rest = [f"{p.target.kernel} fits {p.max_tokens:,}" for p in plans if not p.at_positions]
+    return text + (f"; {', '.join(rest)}" if rest else "")
 
 
 def probe_line(probe: Probe, unit: str = "tokens/GPU") -> str:
