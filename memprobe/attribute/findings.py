@@ -212,13 +212,7 @@ def _attribute_normalized(
     for name, value in (("vocab", vocab), ("tokens", tokens), ("batch", batch), ("top", top)):
         _check_positive(name, value)
     rep = replay(snap, device=device)
-    recorded = recorded_case_hints(snap)
-    hints = Hints(
-        vocab if vocab is not None else recorded.vocab,
-        tokens if tokens is not None else recorded.tokens,
-        batch if batch is not None else recorded.batch,
-        recorded.hidden,
-    )
+    hints = _given_over_recorded(recorded_case_hints(snap), vocab, tokens, batch)
     ctx = TraceContext(rep, hints, simulated=simulated_clock(snap))
     live_peak = largest_first(rep.live_at(rep.peak_pos))
     detailed = rep.ooms[:MAX_OOMS_DETAILED]
@@ -307,6 +301,40 @@ def _more_ooms_note(ooms: tuple[OomMoment, ...]) -> tuple[str, ...]:
         f"{len(ooms):,} OOMs in the trace: the first {MAX_OOMS_DETAILED} are detailed "
         f"(the last is at entry #{ooms[-1].pos})",
     )
+
+
+def _given_over_recorded(
+    recorded: Hints, vocab: int | None, tokens: int | None, batch: int | None
+) -> Hints:
+    """The shape flags over what a memprobe run recorded for its snapshot. The record's
+    N = B·S is exact (its blocks were made at it): one of --tokens/--batch splits it, and
+    two that make another N contradict it (taken as given, they read a B=1 record at
+    --batch 2 as a chunked loop over twice its tokens)."""
+    hidden = recorded.hidden
+    vocab = vocab if vocab is not None else recorded.vocab
+    if recorded.tokens is None or recorded.batch is None or (tokens is None and batch is None):
+        return Hints(vocab, tokens or recorded.tokens, batch or recorded.batch, hidden)
+    n = recorded.tokens * recorded.batch
+    record = f"memprobe recorded B={recorded.batch:,}, S={recorded.tokens:,}"
+    if tokens is not None and batch is not None:
+        if tokens * batch != n:
+            raise UserError(
+                f"--batch {batch:,} × --tokens {tokens:,} = {tokens * batch:,} tokens, but this "
+                f"snapshot's case has {n:,} ({record})",
+                f"drop --batch/--tokens (the record gives them), or two whose product is {n:,}",
+            )
+        return Hints(vocab, tokens, batch, hidden)
+    given, flag = (batch, "--batch") if batch is not None else (tokens, "--tokens")
+    assert given is not None
+    if n % given:
+        raise UserError(
+            f"{flag} {given:,} does not divide the {n:,} tokens of this snapshot's case ({record})",
+            f"drop {flag} (the record gives it), or give a divisor of {n:,}",
+        )
+    other = n // given
+    if batch is not None:
+        return Hints(vocab, other, batch, hidden)
+    return Hints(vocab, tokens, other, hidden)
 
 
 def simulated_clock(snap: dict[str, Any]) -> bool:

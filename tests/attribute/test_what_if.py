@@ -209,3 +209,30 @@ def test_a_sweeps_snapshot_predicts_each_kernels_swept_peak(sweep_run: Path, rec
     for kernel in SWEPT:
         w = what_if(copy.deepcopy(snap), kernel, chunk_size=128)
         assert w.predicted_peak_bytes == rows[kernel]["peak_bytes"], (recorded, kernel)
+
+
+# Shape flags over a memprobe run's record (B=1, S=512): one of --batch/--tokens splits
+# the recorded N; two that make another N, or one that does not divide it, are refused
+# by name (they used to read as a chunked loop, then blamed the snapshot).
+SHAPE_FLAGS = {
+    "--batch splits N": (("--batch", "4"), "[B=4, S=128, V=1,024]"),
+    "--tokens splits N": (("--tokens", "256"), "[B=2, S=256, V=1,024]"),
+    "both, the same N": (("--batch", "2", "--tokens", "256"), "[B=2, S=256, V=1,024]"),
+    "both, another N": (("--batch", "2", "--tokens", "512"), "= 1,024 tokens, but this"),
+    "a --batch not dividing N": (("--batch", "3"), "--batch 3 does not divide the 512"),
+    "a --tokens past N": (("--tokens", "1024"), "--tokens 1,024 does not divide the 512"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(SHAPE_FLAGS))
+def test_shape_flags_over_a_recorded_case(run_cli, sweep_run: Path, what: str) -> None:
+    from hostile import one_line
+
+    flags, says = SHAPE_FLAGS[what]
+    rows = {r["kernel"]: r for r in json.loads((sweep_run / "results.json").read_text())["rows"]}
+    snap = str(sweep_run / rows["unchunked"]["snapshot"])
+    code, out, err = run_cli("attribute", snap, "--what-if", "local_chunked", *flags)
+    if says.startswith("["):
+        assert code == 0 and f"local_chunked at {says}" in out, (out, err)
+    else:
+        assert says in one_line(code, out, err) and "recorded B=1, S=512" in err, err
