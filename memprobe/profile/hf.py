@@ -32,6 +32,7 @@ from memprobe.profile.hf_config import (
     check_sizes,
     check_text_only,
     load_error,
+    quoted,
     read_config_json,
 )
 from memprobe.profile.phases import mark
@@ -88,7 +89,7 @@ def load_config(path: str | os.PathLike[str]) -> Any:
         said = (
             "has no model_type"
             if model_type is None
-            else f"gives model_type {printable(repr(model_type))[:40]}, not a name"
+            else f"gives model_type {quoted(model_type)}, not a name"
         )
         raise UserError(
             f"--config {file} {said}", "a Hugging Face config.json names its model_type"
@@ -107,9 +108,8 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     version = transformers.__version__
     if model_type not in transformers.CONFIG_MAPPING:
         # Quoted short: a model_type of a megabyte was the one line, a megabyte long.
-        shown = repr(model_type) if len(model_type) <= 60 else repr(model_type[:57]) + "..."
         raise UserError(
-            f"unknown architecture {shown} (transformers {version} does not know it)",
+            f"unknown architecture {quoted(model_type)} (transformers {version} does not know it)",
             "check the config's model_type, or upgrade transformers",
         )
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:

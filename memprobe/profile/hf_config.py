@@ -115,8 +115,8 @@ def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]
             # GPT-2's n_embd is its hidden_size: given both, transformers builds one of
             # them without a word (n_embd 64 and hidden_size 4096 built 405M parameters).
             raise UserError(
-                f"the {printable(model_type)} config gives {alias} {_shown(fields[alias])} and "
-                f"{name} {_shown(fields[name])}: two names for one size",
+                f"the {printable(model_type)} config gives {alias} {quoted(fields[alias])} and "
+                f"{name} {quoted(fields[name])}: two names for one size",
                 "give one of them in config.json",
             )
         key = name if name in fields else alias
@@ -134,13 +134,13 @@ def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]
         top = MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
             raise UserError(
-                f"the {printable(model_type)} config's {key} is {_shown(value)}: "
+                f"the {printable(model_type)} config's {key} is {quoted(value)}: "
                 f"a whole number from 1 to {top:,} is needed",
                 "fix config.json",
             )
 
 
-def _shown(value: Any) -> str:
+def quoted(value: Any) -> str:
     """A config's value as a message quotes it: printable, at most 40 characters."""
     shown = printable(repr(value))
     return shown if len(shown) <= 40 else shown[:37] + "..."

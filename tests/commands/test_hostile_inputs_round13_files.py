@@ -628,9 +628,9 @@ def test_resume_refuses_a_planned_count_past_the_bound(
 
 @pytest.mark.parametrize(
     ("model_type", "shown"),
-    [("x" * 1_000_000, "'" + "x" * 57 + "'..."), ("llama\x1b[2J", "'llama\\x1b[2J'"),
-     ("y" * 60, "'" + "y" * 60 + "'")],
-    ids=["a megabyte", "an escape", "60 characters"],
+    [("x" * 1_000_000, "'" + "x" * 36 + "..."), ("llama\x1b[2J", "'llama\\x1b[2J'"),
+     ("y" * 38, "'" + "y" * 38 + "'"), ("y" * 39, "'" + "y" * 36 + "...")],
+    ids=["a megabyte", "an escape", "40 characters quoted", "41 characters quoted"],
 )  # fmt: skip
 def test_an_unknown_model_type_is_quoted_short(
     run_cli: Any, tmp_path: Path, model_type: str, shown: str
