@@ -63,6 +63,17 @@ def check_what_if_kernel(kernel: str) -> None:
             "on the logits, not the lm_head",
             "name a logits kernel (`memprobe kernels`), e.g. --what-if local_chunked",
         )
+    from memprobe.kernels.peers import unavailable_reason
+
+    if unavailable_reason(kernel, "meta") is not None:
+        # The prediction splices a meta simulation in: a Triton peer failed there, and
+        # the one line said to run a meta sweep "to see it" (which skips the kernel).
+        raise UserError(
+            f"{kernel} is a Triton kernel: its memory cannot be simulated on meta, where "
+            "--what-if simulates the loss it swaps in",
+            "name a kernel memprobe simulates (`memprobe kernels`), or measure it on a GPU: "
+            f"memprobe sweep --device cuda --kernel {kernel}",
+        )
 
 
 def what_if(

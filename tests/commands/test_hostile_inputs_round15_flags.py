@@ -1,0 +1,257 @@
+"""Hostile inputs, round 15 (flags, their combinations, user code, output paths): each row
+is a variant of a defect class the pass found. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import TINY_STEP, one_line, user_module
+from small_config import SMALL
+
+RULES = '[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1TiB"}]\n'
+
+
+def _snapshot(made_run: Path) -> str:
+    return str(next((made_run / "snapshots").glob("*.pickle")))
+
+
+def _config(here: Path) -> str:
+    (here / "config.json").write_text(json.dumps(SMALL))
+    return str(here / "config.json")
+
+
+# -- a file output spelled as a folder (`--junit-xml reports/`): typer's Path drops the
+# slash, so the file was written under the folder's own name, a file `reports` where a
+# folder was meant (report's --out, which takes either, already said "no such folder")
+
+FILE_OUTPUTS = [
+    (["gate", "{run}", "--config", "g.toml", "--junit-xml", "{out}"], "--junit-xml"),
+    (["gate", "{run}", "--config", "g.toml", "--update-baseline", "{out}"], "--update-baseline"),
+    (["attribute", "{snap}", "--html", "{out}"], "--html"),
+    (["profile", "{step}", "--out", "{out}"], "--out"),
+    (["profile", "{step}", "--html", "{out}"], "--html"),
+    (["step", "--config", "{config}", "--tokens", "8", "--out", "{out}"], "--out"),
+]
+
+
+def _args(args: list[str], here: Path, made_run: Path, out: str) -> list[str]:
+    step = f"{user_module(here, 'r15_step', TINY_STEP)}:step" if "{step}" in args else ""
+    config = _config(here) if "{config}" in args else ""
+    (here / "g.toml").write_text(RULES)
+    values = {"run": str(made_run), "snap": _snapshot(made_run), "step": step,
+              "config": config, "out": out}  # fmt: skip
+    return [a.format(**values) for a in args]
+
+
+@pytest.mark.parametrize("out", ["reports/", "reports/.", "./reports//", "reports/sub/"])
+@pytest.mark.parametrize(
+    ("args", "flag"), FILE_OUTPUTS, ids=[" ".join(a[:1] + a[-2:-1]) for a, _ in FILE_OUTPUTS]
+)
+def test_a_file_output_spelled_as_a_folder_is_refused(
+    run_cli: Any, here: Path, made_run: Path, args: list[str], flag: str, out: str
+) -> None:  # fmt: skip
+    err = one_line(*run_cli(*_args(args, here, made_run, out)))
+    assert f"'{out}' names a folder, and {flag} writes a file" in err, err
+    assert f"e.g. {flag} {out}" in err
+    assert not (here / "reports").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"), FILE_OUTPUTS, ids=[" ".join(a[:1] + a[-2:-1]) for a, _ in FILE_OUTPUTS]
+)
+def test_a_file_output_inside_a_folder_is_written(
+    run_cli: Any, here: Path, made_run: Path, args: list[str], flag: str
+) -> None:  # fmt: skip
+    (here / "reports").mkdir()
+    code, _, err = run_cli(*_args(args, here, made_run, "reports/made"))
+    assert code == 0, err
+    assert (here / "reports" / "made").is_file()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [
+            "sweep",
+            "--tokens",
+            "64",
+            "--vocab",
+            "128",
+            "--no-ladder",
+            "--kernel",
+            "unchunked",
+            "-q",
+            "--no-verify",
+            "--no-report",
+            "--out",
+            "reports/",
+        ],
+        [
+            "plan",
+            "--vocab",
+            "256",
+            "--budget",
+            "1GiB",
+            "--kernel",
+            "unchunked",
+            "--no-reserved",
+            "--out",
+            "reports/",
+        ],
+    ],  # fmt: skip
+    ids=["sweep --out", "plan --out"],
+)
+def test_a_folder_output_may_still_end_in_a_slash(
+    run_cli: Any, here: Path, args: list[str]
+) -> None:
+    code, _, err = run_cli(*args)
+    assert code == 0, err
+    assert (here / "reports").is_dir()
+
+
+# -- a Triton peer kernel where memprobe only simulates (step and plan --step run on meta,
+# --what-if simulates the loss it swaps in): the step "failed on meta in its forward phase"
+# and the one line said "measure it on a GPU (--device cuda)" and "try --device cpu",
+# flags step has not; --what-if said to run a meta sweep "to see it" (the sweep skips it)
+
+PEER_COMMANDS = {
+    "step": ["step", "--config", "{config}", "--tokens", "8", "--kernel", "{kernel}"],
+    "plan --step": [
+        "plan",
+        "--step",
+        "--config",
+        "{config}",
+        "--budget",
+        "1GiB",
+        "--no-reserved",
+        "--kernel",
+        "{kernel}",
+    ],  # fmt: skip
+}
+
+
+@pytest.mark.parametrize(
+    "kernel", ["liger_cross_entropy", "liger_fused_linear_ce", "cce_linear_ce"]
+)
+@pytest.mark.parametrize("command", sorted(PEER_COMMANDS))
+def test_a_triton_kernel_in_a_simulated_step_is_refused_for_what_it_is(
+    run_cli: Any, here: Path, command: str, kernel: str
+) -> None:
+    args = [a.format(config=_config(here), kernel=kernel) for a in PEER_COMMANDS[command]]
+    err = one_line(*run_cli(*args))
+    assert f"{kernel} is a Triton kernel: its memory cannot be simulated on meta" in err, err
+    assert "--device cpu" not in err and "failed on meta" not in err
+    assert "memprobe profile pkg.mod:step --device cuda" in err
+
+
+def test_a_what_if_with_a_triton_kernel_is_refused_for_what_it_is(
+    run_cli: Any, made_run: Path
+) -> None:
+    err = one_line(*run_cli("attribute", _snapshot(made_run), "--what-if", "liger_cross_entropy"))
+    assert "liger_cross_entropy is a Triton kernel: its memory cannot be simulated" in err, err
+    assert (
+        "to see it" not in err
+        and "memprobe sweep --device cuda --kernel liger_cross_entropy" in err
+    )
+
+
+def test_a_simulated_step_with_a_kernel_memprobe_simulates_still_runs(
+    run_cli: Any, here: Path
+) -> None:
+    code, out, err = run_cli("step", "--config", _config(here), "--tokens", "8", "--kernel",
+                             "torch_linear_ce")  # fmt: skip
+    assert code == 0, err
+    assert "kernel torch_linear_ce" in out
+
+
+# -- --tokens/--batch that make fewer tokens than the snapshot's loss blocks have rows:
+# believed, attribute printed "logits [B=5, S=3, V=128]; confidence given" beside the
+# label's own [1, 64, 128], counted the logits as backward temporaries, and --what-if
+# blamed the loss ("no loss step with [N, V] blocks ... found (a fused loss ...)")
+
+FEWER = [["--tokens", "3", "--batch", "5"], ["--tokens", "32"], ["--tokens", "63"],
+         ["--tokens", "8", "--batch", "7"], ["--batch", "1", "--tokens", "1"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("what_if", [[], ["--what-if", "local_chunked"]], ids=["read", "what-if"])
+@pytest.mark.parametrize("sizes", FEWER, ids=[" ".join(s) for s in FEWER])
+def test_sizes_with_fewer_tokens_than_the_loss_rows_are_refused(
+    run_cli: Any, made_run: Path, sizes: list[str], what_if: list[str]
+) -> None:
+    err = one_line(*run_cli("attribute", _snapshot(made_run), *sizes, *what_if))
+    assert "but the snapshot's loss blocks are [N, V] = [64, 128]" in err, err
+    assert "more than the step has" in err and "no loss step" not in err
+
+
+@pytest.mark.parametrize(
+    ("sizes", "shapes"),
+    [
+        (["--tokens", "64"], "logits [B=1, S=64, V=128]"),
+        (["--tokens", "32", "--batch", "2"], "logits [B=2, S=32, V=128]"),
+        (["--tokens", "128"], "[B=1, S=128, V=128]"),  # a chunked loop's rows
+        ([], "logits [B=1, S=64, V=128]"),
+    ],
+)
+def test_sizes_that_hold_the_loss_rows_are_still_read(
+    run_cli: Any, made_run: Path, sizes: list[str], shapes: str
+) -> None:
+    code, out, err = run_cli("attribute", _snapshot(made_run), *sizes)
+    assert code == 0, err
+    assert shapes in out
+
+
+# -- gate flags that do nothing in the gate asked for: `gate RUN --out DIR` (--out is the
+# gate's own sweep's run directory) and --max-regression with no baseline passed in
+# silence, the gate's verdict as if they had been applied
+
+
+@pytest.fixture
+def gated(here: Path, made_run: Path) -> Path:
+    (here / "g.toml").write_text(RULES)
+    return Path(shutil.copytree(made_run, here / "run"))
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--out", "kept"], "--out kept is the run directory of the gate's own sweep"),
+        (["--out", "run"], "--out run is the run directory of the gate's own sweep"),
+        (["--max-regression", "5"], "--max-regression 5 is growth allowed over a baseline"),
+        (["--max-regression", "0"], "--max-regression 0 is growth allowed over a baseline"),
+        (["--max-regression", "2.5", "--update-baseline", "b.json"], "--max-regression 2.5 is"),
+    ],
+)
+def test_a_gate_flag_that_would_do_nothing_is_refused(
+    run_cli: Any, here: Path, gated: Path, flags: list[str], said: str
+) -> None:
+    err = one_line(*run_cli("gate", "run", "--config", "g.toml", *flags))
+    assert said in err, err
+    assert not (here / "kept").exists() and not (here / "b.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "config"),
+    [
+        (["--baseline", "run", "--max-regression", "5"], ""),
+        (["--max-regression", "5"], 'baseline = "run/results.json"\n'),
+        ([], "max_regression = 5\n"),  # the config's own allowance, with no baseline
+    ],
+    ids=["--baseline", "baseline in the config", "max_regression in the config"],
+)
+def test_a_regression_allowance_with_a_baseline_is_still_read(
+    run_cli: Any, here: Path, gated: Path, flags: list[str], config: str
+) -> None:
+    (here / "g.toml").write_text(RULES + config)
+    code, out, err = run_cli("gate", "run", "--config", "g.toml", *flags)
+    assert code == 0, err
+
+
+def test_a_negative_allowance_without_a_baseline_still_says_what_it_is(
+    run_cli: Any, gated: Path
+) -> None:
+    err = one_line(*run_cli("gate", "run", "--config", "g.toml", "--max-regression", "-3"))
+    assert "-3.0 is not a percentage" in err
