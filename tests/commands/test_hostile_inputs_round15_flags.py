@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import TINY_STEP, one_line, user_module
+from hostile import TINY_KERNEL, TINY_STEP, one_line, user_module
 from small_config import SMALL
 
 RULES = '[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1TiB"}]\n'
@@ -255,3 +255,80 @@ def test_a_negative_allowance_without_a_baseline_still_says_what_it_is(
 ) -> None:
     err = one_line(*run_cli("gate", "run", "--config", "g.toml", "--max-regression", "-3"))
     assert "-3.0 is not a percentage" in err
+
+
+# -- signal handlers user code replaces: a kernel module that ignored SIGINT as it was
+# imported (a library's graceful shutdown) kept a ten-case sweep from being stopped by
+# Ctrl-C (it ran to its end and exited 0); SIGTERM is torchrun's stop, SIGPIPE a reader
+# gone, SIGCHLD what a wait needs
+
+SIGNALS = {
+    "SIGINT ignored": ("SIGINT", "signal.SIG_IGN"),
+    "SIGTERM caught": ("SIGTERM", "lambda *a: None"),
+    "SIGPIPE default": ("SIGPIPE", "signal.SIG_DFL"),
+    "SIGCHLD ignored": ("SIGCHLD", "signal.SIG_IGN"),
+    "SIGHUP ignored": ("SIGHUP", "signal.SIG_IGN"),
+}
+
+
+@pytest.fixture
+def handlers() -> Any:
+    """The test process's own handlers, put back whatever the test leaves."""
+    import signal
+
+    names = {name for name, _ in SIGNALS.values()}
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in names}
+    yield saved
+    for name, handler in saved.items():
+        signal.signal(getattr(signal, name), handler)
+
+
+def _replacing(where: str, name: str, handler: str) -> str:
+    """A module whose step and kernel are memprobe's tiny ones, replacing ``name``'s
+    handler at import or in the call."""
+    setting = f"signal.signal(signal.{name}, {handler})\n"
+    body = "import signal\n" + TINY_STEP + TINY_KERNEL.replace("from memprobe", "\nfrom memprobe")
+    if where == "import":
+        return body + setting
+    body = body.replace("    (w @ w)", "    " + setting + "    (w @ w)")
+    return body.replace("    return get_kernel", "    " + setting + "    return get_kernel")
+
+
+@pytest.mark.parametrize("where", ["import", "call"])
+@pytest.mark.parametrize("command", ["profile", "sweep", "attribute --what-if", "plan"])
+@pytest.mark.parametrize("replaced", sorted(SIGNALS))
+def test_signal_handlers_user_code_replaces_are_put_back(
+    run_cli: Any, here: Path, made_run: Path, handlers: dict[str, Any],
+    command: str, where: str, replaced: str,
+) -> None:  # fmt: skip
+    import signal
+
+    name, handler = SIGNALS[replaced]
+    module = user_module(here, "r15_signals", _replacing(where, name, handler))
+    args = {
+        "profile": ["profile", f"{module}:step"],
+        "sweep": ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
+                  f"{module}:k", "-q", "--no-verify", "--no-report", "--out", "run"],
+        "attribute --what-if": ["attribute", _snapshot(made_run), "--what-if", f"{module}:k"],
+        "plan": ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", f"{module}:k",
+                 "--no-reserved"],
+    }[command]  # fmt: skip
+    code, _, err = run_cli(*args)
+    assert code == 0, err
+    assert signal.getsignal(getattr(signal, name)) == handlers[name]
+
+
+def test_a_handler_user_code_puts_back_itself_stays(
+    run_cli: Any, here: Path, handlers: dict[str, Any]
+) -> None:
+    import signal
+
+    body = TINY_STEP.replace(
+        "def step(device):\n",
+        "import signal\ndef step(device):\n"
+        "    old = signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "    signal.signal(signal.SIGINT, old)\n",
+    )
+    code, _, err = run_cli("profile", f"{user_module(here, 'r15_polite', body)}:step")
+    assert code == 0, err
+    assert signal.getsignal(signal.SIGINT) == handlers["SIGINT"]
