@@ -99,20 +99,45 @@ def environment_kept() -> Iterator[None]:
 # kernel reaps them and a wait finds none). A module that set SIGINT to SIG_IGN as it was
 # imported (a library's graceful shutdown) kept a sweep of ten cases from being stopped by
 # Ctrl-C: it ran to its end and exited 0.
+# The alarms too (SIGALRM, SIGVTALRM, SIGPROF): a timer user code set and left running (a
+# guard it forgot to cancel, signal.alarm(1)) went off later in memprobe's own work: its
+# default action ended the sweep with "Alarm clock", exit 142 and no word, and a handler
+# the code had set raised its TimeoutError in whatever case ran then.
 _KEPT_SIGNALS = tuple(
     getattr(signal, name)
-    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGPIPE", "SIGCHLD")
+    for name in (
+        "SIGINT",
+        "SIGTERM",
+        "SIGHUP",
+        "SIGPIPE",
+        "SIGCHLD",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+    )  # fmt: skip
+    if hasattr(signal, name)
+)
+_TIMERS = tuple(
+    getattr(signal, name)
+    for name in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
     if hasattr(signal, name)
 )
 
 
-def _signal_handlers() -> dict[int, Any]:
-    return {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}
+def _signal_handlers() -> tuple[dict[int, Any], set[int]]:
+    """The handlers of :data:`_KEPT_SIGNALS`, and which of :data:`_TIMERS` are idle."""
+    idle = {timer for timer in _TIMERS if signal.getitimer(timer) == (0.0, 0.0)}
+    return {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}, idle
 
 
-def _put_back_signal_handlers(handlers: dict[int, Any]) -> None:
+def _put_back_signal_handlers(saved: tuple[dict[int, Any], set[int]]) -> None:
     """The handlers of :data:`_KEPT_SIGNALS` user code replaced, put back (None: one set
-    outside Python, which cannot be put back from here)."""
+    outside Python, which cannot be put back from here), and a timer it started where
+    none ran, stopped (one that ran before is whoever started it's: left as it is)."""
+    handlers, idle = saved
+    for timer in idle:
+        with contextlib.suppress(OSError, ValueError):
+            signal.setitimer(timer, 0)
     if threading.current_thread() is not threading.main_thread():
         return  # only the main thread may set a handler; user code there could not either
     for sig, handler in handlers.items():

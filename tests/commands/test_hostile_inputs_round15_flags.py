@@ -257,10 +257,11 @@ def test_a_negative_allowance_without_a_baseline_still_says_what_it_is(
     assert "-3.0 is not a percentage" in err
 
 
-# -- signal handlers user code replaces: a kernel module that ignored SIGINT as it was
-# imported (a library's graceful shutdown) kept a ten-case sweep from being stopped by
+# -- signal handlers and timers user code leaves: a kernel module that ignored SIGINT as it
+# was imported (a library's graceful shutdown) kept a ten-case sweep from being stopped by
 # Ctrl-C (it ran to its end and exited 0); SIGTERM is torchrun's stop, SIGPIPE a reader
-# gone, SIGCHLD what a wait needs
+# gone, SIGCHLD what a wait needs; an alarm a kernel left pending (signal.alarm(1) as it
+# returned) ended the sweep a second later: "Alarm clock", exit 142, no report, no word
 
 SIGNALS = {
     "SIGINT ignored": ("SIGINT", "signal.SIG_IGN"),
@@ -268,34 +269,61 @@ SIGNALS = {
     "SIGPIPE default": ("SIGPIPE", "signal.SIG_DFL"),
     "SIGCHLD ignored": ("SIGCHLD", "signal.SIG_IGN"),
     "SIGHUP ignored": ("SIGHUP", "signal.SIG_IGN"),
+    "SIGALRM caught": ("SIGALRM", "lambda *a: None"),
 }
+TIMERS = {
+    "alarm": "signal.alarm(100)",
+    "real timer": "signal.setitimer(signal.ITIMER_REAL, 100)",
+    "virtual timer": "signal.setitimer(signal.ITIMER_VIRTUAL, 100)",
+    "profiling timer": "signal.setitimer(signal.ITIMER_PROF, 100, 100)",
+}
+ITIMERS = ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
 
 
 @pytest.fixture
 def handlers() -> Any:
-    """The test process's own handlers, put back whatever the test leaves."""
+    """The test process's own handlers, put back (and timers stopped) whatever the test
+    leaves."""
     import signal
 
     names = {name for name, _ in SIGNALS.values()}
     saved = {name: signal.getsignal(getattr(signal, name)) for name in names}
     yield saved
+    for timer in ITIMERS:
+        signal.setitimer(getattr(signal, timer), 0)
     for name, handler in saved.items():
         signal.signal(getattr(signal, name), handler)
 
 
-def _replacing(where: str, name: str, handler: str) -> str:
-    """A module whose step and kernel are memprobe's tiny ones, replacing ``name``'s
-    handler at import or in the call."""
-    setting = f"signal.signal(signal.{name}, {handler})\n"
+def _doing(where: str, statement: str) -> str:
+    """A module whose step and kernel are memprobe's tiny ones, running ``statement`` at
+    import or as the call returns."""
     body = "import signal\n" + TINY_STEP + TINY_KERNEL.replace("from memprobe", "\nfrom memprobe")
     if where == "import":
-        return body + setting
-    body = body.replace("    (w @ w)", "    " + setting + "    (w @ w)")
-    return body.replace("    return get_kernel", "    " + setting + "    return get_kernel")
+        return body + statement + "\n"
+    body = body.replace(".backward()\n", f".backward()\n    {statement}\n")
+    return body.replace(
+        "    return get_kernel('unchunked')(logits, targets)\n",
+        f"    out = get_kernel('unchunked')(logits, targets)\n    {statement}\n    return out\n",
+    )
+
+
+def _running(command: str, module: str, made_run: Path) -> list[str]:
+    return {
+        "profile": ["profile", f"{module}:step"],
+        "sweep": ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
+                  f"{module}:k", "-q", "--no-verify", "--no-report", "--out", "run"],
+        "attribute --what-if": ["attribute", _snapshot(made_run), "--what-if", f"{module}:k"],
+        "plan": ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", f"{module}:k",
+                 "--no-reserved"],
+    }[command]  # fmt: skip
+
+
+COMMANDS = ["profile", "sweep", "attribute --what-if", "plan"]
 
 
 @pytest.mark.parametrize("where", ["import", "call"])
-@pytest.mark.parametrize("command", ["profile", "sweep", "attribute --what-if", "plan"])
+@pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("replaced", sorted(SIGNALS))
 def test_signal_handlers_user_code_replaces_are_put_back(
     run_cli: Any, here: Path, made_run: Path, handlers: dict[str, Any],
@@ -304,18 +332,37 @@ def test_signal_handlers_user_code_replaces_are_put_back(
     import signal
 
     name, handler = SIGNALS[replaced]
-    module = user_module(here, "r15_signals", _replacing(where, name, handler))
-    args = {
-        "profile": ["profile", f"{module}:step"],
-        "sweep": ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
-                  f"{module}:k", "-q", "--no-verify", "--no-report", "--out", "run"],
-        "attribute --what-if": ["attribute", _snapshot(made_run), "--what-if", f"{module}:k"],
-        "plan": ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", f"{module}:k",
-                 "--no-reserved"],
-    }[command]  # fmt: skip
-    code, _, err = run_cli(*args)
+    statement = f"signal.signal(signal.{name}, {handler})"
+    module = user_module(here, "r15_signals", _doing(where, statement))
+    code, _, err = run_cli(*_running(command, module, made_run))
     assert code == 0, err
     assert signal.getsignal(getattr(signal, name)) == handlers[name]
+
+
+@pytest.mark.parametrize("where", ["import", "call"])
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("timer", sorted(TIMERS))
+def test_a_timer_user_code_leaves_running_is_stopped(
+    run_cli: Any, here: Path, made_run: Path, handlers: dict[str, Any],
+    command: str, where: str, timer: str,
+) -> None:  # fmt: skip
+    import signal
+
+    module = user_module(here, "r15_timers", _doing(where, TIMERS[timer]))
+    code, _, err = run_cli(*_running(command, module, made_run))
+    assert code == 0, err
+    assert all(signal.getitimer(getattr(signal, t)) == (0.0, 0.0) for t in ITIMERS)
+
+
+def test_a_timer_running_before_the_user_code_is_left_running(
+    run_cli: Any, here: Path, handlers: dict[str, Any]
+) -> None:
+    import signal
+
+    signal.setitimer(signal.ITIMER_REAL, 300)  # a harness's own timeout
+    code, _, err = run_cli("profile", f"{user_module(here, 'r15_timed', TINY_STEP)}:step")
+    assert code == 0, err
+    assert signal.getitimer(signal.ITIMER_REAL)[0] > 0
 
 
 def test_a_handler_user_code_puts_back_itself_stays(
