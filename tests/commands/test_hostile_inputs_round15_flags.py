@@ -204,6 +204,30 @@ def test_sizes_that_hold_the_loss_rows_are_still_read(
     assert shapes in out
 
 
+# ... and sizes with which --what-if finds no loss step while without them it finds one:
+# the line blamed the loss ("no loss step with [N, V] blocks ... (a fused loss, or one
+# the trace only partly holds)") for a --vocab or --batch that was not the snapshot's
+
+HIDING = [["--vocab", "256"], ["--tokens", "64", "--batch", "2"], ["--tokens", "128"],
+          ["--batch", "3"], ["--vocab", "1000"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("sizes", HIDING, ids=[" ".join(s) for s in HIDING])
+def test_sizes_that_hide_the_loss_step_are_named(
+    run_cli: Any, made_run: Path, sizes: list[str]
+) -> None:
+    err = one_line(*run_cli("attribute", _snapshot(made_run), *sizes, "--what-if", "local_chunked"))
+    assert f"{' '.join(sizes)} do" in err and "not fit this snapshot" in err, err
+    assert "its logits read as [B=1, S=64, V=128]" in err and "a fused loss" not in err
+
+
+def test_a_what_if_at_the_snapshots_own_sizes_still_predicts(run_cli: Any, made_run: Path) -> None:
+    code, out, err = run_cli("attribute", _snapshot(made_run), "--vocab", "128", "--tokens", "64",
+                             "--batch", "1", "--what-if", "local_chunked")  # fmt: skip
+    assert code == 0, err
+    assert "local_chunked" in out
+
+
 # -- gate flags that do nothing in the gate asked for: `gate RUN --out DIR` (--out is the
 # gate's own sweep's run directory) and --max-regression with no baseline passed in
 # silence, the gate's verdict as if they had been applied
