@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import TINY_KERNEL, TINY_STEP, one_line, user_module
+from hostile import TINY_KERNEL, TINY_STEP, one_line, swept, user_module
 from small_config import SMALL
 
 RULES = '[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1TiB"}]\n'
@@ -403,3 +403,37 @@ def test_a_handler_user_code_puts_back_itself_stays(
     code, _, err = run_cli("profile", f"{user_module(here, 'r15_polite', body)}:step")
     assert code == 0, err
     assert signal.getsignal(signal.SIGINT) == handlers["SIGINT"]
+
+
+# -- plan --from-run DIR --chunk-size N: "compare sizes with --chunk-size a,b,c (and their
+# measured times with --from-run DIR)", asking for the flag the user had given
+
+
+@pytest.fixture(scope="module")
+def timed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return swept(
+        tmp_path_factory.mktemp("timed") / "run",
+        *("--tokens", "64", "--vocab", "256", "--no-ladder", "--kernel", "local_chunked"),
+        *("--chunk-size", "16,32", "--device", "cpu", "-q", "--no-verify", "--no-report"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "asks"),
+    [
+        (["--from-run", "{run}", "--chunk-size", "16"], False),
+        (["--from-run", "{run}/results.json", "--chunk-size", "32"], False),
+        (["--chunk-size", "16"], True),
+        ([], True),
+    ],
+    ids=["--from-run", "--from-run results.json", "no --from-run", "the default size"],
+)
+def test_a_single_chunk_size_line_asks_for_times_only_without_them(
+    run_cli: Any, timed_run: Path, flags: list[str], asks: bool
+) -> None:
+    args = [f.format(run=timed_run) for f in flags]
+    code, out, err = run_cli("plan", "--vocab", "256", "--budget", "1GiB", "--kernel",
+                             "local_chunked", "--no-reserved", *args)  # fmt: skip
+    assert code == 0, err
+    assert "compare sizes with --chunk-size a,b,c" in out
+    assert ("measured times with --from-run DIR" in out) == asks, out
