@@ -67,6 +67,7 @@ from memprobe.attribute.shape_scoring import (
     vocab_argued,
     vocab_ok,
 )
+from memprobe.errors import UserError
 
 
 def infer_shapes(
@@ -112,6 +113,19 @@ def _as_given(found: ShapeInference, hints: Hints) -> ShapeInference:
     n = hints.tokens * hints.batch
     if found.tokens == n:
         return found
+    if found.tokens and found.tokens > n:
+        # A loss block cannot hold more tokens' rows than the step has: the sizes given
+        # are not this snapshot's. Believed, they printed "[B=5, S=3, V=128]; confidence
+        # given" beside the label's own [1, 64, 128], took the logits out of the
+        # logits-family, and --what-if blamed the loss ("no loss step ... found").
+        raise UserError(
+            f"B·S = {hints.batch:,} x {hints.tokens:,} = {n:,} tokens (--batch and --tokens, "
+            f"or the memprobe run's record), but the snapshot's loss blocks are [N, V] = "
+            f"[{found.tokens:,}, {found.vocab:,}]: {found.tokens:,} tokens' rows, more than "
+            "the step has",
+            "give the step's own batch and sequence length, or drop --tokens/--batch to "
+            "read them from the snapshot",
+        )
     chunk = (
         [f"the loss blocks cover {found.tokens:,} of the {n:,} tokens at a time (a chunked loop)"]
         if found.tokens and found.tokens < n

@@ -63,6 +63,17 @@ def check_what_if_kernel(kernel: str) -> None:
             "on the logits, not the lm_head",
             "name a logits kernel (`memprobe kernels`), e.g. --what-if local_chunked",
         )
+    from memprobe.kernels.peers import unavailable_reason
+
+    if unavailable_reason(kernel, "meta") is not None:
+        # The prediction splices a meta simulation in: a Triton peer failed there, and
+        # the one line said to run a meta sweep "to see it" (which skips the kernel).
+        raise UserError(
+            f"{kernel} is a Triton kernel: its memory cannot be simulated on meta, where "
+            "--what-if simulates the loss it swaps in",
+            "name a kernel memprobe simulates (`memprobe kernels`), or measure it on a GPU: "
+            f"memprobe sweep --device cuda --kernel {kernel}",
+        )
 
 
 def what_if(
@@ -87,7 +98,11 @@ def what_if(
     snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
     found = attribute(snap, device=device, path=path, vocab=vocab, tokens=tokens, batch=batch)
     rep = replay(snap, device=found.device)
-    step = find_loss_step(snap, found, rep)
+    try:
+        step = find_loss_step(snap, found, rep)
+    except UserError:
+        _refuse_sizes_that_hide_the_loss(snap, rep, device, path, vocab, tokens, batch)
+        raise
     kt = simulate_kernel(kernel, step, chunk_size)
     spliced = splice(snap, found.device, step, kt)
     predicted = attribute(
@@ -118,6 +133,36 @@ def what_if(
         capacity_bytes=capacity,
         capacity_source=source,
     )
+
+
+def _refuse_sizes_that_hide_the_loss(
+    snap: dict[str, Any],
+    rep: Replay,
+    device: int | None,
+    path: str | None,
+    vocab: int | None,
+    tokens: int | None,
+    batch: int | None,
+) -> None:
+    """When no loss step is found with the sizes given but one is without them, the sizes
+    are the cause: the line blamed the loss ("no loss step with [N, V] blocks ... (a fused
+    loss ...)") for a --vocab or --batch that was not the snapshot's. Returns otherwise."""
+    given = [f"--{n} {v}" for n, v in (("vocab", vocab), ("tokens", tokens), ("batch", batch))
+             if v is not None]  # fmt: skip
+    if not given:
+        return
+    plain = attribute(snap, device=device, path=path)
+    try:
+        find_loss_step(snap, plain, rep)
+    except UserError:
+        return  # not the sizes: the loss itself is what cannot be cut
+    one = len(given) == 1
+    raise UserError(
+        f"{' '.join(given)} {'does' if one else 'do'} not fit this snapshot: with "
+        f"{'it' if one else 'them'} no loss step with [N, V] blocks in forward and backward "
+        f"is found, without, its logits read as {plain.inference.shape_text()}",
+        f"drop {'it' if one else 'them'}, or give the step's own sizes",
+    ) from None
 
 
 def _oom_capacity(rep: Replay) -> tuple[int | None, str | None]:

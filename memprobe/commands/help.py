@@ -10,6 +10,7 @@ when none is given, optional ones in brackets, as click always wrote them
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from typer import BadParameter
@@ -61,6 +62,22 @@ def _names_a_path(param: Any) -> bool:
     return (callable(bare) and bare() == "Path") or bool(PATH_OPTIONS & set(param.opts))
 
 
+# The options that write one file, per command, and a name to show in the example: a
+# folder spelled as one ("out/") names no file for them (sweep's and plan's --out name
+# folders; report's --out takes either and says so itself).
+FILE_OUTPUTS = {
+    "gate": {"--junit-xml": "junit.xml", "--update-baseline": "baseline.json"},
+    "attribute": {"--html": "attribute.html"},
+    "profile": {"--out": "step.pickle", "--html": "step.html"},
+    "step": {"--out": "step.pickle"},
+}
+
+
+def _spells_a_folder(value: str) -> bool:
+    """``out/`` or ``out/.``: what pathlib reads as ``out`` (a file of that name)."""
+    return value.endswith(("/", os.sep, "/.", f"{os.sep}."))
+
+
 class Command(_Named, TyperCommand):
     """A memprobe command: flags without a type, arguments by their metavar."""
 
@@ -69,7 +86,31 @@ class Command(_Named, TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         self._refuse_blank_paths(ctx, args)
+        self._refuse_folder_spellings(ctx, args)
         return list(super().parse_args(ctx, args))
+
+    def _refuse_folder_spellings(self, ctx: Any, args: list[str]) -> None:
+        """A file output spelled as a folder (``--junit-xml reports/``): typer's Path drops
+        the trailing slash, so the file was written under the folder's own name, a file
+        ``reports`` where a folder was meant (and where the next command then finds a file)."""
+        outputs = FILE_OUTPUTS.get(self.name or "", {})
+        if not outputs:
+            return
+        try:
+            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception:
+            return  # not parsable: click's own parse says what is wrong
+        for param in self.params:
+            flag = next((o for o in param.opts if o in outputs), None)
+            value = raw.get(param.name)
+            if flag is None or not isinstance(value, str) or not _spells_a_folder(value):
+                continue
+            raise BadParameter(
+                f"{value!r} names a folder, and {flag} writes a file "
+                f"(name the file, e.g. {flag} {os.path.join(value, outputs[flag])})",
+                ctx=ctx,
+                param=param,
+            )
 
     def _refuse_blank_paths(self, ctx: Any, args: list[str]) -> None:
         """A file or folder given as '' or ' ' (an unset shell variable, quoted) names

@@ -309,7 +309,7 @@ def command(
     show([plan_table(outcome.plans)])
     if outcome.skipped:
         typer.echo(f"not planned (no vocabulary shards): {', '.join(outcome.skipped)}")
-    for line in [*chunk_lines(outcome.choices), *outcome.notes]:
+    for line in [*chunk_lines(outcome.choices, timed=from_run is not None), *outcome.notes]:
         typer.echo(line)
     note = line_note(outcome.plans)
     if note:

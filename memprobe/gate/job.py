@@ -70,6 +70,14 @@ def run_gate(req: GateRequest) -> GateOutcome:
     if req.results is not None and not results_file(req.results).exists():
         # The first thing to say about a mistyped path, before any config question.
         raise UserError(f"no results at {req.results}", "give a run directory or its results.json")
+    if req.results is not None and req.out is not None:
+        # --out is where the gate's own sweep goes; with RESULTS nothing is swept, and the
+        # flag was passed over in silence (a CI job that meant to keep its run found none).
+        raise UserError(
+            f"--out {req.out} is the run directory of the gate's own sweep, and with "
+            f"RESULTS ({req.results}) given the gate sweeps nothing",
+            "drop --out to check RESULTS, or drop RESULTS to run tool.memprobe.sweep into --out",
+        )
     cfg = load_config(req.config, start=req.cwd)
     # Checked before anything runs or is written: no output replaces an input (the config
     # just read included) or another output; only --update-baseline rewrites the baseline.
@@ -87,6 +95,14 @@ def run_gate(req: GateRequest) -> GateOutcome:
         inputs,
         may_replace={"--update-baseline": replaceable},
     )
+    if req.max_regression is not None and req.max_regression >= 0 and baseline_input is None:
+        # Growth over no baseline: the gate passed on its rules alone, as if the allowance
+        # had been checked. (A value that is no percentage is said so by the verdict.)
+        raise UserError(
+            f"--max-regression {req.max_regression:g} is growth allowed over a baseline, "
+            "and there is none (no --baseline, no baseline in [tool.memprobe.gate])",
+            "add --baseline results.json, or drop --max-regression",
+        )
     config_name = str(cfg.source) if cfg.source else None
     max_regression = req.max_regression
     if max_regression is None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -70,6 +71,7 @@ def environment_kept() -> Iterator[None]:
     attribute --html ended in a ModuleNotFoundError. Entries it added stay, where it put
     them (a kernel may import from them later)."""
     saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
+    handlers = _signal_handlers()
     umask = os.umask(0o077)  # read by setting; put back at once
     os.umask(umask)
     depth = sys.getrecursionlimit()
@@ -88,6 +90,60 @@ def environment_kept() -> Iterator[None]:
                     del os.environ[name]
                 else:
                     os.environ[name] = value
+        _put_back_signal_handlers(handlers)
+
+
+# The signals whose handlers decide how memprobe's process ends or waits: Ctrl-C and
+# torchrun's stop (SIGTERM), a closed terminal, a reader gone (SIGPIPE: Python ignores it,
+# so a write raises and memprobe goes on quietly), and its children (SIGCHLD ignored, the
+# kernel reaps them and a wait finds none). A module that set SIGINT to SIG_IGN as it was
+# imported (a library's graceful shutdown) kept a sweep of ten cases from being stopped by
+# Ctrl-C: it ran to its end and exited 0.
+# The alarms too (SIGALRM, SIGVTALRM, SIGPROF): a timer user code set and left running (a
+# guard it forgot to cancel, signal.alarm(1)) went off later in memprobe's own work: its
+# default action ended the sweep with "Alarm clock", exit 142 and no word, and a handler
+# the code had set raised its TimeoutError in whatever case ran then.
+_KEPT_SIGNALS = tuple(
+    getattr(signal, name)
+    for name in (
+        "SIGINT",
+        "SIGTERM",
+        "SIGHUP",
+        "SIGPIPE",
+        "SIGCHLD",
+        "SIGALRM",
+        "SIGVTALRM",
+        "SIGPROF",
+    )  # fmt: skip
+    if hasattr(signal, name)
+)
+_TIMERS = tuple(
+    getattr(signal, name)
+    for name in ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
+    if hasattr(signal, name)
+)
+
+
+def _signal_handlers() -> tuple[dict[int, Any], set[int]]:
+    """The handlers of :data:`_KEPT_SIGNALS`, and which of :data:`_TIMERS` are idle."""
+    idle = {timer for timer in _TIMERS if signal.getitimer(timer) == (0.0, 0.0)}
+    return {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}, idle
+
+
+def _put_back_signal_handlers(saved: tuple[dict[int, Any], set[int]]) -> None:
+    """The handlers of :data:`_KEPT_SIGNALS` user code replaced, put back (None: one set
+    outside Python, which cannot be put back from here), and a timer it started where
+    none ran, stopped (one that ran before is whoever started it's: left as it is)."""
+    handlers, idle = saved
+    for timer in idle:
+        with contextlib.suppress(OSError, ValueError):
+            signal.setitimer(timer, 0)
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set a handler; user code there could not either
+    for sig, handler in handlers.items():
+        if handler is not None and signal.getsignal(sig) != handler:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ import torch
 
 from memprobe.errors import UserError
 from memprobe.io.text import printable
+from memprobe.kernels.peers import unavailable_reason
 from memprobe.kernels.registry import get_spec
 from memprobe.measure.step import checked_output
 from memprobe.profile.hf_config import (
@@ -207,6 +208,16 @@ class HFStep:
             get_spec(self.kernel)
         except ValueError as exc:
             raise UserError(str(exc), "see `memprobe kernels`") from None
+        if unavailable_reason(self.kernel, "meta") is not None:
+            # The step runs on meta only: a Triton peer failed in its forward, and the one
+            # line said to "try --device cpu" or "measure it on a GPU (--device cuda)",
+            # flags neither step nor plan --step has.
+            raise UserError(
+                f"{self.kernel} is a Triton kernel: its memory cannot be simulated on meta, "
+                "where the whole step runs",
+                "pick a kernel memprobe simulates (`memprobe kernels`), or profile your own "
+                "step with it on a GPU: memprobe profile pkg.mod:step --device cuda",
+            )
         distributed = get_spec(self.kernel).distributed
         if distributed and self.vocab_shards == 1:
             raise UserError(

@@ -74,17 +74,19 @@ def budget_line(budget: Budget) -> str:
     )
 
 
-def chunk_lines(choices: Sequence[ChunkChoice]) -> list[str]:
+def chunk_lines(choices: Sequence[ChunkChoice], *, timed: bool = False) -> list[str]:
     """Which chunk size to pick, per chunked kernel × layout; one line when only one was
-    planned (nothing to compare)."""
+    planned (nothing to compare). ``timed``: --from-run was given (its times are read;
+    the line does not ask for them again)."""
     single = [c for c in choices if c.single]
     lines = []
     if single:
         sizes = sorted({c.for_memory for c in single if c.for_memory is not None})
+        times = "" if timed else " (and their measured times with --from-run DIR)"
         lines.append(
             f"chunk size: only {', '.join(map(str, sizes))} planned for "
             f"{', '.join(dict.fromkeys(c.kernel for c in single))}; compare sizes with "
-            "--chunk-size a,b,c (and their measured times with --from-run DIR)"
+            f"--chunk-size a,b,c{times}"
         )
     # Layouts that agree are said once: "local_chunked: 512 ..." rather than a line each.
     groups: dict[tuple[str, int | None, int | None, str], list[str]] = {}

@@ -236,3 +236,13 @@ def test_shape_flags_over_a_recorded_case(run_cli, sweep_run: Path, what: str) -
         assert code == 0 and f"local_chunked at {says}" in out, (out, err)
     else:
         assert says in one_line(code, out, err) and "recorded B=1, S=512" in err, err
+
+
+# A user's snapshot (no memprobe record: here a profiled step, N = 2·128 = 256 rows):
+# sizes that make fewer tokens than its loss blocks have rows are refused by name.
+@pytest.mark.parametrize(("tokens", "batch"), [(3, 5), (128, 1), (255, 1), (64, 2)])
+def test_fewer_tokens_than_the_loss_rows(tokens: int, batch: int) -> None:
+    snap = profiled("unchunked")
+    with pytest.raises(UserError, match=r"\[N, V\] = \[256, 4,096\].*more than the step has"):
+        attribute(snap, tokens=tokens, batch=batch)
+    assert attribute(snap, tokens=SEQ, batch=BATCH).inference.tokens == BATCH * SEQ
