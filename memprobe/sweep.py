@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
-from memprobe.allocator import AllocConf, modelled_alloc_conf
+from memprobe.allocator import AllocConf, sweep_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
 from memprobe.kernels import get_spec, kernel_names
@@ -224,8 +224,10 @@ class SweepOutcome:
 def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> SweepOutcome:
     """Plan (or resume) the cases, join the torchrun ranks when there are any, and run
     them into the run directory under the requested allocator settings."""
-    conf = modelled_alloc_conf(request.alloc_conf) if request.alloc_conf is not None else None
-    if request.resume is not None and request.resume.is_dir():
+    resumed = request.resume is not None and request.resume.is_dir()
+    # A flag is checked either way; the environment only for a new run.
+    conf = sweep_alloc_conf(request.alloc_conf, environ={} if resumed else None)
+    if resumed and request.resume is not None:
         # A resumed run keeps the allocator settings it started with.
         conf = results.recorded_alloc_conf(request.resume)
     if conf is not None and request.resume is None:

@@ -25,10 +25,20 @@ def run_cli(monkeypatch, capsys):
     def run(*args: str) -> tuple[int, str, str]:
         monkeypatch.setattr(sys, "argv", ["memprobe", *args])
         code = 0
+        # sweep --alloc-conf sets PYTORCH_ALLOC_CONF for its own process (its allocator
+        # reads it), which a later sweep in this one would read as the user's: each call
+        # leaves it as it found it. (User code's own variables stay: a test asserts so.)
+        kept = {n: os.environ.get(n) for n in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")}
         try:
             cli.main()
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            for name, value in kept.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
         out, err = capsys.readouterr()
         return code, out, err
 

@@ -15,6 +15,7 @@ from memprobe.allocator.config import (
     alloc_conf_from_env,
     modelled_alloc_conf,
     parse_alloc_conf,
+    sweep_alloc_conf,
 )
 from memprobe.allocator.model import (
     AllocatorStats,
@@ -39,6 +40,7 @@ __all__ = [
     "Simulation",
     "alloc_conf_from_env",
     "modelled_alloc_conf",
+    "sweep_alloc_conf",
     "allocation_size",
     "conf_from_snapshot",
     "parse_alloc_conf",

@@ -315,19 +315,43 @@ def parse_alloc_conf(text: str | None) -> AllocConf:
     return AllocConf(**fields, unmodelled=tuple(unmodelled))  # type: ignore[arg-type]
 
 
-def modelled_alloc_conf(text: str) -> AllocConf:
+def modelled_alloc_conf(text: str, source: str | None = None) -> AllocConf:
     """``--alloc-conf`` text for memprobe's allocator model (sweep, plan, step, profile,
     attribute --replay): parsed, and refused when it names another backend. The model is
     torch's native caching allocator: under ``backend:cudaMallocAsync`` its reserved peak
-    would be the native figure printed as that backend's."""
-    conf = parse_alloc_conf(text)
+    would be the native figure printed as that backend's. ``source``: where the text
+    came from, as a refusal names it (an environment variable; the flag by default)."""
+    try:
+        conf = parse_alloc_conf(text)
+    except UserError as exc:
+        if source is None:
+            raise
+        raise UserError(f"{source} in the environment: {exc.message}", exc.hint) from None
     if not conf.is_modelled:
+        where = f"--alloc-conf {text}" if source is None else f"{source}={text} in the environment"
         raise UserError(
-            f"--alloc-conf {text}: memprobe models torch's native caching allocator "
+            f"{where}: memprobe models torch's native caching allocator "
             f"only, not backend:{conf.backend}",
-            "drop the backend option: the model's figures are the native allocator's",
+            "drop the backend option: the model's figures are the native allocator's"
+            if source is None
+            else f"unset {source}, or give --alloc-conf with the settings to model",
         )
     return conf
+
+
+def sweep_alloc_conf(
+    flag: str | None, environ: Mapping[str, str] | None = None
+) -> AllocConf | None:
+    """The allocator settings a sweep runs under: ``--alloc-conf``, else those torch reads
+    from the environment at startup (``PYTORCH_ALLOC_CONF``, else
+    ``PYTORCH_CUDA_ALLOC_CONF``): on cuda the process's own allocator has them, so the
+    run records them and the model applies them on meta too. None when neither is set
+    (torch's defaults)."""
+    if flag is not None:
+        return modelled_alloc_conf(flag)
+    env = os.environ if environ is None else environ
+    name = next((n for n in ENV_VARS if n in env), None)
+    return None if name is None else modelled_alloc_conf(env[name], source=name)
 
 
 def alloc_conf_from_env(environ: Mapping[str, str] | None = None) -> AllocConf:
