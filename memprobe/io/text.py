@@ -9,6 +9,8 @@ its Python escape instead (``\\x1b``, ``\\n``, ``\\ud800``): visible, inert, one
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def _escape(char: str) -> str:
     code = ord(char)
@@ -49,4 +51,20 @@ def exception_text(
     if name:
         kind = printable(type(exc).__name__)
         text = f"{kind}: {text}" if text else kind
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def quoted(value: Any, limit: int = 60) -> str:
+    """A value read from a file as a one-line message quotes it: its ``repr``, printable,
+    at most ``limit`` characters. Quoted whole, a key or value of a megabyte (a TOML
+    string, a kernel name) made the one line a megabyte long."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300 digits has no repr
+        return f"(an integer of {value.bit_length():,} bits)"
+    return shortened(printable(text), limit)
+
+
+def shortened(text: str, limit: int = 60) -> str:
+    """``text`` cut to at most ``limit`` characters, ``...`` saying where it was cut."""
     return text if len(text) <= limit else text[: limit - 3] + "..."

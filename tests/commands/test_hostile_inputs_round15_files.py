@@ -1,0 +1,216 @@
+"""Hostile inputs, round 15, files a user hands memprobe: TOML configs, run folders and the
+snapshots inside them. Each table is a variant of a defect class the pass found: one
+line and exit 2 (or a page that says what it left out), never a megabyte line, a
+traceback, or a number the file does not support."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+BIG = "x" * 1_000_000
+
+
+def _copy(made_run: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    return run
+
+
+# -- a config's key or value quoted whole: an unknown key, a kernel, a dtype, a device or
+# a limit of a megabyte (TOML strings have no length limit) made the one line a megabyte
+# long; so did a rule's kernel glob that matches no case
+
+GATE_VALUES = {
+    "an unknown key": (f'"{BIG}" = 1', "unknown key 'xxxx"),
+    "an unknown section": None,
+    "a dtype": (f'rules = [{{ kernel = "*", dtype = "{BIG}", max_peak = "1 GiB" }}]', "dtype 'x"),
+    "a device": (f'rules = [{{ kernel = "*", device = "{BIG}", max_peak = "1 GiB" }}]', "device"),
+    "a max_peak": (f'rules = [{{ kernel = "*", max_peak = "{BIG}" }}]', "is not a size"),
+    "a tokens filter": (
+        f'rules = [{{ kernel = "*", tokens = ["{BIG}"], max_peak = "1 GiB" }}]',
+        "is not a positive whole number",
+    ),
+    "a max_peak_over_floor": (
+        f'rules = [{{ kernel = "*", max_peak_over_floor = "{BIG}" }}]',
+        "is not a positive number",
+    ),
+    "a max_regression": (f'max_regression = "{BIG}"', "is not a percentage"),
+    "a kernel glob matching nothing": (
+        f'rules = [{{ kernel = "{BIG}", max_peak = "1 GiB" }}]',
+        "matches no case",
+    ),
+    "a sweep kernel": None,
+}
+
+
+def _gate_config(what: str) -> str:
+    if what == "an unknown section":
+        return f'[tool.memprobe."{BIG}"]\na = 1\n'
+    if what == "a sweep kernel":
+        return (
+            f'[tool.memprobe.sweep]\ntokens = [64]\nvocab = [128]\nkernel = ["{BIG}"]\n'
+            '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+        )
+    text, _ = GATE_VALUES[what]  # type: ignore[misc]
+    rules = "" if "rules" in text else '\nrules = [{ kernel = "*", max_peak = "1 GiB" }]'
+    return f"[tool.memprobe.gate]\n{text}{rules}\n"
+
+
+@pytest.mark.parametrize("what", sorted(GATE_VALUES))
+def test_a_config_value_is_quoted_short(
+    run_cli: Any, made_run: Path, here: Path, what: str
+) -> None:
+    (here / "g.toml").write_text(_gate_config(what))
+    err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
+    says = GATE_VALUES[what][1] if GATE_VALUES[what] else "xxxx"
+    assert says in err and "..." in err and len(err) < 600, err[:600]
+
+
+def test_a_results_kernel_name_is_quoted_short_when_no_rule_matches(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    run = _copy(made_run, here)
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"] = [{**r, "kernel": BIG, "case_id": None} for r in payload["rows"]]
+    (run / "results.json").write_text(json.dumps(payload))
+    (here / "g.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{ kernel = "unchunked", max_peak = "1 GiB" }]\n'
+    )
+    err = one_line(*run_cli("gate", str(run / "results.json"), "--config", "g.toml"))
+    assert "matches no case" in err and "present: kernel xxxx" in err and len(err) < 800, err[:800]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('"max_peek" = 1', "unknown key 'max_peek'"),
+        ('rules = [{ kernel = "*", dtype = "bf17", max_peak = "1 GiB" }]', "dtype 'bf17'"),
+        ('rules = [{ kernel = "*", max_peak = "１ GiB" }]', "max_peak '１ GiB' is not a size"),
+        ('"\\u001b]0;t\\u0007" = 1', "unknown key '\\x1b]0;t\\x07'"),
+    ],
+    ids=["a short key", "a short dtype", "fullwidth digits", "an escape"],
+)
+def test_a_short_config_value_is_still_quoted_whole(
+    run_cli: Any, made_run: Path, here: Path, text: str, says: str
+) -> None:
+    rules = "" if "rules" in text else '\nrules = [{ kernel = "*", max_peak = "1 GiB" }]'
+    (here / "g.toml").write_text(f"[tool.memprobe.gate]\n{text}{rules}\n")
+    err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
+    assert says in err and "..." not in err, err
+
+
+def test_quoted_cuts_long_values_and_says_huge_ints() -> None:
+    import sys
+
+    from memprobe.io.text import quoted
+
+    assert quoted("abc") == "'abc'" and quoted(5) == "5"
+    assert quoted("y" * 100) == "'" + "y" * 56 + "..." and len(quoted("y" * 100)) == 60
+    assert quoted("\x1b[2J") == "'\\x1b[2J'"
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        huge = 10**5000
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert quoted(huge) == "(an integer of 16,610 bits)"
+
+
+# -- plan --from-run of a run that timed a chunk size past 2^40 (the bound --chunk-size is
+# held to; no sweep runs one): 2^62 ended the plan in torch's int64 overflow, blamed on
+# the kernel with a hint to sweep it; 2^40 + 1 was planned as a chunk of 516 TiB
+
+
+def _timed_run(made_run: Path, tmp_path: Path, chunks: list[int]) -> Path:
+    row = json.loads((made_run / "results.json").read_text())["rows"][0]
+    rows = [
+        {**row, "kernel": "local_chunked", "chunk_size": c, "case_id": None,
+         "fwd_time_s": 0.01, "bwd_time_s": 0.02}
+        for c in chunks
+    ]  # fmt: skip
+    run = tmp_path / "timed"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"rows": rows}))
+    return run
+
+
+PLAN = ["plan", "--vocab", "128", "--budget", "1GiB", "--kernel", "local_chunked"]
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [[64, 2**62], [2**40 + 1, 64], [2**63 - 1], [2**41, 2**42]],
+    ids=["2^62", "2^40 + 1", "2^63 - 1", "two past it"],
+)
+def test_from_run_chunk_sizes_past_the_bound_are_refused(
+    run_cli: Any, made_run: Path, tmp_path: Path, chunks: list[int]
+) -> None:
+    run = _timed_run(made_run, tmp_path, chunks)
+    err = one_line(*run_cli(*PLAN, "--from-run", str(run)))
+    past = min(c for c in chunks if c > 2**40)
+    assert f"--from-run {run} timed chunk_size {past:,}, beyond the largest count" in err, err
+    assert "give --chunk-size" in err
+
+
+def test_from_run_chunk_sizes_at_the_bound_are_compared(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _timed_run(made_run, tmp_path, [64, 2**40])
+    code, out, err = run_cli(*PLAN, "--from-run", str(run), "--no-reserved")
+    assert code == 0 and "local_chunked" in out and "1099511627776" in out, err
+
+
+def test_an_explicit_chunk_size_leaves_the_runs_other_sizes_alone(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _timed_run(made_run, tmp_path, [64, 128, 2**62])
+    code, out, err = run_cli(*PLAN, "--from-run", str(run), "--chunk-size", "64,128")
+    assert code == 0 and "measured fastest of 2 sizes" in out, (out, err)
+
+
+# -- a run whose snapshot holds blocks of more than 8 EiB together (a trace's sizes may be
+# up to 2^64): the page sums live bytes in int64, and `report` ended in an OverflowError
+# traceback, or two blocks of 2^62 wrapped below zero unseen
+
+
+def _with_allocations(made_run: Path, tmp_path: Path, sizes: list[int]) -> Path:
+    run = _copy(made_run, tmp_path)
+    snap = next((run / "snapshots").glob("*.pickle"))
+    data = pickle.loads(snap.read_bytes())
+    trace = data["device_traces"][0]
+    for k, size in enumerate(sizes):
+        trace.insert(2, {**trace[1], "addr": 2**40 + k, "size": size})
+    snap.write_bytes(pickle.dumps(data, protocol=4))
+    return run
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[2**64 - 1], [2**63, 2**63], [2**62, 2**62], [2**63 - 1, 1]],
+    ids=["one of 2^64 - 1", "two of 2^63", "two of 2^62 (wrapped)", "8 EiB and a byte"],
+)
+def test_a_snapshot_of_more_than_8_eib_is_not_drawn(
+    run_cli: Any, made_run: Path, tmp_path: Path, sizes: list[int]
+) -> None:
+    run = _with_allocations(made_run, tmp_path, sizes)
+    page = tmp_path / "page.html"
+    code, out, err = run_cli("report", str(run), "--out", str(page))
+    assert code == 0 and not err.strip(), err
+    html = page.read_text()
+    assert "snapshot not used" in html and "more than 8 EiB" in html, html[-2000:]
+
+
+def test_a_snapshot_just_under_8_eib_is_still_drawn(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _with_allocations(made_run, tmp_path, [2**62, 2**61])
+    page = tmp_path / "page.html"
+    code, _, err = run_cli("report", str(run), "--out", str(page))
+    assert code == 0 and "more than 8 EiB" not in page.read_text(), err
