@@ -34,6 +34,9 @@ ROOT = "tool.memprobe"
 SECTIONS = ("sweep", "gate")
 FILTER_KEYS = ("tokens", "vocab", "batch", "dtype", "chunk_size", "tp", "cp", "device")
 LIMIT_KEYS = ("max_peak", "max_peak_over_floor", "max_big_fp32_blocks")
+# A rule's kernel glob: a name or a pattern of a few dozen characters (an import path's
+# kernel too), far below this.
+MAX_GLOB = 1_000
 
 
 @dataclass(frozen=True)
@@ -273,6 +276,13 @@ def _parse_rule(value: Any, where: str) -> Rule:
             f"{where}: missing key 'kernel'"
             if kernel is None
             else f"{where}: 'kernel' must be a string",
+            'name a kernel or a glob, e.g. kernel = "local_chunked*" (or "*" for all)',
+        )
+    if len(kernel) > MAX_GLOB:
+        # fnmatch compiles the glob to a regular expression, a few seconds a megabyte: a
+        # config of 16 MiB of globs kept the gate for over a minute before it said a word.
+        raise UserError(
+            f"{where}: 'kernel' is a glob of {len(kernel):,} characters (at most {MAX_GLOB:,})",
             'name a kernel or a glob, e.g. kernel = "local_chunked*" (or "*" for all)',
         )
     kwargs: dict[str, Any] = {"where": where, "kernel": kernel}

@@ -28,7 +28,7 @@ from memprobe import __version__
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular, write_atomic
-from memprobe.io.text import printable
+from memprobe.io.text import printable, quoted
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 
 RUN_META = "run.json"
@@ -130,12 +130,12 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
             continue
         if key in INT_COLUMNS:
             if isinstance(value, bool) or not isinstance(value, int):
-                raise _bad(file, index, f"{key} {value!r} is not a whole number")
+                raise _bad(file, index, f"{key} {quoted(value)} is not a whole number")
             if value < 0 or value >= 2**63:
-                raise _bad(file, index, f"{key} {value} is out of range")
+                raise _bad(file, index, f"{key} {quoted(value)} is out of range")
         elif key in _FLOAT_COLUMNS:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise _bad(file, index, f"{key} {value!r} is not a number")
+                raise _bad(file, index, f"{key} {quoted(value)} is not a number")
             # Times and errors are far below this; past it, arithmetic on them overflows.
             if not abs(value) < MAX_FLOAT:
                 shown = f"{value:g}" if isinstance(value, float) else f"of {len(str(value))} digits"
@@ -146,26 +146,30 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
                 raise _bad(file, index, f"{key} {value:g} is negative")
             value = float(value)
         elif not isinstance(value, str):
-            raise _bad(file, index, f"{key} {value!r} is not text")
+            raise _bad(file, index, f"{key} {quoted(value)} is not text")
         elif key in KEY_COLUMNS and not value.isprintable():
             # A case's identity is matched against run.json and baselines: never rewritten.
-            raise _bad(file, index, f"{key} {printable(value)!r} holds unprintable characters")
+            raise _bad(file, index, f"{key} {quoted(value)} holds unprintable characters")
         else:
             value = printable(value)  # a note can quote a CUDA error with escape codes
         clean[key] = value
     for key in _POSITIVE:
         if clean[key] is None or clean[key] <= 0:
-            raise _bad(file, index, f"{key} {clean[key]!r} is not a positive whole number")
+            raise _bad(file, index, f"{key} {quoted(clean[key])} is not a positive whole number")
     if not clean["kernel"]:
         raise _bad(file, index, "has an empty kernel name")
     if clean["status"] not in STATUSES:
-        raise _bad(file, index, f"status {clean['status']!r} is not one of {', '.join(STATUSES)}")
+        raise _bad(
+            file, index, f"status {quoted(clean['status'])} is not one of {', '.join(STATUSES)}"
+        )
     if clean["dtype"] not in DTYPES:
-        raise _bad(file, index, f"dtype {clean['dtype']!r} is not one of {', '.join(DTYPES)}")
+        raise _bad(file, index, f"dtype {quoted(clean['dtype'])} is not one of {', '.join(DTYPES)}")
     if clean["device"] is not None and clean["device"] not in DEVICES:
         # A device memprobe never ran on ("tpu", or "auto", which a run resolves): gate and
         # report would judge and draw it as if one of them had measured it.
-        raise _bad(file, index, f"device {clean['device']!r} is not one of {', '.join(DEVICES)}")
+        raise _bad(
+            file, index, f"device {quoted(clean['device'])} is not one of {', '.join(DEVICES)}"
+        )
     for key in ("hidden", "floor_bytes", "peak_bytes"):
         # H sizes the hidden family's inputs; a floor and a peak hold at least the logits:
         # none is ever 0 (a ratio over a floor of 0 has no value; a peak of 0 passed the
@@ -174,7 +178,7 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
             raise _bad(file, index, f"{key} 0 is not positive")
     snapshot = clean["snapshot"]
     if snapshot is not None and not _SNAPSHOT_PATH.fullmatch(snapshot):
-        raise _bad(file, index, f"snapshot {snapshot!r} is not a path under {SNAPSHOTS}/")
+        raise _bad(file, index, f"snapshot {quoted(snapshot)} is not a path under {SNAPSHOTS}/")
     chunk = clean["chunk_size"]
     if chunk is not None and chunk <= 0:
         raise _bad(file, index, f"chunk_size {chunk} is not positive")

@@ -62,6 +62,8 @@ def quoted(value: Any, limit: int = 60) -> str:
         text = repr(value)
     except ValueError:  # an int past Python's 4,300 digits has no repr
         return f"(an integer of {value.bit_length():,} bits)"
+    except RecursionError:  # lists in lists, as deep as the JSON parser went
+        return f"(a {type(value).__name__} nested too deep to show)"
     return shortened(printable(text), limit)
 
 

@@ -43,7 +43,7 @@ GATE_VALUES = {
     ),
     "a max_regression": (f'max_regression = "{BIG}"', "is not a percentage"),
     "a kernel glob matching nothing": (
-        f'rules = [{{ kernel = "{BIG}", max_peak = "1 GiB" }}]',
+        f'rules = [{{ kernel = "{"x" * 1000}", max_peak = "1 GiB" }}]',
         "matches no case",
     ),
     "a sweep kernel": None,
@@ -71,6 +71,19 @@ def test_a_config_value_is_quoted_short(
     err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
     says = GATE_VALUES[what][1] if GATE_VALUES[what] else "xxxx"
     assert says in err and "..." in err and len(err) < 600, err[:600]
+
+
+@pytest.mark.parametrize(
+    "glob", ["x" * 1001, "*" * 1_000_000, "[a]" * 300_000], ids=["1,001", "1M stars", "classes"]
+)
+def test_a_kernel_glob_past_a_thousand_characters_is_refused_before_matching(
+    run_cli: Any, made_run: Path, here: Path, glob: str
+) -> None:
+    (here / "g.toml").write_text(
+        f'[tool.memprobe.gate]\nrules = [{{ kernel = "{glob}", max_peak = "1 GiB" }}]\n'
+    )
+    err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
+    assert f"rules[0]: 'kernel' is a glob of {len(glob):,} characters (at most 1,000)" in err
 
 
 def test_a_results_kernel_name_is_quoted_short_when_no_rule_matches(
@@ -114,6 +127,7 @@ def test_quoted_cuts_long_values_and_says_huge_ints() -> None:
     assert quoted("abc") == "'abc'" and quoted(5) == "5"
     assert quoted("y" * 100) == "'" + "y" * 56 + "..." and len(quoted("y" * 100)) == 60
     assert quoted("\x1b[2J") == "'\\x1b[2J'"
+    assert quoted(_nested(100_000)) == "(a list nested too deep to show)"
     limit = sys.get_int_max_str_digits()
     sys.set_int_max_str_digits(0)
     try:
@@ -171,7 +185,9 @@ def test_an_explicit_chunk_size_leaves_the_runs_other_sizes_alone(
     run_cli: Any, made_run: Path, tmp_path: Path
 ) -> None:
     run = _timed_run(made_run, tmp_path, [64, 128, 2**62])
-    code, out, err = run_cli(*PLAN, "--from-run", str(run), "--chunk-size", "64,128")
+    code, out, err = run_cli(
+        *PLAN, "--from-run", str(run), "--chunk-size", "64,128", "--no-reserved"
+    )
     assert code == 0 and "measured fastest of 2 sizes" in out, (out, err)
 
 
@@ -214,3 +230,76 @@ def test_a_snapshot_just_under_8_eib_is_still_drawn(
     page = tmp_path / "page.html"
     code, _, err = run_cli("report", str(run), "--out", str(page))
     assert code == 0 and "more than 8 EiB" not in page.read_text(), err
+
+
+# -- a results value quoted whole: a peak, status, dtype, device, time or snapshot of a
+# megabyte (or a note of 300,000 numbers, a kernel of a million NULs, each shown as four
+# characters) made report's, gate's and resume's one line megabytes long
+
+ROW_VALUES = {
+    "a peak of text": ({"peak_bytes": BIG}, "peak_bytes 'xxxx", "is not a whole number"),
+    "a status": ({"status": BIG}, "status 'xxxx", "is not one of ok"),
+    "a dtype": ({"dtype": BIG}, "dtype 'xxxx", "is not one of bf16"),
+    "a device": ({"device": BIG}, "device 'xxxx", "is not one of meta"),
+    "a time of text": ({"fwd_time_s": BIG}, "fwd_time_s 'xxxx", "is not a number"),
+    "a snapshot": ({"snapshot": BIG}, "snapshot 'xxxx", "is not a path under snapshots/"),
+    "a note of numbers": ({"note": [1] * 300_000}, "note [1, 1, 1", "is not text"),
+    "a kernel of NULs": ({"kernel": "\0" * 1_000_000}, "kernel '\\x00\\x00", "unprintable"),
+    "a peak of 4,000 digits": ({"peak_bytes": 10**4000}, "peak_bytes 1000", "out of range"),
+}
+
+
+@pytest.mark.parametrize("command", ["report", "gate", "sweep --resume"])
+@pytest.mark.parametrize("what", sorted(ROW_VALUES))
+def test_a_results_value_is_quoted_short(
+    run_cli: Any, made_run: Path, here: Path, what: str, command: str
+) -> None:
+    change, value, says = ROW_VALUES[what]
+    run = _copy(made_run, here)
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"][0].update(change)
+    (run / "results.json").write_text(json.dumps(payload))
+    (here / "g.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+    )
+    args = {
+        "report": ["report", str(run), "--out", str(here / "page.html")],
+        "gate": ["gate", str(run), "--config", "g.toml"],
+        "sweep --resume": ["sweep", "--resume", str(run), "-q", "--no-verify", "--no-report"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert f"row 0 {value}" in err and says in err and len(err) < 400, err[:600]
+
+
+# -- a run.json nesting lists deeper than the page walks them (an extra key of 600 levels,
+# which JSON still parses): `report` ended in a RecursionError traceback
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [600, 900])
+def test_a_run_json_nested_too_deep_for_the_page_is_one_line(
+    run_cli: Any, made_run: Path, tmp_path: Path, depth: int
+) -> None:
+    run = _copy(made_run, tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "x": _nested(depth)}))
+    before = (run / "report.html").read_bytes()
+    err = one_line(*run_cli("report", str(run)))
+    assert f"{run / 'run.json'} nests too deep to read" in err, err
+    assert (run / "report.html").read_bytes() == before
+
+
+def test_a_run_json_with_a_shallow_extra_key_is_reported(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _copy(made_run, tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "x": _nested(20)}))
+    code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0 and "report:" in out, err
