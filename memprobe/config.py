@@ -20,7 +20,7 @@ from typing import Any
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.io.text import exception_text, quoted
+from memprobe.io.text import exception_text, quoted, utf8_text
 from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, MAX_COUNT, Grid
 
 if sys.version_info >= (3, 11):
@@ -134,7 +134,10 @@ def read_toml(path: Path) -> dict[str, Any]:
     # The file was read: what is wrong is its text, not its path or permissions (the
     # hint these two errors used to give).
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        # Past a byte order mark (Windows editors save one): read as a character of the
+        # TOML, it was "Invalid statement (at line 1, column 1)" of a line that looks
+        # right, where config.json's is read past.
+        return tomllib.loads(utf8_text(data))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path} is not valid TOML: {exc}", "fix the syntax at that line") from None
     except UnicodeDecodeError as exc:

@@ -214,19 +214,40 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     file = results_file(path)
     if not file.exists():
         raise UserError(f"no results at {file}", "give a run directory or its results.json")
+    raw = read_regular(file, what="results", max_bytes=MAX_JSON_BYTES)
     try:
-        payload = json.loads(read_regular(file, what="results", max_bytes=MAX_JSON_BYTES))
+        payload = json.loads(raw)
         rows = payload["rows"]
         if not isinstance(rows, list):
             raise TypeError
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        raise UserError(
-            f"{file} is not a memprobe results.json", "point at a run directory"
-        ) from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise _not_results(file, raw, exc, in_a_run=(file.parent / RUN_META).is_file()) from None
     _check_count(len(rows), file, "rows")
     checked = [validate_row(row, i, file) for i, row in enumerate(rows)]
     check_unique_cases(checked, str(file))
     return checked
+
+
+def _not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> UserError:
+    """What is wrong with a file that is no results.json, said: "point at a run directory"
+    alone was the hint to a user who had (its results.json damaged), and named neither
+    the byte that is not UTF-8 nor the place the JSON stops."""
+    if isinstance(exc, UnicodeDecodeError):
+        # Counted in the file: a decoder past a byte order mark counts from after it.
+        offset = exc.start + len(raw) - len(exc.object)
+        why = f"is not UTF-8 text (byte {raw[offset]:#04x} at offset {offset:,})"
+    elif isinstance(exc, json.JSONDecodeError):
+        why = f"is not JSON ({exc.msg} at line {exc.lineno:,} column {exc.colno:,})"
+    elif isinstance(exc, RecursionError):
+        why = "nests too deep to read"
+    else:
+        why = "holds no list of 'rows'"
+    hint = (
+        "the file is damaged or not memprobe's; re-run the sweep"
+        if in_a_run
+        else "give a run directory or its results.json"
+    )
+    return UserError(f"{file} is not a memprobe results.json: it {why}", hint)
 
 
 def _check_count(count: int, file: Path, what: str) -> None:

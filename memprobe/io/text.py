@@ -9,6 +9,7 @@ its Python escape instead (``\\x1b``, ``\\n``, ``\\ud800``): visible, inert, one
 
 from __future__ import annotations
 
+import codecs
 from typing import Any
 
 
@@ -70,3 +71,17 @@ def quoted(value: Any, limit: int = 60) -> str:
 def shortened(text: str, limit: int = 60) -> str:
     """``text`` cut to at most ``limit`` characters, ``...`` saying where it was cut."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def utf8_text(data: bytes) -> str:
+    """A file's bytes as UTF-8 text, read past a byte order mark (Windows editors save
+    one; it is no character of the text). A byte that is not UTF-8 raises
+    UnicodeDecodeError at its offset in ``data``, the mark counted: "utf-8-sig" counts
+    from after it, and the message named the byte three places on."""
+    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[start:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnicodeDecodeError(
+            exc.encoding, data, exc.start + start, exc.end + start, exc.reason
+        ) from None

@@ -17,7 +17,7 @@ from typing import Any
 
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
-from memprobe.io.text import printable
+from memprobe.io.text import printable, utf8_text
 
 # A config.json is a few KiB; this leaves room for inlined maps, not for a data file.
 MAX_CONFIG_BYTES = 16 << 20
@@ -53,7 +53,7 @@ def read_config_json(file: Path) -> Any:
         )
 
     try:
-        return json.loads(raw.decode("utf-8-sig"), parse_int=whole, parse_constant=constant)
+        return json.loads(utf8_text(raw), parse_int=whole, parse_constant=constant)
     except RecursionError:
         raise UserError(
             f"--config {file} nests too deep to read", "give a model's config.json"

@@ -303,3 +303,99 @@ def test_a_run_json_with_a_shallow_extra_key_is_reported(
     (run / "run.json").write_text(json.dumps({**meta, "x": _nested(20)}))
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and "report:" in out, err
+
+
+# -- a byte order mark (Windows editors save one): a TOML config with one was refused as
+# "Invalid statement (at line 1, column 1)" of a line that looks right, where config.json's
+# is read past; and past one, a byte that is not UTF-8 was named three places on
+# (config.json: "byte 0x22 at offset 18" for the 0xff at 21)
+
+BOM = b"\xef\xbb\xbf"
+RULES = b'[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+
+
+@pytest.mark.parametrize("where", ["--config", "pyproject.toml"])
+@pytest.mark.parametrize("ending", [b"\n", b"\r\n"], ids=["LF", "CRLF"])
+def test_a_toml_config_with_a_byte_order_mark_is_read(
+    run_cli: Any, made_run: Path, here: Path, where: str, ending: bytes
+) -> None:
+    name = "g.toml" if where == "--config" else "pyproject.toml"
+    (here / name).write_bytes(BOM + RULES.replace(b"\n", ending))
+    args = ["gate", str(made_run), *(["--config", name] if where == "--config" else [])]
+    code, out, err = run_cli(*args)
+    assert code == 0 and "passed: all 1 check(s)" in out, (out, err)
+
+
+HEAD = b"[tool.memprobe.gate]\n"
+
+
+@pytest.mark.parametrize(
+    ("data", "offset"),
+    [(BOM + HEAD + b'baseline = "b\xff"\n', 37), (HEAD + b'baseline = "b\xff"\n', 34),
+     (BOM + b"\xfe", 3)],
+    ids=["past a mark", "no mark", "right after a mark"],
+)  # fmt: skip
+def test_a_byte_that_is_not_utf8_is_named_where_it_is_in_a_toml(
+    run_cli: Any, made_run: Path, here: Path, data: bytes, offset: int
+) -> None:
+    (here / "g.toml").write_bytes(data)
+    err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
+    assert f"not UTF-8 text (byte {data[offset]:#04x} at offset {offset:,})" in err, err
+    assert data[offset] in (0xFF, 0xFE)
+
+
+def test_a_byte_that_is_not_utf8_is_named_where_it_is_in_a_config_json(
+    run_cli: Any, tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_bytes(BOM + b'{"model_type": "ll\xffama"}')
+    err = one_line(*run_cli("step", "--config", str(tmp_path / "config.json"), "--tokens", "64"))
+    assert "is not UTF-8 text (byte 0xff at offset 21)" in err, err
+
+
+def test_utf8_text_reads_past_a_mark_and_counts_it() -> None:
+    from memprobe.io.text import utf8_text
+
+    assert utf8_text(BOM + "é".encode()) == "é" and utf8_text(b"a") == "a"
+    assert utf8_text(BOM) == "" and utf8_text(BOM + BOM) == "\ufeff"
+    with pytest.raises(UnicodeDecodeError) as bad:
+        utf8_text(BOM + b"ab\xff")
+    assert bad.value.start == 5 and bad.value.object[bad.value.start] == 0xFF
+
+
+# -- a results.json that is not one was "not a memprobe results.json (point at a run
+# directory)" to a user who had given the run directory, and said neither the byte that
+# is not UTF-8 nor where the JSON stops
+
+NOT_RESULTS = {
+    "a byte that is not UTF-8": (
+        b'{"rows": ["\xff"]}',
+        "it is not UTF-8 text (byte 0xff at offset 11)",
+    ),
+    "one past a mark": (
+        BOM + b'{"rows": ["\xff"]}',
+        "it is not UTF-8 text (byte 0xff at offset 14)",
+    ),
+    "cut short": (b'{"rows": [}', "it is not JSON (Expecting value at line 1 column 11)"),
+    "no rows": (b'{"rowz": []}', "it holds no list of 'rows'"),
+    "rows not a list": (b'{"rows": {}}', "it holds no list of 'rows'"),
+    "a list": (b"[]", "it holds no list of 'rows'"),
+}
+
+
+@pytest.mark.parametrize("given", ["the run", "its results.json", "a file elsewhere"])
+@pytest.mark.parametrize("what", sorted(NOT_RESULTS))
+def test_a_results_file_that_is_not_one_says_what_is_wrong(
+    run_cli: Any, made_run: Path, here: Path, what: str, given: str
+) -> None:
+    data, says = NOT_RESULTS[what]
+    run = _copy(made_run, here)
+    file = run / "results.json" if given != "a file elsewhere" else here / "base.json"
+    file.write_bytes(data)
+    (here / "g.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+    )
+    target = run if given == "the run" else file
+    err = one_line(*run_cli("gate", str(target), "--config", "g.toml"))
+    assert f"{file} is not a memprobe results.json: {says}" in err, err
+    hint = "re-run the sweep" if given != "a file elsewhere" else "give a run directory or its"
+    assert hint in err, err
