@@ -37,6 +37,8 @@ LIMIT_KEYS = ("max_peak", "max_peak_over_floor", "max_big_fp32_blocks")
 # A rule's kernel glob: a name or a pattern of a few dozen characters (an import path's
 # kernel too), far below this.
 MAX_GLOB = 1_000
+# Rules one gate config holds at most: a project's are a few dozen.
+MAX_RULES = 1_000
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,13 @@ def _parse_gate(value: Any, where: str, base: Path) -> GateConfig:
         raise UserError(
             f"{where}: 'rules' must be a list of tables",
             "write rules = [{ kernel = ..., max_peak = ... }] or [[tool.memprobe.gate.rules]]",
+        )
+    if len(raw_rules) > MAX_RULES:
+        # Each rule is checked, and printed, on every case it matches: 100,000 rules (4 MB
+        # of TOML, under the size cap) kept the gate printing for minutes.
+        raise UserError(
+            f"{where}: {len(raw_rules):,} rules; a gate config holds at most {MAX_RULES:,}",
+            "one rule covers many cases: use a kernel glob and filters (tokens, vocab, ...)",
         )
     rules = tuple(_parse_rule(raw, f"{where}.rules[{i}]") for i, raw in enumerate(raw_rules))
     baseline = None

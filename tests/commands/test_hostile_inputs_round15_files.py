@@ -399,3 +399,33 @@ def test_a_results_file_that_is_not_one_says_what_is_wrong(
     assert f"{file} is not a memprobe results.json: {says}" in err, err
     hint = "re-run the sweep" if given != "a file elsewhere" else "give a run directory or its"
     assert hint in err, err
+
+
+# -- a gate config of 100,000 rules (4 MB, under the 16 MiB cap): each is checked and
+# printed on every case it matches, and the gate printed for minutes
+
+
+@pytest.mark.parametrize("count", [1001, 20_000])
+@pytest.mark.parametrize("form", ["inline", "tables"])
+def test_a_gate_config_of_too_many_rules_is_refused_as_it_is_read(
+    run_cli: Any, made_run: Path, here: Path, count: int, form: str
+) -> None:
+    rule = 'kernel = "*", max_peak = "1 GiB"'
+    text = (
+        "rules = [" + ",".join([f"{{ {rule} }}"] * count) + "]\n"
+        if form == "inline"
+        else f"[[tool.memprobe.gate.rules]]\n{rule.replace(', ', chr(10))}\n" * count
+    )
+    head = "[tool.memprobe.gate]\n" if form == "inline" else ""
+    (here / "g.toml").write_text(head + text)
+    err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
+    assert f"tool.memprobe.gate: {count:,} rules; a gate config holds at most 1,000" in err, err
+
+
+def test_a_gate_config_of_a_thousand_rules_is_read(tmp_path: Path) -> None:
+    from memprobe.config import load_config
+
+    path = tmp_path / "g.toml"
+    rule = '{ kernel = "*", max_peak = "1 GiB" }'
+    path.write_text("[tool.memprobe.gate]\nrules = [" + ",".join([rule] * 1000) + "]\n")
+    assert len(load_config(path).gate.rules) == 1000
