@@ -6,13 +6,13 @@ the baseline update. Reports (terminal text, JUnit, step summary) are render/'s.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memprobe.config import MemprobeConfig, load_config
 from memprobe.errors import UserError
-from memprobe.gate.rules import Row, Verdict, evaluate
+from memprobe.gate.rules import Row, Verdict, check_each_rule_matches, evaluate
 from memprobe.io.files import guard_outputs, resolved_path
 from memprobe.results import (
     RESULTS_JSON,
@@ -271,7 +271,7 @@ def _run_configured_sweep(
     # torch comes with the sweep: reading results and judging them must not pay for it.
     from memprobe.measure import resolve_device
     from memprobe.results import default_run_dir, rows_of
-    from memprobe.sweep import SweepRequest, run_sweep_job
+    from memprobe.sweep import SweepRequest, plan_cases, run_sweep_job
 
     if cfg.sweep is None:
         where = str(cfg.source) if cfg.source else f"no pyproject.toml at or above {req.cwd}"
@@ -288,6 +288,10 @@ def _run_configured_sweep(
                 f"but the sweep runs on {device}{why}",
                 "drop the rule's device filter, or set device in [tool.memprobe.sweep]",
             )
+    # A rule whose filters no planned case meets (tokens = [99] beside a sweep of 64) is
+    # known now: it was refused only after the whole sweep had run, hours on a GPU.
+    planned = [asdict(case) for case in plan_cases(cfg.sweep)]
+    check_each_rule_matches(planned, cfg.gate.rules, source="the cases [tool.memprobe.sweep] plans")
     root = cfg.source.parent if cfg.source else req.cwd
     out = req.out or default_run_dir(root / "reports" / "gate")
     # With snapshots: a failing case's is what to look at (its path is in the report).

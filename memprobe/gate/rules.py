@@ -211,6 +211,14 @@ def check_rules(rows: Sequence[Row], rules: Iterable[Rule], *, source: str) -> l
     return checks
 
 
+def check_each_rule_matches(rows: Sequence[Row], rules: Iterable[Rule], *, source: str) -> None:
+    """Refuse the first rule that matches none of ``rows`` (results, or the cases a
+    configured sweep plans, asked before it runs)."""
+    for rule in rules:
+        if not any(rule_matches(rule, row) for row in rows):
+            raise _no_match_error(rule, rows, source)
+
+
 def _no_match_error(rule: Rule, rows: Sequence[Row], source: str) -> UserError:
     def present(key: str) -> str:
         values = sorted({str(r.get(key)) for r in rows})

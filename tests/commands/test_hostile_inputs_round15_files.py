@@ -429,3 +429,50 @@ def test_a_gate_config_of_a_thousand_rules_is_read(tmp_path: Path) -> None:
     rule = '{ kernel = "*", max_peak = "1 GiB" }'
     path.write_text("[tool.memprobe.gate]\nrules = [" + ",".join([rule] * 1000) + "]\n")
     assert len(load_config(path).gate.rules) == 1000
+
+
+# -- a rule no case of the configured sweep can meet (tokens = [99] beside a sweep of 64, a
+# kernel glob of none of its kernels): `memprobe gate` ran the whole sweep (hours on a
+# GPU), then refused the rule
+
+
+SWEEP = '[tool.memprobe.sweep]\ntokens = [64]\nvocab = [128]\nkernel = ["unchunked", "local_chunked"]\nchunk_size = [32, 64]\ndevice = "meta"\n'  # noqa: E501
+NEVER = {
+    "tokens": ('tokens = [99], max_peak = "1 GiB"', "(* tokens=99)"),
+    "vocab": ('vocab = [256], max_peak = "1 GiB"', "(* vocab=256)"),
+    "a kernel glob": ('max_peak = "1 GiB"', "(vocab_*)"),
+    "dtype": ('dtype = "fp32", max_peak = "1 GiB"', "(* dtype=fp32)"),
+    "batch": ('batch = [2], max_peak = "1 GiB"', "(* batch=2)"),
+    "chunk_size": ('chunk_size = [128], max_peak = "1 GiB"', "(* chunk_size=128)"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(NEVER))
+def test_a_rule_no_planned_case_meets_is_refused_before_the_sweep(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    rule, shown = NEVER[what]
+    kernel = "vocab_*" if what == "a kernel glob" else "*"
+    (here / "pyproject.toml").write_text(
+        f'{SWEEP}[tool.memprobe.gate]\nrules = [{{ kernel = "{kernel}", {rule} }}]\n'
+    )
+    err = one_line(*run_cli("gate"))
+    assert f"rules[0] {shown} matches no case in the cases" in err, err
+    assert "[tool.memprobe.sweep] plans" in err
+    assert not (here / "reports").exists()  # nothing was swept
+
+
+@pytest.mark.parametrize(
+    "rule",
+    ['kernel = "local_*", chunk_size = [64]', 'kernel = "unchunked", chunk_size = [32]',
+     'kernel = "*", tokens = [64], vocab = [128], dtype = "bf16", device = "meta"'],
+    ids=["a chunked kernel's second size", "unchunked at the first size", "every filter"],
+)  # fmt: skip
+def test_a_rule_a_planned_case_meets_is_gated_after_the_sweep(
+    run_cli: Any, here: Path, rule: str
+) -> None:
+    (here / "pyproject.toml").write_text(
+        f'{SWEEP}[tool.memprobe.gate]\nrules = [{{ {rule}, max_peak = "1 GiB" }}]\n'
+    )
+    code, out, err = run_cli("gate")
+    assert code == 0 and "passed" in out, (out, err)
