@@ -213,7 +213,9 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """A run directory or a results.json → validated rows (UserError when missing or bad)."""
     file = results_file(path)
     if not file.exists():
-        raise UserError(f"no results at {file}", "give a run directory or its results.json")
+        raise link_to_nothing(file) or UserError(
+            f"no results at {file}", "give a run directory or its results.json"
+        )
     raw = read_regular(file, what="results", max_bytes=MAX_JSON_BYTES)
     try:
         payload = json.loads(raw)
@@ -226,6 +228,19 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     checked = [validate_row(row, i, file) for i, row in enumerate(rows)]
     check_unique_cases(checked, str(file))
     return checked
+
+
+def link_to_nothing(file: Path) -> UserError | None:
+    """The error for a results file that is a link leading nowhere (dangling, or a loop),
+    else None. exists() follows the link: such a file was "no results at RUN", and a
+    baseline "does not exist yet", where the link is there to see."""
+    if not file.is_symlink() or file.exists():
+        return None
+    return UserError(
+        f"{file} is a link to {os.readlink(file)}, which leads to no file "
+        "(it is missing, or a loop of links)",
+        "point the link at a results.json, or remove it",
+    )
 
 
 def _not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> UserError:

@@ -17,6 +17,7 @@ from memprobe.io.files import guard_outputs, resolved_path
 from memprobe.results import (
     RESULTS_JSON,
     RUN_META,
+    link_to_nothing,
     read_rows,
     results_file,
     run_inputs,
@@ -69,7 +70,9 @@ def run_gate(req: GateRequest) -> GateOutcome:
     """
     if req.results is not None and not results_file(req.results).exists():
         # The first thing to say about a mistyped path, before any config question.
-        raise UserError(f"no results at {req.results}", "give a run directory or its results.json")
+        raise link_to_nothing(results_file(req.results)) or UserError(
+            f"no results at {req.results}", "give a run directory or its results.json"
+        )
     cfg = load_config(req.config, start=req.cwd)
     # Checked before anything runs or is written: no output replaces an input (the config
     # just read included) or another output; only --update-baseline rewrites the baseline.
@@ -110,6 +113,8 @@ def run_gate(req: GateRequest) -> GateOutcome:
                 f"{where} {baseline_path} is a folder with no results.json in it",
                 "name the baseline file (a results.json), or a run directory that has one",
             )
+        elif (dangling := link_to_nothing(results_file(baseline_path))) is not None:
+            raise dangling
         elif not results_file(baseline_path).exists():
             # The first gate run of a project: the baseline is made, not found.
             raise UserError(

@@ -476,3 +476,57 @@ def test_a_rule_a_planned_case_meets_is_gated_after_the_sweep(
     )
     code, out, err = run_cli("gate")
     assert code == 0 and "passed" in out, (out, err)
+
+
+# -- a results file or baseline that is a link leading nowhere (dangling, or a loop):
+# exists() follows it, so a run's was "no results at RUN" and a baseline "does not exist
+# yet; make it once with --update-baseline", where the link is there to see (round 13
+# named such a pyproject.toml and config.json; the results readers did not)
+
+
+@pytest.mark.parametrize("to", ["gone.json", "results.json"], ids=["dangling", "a loop"])
+@pytest.mark.parametrize("command", ["gate", "report", "plan --from-run"])
+def test_a_runs_results_link_to_nothing_is_named(
+    run_cli: Any, made_run: Path, here: Path, to: str, command: str
+) -> None:
+    run = _copy(made_run, here)
+    (run / "results.json").unlink()
+    (run / "results.json").symlink_to(to)
+    (here / "g.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+    )
+    args = {
+        "gate": ["gate", str(run), "--config", "g.toml"],
+        "report": ["report", str(run), "--out", str(here / "page.html")],
+        "plan --from-run": [*PLAN, "--from-run", str(run)],
+    }[command]
+    err = one_line(*run_cli(*args))
+    if command == "report" and to == "results.json":
+        # report checks its inputs before reading them, and names a loop as such.
+        assert f"{run / 'results.json'} cannot be followed: a loop of links" in err, err
+    else:
+        assert f"{run / 'results.json'} is a link to {to}, which leads to no file" in err, err
+
+
+@pytest.mark.parametrize("where", ["--baseline", "the config"])
+def test_a_baseline_link_to_nothing_is_named_not_called_missing(
+    run_cli: Any, made_run: Path, here: Path, where: str
+) -> None:
+    (here / "base.json").symlink_to("nowhere.json")
+    args = ["gate", str(made_run)]
+    if where == "--baseline":
+        args += ["--baseline", "base.json"]
+    else:
+        (here / "g.toml").write_text('[tool.memprobe.gate]\nbaseline = "base.json"\n')
+        args += ["--config", "g.toml"]
+    err = one_line(*run_cli(*args))
+    assert "base.json is a link to nowhere.json, which leads to no file" in err, err
+    assert "does not exist yet" not in err
+
+
+def test_a_baseline_link_to_a_results_file_is_read(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    (here / "base.json").symlink_to(made_run / "results.json")
+    code, out, err = run_cli("gate", str(made_run), "--baseline", "base.json")
+    assert code == 0 and "passed" in out, (out, err)
