@@ -325,9 +325,36 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
         meta = json.loads(read_regular(file, what="run file", max_bytes=MAX_JSON_BYTES))
         if not isinstance(meta, dict) or not isinstance(meta.get("cases"), list):
             raise ValueError
-        return meta
     except (OSError, ValueError, RecursionError):
         raise not_a_run from None
+    if _nests_past(meta, MAX_META_DEPTH):
+        # The page walks run.json's text recursively (to make it inert): 600 levels of an
+        # extra key, which JSON still parses, ended `report` in a RecursionError, or not,
+        # as deep as the stack already was.
+        raise UserError(
+            f"{file} nests deeper than {MAX_META_DEPTH} levels; memprobe's nests 3",
+            "the file is damaged or not memprobe's; re-run the sweep",
+        )
+    return meta
+
+
+# How deep run.json may nest lists and objects: memprobe writes 3 levels (the run, its
+# cases, each case's fields).
+MAX_META_DEPTH = 64
+
+
+def _nests_past(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists or dicts more than ``limit`` deep (walked without
+    recursion, so that asking never overflows the stack)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def recorded_alloc_conf(run_dir: Path) -> AllocConf | None:

@@ -58,15 +58,7 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
         raise UserError(
             f"{run_dir} is not a directory", "give a run directory made by `memprobe sweep`"
         )
-    try:
-        meta = _inert(read_run_meta(run_dir))
-    except RecursionError:
-        # JSON parses lists in lists deeper than _inert can walk them (600 levels of
-        # an extra key): the page ended in a RecursionError traceback.
-        raise UserError(
-            f"{run_dir / RUN_META} nests too deep to read",
-            "the file is damaged or not memprobe's; re-run the sweep",
-        ) from None
+    meta = _inert(read_run_meta(run_dir))  # read_run_meta bounds how deep this walks
     rows = read_rows(run_dir)
     _check_planned(run_dir, rows)
     frame = frame_of(rows)

@@ -272,7 +272,8 @@ def test_a_results_value_is_quoted_short(
 
 
 # -- a run.json nesting lists deeper than the page walks them (an extra key of 600 levels,
-# which JSON still parses): `report` ended in a RecursionError traceback
+# which JSON still parses): `report` ended in a RecursionError traceback, or not, as deep
+# as the stack already was
 
 
 def _nested(depth: int) -> list[Any]:
@@ -282,17 +283,27 @@ def _nested(depth: int) -> list[Any]:
     return value
 
 
-@pytest.mark.parametrize("depth", [600, 900])
+@pytest.mark.parametrize("command", ["report", "sweep --resume"])
+@pytest.mark.parametrize("depth", [64, 600, 900])
 def test_a_run_json_nested_too_deep_for_the_page_is_one_line(
-    run_cli: Any, made_run: Path, tmp_path: Path, depth: int
+    run_cli: Any, made_run: Path, tmp_path: Path, depth: int, command: str
 ) -> None:
     run = _copy(made_run, tmp_path)
     meta = json.loads((run / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**meta, "x": _nested(depth)}))
-    before = (run / "report.html").read_bytes()
-    err = one_line(*run_cli("report", str(run)))
-    assert f"{run / 'run.json'} nests too deep to read" in err, err
-    assert (run / "report.html").read_bytes() == before
+    before = {name: (run / name).read_bytes() for name in ("report.html", "results.json")}
+    args = ["report", str(run)] if command == "report" else ["sweep", "--resume", str(run)]
+    err = one_line(*run_cli(*args))
+    assert f"{run / 'run.json'} nests deeper than 64 levels; memprobe's nests 3" in err, err
+    assert {name: (run / name).read_bytes() for name in before} == before
+
+
+def test_nesting_is_measured_without_recursion() -> None:
+    from memprobe.results import _nests_past
+
+    assert not _nests_past({"cases": [{"kernel": "k"}]}, 3)
+    assert _nests_past({"cases": [{"kernel": ["k"]}]}, 3)
+    assert _nests_past(_nested(1_000_000), 64) and not _nests_past(_nested(63), 64)
 
 
 def test_a_run_json_with_a_shallow_extra_key_is_reported(
