@@ -20,7 +20,7 @@ from typing import Any
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.io.text import exception_text
+from memprobe.io.text import exception_text, quoted, utf8_text
 from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, MAX_COUNT, Grid
 
 if sys.version_info >= (3, 11):
@@ -34,6 +34,11 @@ ROOT = "tool.memprobe"
 SECTIONS = ("sweep", "gate")
 FILTER_KEYS = ("tokens", "vocab", "batch", "dtype", "chunk_size", "tp", "cp", "device")
 LIMIT_KEYS = ("max_peak", "max_peak_over_floor", "max_big_fp32_blocks")
+# A rule's kernel glob: a name or a pattern of a few dozen characters (an import path's
+# kernel too), far below this.
+MAX_GLOB = 1_000
+# Rules one gate config holds at most: a project's are a few dozen.
+MAX_RULES = 1_000
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,10 @@ def read_toml(path: Path) -> dict[str, Any]:
     # The file was read: what is wrong is its text, not its path or permissions (the
     # hint these two errors used to give).
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        # Past a byte order mark (Windows editors save one): read as a character of the
+        # TOML, it was "Invalid statement (at line 1, column 1)" of a line that looks
+        # right, where config.json's is read past.
+        return tomllib.loads(utf8_text(data))
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path} is not valid TOML: {exc}", "fix the syntax at that line") from None
     except UnicodeDecodeError as exc:
@@ -227,7 +235,7 @@ def _parse_sweep(value: Any, where: str) -> Grid:
         kwargs["device"] = _device(table["device"], where)
     if "grid" in table:
         if not isinstance(table["grid"], bool):
-            raise UserError(f"{where}: 'grid' must be true or false, not {table['grid']!r}")
+            raise UserError(f"{where}: 'grid' must be true or false, not {quoted(table['grid'])}")
         kwargs["grid"] = table["grid"]
     return Grid(**kwargs)
 
@@ -241,6 +249,13 @@ def _parse_gate(value: Any, where: str, base: Path) -> GateConfig:
         raise UserError(
             f"{where}: 'rules' must be a list of tables",
             "write rules = [{ kernel = ..., max_peak = ... }] or [[tool.memprobe.gate.rules]]",
+        )
+    if len(raw_rules) > MAX_RULES:
+        # Each rule is checked, and printed, on every case it matches: 100,000 rules (4 MB
+        # of TOML, under the size cap) kept the gate printing for minutes.
+        raise UserError(
+            f"{where}: {len(raw_rules):,} rules; a gate config holds at most {MAX_RULES:,}",
+            "one rule covers many cases: use a kernel glob and filters (tokens, vocab, ...)",
         )
     rules = tuple(_parse_rule(raw, f"{where}.rules[{i}]") for i, raw in enumerate(raw_rules))
     baseline = None
@@ -275,6 +290,13 @@ def _parse_rule(value: Any, where: str) -> Rule:
             else f"{where}: 'kernel' must be a string",
             'name a kernel or a glob, e.g. kernel = "local_chunked*" (or "*" for all)',
         )
+    if len(kernel) > MAX_GLOB:
+        # fnmatch compiles the glob to a regular expression, a few seconds a megabyte: a
+        # config of 16 MiB of globs kept the gate for over a minute before it said a word.
+        raise UserError(
+            f"{where}: 'kernel' is a glob of {len(kernel):,} characters (at most {MAX_GLOB:,})",
+            'name a kernel or a glob, e.g. kernel = "local_chunked*" (or "*" for all)',
+        )
     kwargs: dict[str, Any] = {"where": where, "kernel": kernel}
     for key in ("tokens", "vocab", "batch", "chunk_size", "tp", "cp"):
         if key in table:
@@ -292,7 +314,7 @@ def _parse_rule(value: Any, where: str) -> Rule:
         ratio = table["max_peak_over_floor"]
         if not _finite_number(ratio) or ratio <= 0:
             raise UserError(
-                f"{where}: max_peak_over_floor {ratio!r} is not a positive number",
+                f"{where}: max_peak_over_floor {quoted(ratio)} is not a positive number",
                 "write a ratio such as 1.06 (peak may be 6% above the floor)",
             )
         kwargs["max_peak_over_floor"] = float(ratio)
@@ -354,7 +376,7 @@ def _no_unknown(
     for key in table:
         if key not in known:
             raise UserError(
-                f"{where}: unknown {what} '{key}'", f"known {what}s: {', '.join(known)}"
+                f"{where}: unknown {what} {quoted(key)}", f"known {what}s: {', '.join(known)}"
             )
 
 
@@ -365,7 +387,7 @@ def _ints(value: Any, where: str, key: str) -> tuple[int, ...]:
     for item in items:
         if isinstance(item, bool) or not isinstance(item, int) or item <= 0:
             raise UserError(
-                f"{where}: '{key}' value {item!r} is not a positive whole number",
+                f"{where}: '{key}' value {quoted(item)} is not a positive whole number",
                 f"e.g. {key} = [4096, 20000]",
             )
         if item > MAX_COUNT:
@@ -386,7 +408,7 @@ def _dtypes(value: Any, where: str) -> tuple[str, ...]:
     for item in items:
         name = DTYPE_ALIASES.get(item, item) if isinstance(item, str) else None
         if name not in DTYPES:
-            raise UserError(f"{where}: unknown dtype {item!r}", f"use {', '.join(DTYPES)}")
+            raise UserError(f"{where}: unknown dtype {quoted(item)}", f"use {', '.join(DTYPES)}")
         out.append(name)
     if not out:
         raise UserError(f"{where}: 'dtype' is an empty list", "give at least one value")
@@ -403,7 +425,9 @@ def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
         raise UserError(f"{where}: 'kernel' is an empty list", "omit it to run every kernel")
     for item in items:
         if not isinstance(item, str):
-            raise UserError(f"{where}: unknown kernel {item!r}", f"known: {', '.join(KERNELS)}")
+            raise UserError(
+                f"{where}: unknown kernel {quoted(item)}", f"known: {', '.join(KERNELS)}"
+            )
         if is_import_path(item):
             # Your own kernel: imported when a sweep runs it, never when the config is
             # read (`memprobe gate RUN` only reads results; importing would run its code).
@@ -411,18 +435,20 @@ def _kernel_names(value: Any, where: str) -> tuple[str, ...]:
         # A GPU peer is known even where it cannot run: its row says why (skipped).
         elif item not in KERNELS and item not in PEERS:
             known = ", ".join([*KERNELS, *PEERS])
-            raise UserError(f"{where}: unknown kernel {item!r}", f"known: {known}")
+            raise UserError(f"{where}: unknown kernel {quoted(item)}", f"known: {known}")
     return tuple(items)
 
 
 def _device(value: Any, where: str, *, allow_auto: bool = True) -> str:
     allowed = DEVICE_CHOICES if allow_auto else DEVICES
     if not isinstance(value, str) or value not in allowed:
-        raise UserError(f"{where}: unknown device {value!r}", f"use {', '.join(allowed)}")
+        raise UserError(f"{where}: unknown device {quoted(value)}", f"use {', '.join(allowed)}")
     return str(value)
 
 
 def _percent(value: Any, where: str) -> float:
     if not _finite_number(value) or value < 0:
-        raise UserError(f"{where} {value!r} is not a percentage of zero or more", "e.g. 5 for 5%")
+        raise UserError(
+            f"{where} {quoted(value)} is not a percentage of zero or more", "e.g. 5 for 5%"
+        )
     return float(value)

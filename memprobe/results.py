@@ -27,8 +27,9 @@ import pandas as pd
 from memprobe import __version__
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
+from memprobe.io.codec import nests_past
 from memprobe.io.files import read_regular, write_atomic
-from memprobe.io.text import printable
+from memprobe.io.text import printable, quoted
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 
 RUN_META = "run.json"
@@ -130,12 +131,12 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
             continue
         if key in INT_COLUMNS:
             if isinstance(value, bool) or not isinstance(value, int):
-                raise _bad(file, index, f"{key} {value!r} is not a whole number")
+                raise _bad(file, index, f"{key} {quoted(value)} is not a whole number")
             if value < 0 or value >= 2**63:
-                raise _bad(file, index, f"{key} {value} is out of range")
+                raise _bad(file, index, f"{key} {quoted(value)} is out of range")
         elif key in _FLOAT_COLUMNS:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise _bad(file, index, f"{key} {value!r} is not a number")
+                raise _bad(file, index, f"{key} {quoted(value)} is not a number")
             # Times and errors are far below this; past it, arithmetic on them overflows.
             if not abs(value) < MAX_FLOAT:
                 shown = f"{value:g}" if isinstance(value, float) else f"of {len(str(value))} digits"
@@ -146,26 +147,30 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
                 raise _bad(file, index, f"{key} {value:g} is negative")
             value = float(value)
         elif not isinstance(value, str):
-            raise _bad(file, index, f"{key} {value!r} is not text")
+            raise _bad(file, index, f"{key} {quoted(value)} is not text")
         elif key in KEY_COLUMNS and not value.isprintable():
             # A case's identity is matched against run.json and baselines: never rewritten.
-            raise _bad(file, index, f"{key} {printable(value)!r} holds unprintable characters")
+            raise _bad(file, index, f"{key} {quoted(value)} holds unprintable characters")
         else:
             value = printable(value)  # a note can quote a CUDA error with escape codes
         clean[key] = value
     for key in _POSITIVE:
         if clean[key] is None or clean[key] <= 0:
-            raise _bad(file, index, f"{key} {clean[key]!r} is not a positive whole number")
+            raise _bad(file, index, f"{key} {quoted(clean[key])} is not a positive whole number")
     if not clean["kernel"]:
         raise _bad(file, index, "has an empty kernel name")
     if clean["status"] not in STATUSES:
-        raise _bad(file, index, f"status {clean['status']!r} is not one of {', '.join(STATUSES)}")
+        raise _bad(
+            file, index, f"status {quoted(clean['status'])} is not one of {', '.join(STATUSES)}"
+        )
     if clean["dtype"] not in DTYPES:
-        raise _bad(file, index, f"dtype {clean['dtype']!r} is not one of {', '.join(DTYPES)}")
+        raise _bad(file, index, f"dtype {quoted(clean['dtype'])} is not one of {', '.join(DTYPES)}")
     if clean["device"] is not None and clean["device"] not in DEVICES:
         # A device memprobe never ran on ("tpu", or "auto", which a run resolves): gate and
         # report would judge and draw it as if one of them had measured it.
-        raise _bad(file, index, f"device {clean['device']!r} is not one of {', '.join(DEVICES)}")
+        raise _bad(
+            file, index, f"device {quoted(clean['device'])} is not one of {', '.join(DEVICES)}"
+        )
     for key in ("hidden", "floor_bytes", "peak_bytes"):
         # H sizes the hidden family's inputs; a floor and a peak hold at least the logits:
         # none is ever 0 (a ratio over a floor of 0 has no value; a peak of 0 passed the
@@ -174,7 +179,7 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
             raise _bad(file, index, f"{key} 0 is not positive")
     snapshot = clean["snapshot"]
     if snapshot is not None and not _SNAPSHOT_PATH.fullmatch(snapshot):
-        raise _bad(file, index, f"snapshot {snapshot!r} is not a path under {SNAPSHOTS}/")
+        raise _bad(file, index, f"snapshot {quoted(snapshot)} is not a path under {SNAPSHOTS}/")
     chunk = clean["chunk_size"]
     if chunk is not None and chunk <= 0:
         raise _bad(file, index, f"chunk_size {chunk} is not positive")
@@ -209,20 +214,56 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """A run directory or a results.json → validated rows (UserError when missing or bad)."""
     file = results_file(path)
     if not file.exists():
-        raise UserError(f"no results at {file}", "give a run directory or its results.json")
+        raise link_to_nothing(file) or UserError(
+            f"no results at {file}", "give a run directory or its results.json"
+        )
+    raw = read_regular(file, what="results", max_bytes=MAX_JSON_BYTES)
     try:
-        payload = json.loads(read_regular(file, what="results", max_bytes=MAX_JSON_BYTES))
+        payload = json.loads(raw)
         rows = payload["rows"]
         if not isinstance(rows, list):
             raise TypeError
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
-        raise UserError(
-            f"{file} is not a memprobe results.json", "point at a run directory"
-        ) from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise _not_results(file, raw, exc, in_a_run=(file.parent / RUN_META).is_file()) from None
     _check_count(len(rows), file, "rows")
     checked = [validate_row(row, i, file) for i, row in enumerate(rows)]
     check_unique_cases(checked, str(file))
     return checked
+
+
+def link_to_nothing(file: Path) -> UserError | None:
+    """The error for a results file that is a link leading nowhere (dangling, or a loop),
+    else None. exists() follows the link: such a file was "no results at RUN", and a
+    baseline "does not exist yet", where the link is there to see."""
+    if not file.is_symlink() or file.exists():
+        return None
+    return UserError(
+        f"{file} is a link to {os.readlink(file)}, which leads to no file "
+        "(it is missing, or a loop of links)",
+        "point the link at a results.json, or remove it",
+    )
+
+
+def _not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> UserError:
+    """What is wrong with a file that is no results.json, said: "point at a run directory"
+    alone was the hint to a user who had (its results.json damaged), and named neither
+    the byte that is not UTF-8 nor the place the JSON stops."""
+    if isinstance(exc, UnicodeDecodeError):
+        # Counted in the file: a decoder past a byte order mark counts from after it.
+        offset = exc.start + len(raw) - len(exc.object)
+        why = f"is not UTF-8 text (byte {raw[offset]:#04x} at offset {offset:,})"
+    elif isinstance(exc, json.JSONDecodeError):
+        why = f"is not JSON ({exc.msg} at line {exc.lineno:,} column {exc.colno:,})"
+    elif isinstance(exc, RecursionError):
+        why = "nests too deep to read"
+    else:
+        why = "holds no list of 'rows'"
+    hint = (
+        "the file is damaged or not memprobe's; re-run the sweep"
+        if in_a_run
+        else "give a run directory or its results.json"
+    )
+    return UserError(f"{file} is not a memprobe results.json: it {why}", hint)
 
 
 def _check_count(count: int, file: Path, what: str) -> None:
@@ -285,9 +326,22 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
         meta = json.loads(read_regular(file, what="run file", max_bytes=MAX_JSON_BYTES))
         if not isinstance(meta, dict) or not isinstance(meta.get("cases"), list):
             raise ValueError
-        return meta
     except (OSError, ValueError, RecursionError):
         raise not_a_run from None
+    if nests_past(meta, MAX_META_DEPTH):
+        # The page walks run.json's text recursively (to make it inert): 600 levels of an
+        # extra key, which JSON still parses, ended `report` in a RecursionError, or not,
+        # as deep as the stack already was.
+        raise UserError(
+            f"{file} nests deeper than {MAX_META_DEPTH} levels; memprobe's nests 3",
+            "the file is damaged or not memprobe's; re-run the sweep",
+        )
+    return meta
+
+
+# How deep run.json may nest lists and objects: memprobe writes 3 levels (the run, its
+# cases, each case's fields).
+MAX_META_DEPTH = 64
 
 
 def recorded_alloc_conf(run_dir: Path) -> AllocConf | None:

@@ -6,17 +6,18 @@ the baseline update. Reports (terminal text, JUnit, step summary) are render/'s.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memprobe.config import MemprobeConfig, load_config
 from memprobe.errors import UserError
-from memprobe.gate.rules import Row, Verdict, evaluate
+from memprobe.gate.rules import Row, Verdict, check_each_rule_matches, evaluate
 from memprobe.io.files import guard_outputs, resolved_path
 from memprobe.results import (
     RESULTS_JSON,
     RUN_META,
+    link_to_nothing,
     read_rows,
     results_file,
     run_inputs,
@@ -69,7 +70,9 @@ def run_gate(req: GateRequest) -> GateOutcome:
     """
     if req.results is not None and not results_file(req.results).exists():
         # The first thing to say about a mistyped path, before any config question.
-        raise UserError(f"no results at {req.results}", "give a run directory or its results.json")
+        raise link_to_nothing(results_file(req.results)) or UserError(
+            f"no results at {req.results}", "give a run directory or its results.json"
+        )
     if req.results is not None and req.out is not None:
         # --out is where the gate's own sweep goes; with RESULTS nothing is swept, and the
         # flag was passed over in silence (a CI job that meant to keep its run found none).
@@ -126,6 +129,8 @@ def run_gate(req: GateRequest) -> GateOutcome:
                 f"{where} {baseline_path} is a folder with no results.json in it",
                 "name the baseline file (a results.json), or a run directory that has one",
             )
+        elif (dangling := link_to_nothing(results_file(baseline_path))) is not None:
+            raise dangling
         elif not results_file(baseline_path).exists():
             # The first gate run of a project: the baseline is made, not found.
             raise UserError(
@@ -287,7 +292,7 @@ def _run_configured_sweep(
     # torch comes with the sweep: reading results and judging them must not pay for it.
     from memprobe.measure import resolve_device
     from memprobe.results import default_run_dir, rows_of
-    from memprobe.sweep import SweepRequest, run_sweep_job
+    from memprobe.sweep import SweepRequest, plan_cases, run_sweep_job
 
     if cfg.sweep is None:
         where = str(cfg.source) if cfg.source else f"no pyproject.toml at or above {req.cwd}"
@@ -304,6 +309,10 @@ def _run_configured_sweep(
                 f"but the sweep runs on {device}{why}",
                 "drop the rule's device filter, or set device in [tool.memprobe.sweep]",
             )
+    # A rule whose filters no planned case meets (tokens = [99] beside a sweep of 64) is
+    # known now: it was refused only after the whole sweep had run, hours on a GPU.
+    planned = [asdict(case) for case in plan_cases(cfg.sweep)]
+    check_each_rule_matches(planned, cfg.gate.rules, source="the cases [tool.memprobe.sweep] plans")
     root = cfg.source.parent if cfg.source else req.cwd
     out = req.out or default_run_dir(root / "reports" / "gate")
     # With snapshots: a failing case's is what to look at (its path is in the report).

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from memprobe.config import Rule
 from memprobe.errors import UserError
+from memprobe.io.text import shortened
 from memprobe.results import (
     KEY_COLUMNS,
     CaseKey,
@@ -212,12 +213,22 @@ def check_rules(rows: Sequence[Row], rules: Iterable[Rule], *, source: str) -> l
     return checks
 
 
+def check_each_rule_matches(rows: Sequence[Row], rules: Iterable[Rule], *, source: str) -> None:
+    """Refuse the first rule that matches none of ``rows`` (results, or the cases a
+    configured sweep plans, asked before it runs)."""
+    for rule in rules:
+        if not any(rule_matches(rule, row) for row in rows):
+            raise _no_match_error(rule, rows, source)
+
+
 def _no_match_error(rule: Rule, rows: Sequence[Row], source: str) -> UserError:
     def present(key: str) -> str:
         values = sorted({str(r.get(key)) for r in rows})
-        return f"{key} {','.join(values) or 'none'}"
+        return shortened(f"{key} {','.join(values) or 'none'}", 120)
 
-    message = f"{rule.where} ({rule.describe()}) matches no case in {source}"
+    # The rule's kernel glob and the rows' names as the config and results hold them:
+    # one of a megabyte made the one line a megabyte long.
+    message = f"{rule.where} ({shortened(rule.describe())}) matches no case in {source}"
     if rule.device and "cuda" in rule.device and not any(r.get("device") == "cuda" for r in rows):
         import torch
 

@@ -156,3 +156,17 @@ def _is_scalar(hint: type, data: Any) -> bool:
     if hint is int:
         return isinstance(data, int) and not isinstance(data, bool)
     return hint in (str, bool) and isinstance(data, hint)
+
+
+def nests_past(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests lists or dicts more than ``limit`` deep (walked without
+    recursion, so that asking never overflows the stack)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return False

@@ -6,6 +6,7 @@ import math
 import re
 
 from memprobe.errors import UserError
+from memprobe.io.text import quoted
 
 _UNITS = {
     "": 1,
@@ -45,16 +46,16 @@ def _too_big(what: str, value: object) -> UserError:
 def parse_size(value: str | int | float, *, what: str = "size") -> int:
     """``"10.3 GiB"``, ``"11000 MB"``, ``"123"`` or a number → bytes (at most :data:`MAX_SIZE`)."""
     if isinstance(value, bool):
-        raise UserError(f"{what} {value!r} is not a size", "write e.g. 10.3 GiB or 11000 MB")
+        raise UserError(f"{what} {quoted(value)} is not a size", "write e.g. 10.3 GiB or 11000 MB")
     if isinstance(value, int) and value > MAX_SIZE:
         raise _too_big(what, value)
     if isinstance(value, (int, float)):
         if not math.isfinite(value):
-            raise UserError(f"{what} {value!r} is not a finite size", "write e.g. 10.3 GiB")
+            raise UserError(f"{what} {quoted(value)} is not a finite size", "write e.g. 10.3 GiB")
         if value > MAX_SIZE:
             raise _too_big(what, value)
         if value < 0:
-            raise UserError(f"{what} {value!r} is negative", "give a size of zero or more")
+            raise UserError(f"{what} {quoted(value)} is negative", "give a size of zero or more")
         return int(value)
     text = str(value)
     negative = text.strip().startswith("-")
@@ -62,17 +63,21 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
         # "-0" and "-0 GiB" are zero, not negative; "-x" is not a size at all.
         text = text.strip()[1:]
     if re.match(r"^\s*[0-9]+,[0-9]{1,2}(?![0-9])", text):
-        raise UserError(f"{what} {value!r}: a comma is not a decimal point", "write e.g. 1.5 GiB")
+        raise UserError(
+            f"{what} {quoted(value)}: a comma is not a decimal point", "write e.g. 1.5 GiB"
+        )
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
         raise UserError(
-            f"{what} {value!r} is not a size",
+            f"{what} {quoted(value)} is not a size",
             "write bytes or a number with B, KB, MB, GB, KiB, MiB, GiB",
         )
     number = float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit]
     if negative and number:
-        raise UserError(f"{what} {value!r} is negative", "give a size of zero or more, e.g. 80GiB")
+        raise UserError(
+            f"{what} {quoted(value)} is negative", "give a size of zero or more, e.g. 80GiB"
+        )
     if not number <= MAX_SIZE:  # a 400-digit number reads as inf
         raise _too_big(what, value)
     return int(number)
@@ -84,7 +89,8 @@ def parse_budget(value: str | int | float, *, what: str = "--budget") -> int:
     budget = parse_size(value, what=what)
     if budget <= 0:
         raise UserError(
-            f"{what} {value!r} must be more than 0 bytes", "it is 0 bytes; e.g. --budget 80GiB"
+            f"{what} {quoted(value)} must be more than 0 bytes",
+            "it is 0 bytes; e.g. --budget 80GiB",
         )
     return budget
 

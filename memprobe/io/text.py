@@ -9,6 +9,9 @@ its Python escape instead (``\\x1b``, ``\\n``, ``\\ud800``): visible, inert, one
 
 from __future__ import annotations
 
+import codecs
+from typing import Any
+
 
 def _escape(char: str) -> str:
     code = ord(char)
@@ -50,3 +53,35 @@ def exception_text(
         kind = printable(type(exc).__name__)
         text = f"{kind}: {text}" if text else kind
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def quoted(value: Any, limit: int = 60) -> str:
+    """A value read from a file as a one-line message quotes it: its ``repr``, printable,
+    at most ``limit`` characters. Quoted whole, a key or value of a megabyte (a TOML
+    string, a kernel name) made the one line a megabyte long."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300 digits has no repr
+        return f"(an integer of {value.bit_length():,} bits)"
+    except RecursionError:  # lists in lists, as deep as the JSON parser went
+        return f"(a {type(value).__name__} nested too deep to show)"
+    return shortened(printable(text), limit)
+
+
+def shortened(text: str, limit: int = 60) -> str:
+    """``text`` cut to at most ``limit`` characters, ``...`` saying where it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def utf8_text(data: bytes) -> str:
+    """A file's bytes as UTF-8 text, read past a byte order mark (Windows editors save
+    one; it is no character of the text). A byte that is not UTF-8 raises
+    UnicodeDecodeError at its offset in ``data``, the mark counted: "utf-8-sig" counts
+    from after it, and the message named the byte three places on."""
+    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return data[start:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnicodeDecodeError(
+            exc.encoding, data, exc.start + start, exc.end + start, exc.reason
+        ) from None

@@ -17,6 +17,7 @@ from memprobe.plan.message import lm_head_status, long_loop_status, reserved_sta
 from memprobe.plan.model import Budget, OnProbe, TokenPlan, make_budget, with_lm_head_in_other
 from memprobe.plan.other import other_from_snapshots
 from memprobe.plan.targets import plan_targets
+from memprobe.records import MAX_COUNT
 from memprobe.results import read_rows
 
 # After the i-th of n plans finishes (in the order they finish).
@@ -73,12 +74,23 @@ class PlanOutcome:
         return rows
 
 
-def _run_chunk_sizes(rows: Sequence[dict[str, Any]]) -> tuple[int | None, ...]:
+def _run_chunk_sizes(rows: Sequence[dict[str, Any]], run: Path) -> tuple[int | None, ...]:
+    """The chunk sizes a run timed: those the plan compares when --chunk-size is not given.
+    Each is held to the bound --chunk-size is (no sweep times one past it): a row's
+    chunk_size of 2^62 ended the plan in torch's overflow, blamed on the kernel, and one
+    of 2^40 + 1 was planned as a chunk of 516 TiB."""
     timed = {
         r["chunk_size"]
         for r in rows
         if r.get("chunk_size") is not None and r.get("fwd_time_s") is not None
     }
+    past = sorted(c for c in timed if c > MAX_COUNT)
+    if past:
+        raise UserError(
+            f"--from-run {run} timed chunk_size {past[0]:,}, beyond the largest count "
+            f"memprobe simulates ({MAX_COUNT:,} = 2^40): no sweep runs it",
+            "the run was edited or is not memprobe's; give --chunk-size to choose the sizes",
+        )
     return tuple(sorted(timed)) or (1024,)
 
 
@@ -138,7 +150,8 @@ def run_plan_job(
         )
     chunk_sizes = request.chunk_sizes
     if chunk_sizes is None:
-        chunk_sizes = _run_chunk_sizes(rows) if rows else (1024,)
+        run = request.from_run
+        chunk_sizes = _run_chunk_sizes(rows, run) if rows and run is not None else (1024,)
     targets, skipped = plan_targets(
         request.kernels,
         vocab=request.vocab,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from memprobe.errors import UserError
-from memprobe.io.text import printable
+from memprobe.io.text import printable, quoted
 from memprobe.kernels.peers import unavailable_reason
 from memprobe.kernels.registry import get_spec
 from memprobe.measure.step import checked_output
@@ -33,7 +33,6 @@ from memprobe.profile.hf_config import (
     check_sizes,
     check_text_only,
     load_error,
-    quoted,
     read_config_json,
 )
 from memprobe.profile.phases import mark

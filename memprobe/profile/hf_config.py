@@ -17,7 +17,7 @@ from typing import Any
 
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
-from memprobe.io.text import printable
+from memprobe.io.text import printable, quoted, utf8_text
 
 # A config.json is a few KiB; this leaves room for inlined maps, not for a data file.
 MAX_CONFIG_BYTES = 16 << 20
@@ -53,7 +53,7 @@ def read_config_json(file: Path) -> Any:
         )
 
     try:
-        return json.loads(raw.decode("utf-8-sig"), parse_int=whole, parse_constant=constant)
+        return json.loads(utf8_text(raw), parse_int=whole, parse_constant=constant)
     except RecursionError:
         raise UserError(
             f"--config {file} nests too deep to read", "give a model's config.json"
@@ -138,12 +138,6 @@ def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]
                 f"a whole number from 1 to {top:,} is needed",
                 "fix config.json",
             )
-
-
-def quoted(value: Any) -> str:
-    """A config's value as a message quotes it: printable, at most 40 characters."""
-    shown = printable(repr(value))
-    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 # Expert counts under the names MoE configs give them, beside num_experts_per_tok.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
+from memprobe.io.sizes import MAX_SIZE
 from memprobe.records import Case
 from memprobe.report.breakdown import Breakdown, breakdown
 from memprobe.report.trace import Trace, from_snapshot
@@ -68,6 +69,15 @@ def gather(row: dict[str, Any], run_dir: Path) -> Evidence:
         problem = (
             f"snapshot not used: {row['snapshot']} records no allocation or free "
             "(no trace: record it with torch.cuda.memory._record_memory_history())"
+        )
+        return Evidence(case.kernel, case, None, problems=(problem,))
+    if sum(b.nbytes for b in trace.blocks) > MAX_SIZE:
+        # Live bytes are summed in int64 to draw the step: blocks past 8 EiB together
+        # (a trace's sizes may be up to 2^64) ended `report` in an OverflowError, or
+        # wrapped below zero unseen. No device holds that much.
+        problem = (
+            f"snapshot not used: {row['snapshot']} holds blocks of more than 8 EiB "
+            "together, more than any device (the file was edited or is not torch's)"
         )
         return Evidence(case.kernel, case, None, problems=(problem,))
     findings, problems = _attribute(case, snapshot)

@@ -58,7 +58,7 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
         raise UserError(
             f"{run_dir} is not a directory", "give a run directory made by `memprobe sweep`"
         )
-    meta = _inert(read_run_meta(run_dir))
+    meta = _inert(read_run_meta(run_dir))  # read_run_meta bounds how deep this walks
     rows = read_rows(run_dir)
     _check_planned(run_dir, rows)
     frame = frame_of(rows)

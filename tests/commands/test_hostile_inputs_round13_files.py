@@ -628,9 +628,9 @@ def test_resume_refuses_a_planned_count_past_the_bound(
 
 @pytest.mark.parametrize(
     ("model_type", "shown"),
-    [("x" * 1_000_000, "'" + "x" * 36 + "..."), ("llama\x1b[2J", "'llama\\x1b[2J'"),
-     ("y" * 38, "'" + "y" * 38 + "'"), ("y" * 39, "'" + "y" * 36 + "...")],
-    ids=["a megabyte", "an escape", "40 characters quoted", "41 characters quoted"],
+    [("x" * 1_000_000, "'" + "x" * 56 + "..."), ("llama\x1b[2J", "'llama\\x1b[2J'"),
+     ("y" * 58, "'" + "y" * 58 + "'"), ("y" * 59, "'" + "y" * 56 + "...")],
+    ids=["a megabyte", "an escape", "60 characters quoted", "61 characters quoted"],
 )  # fmt: skip
 def test_an_unknown_model_type_is_quoted_short(
     run_cli: Any, tmp_path: Path, model_type: str, shown: str
