@@ -56,7 +56,7 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
             raise _too_big(what, value)
         if value < 0:
             raise UserError(f"{what} {quoted(value)} is negative", "give a size of zero or more")
-        return int(value)
+        return _whole_bytes(value, what, value, bare=True)
     text = str(value)
     negative = text.strip().startswith("-")
     if negative:
@@ -71,7 +71,7 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
     if not match or unit not in _UNITS:
         raise UserError(
             f"{what} {quoted(value)} is not a size",
-            "write bytes or a number with B, KB, MB, GB, KiB, MiB, GiB",
+            "write bytes or a number with B, KB, MB, GB, TB, KiB, MiB, GiB, TiB",
         )
     number = float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit]
     if negative and number:
@@ -80,6 +80,18 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
         )
     if not number <= MAX_SIZE:  # a 400-digit number reads as inf
         raise _too_big(what, value)
+    return _whole_bytes(number, what, value, bare=not unit) if _UNITS[unit] == 1 else int(number)
+
+
+def _whole_bytes(number: float, what: str, value: object, *, bare: bool) -> int:
+    """A count of bytes, which has no fraction: ``1.5`` (no unit, so bytes) was read as 1
+    and ``0.5`` as 0, where the user likely meant a unit they left out."""
+    if number != int(number):
+        said = " (a size without a unit is bytes)" if bare else ""
+        raise UserError(
+            f"{what} {quoted(value)} is not a whole number of bytes{said}",
+            "give a unit, e.g. 1.5GiB",
+        )
     return int(number)
 
 

@@ -259,7 +259,7 @@ def test_gate_says_what_happened_to_a_case(
 # -- gate config: a limit without a unit that cannot be what its writer meant ----------
 
 UNITLESS = {
-    "1.5": "max_peak 1.5 has no unit, so it is 1 B",
+    "1.5": "max_peak 1.5 is not a whole number of bytes (a size without a unit is bytes)",
     "58": "max_peak 58 has no unit, so it is 58 B",
     '"10"': "max_peak 10 has no unit, so it is 10 B",
     "0": "max_peak 0 has no unit, so it is 0 B",
