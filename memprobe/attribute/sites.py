@@ -75,27 +75,86 @@ class Site:
         return self.chain[0] if self.chain else None
 
 
-def read_site(raw_frames: Any, label_text: Any, size: int | None = None) -> Site:
+@dataclass(frozen=True, eq=False)
+class Stack:
+    """What a stack of frames alone says (no label): read once per distinct stack, however
+    many entries share it with labels of their own (a memprobe run labels every block)."""
+
+    frames: tuple[Frame, ...]
+    node: str | None
+    op: str | None
+    phase: str | None
+    phase_reason: str
+    optimizer: bool
+    chain: tuple[Frame, ...]
+    via: tuple[str, ...]
+    kernel: Frame | None
+    zero_grad: bool
+    autotune: bool
+    param_setup: bool
+    collective: str | None
+    attention: bool
+    checkpoint: bool
+    collective_buffer: bool
+    autocast_cast: bool
+
+    @functools.cached_property
+    def _loss_by_op(self) -> dict[str | None, str | None]:
+        return {}
+
+    def loss(self, op: str | None) -> str | None:
+        """:func:`loss_evidence` for this stack with ``op`` (a label's, or the frames')."""
+        if op not in self._loss_by_op:
+            self._loss_by_op[op] = loss_evidence(op, self.node, self.frames)
+        return self._loss_by_op[op]
+
+
+def read_stack(raw_frames: Any) -> Stack:
+    frames = tuple(clean_frames(raw_frames))
+    phase, reason = phase_from_frames(frames)
+    chain, via, kernel = call_site(frames)
+    return Stack(
+        frames=frames,
+        node=autograd_node(frames),
+        op=op_from_frames(frames),
+        phase=phase,
+        phase_reason=reason,
+        optimizer=is_optimizer(frames),
+        chain=chain,
+        via=via,
+        kernel=kernel,
+        zero_grad=is_zero_grad(frames),
+        autotune=is_autotune(frames),
+        param_setup=is_parameter_setup(frames),
+        collective=collective_evidence(frames),
+        attention=in_attention(frames),
+        checkpoint=is_checkpoint(frames),
+        collective_buffer=is_comm_buffer(frames),
+        autocast_cast=is_autocast_cast(frames),
+    )
+
+
+def read_site(
+    raw_frames: Any, label_text: Any, size: int | None = None, stack: Stack | None = None
+) -> Site:
     """``size``: the bytes of the block the label is on, when known. A label whose shape
     and dtype are not that block (a tampered or foreign file: a zero dimension, twice the
-    bytes) records nothing: its shape would be read as the logits'."""
-    frames = clean_frames(raw_frames)
+    bytes) records nothing: its shape would be read as the logits'. ``stack``: the frames
+    already read (:func:`read_stack`)."""
+    stack = stack or read_stack(raw_frames)
     label = parse_label(label_text)
-    node = autograd_node(frames)
     op = label.get("op")
     op_source = "label" if op else None
     if op is None:
-        op = op_from_frames(frames)
+        op = stack.op
         op_source = "frames" if op else None
     phase: str | None
     if label.get("phase") in PHASES:
         phase, reason = label["phase"], "memprobe's label"
     else:
-        phase, reason = phase_from_frames(frames)
-    optimizer = is_optimizer(frames)
-    if optimizer and phase != "backward":
+        phase, reason = stack.phase, stack.phase_reason
+    if stack.optimizer and phase != "backward":
         phase, reason = "optimizer", "allocated under the optimizer's step"
-    chain, via, kernel = call_site(frames)
     dtype = label["dtype"].removeprefix("torch.") if label.get("dtype") else None
     shape = parse_shape(label.get("shape"))
     if shape is not None and size is not None and label_bytes(dtype, shape) != size:
@@ -103,25 +162,25 @@ def read_site(raw_frames: Any, label_text: Any, size: int | None = None) -> Site
     return Site(
         op=op,
         op_source=op_source,
-        node=node,
+        node=stack.node,
         phase=phase,
         phase_reason=reason,
-        chain=chain,
-        via=via,
-        loss=loss_evidence(op, node, frames),
-        optimizer=optimizer,
-        zero_grad=is_zero_grad(frames),
-        autotune=is_autotune(frames),
-        param_setup=is_parameter_setup(frames),
-        has_frames=bool(frames),
+        chain=stack.chain,
+        via=stack.via,
+        loss=stack.loss(op),
+        optimizer=stack.optimizer,
+        zero_grad=stack.zero_grad,
+        autotune=stack.autotune,
+        param_setup=stack.param_setup,
+        has_frames=bool(stack.frames),
         label_dtype=dtype,
         label_shape=shape,
-        collective=collective_evidence(frames),
-        attention=in_attention(frames),
-        checkpoint=is_checkpoint(frames),
-        collective_buffer=is_comm_buffer(frames),
-        autocast_cast=is_autocast_cast(frames),
-        kernel=kernel,
+        collective=stack.collective,
+        attention=stack.attention,
+        checkpoint=stack.checkpoint,
+        collective_buffer=stack.collective_buffer,
+        autocast_cast=stack.autocast_cast,
+        kernel=stack.kernel,
     )
 
 
@@ -135,6 +194,8 @@ class SiteCache:
 
     def __init__(self) -> None:
         self._sites: dict[tuple[tuple[int, ...], str, int | None], Site] = {}
+        # The frames' part, by the stack alone: entries that share a stack but not a label.
+        self._stacks: dict[tuple[int, ...], Stack] = {}
         self._keep: list[Any] = []  # the frames objects keyed by id stay alive with us
         # Each entry is asked for again and again (phases, shapes, categories): its
         # site by the entry's id, the entry kept alive with it.
@@ -161,9 +222,12 @@ class SiteCache:
         key = (ids, label, size)
         found = self._sites.get(key)
         if found is None:
-            found = read_site(frames, label, size)
+            stack = self._stacks.get(ids)
+            if stack is None:
+                stack = self._stacks[ids] = read_stack(frames)
+                self._keep.append(frames)
+            found = read_site(frames, label, size, stack)
             self._sites[key] = found
-            self._keep.append(frames)
         return found
 
 
