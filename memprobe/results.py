@@ -183,9 +183,34 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
     chunk = clean["chunk_size"]
     if chunk is not None and chunk <= 0:
         raise _bad(file, index, f"chunk_size {chunk} is not positive")
+    contradiction = _contradiction(clean)
+    if contradiction:
+        raise _bad(file, index, contradiction)
     if not clean.get("case_id"):
         clean["case_id"] = _case_from_row(clean).case_id
     return clean
+
+
+# Parts of a row's peak: the peak is the most held at any moment of the step, so neither
+# phase's peak nor the floor (the inputs and their gradients, held through backward) can
+# exceed it in any row a sweep writes.
+_PARTS_OF_PEAK = ("forward_peak_bytes", "backward_peak_bytes", "floor_bytes")
+
+
+def _contradiction(row: Row) -> str | None:
+    """What in a row, each value valid alone, contradicts the rest, or None. A peak below
+    its own floor passed ``max_peak_over_floor`` at a ratio under 1; a meta row with times
+    (meta runs nothing, so a sweep there writes none) made ``plan --from-run`` pick a
+    chunk as "measured fastest ... on meta"."""
+    peak = row["peak_bytes"]
+    for key in _PARTS_OF_PEAK if peak is not None else ():
+        if row[key] is not None and row[key] > peak:
+            return f"{key} {row[key]:,} is above its peak_bytes {peak:,} (a peak holds it)"
+    if row["device"] == "meta":
+        timed = [k for k in ("fwd_time_s", "bwd_time_s") if row[k] is not None]
+        if timed:
+            return f"is on meta but has {' and '.join(timed)} (a meta run simulates: no times)"
+    return None
 
 
 def _case_from_row(row: Row) -> Case:
