@@ -29,7 +29,7 @@ from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.codec import nests_past
 from memprobe.io.files import read_regular, write_atomic
-from memprobe.io.text import printable, quoted
+from memprobe.io.text import binary_kind, printable, quoted
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 
 RUN_META = "run.json"
@@ -273,7 +273,10 @@ def _not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> U
     """What is wrong with a file that is no results.json, said: "point at a run directory"
     alone was the hint to a user who had (its results.json damaged), and named neither
     the byte that is not UTF-8 nor the place the JSON stops."""
-    if isinstance(exc, UnicodeDecodeError):
+    kind = binary_kind(raw)
+    if kind:
+        why = f"is {kind}, not JSON"
+    elif isinstance(exc, UnicodeDecodeError):
         # Counted in the file: a decoder past a byte order mark counts from after it.
         offset = exc.start + len(raw) - len(exc.object)
         why = f"is not UTF-8 text (byte {raw[offset]:#04x} at offset {offset:,})"

@@ -136,3 +136,75 @@ def test_a_row_that_agrees_with_itself_is_still_read(
     (good / "results.json").write_bytes((run / "results.json").read_bytes())
     code, out, err = run_cli("gate", str(run / "results.json"))
     assert code in (0, 1) and "case(s) from" in out, err
+
+
+# -- a file of another kind handed where memprobe reads text: a snapshot (or a gzip or zip
+# file) given as results, a baseline, a gate config or a model's config.json was "not
+# UTF-8 text (byte 0x80 at offset 0)", with the hint to save it as UTF-8
+
+BINARY = {
+    "a snapshot pickle": (None, "a pickle (a memory snapshot?)"),
+    "a gzip file": (b"\x1f\x8b\x08\x00" + bytes(range(256)), "gzip-compressed"),
+    "a zip file": (b"PK\x03\x04" + bytes(range(256)), "a zip archive"),
+}
+
+
+def _binary(made_run: Path, here: Path, what: str) -> Path:
+    data, _ = BINARY[what]
+    if data is None:
+        (snapshot,) = (made_run / "snapshots").iterdir()
+        data = snapshot.read_bytes()
+    file = here / "file.bin"
+    file.write_bytes(data)
+    return file
+
+
+@pytest.mark.parametrize("reader", ["results", "baseline", "from-run", "gate config", "step"])
+@pytest.mark.parametrize("what", sorted(BINARY))
+def test_a_binary_file_handed_as_text_is_named_for_what_it_is(
+    run_cli: Any, made_run: Path, here: Path, what: str, reader: str
+) -> None:
+    file = _binary(made_run, here, what)
+    (here / "pyproject.toml").write_text(GATE_TOML)
+    args = {
+        "results": ["gate", str(file)],
+        "baseline": ["gate", str(made_run), "--baseline", str(file)],
+        "from-run": ["plan", "--from-run", str(file), "--budget", "1GiB", "--vocab", "128"],
+        "gate config": ["gate", str(made_run), "--config", str(file)],
+        "step": ["step", "--config", str(file), "--tokens", "32"],
+    }[reader]
+    err = one_line(*run_cli(*args))
+    kind = BINARY[what][1]
+    assert f"is {kind}, not" in err and "UTF-8" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("reader", "says"),
+    [
+        ("gate config", "is not UTF-8 text (byte 0xff at offset 0)"),
+        ("step", "is not UTF-8 text (byte 0xff at offset 0)"),
+        ("results", "case(s) from"),
+    ],
+)
+def test_text_in_another_encoding_is_still_said_so_or_read(
+    run_cli: Any, made_run: Path, here: Path, reader: str, says: str
+) -> None:
+    """UTF-16 text is no binary kind: TOML and config.json stay UTF-8 only (the hint says
+    to save it so); a results.json in UTF-16 is JSON, which json reads."""
+    (here / "pyproject.toml").write_text(GATE_TOML)
+    if reader == "results":
+        run = here / "run"
+        shutil.copytree(made_run, run)
+        text = (run / "results.json").read_text()
+        (run / "results.json").write_bytes(text.encode("utf-16"))
+        code, out, err = run_cli("gate", str(run))
+        assert code == 0 and says in out, err
+        return
+    file = here / "file.txt"
+    if reader == "step":
+        file.write_bytes('{"model_type": "llama"}'.encode("utf-16"))
+        err = one_line(*run_cli("step", "--config", str(file), "--tokens", "32"))
+    else:
+        file.write_bytes(GATE_TOML.encode("utf-16"))
+        err = one_line(*run_cli("gate", str(made_run), "--config", str(file)))
+    assert says in err and "save" in err, err
