@@ -20,7 +20,7 @@ from typing import Any
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.io.text import exception_text, quoted, utf8_text
+from memprobe.io.text import binary_kind, exception_text, quoted, utf8_text
 from memprobe.records import DEVICE_CHOICES, DEVICES, DTYPE_ALIASES, DTYPES, MAX_COUNT, Grid
 
 if sys.version_info >= (3, 11):
@@ -143,6 +143,12 @@ def read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{path} is not valid TOML: {exc}", "fix the syntax at that line") from None
     except UnicodeDecodeError as exc:
+        kind = binary_kind(data)
+        if kind:
+            raise UserError(
+                f"config {path} is {kind}, not a TOML file",
+                "give the pyproject.toml or TOML file with [tool.memprobe]",
+            ) from None
         raise UserError(
             f"config {path} is not UTF-8 text (byte {data[exc.start]:#04x} at offset "
             f"{exc.start:,})",

@@ -31,6 +31,7 @@ from memprobe.io.codec import nests_past
 from memprobe.io.files import read_regular, write_atomic
 from memprobe.io.text import printable, quoted
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
+from memprobe.results_errors import contradiction, link_to_nothing, not_results
 
 RUN_META = "run.json"
 RESULTS_JSON = "results.json"
@@ -183,6 +184,9 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
     chunk = clean["chunk_size"]
     if chunk is not None and chunk <= 0:
         raise _bad(file, index, f"chunk_size {chunk} is not positive")
+    said = contradiction(clean)
+    if said:
+        raise _bad(file, index, said)
     if not clean.get("case_id"):
         clean["case_id"] = _case_from_row(clean).case_id
     return clean
@@ -224,46 +228,11 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         if not isinstance(rows, list):
             raise TypeError
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise _not_results(file, raw, exc, in_a_run=(file.parent / RUN_META).is_file()) from None
+        raise not_results(file, raw, exc, in_a_run=(file.parent / RUN_META).is_file()) from None
     _check_count(len(rows), file, "rows")
     checked = [validate_row(row, i, file) for i, row in enumerate(rows)]
     check_unique_cases(checked, str(file))
     return checked
-
-
-def link_to_nothing(file: Path) -> UserError | None:
-    """The error for a results file that is a link leading nowhere (dangling, or a loop),
-    else None. exists() follows the link: such a file was "no results at RUN", and a
-    baseline "does not exist yet", where the link is there to see."""
-    if not file.is_symlink() or file.exists():
-        return None
-    return UserError(
-        f"{file} is a link to {os.readlink(file)}, which leads to no file "
-        "(it is missing, or a loop of links)",
-        "point the link at a results.json, or remove it",
-    )
-
-
-def _not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> UserError:
-    """What is wrong with a file that is no results.json, said: "point at a run directory"
-    alone was the hint to a user who had (its results.json damaged), and named neither
-    the byte that is not UTF-8 nor the place the JSON stops."""
-    if isinstance(exc, UnicodeDecodeError):
-        # Counted in the file: a decoder past a byte order mark counts from after it.
-        offset = exc.start + len(raw) - len(exc.object)
-        why = f"is not UTF-8 text (byte {raw[offset]:#04x} at offset {offset:,})"
-    elif isinstance(exc, json.JSONDecodeError):
-        why = f"is not JSON ({exc.msg} at line {exc.lineno:,} column {exc.colno:,})"
-    elif isinstance(exc, RecursionError):
-        why = "nests too deep to read"
-    else:
-        why = "holds no list of 'rows'"
-    hint = (
-        "the file is damaged or not memprobe's; re-run the sweep"
-        if in_a_run
-        else "give a run directory or its results.json"
-    )
-    return UserError(f"{file} is not a memprobe results.json: it {why}", hint)
 
 
 def _check_count(count: int, file: Path, what: str) -> None:

@@ -25,7 +25,7 @@ FLOORS: dict[str, int] = {
     # 1: snapshot format, measurement, config
     "snapshot": 1, "measure": 1, "config": 1,
     # 2: what reads snapshots and run directories
-    "attribute": 2, "results": 2, "profile": 2,
+    "attribute": 2, "results": 2, "results_errors": 2, "profile": 2,
     # 3: the stages over measurement
     "sweep": 3, "sharded_sweep": 3, "gate": 3, "plan": 3,
     # 3: the page model, built from results and attribution (render/ only formats it)

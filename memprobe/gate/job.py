@@ -17,12 +17,12 @@ from memprobe.io.files import guard_outputs, resolved_path
 from memprobe.results import (
     RESULTS_JSON,
     RUN_META,
-    link_to_nothing,
     read_rows,
     results_file,
     run_inputs,
     write_baseline,
 )
+from memprobe.results_errors import link_to_nothing
 
 if TYPE_CHECKING:
     from memprobe.attribute.records import BlockGroup

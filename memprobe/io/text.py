@@ -85,3 +85,19 @@ def utf8_text(data: bytes) -> str:
         raise UnicodeDecodeError(
             exc.encoding, data, exc.start + start, exc.end + start, exc.reason
         ) from None
+
+
+# What a file that is no text at all starts with, when it is a file memprobe (or torch)
+# reads elsewhere: named, a snapshot handed as a config or results was "not UTF-8 text
+# (byte 0x80 at offset 0)" with the hint to save it as UTF-8.
+_BINARY_KINDS = (
+    (b"\x80", "a pickle (a memory snapshot?)"),  # PROTO: every protocol >= 2 pickle
+    (b"\x1f\x8b", "gzip-compressed"),
+    (b"PK\x03\x04", "a zip archive"),
+)
+
+
+def binary_kind(data: bytes) -> str | None:
+    """What a file that is not text is, by its first bytes (see :data:`_BINARY_KINDS`),
+    or None when it does not start like one of them."""
+    return next((kind for magic, kind in _BINARY_KINDS if data.startswith(magic)), None)

@@ -17,7 +17,7 @@ from typing import Any
 
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
-from memprobe.io.text import printable, quoted, utf8_text
+from memprobe.io.text import binary_kind, printable, quoted, utf8_text
 
 # A config.json is a few KiB; this leaves room for inlined maps, not for a data file.
 MAX_CONFIG_BYTES = 16 << 20
@@ -59,6 +59,11 @@ def read_config_json(file: Path) -> Any:
             f"--config {file} nests too deep to read", "give a model's config.json"
         ) from None
     except UnicodeDecodeError as exc:
+        kind = binary_kind(raw)
+        if kind:
+            raise UserError(
+                f"--config {file} is {kind}, not a config.json", "give a model's config.json"
+            ) from None
         raise UserError(
             f"--config {file} is not UTF-8 text (byte {raw[exc.start]:#04x} at offset "
             f"{exc.start:,})",

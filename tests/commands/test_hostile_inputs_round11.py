@@ -80,7 +80,9 @@ def test_a_failing_gate_does_not_explain_with_a_case_that_is_not_a_string(
     monkeypatch.chdir(tmp_path)
     run = _recorded(made_run, tmp_path, case)
     base = json.loads((run / "results.json").read_text())
-    base["rows"][0]["peak_bytes"] = 1
+    # A baseline of 1 byte throughout (one that agrees with itself: no phase above it).
+    base["rows"][0].update(peak_bytes=1, forward_peak_bytes=1, backward_peak_bytes=1)
+    base["rows"][0].update(floor_bytes=1)
     (tmp_path / "b.json").write_text(json.dumps(base))
     code, out, err = run_cli("gate", str(run), "--baseline", str(tmp_path / "b.json"))
     assert code == 1, (out, err)

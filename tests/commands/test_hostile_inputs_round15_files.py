@@ -146,7 +146,7 @@ def _timed_run(made_run: Path, tmp_path: Path, chunks: list[int]) -> Path:
     row = json.loads((made_run / "results.json").read_text())["rows"][0]
     rows = [
         {**row, "kernel": "local_chunked", "chunk_size": c, "case_id": None,
-         "fwd_time_s": 0.01, "bwd_time_s": 0.02}
+         "device": "cpu", "snapshot": None, "fwd_time_s": 0.01, "bwd_time_s": 0.02}
         for c in chunks
     ]  # fmt: skip
     run = tmp_path / "timed"

@@ -131,8 +131,13 @@ def test_a_zero_time_or_error_is_still_read(
     run = tmp_path / "run"
     shutil.copytree(made_run, run)
     data = json.loads((run / "results.json").read_text())
+    # On cpu: a meta run times nothing, so a meta row with times is refused.
+    data["rows"][0].update(device="cpu", case_id=None, snapshot=None)
     data["rows"][0].update(fwd_time_s=0.0, bwd_time_s=-0.0, max_abs_err_fwd=0)
     (run / "results.json").write_text(json.dumps(data))
+    meta = json.loads((run / "run.json").read_text())
+    meta["cases"][0]["device"] = "cpu"
+    (run / "run.json").write_text(json.dumps(meta))
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and "Traceback" not in err, err
 

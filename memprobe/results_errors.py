@@ -1,0 +1,76 @@
+"""What is wrong with a file or row given as results, said in one line: a link that
+leads nowhere, a file that is no results.json, a row whose values contradict each other.
+Kept apart from :mod:`memprobe.results`, which reads and writes run directories."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from memprobe.errors import UserError
+from memprobe.io.text import binary_kind
+
+Row = Mapping[str, Any]
+
+
+# Parts of a row's peak: the peak is the most held at any moment of the step, so neither
+# phase's peak nor the floor (the inputs and their gradients, held through backward) can
+# exceed it in any row a sweep writes.
+_PARTS_OF_PEAK = ("forward_peak_bytes", "backward_peak_bytes", "floor_bytes")
+
+
+def contradiction(row: Row) -> str | None:
+    """What in a row, each value valid alone, contradicts the rest, or None. A peak below
+    its own floor passed ``max_peak_over_floor`` at a ratio under 1; a meta row with times
+    (meta runs nothing, so a sweep there writes none) made ``plan --from-run`` pick a
+    chunk as "measured fastest ... on meta"."""
+    peak = row["peak_bytes"]
+    for key in _PARTS_OF_PEAK if peak is not None else ():
+        if row[key] is not None and row[key] > peak:
+            return f"{key} {row[key]:,} is above its peak_bytes {peak:,} (a peak holds it)"
+    if row["device"] == "meta":
+        timed = [k for k in ("fwd_time_s", "bwd_time_s") if row[k] is not None]
+        if timed:
+            return f"is on meta but has {' and '.join(timed)} (a meta run simulates: no times)"
+    return None
+
+
+def link_to_nothing(file: Path) -> UserError | None:
+    """The error for a results file that is a link leading nowhere (dangling, or a loop),
+    else None. exists() follows the link: such a file was "no results at RUN", and a
+    baseline "does not exist yet", where the link is there to see."""
+    if not file.is_symlink() or file.exists():
+        return None
+    return UserError(
+        f"{file} is a link to {os.readlink(file)}, which leads to no file "
+        "(it is missing, or a loop of links)",
+        "point the link at a results.json, or remove it",
+    )
+
+
+def not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> UserError:
+    """What is wrong with a file that is no results.json, said: "point at a run directory"
+    alone was the hint to a user who had (its results.json damaged), and named neither
+    the byte that is not UTF-8 nor the place the JSON stops."""
+    kind = binary_kind(raw)
+    if kind:
+        why = f"is {kind}, not JSON"
+    elif isinstance(exc, UnicodeDecodeError):
+        # Counted in the file: a decoder past a byte order mark counts from after it.
+        offset = exc.start + len(raw) - len(exc.object)
+        why = f"is not UTF-8 text (byte {raw[offset]:#04x} at offset {offset:,})"
+    elif isinstance(exc, json.JSONDecodeError):
+        why = f"is not JSON ({exc.msg} at line {exc.lineno:,} column {exc.colno:,})"
+    elif isinstance(exc, RecursionError):
+        why = "nests too deep to read"
+    else:
+        why = "holds no list of 'rows'"
+    hint = (
+        "the file is damaged or not memprobe's; re-run the sweep"
+        if in_a_run
+        else "give a run directory or its results.json"
+    )
+    return UserError(f"{file} is not a memprobe results.json: it {why}", hint)
