@@ -24,7 +24,9 @@ every pytest start-up in such an environment imports this file.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+import contextlib
+import threading
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -136,9 +138,37 @@ def _measure_tracked(
     # On meta the body's own tensors must be meta too, or a full-scale example
     # allocates for real (tens of GiB) instead of simulating.
     default_device = torch.device("meta") if simulate else contextlib.nullcontext()
-    with default_device, tracker:
+    with default_device, tracker, _threads_started() as started:
         result = yield
+    if started[0]:
+        # The tracker and the meta default device hold for the test's own thread only
+        # (torch's modes are per thread): a body that allocated 8 MiB in a thread it
+        # started passed a 1 MiB limit, its peak read as 0 B (and on meta its tensors
+        # were real ones).
+        pytest.fail(
+            f"{MARKER}: the test body started {started[0]:,} thread(s), and what a thread "
+            "allocates is not tracked on device='meta' or 'cpu' (allocate in the test's "
+            "own thread, or use device='cuda', which reads the allocator)",
+            pytrace=False,
+        )
     return result, tracker.peak_bytes, tracker.live_at_peak()
+
+
+@contextlib.contextmanager
+def _threads_started() -> Iterator[list[int]]:
+    """Count the threads started while the test body runs."""
+    started = [0]
+    original = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started[0] += 1
+        original(thread)
+
+    threading.Thread.start = start  # type: ignore[method-assign,assignment]
+    try:
+        yield started
+    finally:
+        threading.Thread.start = original  # type: ignore[method-assign]
 
 
 def _measure_cuda() -> Generator[None, object, tuple[object, int, list[Event] | None]]:

@@ -31,8 +31,16 @@ from typing import Any
 import torch
 
 from memprobe.kernels import get_spec
+from memprobe.kernels.user import user_code
 from memprobe.measure.parallel import RankLayout
-from memprobe.measure.step import SWEEP_FILTERS, StepInputs, kernel_call, make_inputs, torch_dtype
+from memprobe.measure.step import (
+    SWEEP_FILTERS,
+    StepInputs,
+    checked_output,
+    kernel_call,
+    make_inputs,
+    torch_dtype,
+)
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Case
 
@@ -363,7 +371,17 @@ class HiddenProtocol(InputProtocol):
     ) -> Forward:
         fn: Any = get_spec(case.kernel).fn
         chunk = case.chunk_size
-        return lambda i: fn(i.hidden, i.weight, i.targets, chunk_size=chunk)
+
+        def call(i: HiddenInputs) -> torch.Tensor:
+            # As a logits kernel is called (kernel_call): a user's hidden kernel had none
+            # of user_code's guards, so its print() went into `sweep --json`'s object and
+            # the gradients it turned off failed every later case; nor was its result
+            # checked to be one log-prob per target.
+            with user_code(case.kernel):
+                out = fn(i.hidden, i.weight, i.targets, chunk_size=chunk)
+            return checked_output(out, i.targets)
+
+        return call
 
     def _grad_outputs(self, out: torch.Tensor, inputs: HiddenInputs) -> torch.Tensor:
         return inputs.grad_outputs.to(out.dtype)

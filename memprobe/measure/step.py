@@ -103,7 +103,33 @@ def checked_output(out: object, targets: torch.Tensor) -> torch.Tensor:
             f"the kernel returned a {str(out.dtype).removeprefix('torch.')} tensor of shape "
             f"{list(out.shape)}; a kernel returns one floating log-prob per target, shape {want}"
         )
+    _check_seen(out)
     return out
+
+
+def _check_seen(out: torch.Tensor) -> None:
+    """The allocation tracker sees the thread that calls the kernel, and only it (torch's
+    dispatch modes are per thread): a kernel that computed its result in a thread of its
+    own (a ThreadPoolExecutor) was measured without its forward, in a sweep (160 KiB where
+    it holds 224 KiB, status ok), a plan, a --what-if ("saves 293 KiB") and a step alike.
+    Its result is then a storage the tracker never saw allocated nor was given as an
+    input; so is one the kernel kept from an earlier call."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from memprobe.measure.tracker import AllocationTracker
+
+    trackers = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, AllocationTracker)]
+    if trackers and out.untyped_storage().nbytes() and not trackers[-1].saw(out):
+        raise UnseenResult(
+            "the kernel's result was allocated where memprobe cannot see it (in another "
+            "thread, or kept from an earlier call), so its memory cannot be counted: "
+            "compute it in the thread that calls the kernel"
+        )
+
+
+class UnseenResult(RuntimeError):
+    """A kernel's result the allocation tracker never saw allocated (:func:`_check_seen`):
+    a case's error in a sweep; the step's own one line, not meta's hint, in `step`."""
 
 
 def kernel_failed(kernel: str, tokens: str, exc: Exception) -> UserError:

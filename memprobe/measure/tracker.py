@@ -179,6 +179,13 @@ class AllocationTracker(TorchDispatchMode):
             shape = tuple(int(d) for d in tensor.shape)
             self._alloc(key, storage, shape, str(tensor.dtype), op, self._frames(sys._getframe(1)))
 
+    def saw(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s storage is one this tracker holds as live (allocated under
+        it, or given to :meth:`track`); always True for a device it does not count."""
+        if self.device is not None and tensor.device.type != self.device:
+            return True
+        return _storage_key(physical(tensor))[0] in self._live
+
     def track(self, tensor: torch.Tensor, op: str = "input") -> None:
         """Count an existing tensor (e.g. the logits) as live from now on."""
         self._register(tensor, op, self._frames(sys._getframe(1)))

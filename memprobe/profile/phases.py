@@ -186,6 +186,10 @@ def step_failed(exc: Exception, tracker: StepTracker, device: str) -> UserError:
     it, and on meta why meta may be the cause and what to do."""
     if isinstance(exc, UserError):
         return exc
+    from memprobe.measure.step import UnseenResult
+
+    if isinstance(exc, UnseenResult):  # no fault of meta's: --device cpu would not help
+        return UserError(f"the step's log-prob kernel failed: {exc}")
     what = exception_text(exc)
     raised_by_op = tracker.failure is not None and _caused_by(exc, tracker.failure)
     where = f"at {tracker.failed_op}" if raised_by_op else f"in its {tracker.phase} phase"
