@@ -25,8 +25,7 @@ every pytest start-up in such an environment imports this file.
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,17 +127,16 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
 def _measure_tracked(
     *, simulate: bool
 ) -> Generator[None, object, tuple[object, int, list[Event] | None]]:
-    import contextlib
 
     import torch
 
-    from memprobe.measure.tracker import AllocationTracker
+    from memprobe.measure.tracker import AllocationTracker, threads_started
 
     tracker = AllocationTracker()
     # On meta the body's own tensors must be meta too, or a full-scale example
     # allocates for real (tens of GiB) instead of simulating.
     default_device = torch.device("meta") if simulate else contextlib.nullcontext()
-    with default_device, tracker, _threads_started() as started:
+    with default_device, tracker, threads_started() as started:
         result = yield
     if started[0]:
         # The tracker and the meta default device hold for the test's own thread only
@@ -152,23 +150,6 @@ def _measure_tracked(
             pytrace=False,
         )
     return result, tracker.peak_bytes, tracker.live_at_peak()
-
-
-@contextlib.contextmanager
-def _threads_started() -> Iterator[list[int]]:
-    """Count the threads started while the test body runs."""
-    started = [0]
-    original = threading.Thread.start
-
-    def start(thread: threading.Thread) -> None:
-        started[0] += 1
-        original(thread)
-
-    threading.Thread.start = start  # type: ignore[method-assign,assignment]
-    try:
-        yield started
-    finally:
-        threading.Thread.start = original  # type: ignore[method-assign]
 
 
 def _measure_cuda() -> Generator[None, object, tuple[object, int, list[Event] | None]]:

@@ -9,9 +9,12 @@ makes exact simulation at 20k × 131k possible on a laptop.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
 import time
 import weakref
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -231,3 +234,23 @@ class AllocationTracker(TorchDispatchMode):
 
     def live_at_peak(self) -> list[Event]:
         return self.live_at(self.peak_index) if self.peak_index >= 0 else []
+
+
+@contextlib.contextmanager
+def threads_started() -> Iterator[list[int]]:
+    """Count the threads started inside (``started[0]``). A tracker sees the ops of the
+    thread it was entered on only (torch's dispatch modes are per thread): what other
+    threads allocate is missing from its trace, and a caller says so rather than let a
+    smaller peak pass for the whole."""
+    started = [0]
+    original = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started[0] += 1
+        original(thread)
+
+    threading.Thread.start = start  # type: ignore[method-assign,assignment]
+    try:
+        yield started
+    finally:
+        threading.Thread.start = original  # type: ignore[method-assign]

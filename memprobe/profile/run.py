@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +19,7 @@ import torch
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels.user import UserCodeExit, user_code
+from memprobe.measure.tracker import threads_started
 from memprobe.profile.attention import sdpa_on_meta
 from memprobe.profile.load import Step, check_returned, step_exited
 from memprobe.profile.memo import MetaMemo
@@ -100,7 +99,7 @@ def trace_step(
     simulated = device == "meta" or detect_fake_mode() is not None
     routing = sdpa_on_meta(attention) if simulated else contextlib.nullcontext(None)
     try:
-        with tracker, routing as chosen, _threads_started() as started:
+        with tracker, routing as chosen, threads_started() as started:
             # Frozen, what was alive before the step is not scanned again by the
             # collection below. A caller's own freeze is kept: unfreezing would undo it
             # (there is no partial unfreeze), so then what was alive stays frozen too.
@@ -167,26 +166,6 @@ def profile_step(
             snapshot["memprobe"]["threads_started"] = tracked.threads
     snapshot.setdefault("memprobe", {})["step"] = name
     return snapshot
-
-
-@contextlib.contextmanager
-def _threads_started() -> Iterator[list[int]]:
-    """Count the threads the step starts. The tracker sees the ops of the thread that runs
-    the step only (torch's dispatch modes are per thread): what a step's own threads
-    allocate is missing from the trace, and the snapshot says so rather than a smaller
-    peak passing for the whole step's."""
-    started = [0]
-    original = threading.Thread.start
-
-    def start(thread: threading.Thread) -> None:
-        started[0] += 1
-        original(thread)
-
-    threading.Thread.start = start  # type: ignore[method-assign,assignment]
-    try:
-        yield started
-    finally:
-        threading.Thread.start = original  # type: ignore[method-assign]
 
 
 def _call(step: Step, device: torch.device) -> None:
