@@ -349,16 +349,20 @@ def sweep_alloc_conf(
     (torch's defaults)."""
     if flag is not None:
         return modelled_alloc_conf(flag)
-    env = os.environ if environ is None else environ
-    name = next((n for n in ENV_VARS if n in env), None)
-    return None if name is None else modelled_alloc_conf(env[name], source=name)
+    found = _env_setting(environ)
+    return None if found is None else modelled_alloc_conf(found[1], source=found[0])
 
 
 def alloc_conf_from_env(environ: Mapping[str, str] | None = None) -> AllocConf:
     """The settings torch would read at startup: ``PYTORCH_ALLOC_CONF``, else its older
     alias ``PYTORCH_CUDA_ALLOC_CONF``."""
+    found = _env_setting(environ)
+    return AllocConf() if found is None else parse_alloc_conf(found[1])
+
+
+def _env_setting(environ: Mapping[str, str] | None) -> tuple[str, str] | None:
+    """The variable torch reads its settings from, and its text: the first of
+    :data:`ENV_VARS` set (``os.environ`` when ``environ`` is None)."""
     env = os.environ if environ is None else environ
-    for name in ENV_VARS:
-        if name in env:
-            return parse_alloc_conf(env[name])
-    return AllocConf()
+    name = next((n for n in ENV_VARS if n in env), None)
+    return None if name is None else (name, env[name])
