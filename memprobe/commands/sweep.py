@@ -177,7 +177,7 @@ def command(
     where there is. Writes results.csv, results.json, run.json and a report
     into the run directory.
     """
-    from memprobe.render import REPORT_NAME, write_report
+    from memprobe.render import REPORT_NAME
     from memprobe.render.console import Progress, show
     from memprobe.render.terminal import answer_lines, json_summary, sweep_table
 
@@ -266,7 +266,11 @@ def command(
         raise typer.Exit(130) from None
     if not outcome.lead:
         return
-    page = write_report(outcome.run_dir, budget_bytes=budget_bytes) if report else None
+    page = None
+    if report:
+        from memprobe.render import write_report  # matplotlib: only for the page
+
+        page = write_report(outcome.run_dir, budget_bytes=budget_bytes)
     if not report and (outcome.run_dir / REPORT_NAME).exists():
         # A resumed run's old page would show fewer rows than the run now holds.
         typer.echo(

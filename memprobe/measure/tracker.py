@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from memprobe.records import Event, Frame
 
@@ -35,6 +34,21 @@ def physical(tensor: torch.Tensor) -> torch.Tensor:
     while hasattr(tensor, "_local_tensor"):
         tensor = tensor._local_tensor
     return tensor
+
+
+def tensors_in(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors among an op's arguments or results. An aten op's schema nests them at
+    most in lists, tuples (named ones too) and the kwargs dict, so this walk is exact
+    there; it skips the pytree registry lookups, a third of a plan's meta simulation CPU."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple, dict)):
+        # Tensors and scalars are tested here, not by a call each: most items are one.
+        for item in value.values() if isinstance(value, dict) else value:
+            if isinstance(item, torch.Tensor):
+                yield item
+            elif isinstance(item, (list, tuple, dict)):
+                yield from tensors_in(item)
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[int, Any]:
@@ -207,14 +221,10 @@ class AllocationTracker(TorchDispatchMode):
             # any device): a real lift returns it as is. Under FakeTensorMode the lift
             # makes a fake copy, which no device would allocate.
             return out
-        inputs = {
-            physical(t).untyped_storage()._cdata
-            for t in tree_flatten((args, kwargs))[0]
-            if isinstance(t, torch.Tensor)
-        }
+        inputs = {physical(t).untyped_storage()._cdata for t in tensors_in((args, kwargs))}
         frames: tuple[Frame, ...] | None = None
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or physical(t).untyped_storage()._cdata in inputs:
+        for t in tensors_in(out):
+            if physical(t).untyped_storage()._cdata in inputs:
                 continue  # a view or an in-place result: no new storage
             if frames is None:
                 frames = self._frames(sys._getframe(1))

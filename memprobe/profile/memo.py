@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from memprobe.measure.tracker import tensors_in
+
 # A remembered answer: the output's tree and, per leaf, ("t", shape, stride, dtype) for a
 # tensor to make afresh, or ("v", value) for a value to return as it was.
 _Recipe = tuple[Any, tuple[tuple[Any, ...], ...]]
@@ -163,11 +165,7 @@ class MetaMemo:
         answer = self._answers.get(key)
         if answer is None:
             out = func(*args, **kwargs)
-            inputs = {
-                t.untyped_storage()._cdata
-                for t in tree_flatten((args, kwargs))[0]
-                if isinstance(t, torch.Tensor)
-            }
+            inputs = {t.untyped_storage()._cdata for t in tensors_in((args, kwargs))}
             recipe = _recipe(out, inputs)
             self._answers[key] = recipe if recipe is not None else _NOT_REMEMBERED
             return out

@@ -25,11 +25,10 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
-from memprobe.measure.tracker import AllocationTracker
+from memprobe.measure.tracker import AllocationTracker, tensors_in
 from memprobe.profile import attention
 from memprobe.profile import memo as memo_module
 from memprobe.profile.flash_workspace import FLASH_BACKWARD, flash_backward_workspace, free_order
@@ -175,10 +174,7 @@ def _in_function_forward() -> bool:
 
 
 def _records_history(args: Any, kwargs: Any) -> bool:
-    return any(
-        isinstance(t, torch.Tensor) and t.requires_grad
-        for t in tree_flatten((args, kwargs or {}))[0]
-    )
+    return any(t.requires_grad for t in tensors_in((args, kwargs or {})))
 
 
 def step_failed(exc: Exception, tracker: StepTracker, device: str) -> UserError:

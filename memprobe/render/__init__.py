@@ -22,10 +22,10 @@ from typing import Any
 
 __all__ = ["REPORT_NAME", "write_report"]
 
-_ENTRY_POINTS = {
-    "REPORT_NAME": "memprobe.render.html",
-    "write_report": "memprobe.render.html",
-}
+# The page's name in a run directory (a sweep that writes no page still checks for one).
+REPORT_NAME = "report.html"
+
+_ENTRY_POINTS = {"write_report": "memprobe.render.html"}
 
 
 def __getattr__(name: str) -> Any:

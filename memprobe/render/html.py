@@ -20,6 +20,7 @@ from memprobe.errors import UserError
 from memprobe.io.files import read_regular, write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
+from memprobe.render import REPORT_NAME
 from memprobe.render.canvas import made_by_memprobe
 from memprobe.render.findings_view import FindingsView, findings_view
 from memprobe.render.png import PLOT_NAMES, Plots, render_plots
@@ -44,8 +45,6 @@ from memprobe.report.headline import (
 )
 from memprobe.report.page import Page, build_page
 from memprobe.results import MAX_JSON_BYTES, missing
-
-REPORT_NAME = "report.html"
 
 
 def _figures(p: Plots, h: Headline) -> dict[str, Figure]:
