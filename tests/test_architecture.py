@@ -7,6 +7,7 @@ and the ones below, never one above. Imports inside functions count too.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 import subprocess
@@ -36,13 +37,19 @@ FLOORS: dict[str, int] = {
 MAX_LOOSE_MODULES = 8  # besides __init__ and __main__
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once per test process (most tests here walk them all)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def _units() -> dict[str, set[str]]:
     """Top-level unit (module or package) → the memprobe units it imports."""
     edges: dict[str, set[str]] = defaultdict(set)
     for path in ROOT.rglob("*.py"):
         parts = path.relative_to(ROOT).with_suffix("").parts
         unit = parts[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             names: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.module:
                 if node.module == "memprobe":
@@ -159,7 +166,7 @@ def _module_imports() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = defaultdict(set)
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             targets: list[str] = []
             if isinstance(node, ast.ImportFrom) and node.level:
                 base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
@@ -205,7 +212,7 @@ _HTML_TAG = re.compile(
 
 def _string_literals(path: Path) -> list[tuple[int, str]]:
     out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             out.append((node.lineno, node.value))
     return out
@@ -248,7 +255,7 @@ _ANALYSIS = {
 def test_render_neither_loads_snapshots_nor_runs_attribution() -> None:
     found = []
     for path in sorted((ROOT / "render").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and node.module in _ANALYSIS:
                 banned = _ANALYSIS[node.module]
                 names = {a.name for a in node.names}
@@ -265,7 +272,7 @@ def _render_page_templates() -> set[str]:
     """The template names passed to ``render_page`` anywhere in the package."""
     names = set()
     for path in ROOT.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if (
                 isinstance(node, ast.Call)
                 and getattr(node.func, "id", getattr(node.func, "attr", None)) == "render_page"
@@ -306,7 +313,7 @@ def test_every_template_the_code_renders_ships_and_every_shipped_file_is_package
 def _comparisons_of_inputs(path: Path) -> list[int]:
     """Lines where code asks which input protocol a kernel has (``spec.inputs == ...``)."""
     lines = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_tree(path)):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(isinstance(s, ast.Attribute) and s.attr == "inputs" for s in sides):
@@ -332,7 +339,7 @@ def test_one_progress() -> None:
     """One Progress (render/console.py); the stages take plain callbacks."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ClassDef) and "Progress" in node.name:
                 found.append(f"{path.relative_to(ROOT)}: class {node.name}")
             elif isinstance(node, ast.Assign):
@@ -346,7 +353,7 @@ def _third_party_imports() -> dict[str, set[str]]:
     """Top-level name of each non-stdlib, non-memprobe import → the modules importing it."""
     found: dict[str, set[str]] = defaultdict(set)
     for path in sorted(ROOT.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_tree(path)):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
@@ -404,7 +411,7 @@ def test_the_package_ships_its_types() -> None:
 def _module_level_names(path: Path) -> dict[str, ast.expr | None]:
     """Names a module binds at its top level (assignments, defs, classes) → value."""
     out: dict[str, ast.expr | None] = {}
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in _tree(path).body:
         if isinstance(node, ast.Assign):
             out |= {t.id: node.value for t in node.targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
@@ -470,7 +477,7 @@ def test_no_module_is_long_without_a_reason() -> None:
     for path in sorted(ROOT.rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
         lines = len(path.read_text(encoding="utf-8").splitlines())
-        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        doc = ast.get_docstring(_tree(path)) or ""
         if lines <= MAX_MODULE_LINES:
             if name in OWED_A_SPLIT:
                 split.append(name)
