@@ -29,6 +29,7 @@ from memprobe.kernels.peers import unavailable_reason
 from memprobe.kernels.registry import get_spec
 from memprobe.measure.step import checked_output
 from memprobe.profile.hf_config import (
+    check_architecture_sizes,
     check_ratios,
     check_sizes,
     check_text_only,
@@ -129,6 +130,7 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     except Exception as exc:  # its strict validators raise their own types
         raise load_error(model_type, exc) from None
     check_ratios(model_type, fields, aliases)  # what transformers' validators let through
+    check_architecture_sizes(model_type, fields, config)
     return config
 
 

@@ -69,6 +69,7 @@ def trace_step(
     capture_frames: bool = True,
     attention: str = "cpu",
     memo: bool = False,
+    meta_hint: str | None = None,
 ) -> TrackedStep:
     """Run ``step(torch.device(device))`` once under the tracker (``meta`` or ``cpu``).
 
@@ -83,7 +84,7 @@ def trace_step(
     repeat.
 
     Raises :class:`UserError` when the step fails: on meta, one line naming the op that
-    raised and suggesting ``--device cpu`` at a smaller size.
+    raised and suggesting ``--device cpu`` at a smaller size (or ``meta_hint``).
     """
     if device not in ("meta", "cpu"):
         raise UserError(
@@ -114,7 +115,7 @@ def trace_step(
                 if not caller_froze:
                     gc.unfreeze()
     except Exception as exc:
-        raise step_failed(exc, tracker, device) from None
+        raise step_failed(exc, tracker, device, meta_hint) from None
     finally:
         tracker.remove_hooks()
     return TrackedStep(

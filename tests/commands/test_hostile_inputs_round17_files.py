@@ -1,0 +1,194 @@
+"""Hostile inputs, round 17, files a user hands memprobe: a model config.json whose
+architecture's own sizes cannot be built, run directories whose results.json is a link
+leading nowhere, and snapshots with bytes past their pickle. Each table is a variant of a
+defect class the pass found: one line and exit 2 that says what is wrong, never a step
+blamed on meta, a run re-made over a user's link, or a number read from half a file."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+# -- a config.json size of the architecture's own (not one of the sizes every model has)
+# below 0, or an MoE routing each token to 0 of its experts: transformers builds either;
+# the step failed on meta ("try --device cpu", a flag step has not) or printed the peak of
+# a model whose MoE layers pass nothing on. An MoE of 0 experts that still fails on meta
+# now names the config, not meta.
+
+SMALL = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+}  # fmt: skip
+MIXTRAL = {**SMALL, "model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}
+QWEN_MOE = {
+    **SMALL, "model_type": "qwen2_moe", "num_experts": 4, "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+}  # fmt: skip
+DEEPSEEK = {
+    **SMALL, "model_type": "deepseek_v3", "num_key_value_heads": 4, "q_lora_rank": 16,
+    "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+    "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+}  # fmt: skip
+MIXTRAL_DEFAULT_EXPERTS = {k: v for k, v in MIXTRAL.items() if k != "num_local_experts"}
+
+UNBUILDABLE = {
+    "mixtral, -1 experts per token": (
+        {**MIXTRAL, "num_experts_per_tok": -1},
+        "'num_experts_per_tok' is -1: a size is 0 or more",
+    ),
+    "deepseek_v3, kv_lora_rank -5": (
+        {**DEEPSEEK, "kv_lora_rank": -5},
+        "'kv_lora_rank' is -5: a size is 0 or more",
+    ),
+    "qwen2_moe, moe_intermediate_size -1": (
+        {**QWEN_MOE, "moe_intermediate_size": -1},
+        "'moe_intermediate_size' is -1",
+    ),
+    "mixtral, 0 experts per token of 4": (
+        {**MIXTRAL, "num_experts_per_tok": 0},
+        "num_experts_per_tok is 0: its MoE layers route each token to no expert",
+    ),
+    "mixtral, 0 per token of its default 8": (
+        {**MIXTRAL_DEFAULT_EXPERTS, "num_experts_per_tok": 0},
+        "num_experts_per_tok is 0",
+    ),
+    "qwen2_moe, 0 experts per token of 4": (
+        {**QWEN_MOE, "num_experts_per_tok": 0},
+        "num_experts_per_tok is 0",
+    ),
+    "mixtral, 0 experts and 0 per token": (
+        {**MIXTRAL, "num_local_experts": 0, "num_experts_per_tok": 0},
+        "the model built from config.json cannot run this op: check the config's sizes",
+    ),
+}
+
+
+def _step_args(tmp_path: Path, config: dict[str, Any], command: str) -> list[str]:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return {
+        "step": ["step", "--config", str(tmp_path), "--tokens", "16"],
+        "plan --step": ["plan", "--step", "--config", str(tmp_path), "--budget", "1GiB"],
+    }[command]
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(UNBUILDABLE))
+def test_a_size_the_architecture_cannot_build_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    config, says = UNBUILDABLE[what]
+    err = one_line(*run_cli(*_step_args(tmp_path, config, command)))
+    assert says in err and "--device" not in err, err
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        pytest.param({**QWEN_MOE, "num_experts": 0, "num_experts_per_tok": 0}, id="dense"),
+        pytest.param({**DEEPSEEK, "q_lora_rank": 0}, id="deepseek_v3, q_lora_rank 0"),
+    ],
+)
+def test_an_architecture_of_zero_sized_parts_is_still_stepped(
+    run_cli: Any, tmp_path: Path, config: dict[str, Any]
+) -> None:
+    code, out, err = run_cli(*_step_args(tmp_path, config, "step"))
+    assert code == 0 and "peak allocated" in out, err
+
+
+# -- a run directory's results.json that is a link leading nowhere (dangling, or a loop):
+# round 15 named it for gate, report and plan --from-run; gate --baseline RUN called the
+# run "a folder with no results.json in it", and sweep --resume took it for no results:
+# it ran every case again and replaced the user's link with a file.
+
+
+def _linked(made_run: Path, here: Path, to: str) -> Path:
+    run = here / "run"
+    shutil.copytree(made_run, run)
+    (run / "results.json").unlink()
+    (run / "results.json").symlink_to(to)
+    return run
+
+
+@pytest.mark.parametrize("to", ["gone.json", "results.json"], ids=["dangling", "a loop"])
+@pytest.mark.parametrize("command", ["gate --baseline", "sweep --resume"])
+def test_a_run_dirs_results_link_to_nothing_is_named(
+    run_cli: Any, made_run: Path, here: Path, to: str, command: str
+) -> None:
+    run = _linked(made_run, here, to)
+    args = {
+        "gate --baseline": ["gate", str(made_run), "--baseline", str(run)],
+        "sweep --resume": ["sweep", "--resume", str(run), "-q", "--no-verify"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert f"{run / 'results.json'} is a link to {to}, which leads to no file" in err, err
+    assert (run / "results.json").is_symlink()
+
+
+@pytest.mark.parametrize("command", ["gate --baseline", "sweep --resume"])
+def test_a_run_dirs_results_link_to_a_file_is_read(
+    run_cli: Any, made_run: Path, here: Path, command: str
+) -> None:
+    run = _linked(made_run, here, str(made_run / "results.json"))
+    args = {
+        "gate --baseline": ["gate", str(made_run), "--baseline", str(run)],
+        "sweep --resume": ["sweep", "--resume", str(run), "-q", "--no-verify"],
+    }[command]
+    code, _, err = run_cli(*args)
+    assert code == 0, err
+
+
+# -- a snapshot with bytes after its pickle ends: the unpickler stops at the first STOP,
+# so two snapshots joined (cat rank0.pickle rank1.pickle) read as the first alone, its
+# numbers printed as the file's. A truncated file was refused; a longer one is too.
+
+SNAPSHOT = {
+    "segments": [],
+    "device_traces": [
+        [
+            {"action": "alloc", "addr": 0x7F00_0000_0000, "size": 1 << 20, "stream": 0},
+            {"action": "free_requested", "addr": 0x7F00_0000_0000, "size": 1 << 20, "stream": 0},
+        ]
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        pytest.param(pickle.dumps(SNAPSHOT, protocol=4), id="a second snapshot"),
+        pytest.param(b"\n", id="one newline"),
+        pytest.param(b"\x00" * 4096, id="zero padding"),
+    ],
+)
+@pytest.mark.parametrize("command", ["attribute", "diff", "plan --other-from"])
+def test_bytes_after_the_pickle_are_one_line(
+    run_cli: Any, tmp_path: Path, tail: bytes, command: str
+) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(SNAPSHOT, protocol=4) + tail)
+    args = {
+        "attribute": ["attribute", str(path)],
+        "diff": ["diff", str(path), str(path)],
+        "plan --other-from": [
+            *("plan", "--other-from", str(path), "--budget", "1GiB", "--vocab", "128"),
+        ],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert f"holds {len(tail):,} bytes after its pickle ends" in err, err
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_a_whole_pickle_of_any_protocol_is_still_read(
+    run_cli: Any, tmp_path: Path, protocol: int
+) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(SNAPSHOT, protocol=protocol))
+    code, out, err = run_cli("attribute", str(path))
+    assert code == 0 and "peak allocated: 1.00 MiB" in out, err
