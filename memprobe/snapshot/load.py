@@ -20,6 +20,7 @@ from memprobe.allocator.snapshot_format import (
     ACTIVE_ALLOCATED,
     ADDRESSED_ACTIONS,
     FREE,
+    INACTIVE,
     LIVE_STATES,
     OOM,
     STATE_ALIASES,
@@ -469,6 +470,10 @@ def _block(b: Any, default_address: int, where: str, bad: _Bad) -> dict:
     if not isinstance(state, str):
         raise bad(where, "has no 'state'")
     state = STATE_ALIASES.get(state, state)
+    if state not in (*LIVE_STATES, INACTIVE):
+        # Neither live nor free, it was counted nowhere: an empty segment's largest free
+        # block read 0 B, its bytes in no total.
+        raise bad(where, f"has state {_quoted(state)}, which torch never writes")
     out = {k: v for k, v in b.items()}
     history = b.get("history")
     first = (

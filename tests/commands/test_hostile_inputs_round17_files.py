@@ -192,3 +192,70 @@ def test_a_whole_pickle_of_any_protocol_is_still_read(
     path.write_bytes(pickle.dumps(SNAPSHOT, protocol=protocol))
     code, out, err = run_cli("attribute", str(path))
     assert code == 0 and "peak allocated: 1.00 MiB" in out, err
+
+
+# -- a block whose state torch never writes: neither live nor free, it was counted nowhere
+# (an empty 2 MiB segment's largest free block read 0 B, its bytes in no total)
+
+
+def _one_block(state: str) -> dict[str, Any]:
+    block = {"address": 0x7F00_0000_0000, "size": 2 << 20, "requested_size": 0, "state": state}
+    segment = {"device": 0, "address": 0x7F00_0000_0000, "total_size": 2 << 20, "stream": 0,
+               "segment_type": "small", "blocks": [block]}  # fmt: skip
+    return {"segments": [segment], "device_traces": [[]]}
+
+
+@pytest.mark.parametrize(
+    "state", ["weird", "ACTIVE_ALLOCATED", "inactive ", "", "active_allocated\x1b[2J"]
+)
+@pytest.mark.parametrize("command", ["attribute", "diff"])
+def test_a_block_state_torch_never_writes_is_one_line(
+    run_cli: Any, tmp_path: Path, state: str, command: str
+) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(_one_block(state)))
+    args = [command, str(path)] + ([str(path)] if command == "diff" else [])
+    err = one_line(*run_cli(*args))
+    assert "blocks[0] has state" in err and "which torch never writes" in err, err
+    assert "\x1b" not in err
+
+
+@pytest.mark.parametrize("state", ["inactive", "active_allocated", "active_awaiting_free"])
+def test_the_block_states_torch_writes_are_read(run_cli: Any, tmp_path: Path, state: str) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(_one_block(state)))
+    code, out, err = run_cli("attribute", str(path))
+    assert code == 0 and "1 segment" in out, err
+
+
+# -- a run's other file (results.csv, run.json, report.html) handed where its results.json
+# goes: "the file is damaged or not memprobe's; re-run the sweep", of a whole run that
+# needed only its results.json named
+
+
+@pytest.mark.parametrize("name", ["results.csv", "run.json", "report.html"])
+@pytest.mark.parametrize("command", ["gate", "gate --baseline"])
+def test_a_runs_other_file_given_as_results_is_not_called_damaged(
+    run_cli: Any, made_run: Path, here: Path, name: str, command: str
+) -> None:
+    (here / "g.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{ kernel = "*", max_peak = "1 GiB" }]\n'
+    )
+    given = str(made_run / name)
+    args = {
+        "gate": ["gate", given, "--config", "g.toml"],
+        "gate --baseline": ["gate", str(made_run), "--baseline", given, "--config", "g.toml"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert f"{given} is not a memprobe results.json" in err, err
+    assert "give a run directory or its results.json" in err and "re-run" not in err, err
+
+
+def test_a_runs_results_json_that_is_no_results_is_still_called_damaged(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    run = here / "run"
+    shutil.copytree(made_run, run)
+    (run / "results.json").write_text("{}")
+    err = one_line(*run_cli("report", str(run), "--out", str(here / "page.html")))
+    assert "the file is damaged or not memprobe's; re-run the sweep" in err, err
