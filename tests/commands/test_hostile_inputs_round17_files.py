@@ -259,3 +259,25 @@ def test_a_runs_results_json_that_is_no_results_is_still_called_damaged(
     (run / "results.json").write_text("{}")
     err = one_line(*run_cli("report", str(run), "--out", str(here / "page.html")))
     assert "the file is damaged or not memprobe's; re-run the sweep" in err, err
+
+
+# -- an empty string where a gate config names a kernel glob or the baseline: "must be a
+# string" (or "a path string") of a value that is one
+
+
+@pytest.mark.parametrize(
+    ("toml", "says"),
+    [
+        ('rules = [{ kernel = "", max_peak = "1 GiB" }]', "rules[0]: 'kernel' is empty"),
+        ('rules = [{ kernel = "*", max_peak = "1 GiB" }]\nbaseline = ""', "'baseline' is empty"),
+        ('rules = [{ kernel = 5, max_peak = "1 GiB" }]', "'kernel' must be a string"),
+        ('rules = [{ kernel = "*", max_peak = "1 GiB" }]\nbaseline = 5', "must be a path string"),
+    ],
+    ids=["an empty kernel", "an empty baseline", "a kernel number", "a baseline number"],
+)
+def test_an_empty_gate_value_is_called_empty(
+    run_cli: Any, made_run: Path, here: Path, toml: str, says: str
+) -> None:
+    (here / "g.toml").write_text(f"[tool.memprobe.gate]\n{toml}\n")
+    err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
+    assert says in err, err
