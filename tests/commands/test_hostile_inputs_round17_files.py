@@ -281,3 +281,21 @@ def test_an_empty_gate_value_is_called_empty(
     (here / "g.toml").write_text(f"[tool.memprobe.gate]\n{toml}\n")
     err = one_line(*run_cli("gate", str(made_run), "--config", "g.toml"))
     assert says in err, err
+
+
+# -- memprobe's own "synthesized" mark read by truthiness: a string ("no", "False") made a
+# real snapshot's segments "memprobe's model of the CUDA caching allocator" (round 16
+# read a segment's expandable flag so; this is the same class in another field)
+
+
+@pytest.mark.parametrize(
+    ("mark", "noted"), [("no", False), ("False", False), (1, False), (True, True)]
+)
+def test_the_synthesized_mark_is_a_bool(
+    run_cli: Any, tmp_path: Path, mark: object, noted: bool
+) -> None:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({**SNAPSHOT, "memprobe": {"synthesized": mark}}))
+    code, out, err = run_cli("attribute", str(path))
+    assert code == 0, err
+    assert ("synthesized by memprobe" in out) is noted, out
