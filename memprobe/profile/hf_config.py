@@ -209,6 +209,30 @@ def check_architecture_sizes(model_type: str, fields: dict[str, Any], config: An
         )
 
 
+def attention_implementation(model_type: str, attn: str) -> str:
+    """What transformers builds the model's attention as for ``--attn``: "eager" when
+    asked, and for ``auto`` where the architecture has no SDPA attention (gemma2, bloom,
+    gpt_neo: transformers' own default for them is eager); "sdpa" otherwise. Asked for
+    SDPA, such an architecture failed to build, and the one line said to check a config
+    that was whole; plan --step, which has no --attn, could not plan it at all."""
+    if attn == "eager":
+        return "eager"
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    model_class = getattr(transformers, name, None) if isinstance(name, str) else None
+    if getattr(model_class, "_supports_sdpa", True):
+        return "sdpa"
+    if attn == "auto":
+        return "eager"
+    raise UserError(
+        f"{printable(model_type)} has no SDPA attention in transformers "
+        f"{transformers.__version__}: --attn {attn} cannot build it",
+        "use --attn eager (or auto, which builds it eager, as transformers does)",
+    )
+
+
 def load_error(model_type: str, exc: BaseException) -> UserError:
     """transformers' own refusal of a config (its strict validators raise their own
     error types), as one printable line of bounded length."""

@@ -299,3 +299,28 @@ def test_the_synthesized_mark_is_a_bool(
     code, out, err = run_cli("attribute", str(path))
     assert code == 0, err
     assert ("synthesized by memprobe" in out) is noted, out
+
+
+# -- an architecture transformers builds without SDPA attention (gemma2, bloom, gpt_neo):
+# --attn auto asked for SDPA, the build failed, and the one line said to "check the
+# config" of a whole config; plan --step, which has no --attn, could not plan it at all.
+# auto now builds it eager, as transformers does by default; an explicit SDPA request
+# says which --attn builds it. (plan --step builds the model the same way.)
+
+GEMMA2 = {**SMALL, "model_type": "gemma2", "head_dim": 16, "sliding_window": 8}
+BLOOM = {"model_type": "bloom", "hidden_size": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256}
+
+
+@pytest.mark.parametrize("config", [GEMMA2, BLOOM], ids=["gemma2", "bloom"])
+def test_an_architecture_without_sdpa_is_stepped_eager_under_auto(
+    run_cli: Any, tmp_path: Path, config: dict[str, Any]
+) -> None:
+    code, out, err = run_cli(*_step_args(tmp_path, config, "step"))
+    assert code == 0 and "attention: eager" in out, err
+
+
+def test_sdpa_asked_of_an_architecture_without_it_is_one_line(run_cli: Any, tmp_path: Path) -> None:
+    args = _step_args(tmp_path, GEMMA2, "step")
+    err = one_line(*run_cli(*args, "--attn", "sdpa-math"))
+    assert "gemma2 has no SDPA attention" in err and "use --attn eager" in err, err
+    assert "check the config" not in err
