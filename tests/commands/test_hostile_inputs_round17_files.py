@@ -324,3 +324,23 @@ def test_sdpa_asked_of_an_architecture_without_it_is_one_line(run_cli: Any, tmp_
     err = one_line(*run_cli(*args, "--attn", "sdpa-math"))
     assert "gemma2 has no SDPA attention" in err and "use --attn eager" in err, err
     assert "check the config" not in err
+
+
+# -- tied embeddings (gemma, qwen2 0.5B, llama 3.2 1B) under --fsdp or --cp: the embedding
+# was an FSDP unit of its own and the lm_head sharing its weight fell to the root, and the
+# step failed "on cpu" with FSDP2's error and "fix the step and rerun", of memprobe's step.
+# The shared weight now stays in the root's group; its bytes are counted once.
+
+LLAMA = {**SMALL, "model_type": "llama"}
+
+
+@pytest.mark.parametrize("flags", [["--fsdp", "2"], ["--cp", "2"]], ids=["fsdp", "cp"])
+def test_tied_embeddings_are_sharded_in_one_group(
+    run_cli: Any, tmp_path: Path, flags: list[str]
+) -> None:
+    tied = _step_args(tmp_path, {**LLAMA, "tie_word_embeddings": True}, "step")
+    code, out, err = run_cli(*tied, *flags)
+    assert code == 0, err
+    # The embedding's 256 x 64 bf16 weight once, not again as the lm_head's (208.62 KiB
+    # untied), over 2 ranks.
+    assert "parameters per rank 88.31 KiB = 176.62 KiB / 2" in out, out
