@@ -142,7 +142,8 @@ def attention_target(attn: str) -> str:
 
 # The model is transformers' code built from config.json, and step and plan --step take
 # no --device: "try --device cpu" named a flag neither has, and blamed meta for a size
-# the architecture cannot take (an MoE of 0 experts failed at aten.histc).
+# the architecture cannot take (an MoE of 0 experts failed at aten.histc); a sharded
+# step's failure (its fake world runs on cpu) said to "fix the step", memprobe's own.
 CONFIG_FAILED = (
     "the model built from config.json cannot run this op: check the config's sizes "
     "(one its architecture cannot take, e.g. 0 experts)"
@@ -174,7 +175,7 @@ def trace_hf_step(
             capture_frames=capture_frames,
             attention=target,
             memo=memo,
-            meta_hint=CONFIG_FAILED,
+            failure_hint=CONFIG_FAILED,
         )
     return tracked, owners
 

@@ -344,3 +344,17 @@ def test_tied_embeddings_are_sharded_in_one_group(
     # The embedding's 256 x 64 bf16 weight once, not again as the lm_head's (208.62 KiB
     # untied), over 2 ranks.
     assert "parameters per rank 88.31 KiB = 176.62 KiB / 2" in out, out
+
+
+# -- a sharded step (its fake world of ranks runs on cpu) that fails at an op: torch's fake
+# tensors logged the failure as a 20-line traceback on stderr before the one line, and the
+# line said to "fix the step and rerun", of memprobe's own step
+
+
+def test_a_sharded_step_that_fails_at_an_op_is_one_line_naming_the_config(
+    run_cli: Any, tmp_path: Path
+) -> None:
+    config = {**MIXTRAL, "num_local_experts": 0, "num_experts_per_tok": 0}
+    err = one_line(*run_cli(*_step_args(tmp_path, config, "step"), "--fsdp", "2"))
+    assert "at aten.histc" in err and "check the config's sizes" in err, err
+    assert "fix the step" not in err
