@@ -267,7 +267,9 @@ def _parse_gate(value: Any, where: str, base: Path) -> GateConfig:
     baseline = None
     if "baseline" in table:
         if not isinstance(table["baseline"], str) or not table["baseline"]:
-            raise UserError(f"{where}: 'baseline' must be a path string")
+            # An empty string is a string: "must be a path string" said the wrong thing.
+            said = "is empty" if table["baseline"] == "" else "must be a path string"
+            raise UserError(f"{where}: 'baseline' {said}", "write the baseline's path")
         if "\0" in table["baseline"]:
             # TOML strings may hold "\u0000"; no path can, and the first look at it
             # (os.stat, realpath) raised ValueError: a traceback.
@@ -290,10 +292,12 @@ def _parse_rule(value: Any, where: str) -> Rule:
     _no_unknown(table, ("kernel", *FILTER_KEYS, *LIMIT_KEYS), where)
     kernel = table.get("kernel")
     if not isinstance(kernel, str) or not kernel:
+        if kernel is None:
+            said = "missing key 'kernel'"
+        else:  # an empty string is a string: "must be a string" said the wrong thing
+            said = "'kernel' is empty" if kernel == "" else "'kernel' must be a string"
         raise UserError(
-            f"{where}: missing key 'kernel'"
-            if kernel is None
-            else f"{where}: 'kernel' must be a string",
+            f"{where}: {said}",
             'name a kernel or a glob, e.g. kernel = "local_chunked*" (or "*" for all)',
         )
     if len(kernel) > MAX_GLOB:

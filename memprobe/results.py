@@ -228,7 +228,10 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         if not isinstance(rows, list):
             raise TypeError
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
-        raise not_results(file, raw, exc, in_a_run=(file.parent / RUN_META).is_file()) from None
+        # A run's results.json that is no results is damaged; the run's other files
+        # (results.csv, run.json, report.html) are whole, only not what is read here.
+        ours = file.name == RESULTS_JSON and (file.parent / RUN_META).is_file()
+        raise not_results(file, raw, exc, in_a_run=ours) from None
     _check_count(len(rows), file, "rows")
     checked = [validate_row(row, i, file) for i, row in enumerate(rows)]
     check_unique_cases(checked, str(file))

@@ -328,7 +328,10 @@ def open_run(
             raise UserError(f"cannot resume {out_dir}: no such directory", "give a run directory")
         cases = results.planned_cases(out_dir)
         results.check_snapshots_folder(out_dir)
-        done = results.read_rows(out_dir) if results.results_file(out_dir).exists() else []
+        # A results.json that is a link leading nowhere is read (and named for what it
+        # is), not taken as absent: the resume re-ran every case and replaced the link.
+        written = results.results_file(out_dir)
+        done = results.read_rows(out_dir) if written.exists() or written.is_symlink() else []
         stray = results.unplanned_rows(done, cases)
         if stray:
             # Resuming would keep them in results.json, where gate and report take them

@@ -125,7 +125,9 @@ def timeline_of(rep: Replay, ctx: TraceContext) -> Timeline:
 def provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
     notes = []
     meta = snap.get("memprobe")
-    if isinstance(meta, dict) and meta.get("synthesized"):
+    # memprobe writes a bool: a string ("no", "False") is true to bool(), and the note
+    # called a real snapshot's segments memprobe's model.
+    if isinstance(meta, dict) and meta.get("synthesized") is True:
         notes.append(
             "synthesized by memprobe from a tracked run: allocated bytes are exact; "
             "segments and reserved bytes are memprobe's model of the CUDA caching allocator"

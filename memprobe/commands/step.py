@@ -243,8 +243,9 @@ def command(
     attn: Annotated[
         str,
         typer.Option(
-            help="auto: SDPA with the kernel CUDA picks (flash / memory-efficient); "
-            "sdpa-math: SDPA's math path; eager: the model's matmul + softmax."
+            help="auto: SDPA with the kernel CUDA picks (flash / memory-efficient), eager "
+            "where the architecture has no SDPA; sdpa-math: SDPA's math path; eager: the "
+            "model's matmul + softmax."
         ),
     ] = "auto",
     budget: Annotated[

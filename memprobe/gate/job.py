@@ -123,14 +123,16 @@ def run_gate(req: GateRequest) -> GateOutcome:
             # First run of `gate --update-baseline` with the baseline named in the config.
             notes.append(f"baseline {baseline_path} does not exist yet; not compared")
             baseline_path = None
+        elif (dangling := link_to_nothing(results_file(baseline_path))) is not None:
+            # Before the folder check: a run directory's results.json that is a link
+            # leading nowhere was "a folder with no results.json in it".
+            raise dangling
         elif baseline_path.is_dir() and not results_file(baseline_path).exists():
             # Not "does not exist yet": --update-baseline cannot write a folder either.
             raise UserError(
                 f"{where} {baseline_path} is a folder with no results.json in it",
                 "name the baseline file (a results.json), or a run directory that has one",
             )
-        elif (dangling := link_to_nothing(results_file(baseline_path))) is not None:
-            raise dangling
         elif not results_file(baseline_path).exists():
             # The first gate run of a project: the baseline is made, not found.
             raise UserError(

@@ -29,6 +29,8 @@ from memprobe.kernels.peers import unavailable_reason
 from memprobe.kernels.registry import get_spec
 from memprobe.measure.step import checked_output
 from memprobe.profile.hf_config import (
+    attention_implementation,
+    check_architecture_sizes,
     check_ratios,
     check_sizes,
     check_text_only,
@@ -129,6 +131,7 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     except Exception as exc:  # its strict validators raise their own types
         raise load_error(model_type, exc) from None
     check_ratios(model_type, fields, aliases)  # what transformers' validators let through
+    check_architecture_sizes(model_type, fields, config)
     return config
 
 
@@ -318,7 +321,7 @@ class HFStep:
         """The model on ``device`` in ``dtype``, weights initialized there (no download)."""
         from transformers import AutoModelForCausalLM
 
-        implementation = "eager" if self.attn == "eager" else "sdpa"
+        implementation = attention_implementation(str(self.config.model_type), self.attn)
         try:
             # No autograd while weights are initialized: they are set up, not computed
             # (and the tracker's phase stays "setup" until the forward really starts).

@@ -179,6 +179,60 @@ def check_ratios(model_type: str, fields: dict[str, Any], aliases: dict[str, str
             )
 
 
+# What a size is called: a count (num_*, n_*) or a width (*_size, *_dim, *_rank, ...).
+# Beside the sizes checked by name (REQUIRED, OPTIONAL), each architecture has its own
+# (kv_lora_rank, moe_intermediate_size, num_experts_per_tok): transformers lets a
+# negative one through, and the step failed on meta building a tensor of it.
+_SIZE_PREFIXES = ("num_", "n_")
+_SIZE_SUFFIXES = ("_size", "_dim", "_rank", "_heads", "_experts", "_tok", "_layers")
+
+
+def check_architecture_sizes(model_type: str, fields: dict[str, Any], config: Any) -> None:
+    """No size of the architecture's own below 0, and an MoE that routes each token to
+    at least one of its experts (0 per token, with experts, built a model whose MoE
+    layers pass nothing on: its step's peak was printed as the model's)."""
+    kind = printable(model_type)
+    for key, value in fields.items():
+        named = key.startswith(_SIZE_PREFIXES) or key.endswith(_SIZE_SUFFIXES)
+        if named and isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            raise UserError(
+                f"the {kind} config's {quoted(key)} is {value:,}: a size is 0 or more",
+                "fix config.json",
+            )
+    per = getattr(config, "num_experts_per_tok", None)
+    experts = [getattr(config, name, None) for name in _EXPERT_COUNTS]
+    if per == 0 and any(isinstance(n, int) and n > 0 for n in experts):
+        raise UserError(
+            f"the {kind} config's num_experts_per_tok is 0: its MoE layers route each "
+            "token to no expert",
+            "give num_experts_per_tok of 1 or more (a dense model gives no experts)",
+        )
+
+
+def attention_implementation(model_type: str, attn: str) -> str:
+    """What transformers builds the model's attention as for ``--attn``: "eager" when
+    asked, and for ``auto`` where the architecture has no SDPA attention (gemma2, bloom,
+    gpt_neo: transformers' own default for them is eager); "sdpa" otherwise. Asked for
+    SDPA, such an architecture failed to build, and the one line said to check a config
+    that was whole; plan --step, which has no --attn, could not plan it at all."""
+    if attn == "eager":
+        return "eager"
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    model_class = getattr(transformers, name, None) if isinstance(name, str) else None
+    if getattr(model_class, "_supports_sdpa", True):
+        return "sdpa"
+    if attn == "auto":
+        return "eager"
+    raise UserError(
+        f"{printable(model_type)} has no SDPA attention in transformers "
+        f"{transformers.__version__}: --attn {attn} cannot build it",
+        "use --attn eager (or auto, which builds it eager, as transformers does)",
+    )
+
+
 def load_error(model_type: str, exc: BaseException) -> UserError:
     """transformers' own refusal of a config (its strict validators raise their own
     error types), as one printable line of bounded length."""

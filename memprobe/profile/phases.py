@@ -177,9 +177,12 @@ def _records_history(args: Any, kwargs: Any) -> bool:
     return any(t.requires_grad for t in tensors_in((args, kwargs or {})))
 
 
-def step_failed(exc: Exception, tracker: StepTracker, device: str) -> UserError:
+def step_failed(
+    exc: Exception, tracker: StepTracker, device: str, hint: str | None = None
+) -> UserError:
     """The one-line error for a step that raised: the op that raised when the tracker saw
-    it, and on meta why meta may be the cause and what to do."""
+    it, and on meta why meta may be the cause and what to do (``hint``: what to do, on
+    any device, where the step is not the user's, e.g. a model built from a config)."""
     if isinstance(exc, UserError):
         return exc
     from memprobe.measure.step import UnseenResult
@@ -192,10 +195,13 @@ def step_failed(exc: Exception, tracker: StepTracker, device: str) -> UserError:
     if device == "meta":
         return UserError(
             f"the step failed on meta {where} ({what})",
-            "meta tensors hold no values: data-dependent shapes, .item() and ops without a "
-            "meta kernel cannot run there; try --device cpu at a smaller size",
+            hint
+            or "meta tensors hold no values: data-dependent shapes, .item() and ops "
+            "without a meta kernel cannot run there; try --device cpu at a smaller size",
         )
-    return UserError(f"the step failed on {device} {where} ({what})", "fix the step and rerun")
+    return UserError(
+        f"the step failed on {device} {where} ({what})", hint or "fix the step and rerun"
+    )
 
 
 def _caused_by(exc: BaseException, cause: BaseException) -> bool:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +64,19 @@ class TrackedStep:
         return sorted(live.values(), key=lambda e: e.nbytes, reverse=True)
 
 
+@contextlib.contextmanager
+def _fake_tensor_logs_off() -> Iterator[None]:
+    """torch's fake tensors log an op that fails as a traceback on stderr (a sharded step
+    of an MoE of 0 experts, at aten.histc): the failure is said once, as one line."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def trace_step(
     step: Step,
     device: str = "meta",
@@ -69,6 +84,7 @@ def trace_step(
     capture_frames: bool = True,
     attention: str = "cpu",
     memo: bool = False,
+    failure_hint: str | None = None,
 ) -> TrackedStep:
     """Run ``step(torch.device(device))`` once under the tracker (``meta`` or ``cpu``).
 
@@ -83,7 +99,7 @@ def trace_step(
     repeat.
 
     Raises :class:`UserError` when the step fails: on meta, one line naming the op that
-    raised and suggesting ``--device cpu`` at a smaller size.
+    raised and suggesting ``--device cpu`` at a smaller size (or ``failure_hint``).
     """
     if device not in ("meta", "cpu"):
         raise UserError(
@@ -96,10 +112,12 @@ def trace_step(
     # Fake tensors (a sharded step's fake world) hold no data either: routed like meta.
     from torch._guards import detect_fake_mode
 
-    simulated = device == "meta" or detect_fake_mode() is not None
+    faked = detect_fake_mode() is not None
+    simulated = device == "meta" or faked
     routing = sdpa_on_meta(attention) if simulated else contextlib.nullcontext(None)
+    quiet = _fake_tensor_logs_off() if faked else contextlib.nullcontext()
     try:
-        with tracker, routing as chosen, threads_started() as started:
+        with tracker, routing as chosen, threads_started() as started, quiet:
             # Frozen, what was alive before the step is not scanned again by the
             # collection below. A caller's own freeze is kept: unfreezing would undo it
             # (there is no partial unfreeze), so then what was alive stays frozen too.
@@ -114,7 +132,7 @@ def trace_step(
                 if not caller_froze:
                     gc.unfreeze()
     except Exception as exc:
-        raise step_failed(exc, tracker, device) from None
+        raise step_failed(exc, tracker, device, failure_hint) from None
     finally:
         tracker.remove_hooks()
     return TrackedStep(

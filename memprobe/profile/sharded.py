@@ -344,16 +344,16 @@ class ShardedHFStep(HFStep):
 def _units(model: Any, layers: torch.nn.ModuleList) -> list[Any]:
     """The FSDP units below the root, as torchtitan wraps a Llama: the token embedding,
     each decoder layer, and the final norm with the lm_head (one unit: its input is
-    cast to the compute dtype, and with ``--mp-output fp32`` its logits are float32)."""
-    units: list[Any] = []
+    cast to the compute dtype, and with ``--mp-output fp32`` its logits are float32).
+    Tied, their one weight stays in the root's group (a unit of its own failed the step)."""
+    tied = _tied(model)
     embed = model.get_input_embeddings()
-    if isinstance(embed, torch.nn.Module):
-        units.append(embed)
+    units: list[Any] = [embed] if isinstance(embed, torch.nn.Module) and not tied else []
     units.extend(layers)
     head = model.get_output_embeddings()
     norm = getattr(model.base_model, "norm", None)
     tail = [m for m in (norm, head) if isinstance(m, torch.nn.Module)]
-    if tail and not _tied(model):
+    if tail and not tied:
         units.append(tail)
     return units
 

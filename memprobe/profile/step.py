@@ -140,6 +140,16 @@ def attention_target(attn: str) -> str:
     return "math" if attn == "sdpa-math" else "cuda"
 
 
+# The model is transformers' code built from config.json, and step and plan --step take
+# no --device: "try --device cpu" named a flag neither has, and blamed meta for a size
+# the architecture cannot take (an MoE of 0 experts failed at aten.histc); a sharded
+# step's failure (its fake world runs on cpu) said to "fix the step", memprobe's own.
+CONFIG_FAILED = (
+    "the model built from config.json cannot run this op: check the config's sizes "
+    "(one its architecture cannot take, e.g. 0 experts)"
+)
+
+
 def trace_hf_step(
     step: hf.HFStep,
     device: str = "meta",
@@ -160,7 +170,12 @@ def trace_hf_step(
     # A sharded step runs in a fake world of ranks (profile.sharded); a plain one as is.
     with step.simulation(device) as traced_on:
         tracked = trace_step(
-            owners.wrap(step), traced_on, capture_frames=capture_frames, attention=target, memo=memo
+            owners.wrap(step),
+            traced_on,
+            capture_frames=capture_frames,
+            attention=target,
+            memo=memo,
+            failure_hint=CONFIG_FAILED,
         )
     return tracked, owners
 

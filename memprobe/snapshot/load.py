@@ -20,6 +20,7 @@ from memprobe.allocator.snapshot_format import (
     ACTIVE_ALLOCATED,
     ADDRESSED_ACTIONS,
     FREE,
+    INACTIVE,
     LIVE_STATES,
     OOM,
     STATE_ALIASES,
@@ -109,8 +110,9 @@ def _unpickle(data: bytes, p: Path) -> Any:
     # again and again while they are built (none of them can form a cycle worth it).
     was_enabled = gc.isenabled()
     gc.disable()
+    stream = io.BytesIO(data)
     try:
-        return _PlainDataUnpickler(io.BytesIO(data)).load()
+        raw = _PlainDataUnpickler(stream).load()
     except _Refused as exc:
         raise UserError(
             f"refused to load snapshot {p}: it references {exc}, "
@@ -132,6 +134,17 @@ def _unpickle(data: bytes, p: Path) -> Any:
     finally:
         if was_enabled:
             gc.enable()
+    left = len(data) - stream.tell()
+    if left:
+        # The unpickler stops at the first pickle's end: the rest of a file of two joined
+        # snapshots (cat rank0.pickle rank1.pickle), or of a damaged copy, went unread,
+        # and the first one's numbers were printed as the file's.
+        raise UserError(
+            f"snapshot {p} holds {left:,} bytes after its pickle ends "
+            "(two files joined, or a damaged copy)",
+            _HINT,
+        )
+    return raw
 
 
 # How much of a value from the file one message quotes: a key or action of megabytes would
@@ -457,6 +470,10 @@ def _block(b: Any, default_address: int, where: str, bad: _Bad) -> dict:
     if not isinstance(state, str):
         raise bad(where, "has no 'state'")
     state = STATE_ALIASES.get(state, state)
+    if state not in (*LIVE_STATES, INACTIVE):
+        # Neither live nor free, it was counted nowhere: an empty segment's largest free
+        # block read 0 B, its bytes in no total.
+        raise bad(where, f"has state {_quoted(state)}, which torch never writes")
     out = {k: v for k, v in b.items()}
     history = b.get("history")
     first = (
