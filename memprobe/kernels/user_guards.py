@@ -5,12 +5,14 @@ environment variables memprobe reads, the umask, the recursion limit and sys.pat
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO, cast
 
 
@@ -161,12 +163,40 @@ def process_kept() -> Iterator[None]:
         start(thread)
 
     threading.Thread.start = start_as_daemon  # type: ignore[method-assign,assignment]
+    atexit.register, atexit.unregister = _register_shielded, _unregister_shielded
     try:
         yield
     finally:
         threading.Thread.start = start  # type: ignore[method-assign]
+        atexit.register, atexit.unregister = _REGISTER, _UNREGISTER
         if os.getpid() != pid:
             os._exit(0 if sys.exc_info()[0] is None else 1)
+
+
+# A function user code registers with atexit runs after memprobe's answer, as the process
+# ends: what it printed (a library's "goodbye", a summary) went to standard output after
+# `--json`'s object, no longer JSON. It runs with its output on standard error, as the code
+# that registered it did. Its wrappers are kept by the function's identity, so that
+# unregister() finds them all, as atexit's own does.
+_SHIELDED: dict[int, list[Callable[[], None]]] = {}
+_REGISTER, _UNREGISTER = atexit.register, atexit.unregister
+
+
+def _register_shielded(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    @functools.wraps(fn)
+    def shielded() -> None:
+        with streams_kept():
+            fn(*args, **kwargs)
+
+    _SHIELDED.setdefault(id(fn), []).append(shielded)
+    _REGISTER(shielded)
+    return fn
+
+
+def _unregister_shielded(fn: Callable[..., Any], /) -> None:
+    for shielded in _SHIELDED.pop(id(fn), []):
+        _UNREGISTER(shielded)
+    _UNREGISTER(fn)
 
 
 class _Shielded:
