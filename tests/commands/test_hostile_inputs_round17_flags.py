@@ -96,3 +96,71 @@ def test_with_stderr_closed_user_output_stays_off_stdout(here: Path, body: str) 
     )
     assert done.returncode == 0, done
     assert json.loads(done.stdout)["results"][0]["status"] == "ok"
+
+
+# -- torch's functions replaced by user code (a monkeypatch in the kernel, a library's
+# `F.log_softmax = fast` as its module is imported): memprobe's own kernels ran the
+# replacement in every case after the code's, their peaks reported as theirs (unchunked
+# read 64 KiB where it holds 112 KiB, ok). The replacement is the user code's alone.
+
+REPLACED = {
+    "a Tensor method in the kernel": ("", "    torch.Tensor.float = lambda self: self\n"),
+    "a Tensor method at import": ("torch.Tensor.float = lambda self: self\n", ""),
+    "a torch function at import": ("torch.log_softmax = lambda x, *a, **k: x\n", ""),
+    "an F function in the kernel": ("", "    F.log_softmax = lambda x, *a, **k: x\n"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _replacements_forgotten() -> Any:
+    """What these tests' user code replaced is swapped in for every later user code of
+    the process (as in one memprobe run): forgotten after each test."""
+    from memprobe.kernels import user_guards
+
+    yield
+    user_guards._REPLACED.clear()
+
+
+def _peaks(run: Path) -> dict[str, int]:
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    return {row["kernel"]: row["peak_bytes"] for row in rows}
+
+
+@pytest.mark.parametrize("where", REPLACED)
+def test_torch_functions_user_code_replaces_are_its_own(
+    run_cli: Any, here: Path, where: str
+) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    kept = torch.Tensor.float, torch.log_softmax, F.log_softmax
+    top, inside = REPLACED[where]
+    name = user_module(
+        here,
+        "r17_patch",
+        "import torch\nimport torch.nn.functional as F\n" + top + "from memprobe.kernels import "
+        "get_kernel\ndef k(logits, targets, *, chunk_size=None):\n" + inside + "    return "
+        "get_kernel('unchunked')(logits, targets)\n",
+    )
+    swept = [*SWEEP[:-1], "--out", "run", "-q"]
+    assert run_cli(*swept[:-3], "--kernel", "unchunked", "--out", "alone", "-q")[0] == 0
+    assert run_cli(*swept, "--kernel", f"{name}:k,unchunked")[0] == 0
+    assert _peaks(here / "run")["unchunked"] == _peaks(here / "alone")["unchunked"]
+    assert (torch.Tensor.float, torch.log_softmax, F.log_softmax) == kept
+
+
+def test_a_kernel_keeps_seeing_what_its_module_replaced(run_cli: Any, here: Path) -> None:
+    name = user_module(
+        here,
+        "r17_sees",
+        "import torch.nn.functional as F\nfrom memprobe.kernels import get_kernel\n"
+        "def fast(*a, **k):\n    return fast.own(*a, **k)\nfast.own = F.log_softmax\n"
+        "F.log_softmax = fast\n"
+        "def k(logits, targets, *, chunk_size=None):\n"
+        "    assert F.log_softmax is fast, 'the module replaced it'\n"
+        "    return get_kernel('unchunked')(logits, targets)\n",
+    )
+    kernels = f"{name}:k,unchunked,{name}:k"
+    assert run_cli(*SWEEP[:-1], "-q", "--kernel", kernels, "--out", "r")[0] == 0
+    rows = json.loads((here / "r" / "results.json").read_text())["rows"]
+    assert [row["status"] for row in rows] == ["ok", "ok"]
