@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO, cast
 
+from memprobe.io.text import exception_text, printable
+
 
 @contextlib.contextmanager
 def cwd_kept() -> Iterator[None]:
@@ -185,8 +187,17 @@ _REGISTER, _UNREGISTER = atexit.register, atexit.unregister
 def _register_shielded(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
     @functools.wraps(fn)
     def shielded() -> None:
-        with streams_kept():
-            fn(*args, **kwargs)
+        try:
+            with streams_kept():
+                fn(*args, **kwargs)
+        except (Exception, SystemExit) as exc:
+            # Python would print its traceback after memprobe's answer, and exit 0 all the
+            # same: one line says whose function failed and how.
+            name = getattr(fn, "__qualname__", None) or type(fn).__name__
+            sys.stderr.write(
+                f"memprobe: warning: {printable(str(name))[:200]}, registered with atexit by "
+                f"user code, raised {exception_text(exc)} as the process ended\n"
+            )
 
     _SHIELDED.setdefault(id(fn), []).append(shielded)
     _REGISTER(shielded)

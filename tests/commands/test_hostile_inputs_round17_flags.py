@@ -52,6 +52,28 @@ def test_what_user_code_registers_with_atexit_prints_on_stderr(
     assert out == "" and err == "bye\n"
 
 
+@pytest.mark.parametrize(
+    ("raises", "says"),
+    [("raise RuntimeError('gone')", "RuntimeError: gone"), ("sys.exit(3)", "SystemExit: 3")],
+)
+def test_an_atexit_function_that_fails_is_one_line(
+    run_cli: Any, here: Path, capsys: pytest.CaptureFixture[str], raises: str, says: str
+) -> None:
+    """Python printed its traceback after memprobe's answer (and exited 0 all the same)."""
+    from memprobe.kernels import user_guards
+
+    body = f"import atexit, sys\ndef bye():\n    {raises}\natexit.register(bye)\n" + TINY_STEP
+    name = user_module(here, "r17_fails", body)
+    assert run_cli("profile", name + ":step")[0] == 0
+    (shielded,) = user_guards._SHIELDED[id(sys.modules[name].bye)]
+    shielded()
+    atexit.unregister(shielded)
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    said = "memprobe: warning: bye, registered with atexit by user code, raised "
+    assert err == f"{said}{says} as the process ended\n"
+
+
 def test_atexit_unregister_in_user_code_finds_what_it_registered(run_cli: Any, here: Path) -> None:
     from memprobe.kernels import user_guards
 
