@@ -81,14 +81,10 @@ _SPLIT_UNIT = re.compile(r"unexpected extra argument(?:s|\(s\))? \(([KMGT]i?B|B)
 def main() -> None:
     """Run the CLI. A usage mistake (unknown option, bad value) is one line and exit 2,
     like every other user mistake, not a framed box."""
-    if sys.stdout is None:
-        # Started with standard output closed (`>&-`): what the command prints goes nowhere,
-        # as with `>/dev/null`, and the files it writes are still written.
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    _standard_streams_open()
     streams = sys.stdout, sys.stderr
     sys.stdout = cast(TextIO, _ReaderMayLeave(sys.stdout, errors_said=True))
-    if sys.stderr is not None:
-        sys.stderr = cast(TextIO, _ReaderMayLeave(sys.stderr, errors_said=False))
+    sys.stderr = cast(TextIO, _ReaderMayLeave(sys.stderr, errors_said=False))
     try:
         _main()
     finally:
@@ -96,6 +92,27 @@ def main() -> None:
             if isinstance(stream, _ReaderMayLeave):
                 stream.settle()
         sys.stdout, sys.stderr = streams
+
+
+def _standard_streams_open() -> None:
+    """Started with standard output or error closed (`>&-`, `2>&-`): what goes there goes
+    nowhere, as with `>/dev/null`, and the files the command writes are still written.
+    The descriptor itself is opened on /dev/null too. Left closed, the next file opened
+    took its number: with standard error closed, user code's print() and os.write(1, ...)
+    (sent to standard error while it runs) went into `--json`'s object on standard output,
+    and a run with both closed exited 1 after writing its results."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
 
 
 def _main() -> None:

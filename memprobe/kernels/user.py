@@ -47,6 +47,7 @@ from memprobe.kernels.user_guards import (
     environment_kept,
     process_kept,
     streams_kept,
+    torch_functions_kept,
     torch_state_kept,
 )
 
@@ -84,8 +85,12 @@ def user_code(who: str) -> Iterator[None]:
     :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
     try:
-        with cwd_kept(), streams_kept(), torch_state_kept(), process_kept(), environment_kept():
-            yield
+        # memprobe's own kernels run under these guards too (a sweep calls every kernel
+        # alike); what user code replaced of torch is swapped in for the user's alone.
+        theirs = who == "the step" or is_import_path(who)
+        with cwd_kept(), streams_kept(), torch_state_kept(), torch_functions_kept(theirs):
+            with process_kept(), environment_kept():
+                yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
     except BaseException as exc:
@@ -215,8 +220,9 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 def _import(module_name: str, path: str, what: str) -> Any:
     try:
-        with cwd_kept(), streams_kept(), process_kept(), environment_kept():
-            return importlib.import_module(module_name)
+        with cwd_kept(), streams_kept(), torch_functions_kept(), process_kept():
+            with environment_kept():
+                return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
     except KeyboardInterrupt:
@@ -234,8 +240,9 @@ def _import(module_name: str, path: str, what: str) -> Any:
         try:
             # Shielded as the first try is: found here (the console script's sys.path holds
             # no current directory), a print at import went into `--json`'s object.
-            with cwd_kept(), streams_kept(), process_kept(), environment_kept():
-                return importlib.import_module(module_name)
+            with cwd_kept(), streams_kept(), torch_functions_kept(), process_kept():
+                with environment_kept():
+                    return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             missing = exc
         except KeyboardInterrupt:
