@@ -47,7 +47,10 @@ def run_cli(monkeypatch, capsys):
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Multi-process tests first: under ``-n auto`` the seconds-long launches then run
-    beside the many quick tests instead of being the suite's tail on one worker."""
+    beside the many quick tests instead of being the suite's tail on one worker. They
+    are all in the first worker's share (xdist's worksteal deals out contiguous shares
+    and steals from their ends), so one worker, not each, pays for the forkserver's
+    preload (tests/launch.py: 5 s of CPU)."""
     items.sort(key=lambda item: item.get_closest_marker("multiprocess") is None)
 
 

@@ -411,8 +411,9 @@ def _echoes(made_run: Path, here: Path, odd: str) -> list[tuple[str, list[str]]]
         ("gate", ["gate", str(run), "--baseline", str(run), "--junit-xml", str(here / odd),
                   "--update-baseline", str(here / f"{odd}.json")]),
         ("plan", ["plan", *budget, "--out", str(here / odd)]),
+        # (no page: the report command above echoes a page's path)
         ("sweep", ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
-                   "unchunked", "--no-verify", "--out", str(here / f"sweep{odd}")]),
+                   "unchunked", "--no-verify", "--no-report", "--out", str(here / f"sweep{odd}")]),
     ]  # fmt: skip
 
 

@@ -73,6 +73,7 @@ def test_a_kernels_thread_left_running_does_not_keep_memprobe(run_cli: Any, here
     assert left and all(t.daemon for t in left)
 
 
+@pytest.mark.multiprocess
 def test_a_step_whose_thread_never_ends_exits(tmp_path: Path) -> None:
     """The real exit: the process ends with its answer, not at a timeout."""
     body = "import threading, time, torch\n" + f"def step(device):\n    {FOREVER}" + TINY_STEP
@@ -94,6 +95,7 @@ FORKS = {
 }
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("what", sorted(FORKS))
 def test_a_step_that_forks_answers_once(tmp_path: Path, what: str) -> None:
     (tmp_path / "r10_forks.py").write_text("import os, torch\n" + FORKS[what])
@@ -103,6 +105,7 @@ def test_a_step_that_forks_answers_once(tmp_path: Path, what: str) -> None:
     assert "Traceback" not in done.stderr and "error" not in done.stderr, done.stderr
 
 
+@pytest.mark.multiprocess
 def test_a_kernel_that_forks_answers_once(tmp_path: Path) -> None:
     body = "import os\n" + TINY_KERNEL.format(body="    os.fork()\n")
     (tmp_path / "r10_kforks.py").write_text(body)
@@ -167,6 +170,7 @@ def test_a_missing_attribute_of_the_module_here_is_still_a_spelling_mistake(
 # traceback, though memprobe draws on Agg whatever it names
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("backend", "args"),
     [
@@ -192,6 +196,7 @@ def test_a_matplotlib_backend_that_is_none_is_one_line(
     assert not any(p.suffix in (".html", ".png") for p in tmp_path.rglob("*"))
 
 
+@pytest.mark.multiprocess
 def test_a_matplotlib_backend_it_knows_still_draws(tmp_path: Path, made_run: Path) -> None:
     argv = ["report", str(made_run), "--out", "r.html"]
     done = forked_torchrun(argv, cwd=tmp_path, nproc=0, timeout=60, env={"MPLBACKEND": "svg"})
@@ -233,6 +238,7 @@ FD_WRITES = {
 }
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("what", sorted(FD_WRITES))
 @pytest.mark.parametrize("command", ["profile", "plan"])
 def test_what_user_code_writes_to_descriptor_1_goes_to_stderr(
@@ -255,6 +261,7 @@ def test_what_user_code_writes_to_descriptor_1_goes_to_stderr(
     assert done.returncode == 0 and "RAW-FD-WRITE" in done.stderr
 
 
+@pytest.mark.multiprocess
 def test_user_code_with_descriptor_1_closed_still_runs(tmp_path: Path) -> None:
     (tmp_path / "r10_fd.py").write_text(
         "import os, torch\ndef step(device):\n    os.write(2, b'ran')\n" + TINY_STEP
@@ -306,6 +313,7 @@ def test_a_step_summary_quoting_such_a_name_is_appended(
     (here / "summary.md").read_bytes().decode("utf-8")
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "args",
     [["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",

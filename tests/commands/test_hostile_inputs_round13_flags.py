@@ -226,6 +226,7 @@ def test_the_user_codes_own_variables_stay_set(run_cli: Any, here: Path) -> None
         os.environ.pop("R13_MINE", None)
 
 
+@pytest.mark.multiprocess
 def test_a_matplotlib_backend_set_by_the_steps_import_is_not_memprobes(tmp_path: Path) -> None:
     """The real failure: matplotlib read MPLBACKEND as `--html` imported it to draw."""
     from launch import forked_torchrun
@@ -380,6 +381,7 @@ def test_entries_user_code_takes_off_sys_path_are_put_back(
     assert set(before) <= set(sys.path) and "/nonexistent" in sys.path
 
 
+@pytest.mark.multiprocess
 def test_an_emptied_sys_path_does_not_stop_the_page(tmp_path: Path, made_run: Path) -> None:
     """The real failure: matplotlib, imported to draw after the kernel ran, not found."""
     from launch import forked_torchrun

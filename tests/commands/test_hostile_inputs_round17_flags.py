@@ -92,6 +92,7 @@ def test_atexit_unregister_in_user_code_finds_what_it_registered(run_cli: Any, h
 # descriptor is now opened on /dev/null.
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     "body",
     [

@@ -145,6 +145,7 @@ OUTPUTS = {
 }
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("what", sorted(OUTPUTS))
 def test_standard_output_that_cannot_be_written(tmp_path: Path, what: str) -> None:
     from memprobe.snapshot import synthesize_snapshot, write_snapshot

@@ -117,6 +117,7 @@ def test_a_gates_verdict_stands_when_its_reader_left(
     assert code == expected and "Traceback" not in err, err
 
 
+@pytest.mark.multiprocess
 def test_kernels_into_a_pipe_whose_reader_left_exits_0(tmp_path: Path) -> None:
     """A real pipe whose reader left before the first write: the writer's own status."""
     done = forked_torchrun(["kernels"], cwd=tmp_path, nproc=0, timeout=60, stdout="reader gone")
@@ -205,6 +206,7 @@ def test_a_kernel_that_cannot_be_read_is_one_line(run_cli: Any, here: Path, what
 # -- standard error that cannot be written: a usage error exited 1 (its message raised)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("stderr", ["full", "closed"])
 def test_a_usage_error_keeps_exit_2_when_stderr_cannot_be_written(
     tmp_path: Path, stderr: str

@@ -83,6 +83,6 @@ def test_a_resumed_run_keeps_its_own_settings(
     run = tmp_path / "run"
     _swept(run_cli, run)
     clean_env.setenv("PYTORCH_ALLOC_CONF", "nonsense:1")  # not read on resume
-    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify", "--no-report")
     assert code == 0, err
     assert json.loads((run / "run.json").read_text())["alloc_conf"] == ""
