@@ -11,11 +11,18 @@ import sys
 os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-from memprobe import cli  # noqa: E402
+from memprobe import cli  # noqa: E402 - torch-free until a command needs it
 
-torch.set_num_threads(1)
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Under -n the controller runs no test: it need not import torch, which it did before
+    # any worker could start (2 s of the suite's wall time on 2 cores).
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
