@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from memprobe.profile.hf_config import (
     load_error,
     read_config_json,
 )
+from memprobe.profile.hf_quiet import hf_logging_off, quiet_transformers
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype
 
@@ -126,7 +127,7 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     try:
         # Its logger would print warnings of its own on stderr, quoting the config's text
         # as is (control characters and all), beside memprobe's one line.
-        with _hf_logging_off():
+        with hf_logging_off():
             config = transformers.AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # its strict validators raise their own types
         raise load_error(model_type, exc) from None
@@ -357,14 +358,14 @@ class HFStep:
     def learned_positions(self) -> int | None:
         """The positions the model learned an embedding for (:func:`learned_positions`),
         read off the model built on meta."""
-        with _quiet_transformers():
+        with quiet_transformers():
             return learned_positions(self.build(torch.device("meta")))
 
     def run(
         self, device: torch.device, on_model: Callable[[torch.nn.Module], None] | None = None
     ) -> None:
         """The step on ``device``; ``on_model`` sees the model once it is built."""
-        with _quiet_transformers():
+        with quiet_transformers():
             model = self.build(device)
             if self.check_positions:
                 check_positions(model, self.tokens, self.config.model_type)
@@ -455,42 +456,3 @@ def _param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
     for p in params:
         groups.setdefault(isinstance(p, dtensor), []).append(p)
     return [{"params": group} for group in groups.values()]
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers' logging and warnings off, and its one data-dependent training check
-    answered: the step's inputs are whole sequences (position ids 0..S-1, no padding),
-    so ``find_packed_sequence_indices`` finds no packed sequences. Its answer is read
-    from the values, which meta tensors do not have."""
-    import warnings
-
-    from transformers import masking_utils
-
-    original = getattr(masking_utils, "find_packed_sequence_indices", None)
-    if original is not None:
-        masking_utils.find_packed_sequence_indices = _no_packed_sequences
-    try:
-        with _hf_logging_off(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        if original is not None:
-            masking_utils.find_packed_sequence_indices = original
-
-
-@contextlib.contextmanager
-def _hf_logging_off() -> Iterator[None]:
-    """transformers' logger at errors only, its level put back after."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
-def _no_packed_sequences(position_ids: torch.Tensor) -> None:
-    return None
