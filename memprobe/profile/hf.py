@@ -34,6 +34,7 @@ from memprobe.profile.hf_config import (
     check_ratios,
     check_sizes,
     check_text_only,
+    has_attention_heads,
     load_error,
     read_config_json,
 )
@@ -123,7 +124,7 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     config_class = transformers.CONFIG_MAPPING[model_type]
     check_text_only(model_type, config_class, fields, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     aliases = dict(getattr(config_class, "attribute_map", {}) or {})
-    check_sizes(model_type, fields, aliases)
+    check_sizes(model_type, fields, aliases, heads=has_attention_heads(config_class))
     try:
         # Its logger would print warnings of its own on stderr, quoting the config's text
         # as is (control characters and all), beside memprobe's one line.
@@ -393,6 +394,9 @@ class HFStep:
         if self.hidden_route:
             hidden = lm.base_model(input_ids=ids, use_cache=False).last_hidden_state
             weight = lm.get_output_embeddings().weight
+            # Its head's cast (mamba, xlstm: float32 residual stream, bf16 lm_head): a
+            # no-op where the dtypes match, as they do in every model that does not cast.
+            hidden = hidden.to(weight.dtype)
             hidden.register_hook(mark_grad)
             mark(LOGPROB_START)
             out = fn(hidden, weight, targets, chunk_size=self.chunk_size)

@@ -110,13 +110,25 @@ def check_text_only(
         )
 
 
-def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]) -> None:
+def has_attention_heads(config_class: Any) -> bool:
+    """Whether the architecture's config declares attention heads: an attention-free one
+    (mamba, mamba2, rwkv, xlstm) has none, and its config.json gives none."""
+    aliases = getattr(config_class, "attribute_map", None) or {}
+    declared = (getattr(c, "__annotations__", {}) for c in getattr(config_class, "__mro__", ()))
+    return "num_attention_heads" in aliases or any("num_attention_heads" in d for d in declared)
+
+
+def check_sizes(
+    model_type: str, fields: dict[str, Any], aliases: dict[str, str], *, heads: bool = True
+) -> None:
     """Every size in :data:`REQUIRED` present (a multimodal config, which nests them in
-    ``text_config``, is refused before: :func:`check_text_only`) and each size given a
-    whole number within reach."""
+    ``text_config``, is refused before: :func:`check_text_only`; an attention-free one,
+    ``heads`` false, has no attention heads to give) and each size given a whole number
+    within reach."""
     for name in REQUIRED + OPTIONAL:
         alias = aliases.get(name, name)
-        required, layers, why = name in REQUIRED, name == "num_hidden_layers", ""
+        required = name in REQUIRED and (heads or name != "num_attention_heads")
+        layers, why = name == "num_hidden_layers", ""
         if "encoder_" in alias:
             # An encoder-decoder (bart, marian, whisper) maps the standard name to its
             # encoder, but its causal LM is its decoder, built from decoder_* sizes: a

@@ -145,3 +145,39 @@ def test_an_encoder_decoders_decoder_sizes_are_checked(
     }[command]
     err = one_line(*run_cli(*args))
     assert says in err, err
+
+
+# -- an attention-free architecture (mamba, mamba2, rwkv, xlstm): its config.json gives no
+# num_attention_heads, as it has none, and memprobe refused it for that ("memprobe does
+# not fill them from transformers' defaults"); given a made-up one, the step said its
+# attention was "eager ... [B,h,S,S] scores". With --fused, mamba's float32 residual
+# stream met a bf16 lm_head and the step failed with a hint to check the config's sizes:
+# the model's own head casts the hidden states to its weight's dtype, and so does the step.
+
+ATTENTION_FREE = {
+    "mamba": {"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2,
+              "vocab_size": 256, "state_size": 8},
+    "rwkv": {"model_type": "rwkv", "hidden_size": 64, "num_hidden_layers": 2,
+             "vocab_size": 256, "attention_hidden_size": 64},
+    "xlstm": {"model_type": "xlstm", "hidden_size": 64, "num_hidden_layers": 2,
+              "vocab_size": 256, "num_heads": 4},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["logits", "--fused"])
+@pytest.mark.parametrize("what", sorted(ATTENTION_FREE))
+def test_an_attention_free_architecture_is_stepped(
+    run_cli: Any, tmp_path: Path, what: str, fused: bool
+) -> None:
+    args = ("step", "--config", _config(tmp_path, ATTENTION_FREE[what]), "--tokens", "16")
+    code, out, err = run_cli(*args, *(["--fused"] if fused else []))
+    assert code == 0, err
+    assert "attention: none: an attention-free architecture" in out, out
+    assert "[B,h,S,S]" not in out, out
+
+
+def test_an_attention_model_still_needs_its_heads(run_cli: Any, tmp_path: Path) -> None:
+    config = {k: v for k, v in SMALL.items() if k != "num_attention_heads"}
+    args = ("step", "--config", _config(tmp_path, {**config, "model_type": "llama"}))
+    err = one_line(*run_cli(*args, "--tokens", "16"))
+    assert "the llama config gives no num_attention_heads" in err, err
