@@ -151,6 +151,15 @@ def learned_positions(model: torch.nn.Module) -> int | None:
         and module is not inputs
         and ("pos" in name.rsplit(".", 1)[-1] or name.endswith("wpe"))
     ]
+    if counts and min(counts) < 1:
+        # No sequence runs: "give --tokens 0 or fewer" named a count no flag takes, and
+        # plan --step planned 0 tokens and refused an --tokens it was never given.
+        kind = printable(str(getattr(getattr(model, "config", None), "model_type", "")))
+        raise UserError(
+            f"the {kind} model learned positions for no token (its table of positions "
+            "is empty): no sequence runs",
+            "give a config with 1 or more positions (max_position_embeddings / n_positions)",
+        )
     return min(counts) if counts else None
 
 

@@ -181,3 +181,32 @@ def test_an_attention_model_still_needs_its_heads(run_cli: Any, tmp_path: Path) 
     args = ("step", "--config", _config(tmp_path, {**config, "model_type": "llama"}))
     err = one_line(*run_cli(*args, "--tokens", "16"))
     assert "the llama config gives no num_attention_heads" in err, err
+
+
+# -- a model whose table of learned positions is empty (gpt2's n_positions 0, opt's
+# max_position_embeddings 0): step said "give --tokens 0 or fewer", a count no flag takes,
+# and plan --step planned 0 tokens, then refused "--tokens ... got 0", a flag it has not.
+
+NO_POSITIONS = {
+    "gpt2, n_positions 0": {
+        "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256,
+        "n_positions": 0,
+    },
+    "opt, max_position_embeddings 0": {
+        **SMALL, "model_type": "opt", "ffn_dim": 128, "max_position_embeddings": 0,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(NO_POSITIONS))
+def test_a_model_of_no_positions_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    path = _config(tmp_path, NO_POSITIONS[what])
+    args = {
+        "step": ("step", "--config", path, "--tokens", "16"),
+        "plan --step": ("plan", "--step", "--config", path, "--budget", "1GiB"),
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert "learned positions for no token" in err and "--tokens" not in err, err
