@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,11 @@ from memprobe.profile.hf_config import (
     check_ratios,
     check_sizes,
     check_text_only,
+    has_attention_heads,
     load_error,
     read_config_json,
 )
+from memprobe.profile.hf_quiet import hf_logging_off, quiet_transformers
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype
 
@@ -122,11 +124,11 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     config_class = transformers.CONFIG_MAPPING[model_type]
     check_text_only(model_type, config_class, fields, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     aliases = dict(getattr(config_class, "attribute_map", {}) or {})
-    check_sizes(model_type, fields, aliases)
+    check_sizes(model_type, fields, aliases, heads=has_attention_heads(config_class))
     try:
         # Its logger would print warnings of its own on stderr, quoting the config's text
         # as is (control characters and all), beside memprobe's one line.
-        with _hf_logging_off():
+        with hf_logging_off():
             config = transformers.AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # its strict validators raise their own types
         raise load_error(model_type, exc) from None
@@ -149,6 +151,15 @@ def learned_positions(model: torch.nn.Module) -> int | None:
         and module is not inputs
         and ("pos" in name.rsplit(".", 1)[-1] or name.endswith("wpe"))
     ]
+    if counts and min(counts) < 1:
+        # No sequence runs: "give --tokens 0 or fewer" named a count no flag takes, and
+        # plan --step planned 0 tokens and refused an --tokens it was never given.
+        kind = printable(str(getattr(getattr(model, "config", None), "model_type", "")))
+        raise UserError(
+            f"the {kind} model learned positions for no token (its table of positions "
+            "is empty): no sequence runs",
+            "give a config with 1 or more positions (max_position_embeddings / n_positions)",
+        )
     return min(counts) if counts else None
 
 
@@ -357,14 +368,14 @@ class HFStep:
     def learned_positions(self) -> int | None:
         """The positions the model learned an embedding for (:func:`learned_positions`),
         read off the model built on meta."""
-        with _quiet_transformers():
+        with quiet_transformers():
             return learned_positions(self.build(torch.device("meta")))
 
     def run(
         self, device: torch.device, on_model: Callable[[torch.nn.Module], None] | None = None
     ) -> None:
         """The step on ``device``; ``on_model`` sees the model once it is built."""
-        with _quiet_transformers():
+        with quiet_transformers():
             model = self.build(device)
             if self.check_positions:
                 check_positions(model, self.tokens, self.config.model_type)
@@ -392,6 +403,9 @@ class HFStep:
         if self.hidden_route:
             hidden = lm.base_model(input_ids=ids, use_cache=False).last_hidden_state
             weight = lm.get_output_embeddings().weight
+            # Its head's cast (mamba, xlstm: float32 residual stream, bf16 lm_head): a
+            # no-op where the dtypes match, as they do in every model that does not cast.
+            hidden = hidden.to(weight.dtype)
             hidden.register_hook(mark_grad)
             mark(LOGPROB_START)
             out = fn(hidden, weight, targets, chunk_size=self.chunk_size)
@@ -455,42 +469,3 @@ def _param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
     for p in params:
         groups.setdefault(isinstance(p, dtensor), []).append(p)
     return [{"params": group} for group in groups.values()]
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """transformers' logging and warnings off, and its one data-dependent training check
-    answered: the step's inputs are whole sequences (position ids 0..S-1, no padding),
-    so ``find_packed_sequence_indices`` finds no packed sequences. Its answer is read
-    from the values, which meta tensors do not have."""
-    import warnings
-
-    from transformers import masking_utils
-
-    original = getattr(masking_utils, "find_packed_sequence_indices", None)
-    if original is not None:
-        masking_utils.find_packed_sequence_indices = _no_packed_sequences
-    try:
-        with _hf_logging_off(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        if original is not None:
-            masking_utils.find_packed_sequence_indices = original
-
-
-@contextlib.contextmanager
-def _hf_logging_off() -> Iterator[None]:
-    """transformers' logger at errors only, its level put back after."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
-def _no_packed_sequences(position_ids: torch.Tensor) -> None:
-    return None

@@ -110,12 +110,31 @@ def check_text_only(
         )
 
 
-def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]) -> None:
+def has_attention_heads(config_class: Any) -> bool:
+    """Whether the architecture's config declares attention heads: an attention-free one
+    (mamba, mamba2, rwkv, xlstm) has none, and its config.json gives none."""
+    aliases = getattr(config_class, "attribute_map", None) or {}
+    declared = (getattr(c, "__annotations__", {}) for c in getattr(config_class, "__mro__", ()))
+    return "num_attention_heads" in aliases or any("num_attention_heads" in d for d in declared)
+
+
+def check_sizes(
+    model_type: str, fields: dict[str, Any], aliases: dict[str, str], *, heads: bool = True
+) -> None:
     """Every size in :data:`REQUIRED` present (a multimodal config, which nests them in
-    ``text_config``, is refused before: :func:`check_text_only`) and each size given a
-    whole number within reach."""
+    ``text_config``, is refused before: :func:`check_text_only`; an attention-free one,
+    ``heads`` false, has no attention heads to give) and each size given a whole number
+    within reach."""
     for name in REQUIRED + OPTIONAL:
         alias = aliases.get(name, name)
+        required = name in REQUIRED and (heads or name != "num_attention_heads")
+        layers, why = name == "num_hidden_layers", ""
+        if "encoder_" in alias:
+            # An encoder-decoder (bart, marian, whisper) maps the standard name to its
+            # encoder, but its causal LM is its decoder, built from decoder_* sizes: a
+            # config of num_hidden_layers 2 built transformers' default 12-layer decoder.
+            why = f" (its causal LM is its decoder; {name} is its {alias})"
+            name = alias = alias.replace("encoder_", "decoder_")
         if alias != name and name in fields and alias in fields and fields[name] != fields[alias]:
             # GPT-2's n_embd is its hidden_size: given both, transformers builds one of
             # them without a word (n_embd 64 and hidden_size 4096 built 405M parameters).
@@ -126,17 +145,17 @@ def check_sizes(model_type: str, fields: dict[str, Any], aliases: dict[str, str]
             )
         key = name if name in fields else alias
         if key not in fields:
-            if name in REQUIRED:
+            if required:
                 raise UserError(
-                    f"the {printable(model_type)} config gives no {key}",
+                    f"the {printable(model_type)} config gives no {key}{why}",
                     "a model's config.json gives its sizes; memprobe does not fill them "
                     "from transformers' defaults",
                 )
             continue
         value = fields[key]
-        if value is None and name in OPTIONAL:
+        if value is None and not required:
             continue
-        top = MAX_LAYERS if name == "num_hidden_layers" else MAX_SIZE
+        top = MAX_LAYERS if layers else MAX_SIZE
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
             raise UserError(
                 f"the {printable(model_type)} config's {key} is {quoted(value)}: "

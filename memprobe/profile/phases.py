@@ -192,6 +192,14 @@ def step_failed(
     what = exception_text(exc)
     raised_by_op = tracker.failure is not None and _caused_by(exc, tracker.failure)
     where = f"at {tracker.failed_op}" if raised_by_op else f"in its {tracker.phase} phase"
+    if device == "meta" and hint is not None and _reads_values(tracker, raised_by_op, what):
+        # A config's step (hint given) that read a tensor's values: the config was whole
+        # (BLT's entropy patching, JetMoE's expert sizes as a list), its sizes not to blame.
+        hint = (
+            "this architecture reads its tensors' values during the step (data-dependent "
+            "routing or shapes), which meta tensors do not hold: memprobe step cannot "
+            "simulate it"
+        )
     if device == "meta":
         return UserError(
             f"the step failed on meta {where} ({what})",
@@ -201,6 +209,17 @@ def step_failed(
         )
     return UserError(
         f"the step failed on {device} {where} ({what})", hint or "fix the step and rerun"
+    )
+
+
+# The ops a value read reaches on meta: .item(), bool(), .tolist() (_local_scalar_dense);
+# .cpu() or .numpy() (_to_copy, which raises "Cannot copy out of meta tensor").
+_VALUE_READS = ("aten._local_scalar_dense.default",)
+
+
+def _reads_values(tracker: StepTracker, raised_by_op: bool, what: str) -> bool:
+    return (raised_by_op and tracker.failed_op in _VALUE_READS) or (
+        "Cannot copy out of meta tensor" in what
     )
 
 

@@ -22,6 +22,7 @@ from memprobe.allocator import AllocConf
 from memprobe.io.codec import NOT_JSON, to_json
 from memprobe.measure.tracker import physical
 from memprobe.profile import hf
+from memprobe.profile.hf_config import has_attention_heads
 from memprobe.profile.phases import events_so_far
 from memprobe.profile.run import TrackedStep, trace_step
 from memprobe.records import Event
@@ -101,6 +102,8 @@ class StepResult:
     # A sharded step's layout and per-rank sharding arithmetic (profile.sharded).
     sharded: dict[str, Any] | None = None
     events: tuple[Event, ...] = field(default=(), repr=False, compare=False, metadata=NOT_JSON)
+    # An architecture without attention heads (mamba, rwkv, xlstm): no attention layer ran.
+    attention_free: bool = field(default=False, compare=False, metadata=NOT_JSON)
 
     @property
     def logprob_bytes(self) -> int:
@@ -112,6 +115,10 @@ class StepResult:
 
     @property
     def attention_words(self) -> str:
+        if not self.attention and self.attention_free:
+            # Its mixer runs as transformers' torch code on meta, not a fused CUDA kernel
+            # (mamba-ssm's, when installed on the GPU, holds less).
+            return "none: an attention-free architecture (its mixer as transformers' torch code)"
         if not self.attention:
             return "eager (the model's own matmul + softmax: [B,h,S,S] scores)"
         return ", ".join(
@@ -218,6 +225,7 @@ def simulate_step(
         budget_bytes=budget_bytes,
         sharded=step.sharded_summary(),
         events=tracked.events,
+        attention_free=not has_attention_heads(type(step.config)),
     )
 
 
