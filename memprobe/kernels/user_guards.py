@@ -56,6 +56,15 @@ MEMPROBE_READS = (
     "PYTORCH_CUDA_ALLOC_CONF",
     "PYTORCH_NO_CUDA_MEMORY_CACHING",
     "GITHUB_STEP_SUMMARY",
+    # How rich draws memprobe's own output: a kernel that set FORCE_COLOR (or TERM) drew a
+    # sweep's table on a pipe in terminal escapes, rules a screen wide.
+    "FORCE_COLOR",
+    "NO_COLOR",
+    "TERM",
+    "COLORTERM",
+    "TTY_COMPATIBLE",
+    "TTY_INTERACTIVE",
+    "LINES",
 )
 
 

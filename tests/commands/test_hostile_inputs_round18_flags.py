@@ -1,0 +1,130 @@
+"""Hostile inputs, round 18 (flags, the process environment, user code): each row is a
+variant of a defect class the pass found. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import TINY_STEP, user_module
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
+         "--no-verify", "--no-report", "--json"]  # fmt: skip
+
+
+def _kernel(top: str, inside: str = "") -> str:
+    return (
+        "import io, logging, os, sys\nfrom memprobe.kernels import get_kernel\n" + top + "\n"
+        "def k(logits, targets, *, chunk_size=None):\n" + inside + "    return "
+        "get_kernel('unchunked')(logits, targets)\n"
+    )
+
+
+# -- the root logger user code configured (``logging.basicConfig(stream=sys.stdout,
+# level=logging.DEBUG)`` as its module is imported, a handler on sys.__stdout__): every
+# record of what memprobe ran after it went through it, matplotlib's DEBUG lines drawing
+# a sweep's report or `profile --html`'s page went into `--json`'s object on standard
+# output (and hundreds of them onto standard error with the default stream). The root's
+# handlers and level are the code's only while it runs.
+
+LOGGING = {
+    "basicConfig at import": (
+        "sink = io.StringIO()\n"
+        "logging.basicConfig(stream=sink, level=1, force=True, format='%(message)s')\n",
+        "",
+    ),
+    "a handler added in the kernel": (
+        "sink = io.StringIO()\nadded = []\n",
+        "    if not added:\n"
+        "        added.append(logging.StreamHandler(sink))\n"
+        "        logging.getLogger().addHandler(added[0])\n"
+        "        logging.getLogger().setLevel(1)\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", LOGGING)
+def test_the_root_logger_user_code_configured_is_its_own(
+    run_cli: Any, here: Path, where: str
+) -> None:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    top, inside = LOGGING[where]
+    # The kernel logs, and sees its handler again at its second case.
+    inside += "    logging.getLogger('mine').warning('from the kernel')\n"
+    name = user_module(here, "r18_logging", _kernel(top, inside))
+    code, out, _ = run_cli(*SWEEP, "--kernel", f"{name}:k,unchunked", "--tokens", "64,128")
+    assert code == 0 and json.loads(out)
+    assert (root.handlers, root.level) == (handlers, level)
+    logging.getLogger("matplotlib").debug("memprobe's own work")  # as drawing a page logs
+    sink = sys.modules[name].sink.getvalue()
+    assert sink == "from the kernel\n" * 2
+
+
+def test_the_root_logger_a_step_configured_is_its_own(run_cli: Any, here: Path) -> None:
+    body = (
+        "import logging, sys\nlogging.basicConfig(stream=sys.stdout, level=1, force=True)\n"
+        + TINY_STEP
+    )
+    name = user_module(here, "r18_log_step", body)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    code, out, _ = run_cli("profile", f"{name}:step", "--json")
+    assert code == 0 and json.loads(out)
+    assert (root.handlers, root.level) == (handlers, level)
+
+
+# -- a trace or profile function user code set (sys.settrace, sys.setprofile, threading's)
+# and left on: it ran at every call of memprobe's own code after the code returned, what
+# it printed went into `--json`'s object, and one that raised ended the command in a
+# traceback (exit 1).
+
+TRACING = {
+    "sys.settrace at import": ("sys.settrace(hook)\n", ""),
+    "sys.setprofile at import": ("sys.setprofile(hook)\n", ""),
+    "sys.setprofile in the kernel": ("", "    sys.setprofile(hook)\n"),
+    "threading.settrace in the kernel": ("import threading\n", "    threading.settrace(hook)\n"),
+}
+
+
+@pytest.mark.parametrize("where", TRACING)
+def test_a_trace_function_user_code_set_is_put_back(run_cli: Any, here: Path, where: str) -> None:
+    import threading
+
+    top, inside = TRACING[where]
+    hook = (
+        "def hook(frame, event, arg):\n"
+        "    if frame.f_code.co_name == 'dumps':\n"
+        "        raise RuntimeError('traced memprobe')\n"
+    )
+    kept = sys.gettrace(), sys.getprofile(), threading.gettrace(), threading.getprofile()
+    name = user_module(here, "r18_trace", _kernel(hook + top, inside))
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{name}:k,unchunked")
+    assert code == 0 and "Traceback" not in err, err
+    assert [row["status"] for row in json.loads(out)["results"]] == ["ok", "ok"]
+    assert (sys.gettrace(), sys.getprofile(), threading.gettrace(), threading.getprofile()) == kept
+
+
+# -- the variables that decide how memprobe's own output is drawn (rich reads them), set by
+# a kernel: FORCE_COLOR drew a sweep's table on a pipe in terminal escapes, its rules a
+# screen wide. They are put back as the code returns, as the other variables memprobe reads.
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["os.environ['FORCE_COLOR'] = '1'", "os.environ['TTY_COMPATIBLE'] = '1'"],
+)
+def test_a_kernel_setting_colour_variables_leaves_the_table_plain(
+    run_cli: Any, here: Path, monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    for variable in ("FORCE_COLOR", "TTY_COMPATIBLE", "TERM"):
+        monkeypatch.delenv(variable, raising=False)
+    name = user_module(here, "r18_colour", _kernel("", f"    {setting}\n"))
+    code, out, _ = run_cli(*SWEEP[:-1], "--kernel", f"{name}:k,unchunked", "--out", "r")
+    assert code == 0 and "\x1b[" not in out
+    assert "FORCE_COLOR" not in os.environ and "TTY_COMPATIBLE" not in os.environ
