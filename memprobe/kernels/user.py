@@ -50,7 +50,7 @@ from memprobe.kernels.user_guards import (
     torch_functions_kept,
     torch_state_kept,
 )
-from memprobe.kernels.user_hooks import logging_kept, tracing_kept
+from memprobe.kernels.user_hooks import logging_kept, modules_kept, tracing_kept
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
 _SIGNATURES = {
@@ -91,7 +91,8 @@ def user_code(who: str) -> Iterator[None]:
         theirs = who == "the step" or is_import_path(who)
         with cwd_kept(), streams_kept(), torch_state_kept(), torch_functions_kept(theirs):
             with process_kept(), environment_kept(), logging_kept(theirs), tracing_kept():
-                yield
+                with modules_kept(theirs):
+                    yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
     except BaseException as exc:
@@ -224,7 +225,7 @@ def _importing() -> Iterator[None]:
     """The guards around the import of a user's module: what it runs as it is imported
     (a library's logging.basicConfig, a print) is user code too."""
     with cwd_kept(), streams_kept(), torch_functions_kept(), process_kept():
-        with environment_kept(), logging_kept(), tracing_kept():
+        with environment_kept(), logging_kept(), tracing_kept(), modules_kept():
             yield
 
 

@@ -69,3 +69,41 @@ def tracing_kept() -> Iterator[None]:
 def _thread_hooks() -> tuple[Any, Any]:
     # threading.gettrace and getprofile are Python 3.10's; memprobe requires 3.10.
     return threading.gettrace(), threading.getprofile()
+
+
+# The entries of sys.modules user code removed or replaced, and the import blockers it
+# added (``sys.modules["matplotlib"] = None``, the way to make a module unimportable): by
+# name, the code's value (_GONE: removed). Swapped in while user code runs; memprobe's
+# own are back as it returns. Left in place, what memprobe imports later ended the
+# command in "ModuleNotFoundError: import of matplotlib halted; None in sys.modules",
+# a traceback after the sweep (its report, `profile --html`).
+_MODULES_LEFT: dict[str, Any] = {}
+_GONE = object()
+
+
+@contextlib.contextmanager
+def modules_kept(theirs: bool = True) -> Iterator[None]:
+    """sys.modules as memprobe had it, around user code (``theirs``: the code is the
+    user's, and sees what it left there before). Modules the code imports stay."""
+    modules = sys.modules
+    own = dict(modules)
+    if theirs:
+        for name, value in _MODULES_LEFT.items():
+            if value is _GONE:
+                modules.pop(name, None)
+            else:
+                modules[name] = value
+    try:
+        yield
+    finally:
+        left = {name: modules.get(name, _GONE) for name in own}
+        left = {name: value for name, value in left.items() if value is not own[name]}
+        left.update((name, None) for name, value in modules.items() if value is None)
+        if theirs:
+            _MODULES_LEFT.clear()
+            _MODULES_LEFT.update(left)
+        for name in left:
+            if name in own:
+                modules[name] = own[name]
+            else:  # a blocker the code added
+                modules.pop(name, None)

@@ -128,3 +128,40 @@ def test_a_kernel_setting_colour_variables_leaves_the_table_plain(
     code, out, _ = run_cli(*SWEEP[:-1], "--kernel", f"{name}:k,unchunked", "--out", "r")
     assert code == 0 and "\x1b[" not in out
     assert "FORCE_COLOR" not in os.environ and "TTY_COMPATIBLE" not in os.environ
+
+
+# -- sys.modules as user code left it: an import blocker (``sys.modules["matplotlib"] =
+# None``, the way to make a module unimportable) ended the sweep after its cases in a
+# traceback, "import of matplotlib halted; None in sys.modules", as its report was drawn
+# (``json`` blocked: as `profile --html` wrote its page). An entry memprobe had that the
+# code removed or replaced is memprobe's again as it returns; the code's own are swapped in
+# while it runs.
+
+MODULES = {
+    "matplotlib blocked in the kernel": ("", "    sys.modules['matplotlib'] = None\n"),
+    "a blocker for a module not imported yet": ("sys.modules['email.mime'] = None\n", ""),
+    "json replaced at import": ("import types\nsys.modules['json'] = types.ModuleType('j')\n", ""),
+}
+
+
+@pytest.mark.parametrize("where", MODULES)
+def test_sys_modules_as_user_code_left_it_is_its_own(run_cli: Any, here: Path, where: str) -> None:
+    top, inside = MODULES[where]
+    kept = dict(sys.modules)
+    name = user_module(here, "r18_modules", _kernel(top, inside))
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{name}:k,unchunked", "--tokens", "64,128")
+    assert code == 0, err
+    assert [row["status"] for row in json.loads(out)["results"]] == ["ok"] * 4
+    assert all(sys.modules.get(n) is m for n, m in kept.items())
+    assert None not in sys.modules.values()
+
+
+def test_a_blocker_user_code_left_is_there_when_it_runs_again(run_cli: Any, here: Path) -> None:
+    body = _kernel(
+        "sys.modules['matplotlib'] = None\n",
+        "    assert sys.modules['matplotlib'] is None, 'the module blocked it'\n",
+    )
+    name = user_module(here, "r18_blocked", body)
+    code, out, _ = run_cli(*SWEEP, "--kernel", f"{name}:k,unchunked,{name}:k")
+    assert code == 0 and None not in sys.modules.values()
+    assert [row["status"] for row in json.loads(out)["results"]] == ["ok", "ok"]
