@@ -17,6 +17,18 @@ SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device",
          "--no-verify", "--no-report", "--json"]  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _left_forgotten() -> Any:
+    """What these tests' user code left (root handlers, sys.modules entries) is swapped in
+    for every later user code of the process (as in one memprobe run): forgotten after
+    each test."""
+    from memprobe.kernels import user_hooks
+
+    yield
+    user_hooks._MODULES_LEFT.clear()
+    user_hooks._ROOT_LEFT.update(handlers=[], level=None)
+
+
 def _kernel(top: str, inside: str = "") -> str:
     return (
         "import io, logging, os, sys\nfrom memprobe.kernels import get_kernel\n" + top + "\n"
@@ -165,3 +177,37 @@ def test_a_blocker_user_code_left_is_there_when_it_runs_again(run_cli: Any, here
     code, out, _ = run_cli(*SWEEP, "--kernel", f"{name}:k,unchunked,{name}:k")
     assert code == 0 and None not in sys.modules.values()
     assert [row["status"] for row in json.loads(out)["results"]] == ["ok", "ok"]
+
+
+# -- matplotlib's settings as user code left them (rcParams are the process's): a kernel
+# that turned on ``text.usetex`` (no LaTeX installed) ended the sweep in a traceback, exit
+# 1, as its report was drawn (a step: `profile --html`, as its page was); a style it
+# chose (dark_background) drew memprobe's plots. They are drawn over matplotlib's defaults.
+
+
+def test_a_step_that_turned_on_usetex_leaves_the_page_drawn(run_cli: Any, here: Path) -> None:
+    import matplotlib
+
+    kept = matplotlib.rcParams["text.usetex"]
+    body = "import matplotlib\nmatplotlib.rcParams['text.usetex'] = True\n" + TINY_STEP
+    name = user_module(here, "r18_usetex", body)
+    try:
+        code, out, err = run_cli("profile", f"{name}:step", "--html", "p.html", "--json")
+    finally:
+        matplotlib.rcParams["text.usetex"] = kept
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads(out) and (here / "p.html").exists()
+
+
+def test_a_style_user_code_chose_does_not_draw_memprobes_plots() -> None:
+    import matplotlib
+    import matplotlib.style
+
+    from memprobe.render.canvas import new_figure, styled
+
+    @styled
+    def facecolor() -> Any:
+        return new_figure(1.0, 1.0).get_facecolor()
+
+    with matplotlib.style.context("dark_background"):
+        assert facecolor() == (1.0, 1.0, 1.0, 1.0)
