@@ -211,3 +211,29 @@ def test_a_style_user_code_chose_does_not_draw_memprobes_plots() -> None:
 
     with matplotlib.style.context("dark_background"):
         assert facecolor() == (1.0, 1.0, 1.0, 1.0)
+
+
+# -- standard error's descriptor closed or redirected by a kernel (``os.close(2)``,
+# ``os.dup2(log, 2)`` to catch a C library's messages): memprobe's standard error went with
+# it, and the progress line of every case after the kernel's went nowhere. Descriptor 2 is
+# memprobe's again as the code returns.
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "inside",
+    ["    os.close(2)\n", "    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)\n"],
+    ids=["closed", "redirected"],
+)
+def test_a_kernel_that_closed_stderr_leaves_memprobes_progress(here: Path, inside: str) -> None:
+    from launch import forked_torchrun
+
+    name = user_module(here, "r18_fd2", _kernel("", inside))
+    done = forked_torchrun(
+        [*SWEEP[:-2], "--kernel", f"{name}:k,unchunked", "--tokens", "64,128", "--out", "r"],
+        cwd=here,
+        nproc=0,
+        timeout=60,
+    )
+    assert done.returncode == 0, done
+    assert done.stderr.count("unchunked tokens=") == 2, done.stderr
