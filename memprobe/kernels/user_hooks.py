@@ -1,8 +1,9 @@
 """Python's process-wide hooks user code may set and leave behind, put back after each
 call and import of it (:func:`memprobe.kernels.user.user_code`): the root logger's
-handlers and level, and the trace and profile functions. Left in place, they ran in
-memprobe's own work after the code returned, and what they wrote reached `--json`'s
-standard output (user code's own output goes to standard error only while it runs)."""
+handlers and level, the trace and profile functions, and sys.modules. Left in place, they
+ran in (or broke) memprobe's own work after the code returned: what they wrote reached
+`--json`'s standard output (user code's own output goes to standard error only while it
+runs), and a blocked import ended the command in a traceback."""
 
 from __future__ import annotations
 
