@@ -50,6 +50,7 @@ from memprobe.kernels.user_guards import (
     torch_functions_kept,
     torch_state_kept,
 )
+from memprobe.kernels.user_hooks import logging_kept, modules_kept, tracing_kept
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
 _SIGNATURES = {
@@ -89,8 +90,9 @@ def user_code(who: str) -> Iterator[None]:
         # alike); what user code replaced of torch is swapped in for the user's alone.
         theirs = who == "the step" or is_import_path(who)
         with cwd_kept(), streams_kept(), torch_state_kept(), torch_functions_kept(theirs):
-            with process_kept(), environment_kept():
-                yield
+            with process_kept(), environment_kept(), logging_kept(theirs), tracing_kept():
+                with modules_kept(theirs):
+                    yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
     except BaseException as exc:
@@ -218,11 +220,19 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
     return module_name, attr_path
 
 
+@contextlib.contextmanager
+def _importing() -> Iterator[None]:
+    """The guards around the import of a user's module: what it runs as it is imported
+    (a library's logging.basicConfig, a print) is user code too."""
+    with cwd_kept(), streams_kept(), torch_functions_kept(), process_kept():
+        with environment_kept(), logging_kept(), tracing_kept(), modules_kept():
+            yield
+
+
 def _import(module_name: str, path: str, what: str) -> Any:
     try:
-        with cwd_kept(), streams_kept(), torch_functions_kept(), process_kept():
-            with environment_kept():
-                return importlib.import_module(module_name)
+        with _importing():
+            return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         missing: ModuleNotFoundError = exc
     except KeyboardInterrupt:
@@ -240,9 +250,8 @@ def _import(module_name: str, path: str, what: str) -> Any:
         try:
             # Shielded as the first try is: found here (the console script's sys.path holds
             # no current directory), a print at import went into `--json`'s object.
-            with cwd_kept(), streams_kept(), torch_functions_kept(), process_kept():
-                with environment_kept():
-                    return importlib.import_module(module_name)
+            with _importing():
+                return importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             missing = exc
         except KeyboardInterrupt:

@@ -56,6 +56,15 @@ MEMPROBE_READS = (
     "PYTORCH_CUDA_ALLOC_CONF",
     "PYTORCH_NO_CUDA_MEMORY_CACHING",
     "GITHUB_STEP_SUMMARY",
+    # How rich draws memprobe's own output: a kernel that set FORCE_COLOR (or TERM) drew a
+    # sweep's table on a pipe in terminal escapes, rules a screen wide.
+    "FORCE_COLOR",
+    "NO_COLOR",
+    "TERM",
+    "COLORTERM",
+    "TTY_COMPATIBLE",
+    "TTY_INTERACTIVE",
+    "LINES",
 )
 
 
@@ -239,10 +248,28 @@ def streams_kept() -> Iterator[None]:
     if err is not None:
         sys.stdout = sys.stderr = cast(TextIO, _Shielded(err))
     try:
-        with _stdout_fd_kept(out):
+        with _stderr_fd_kept(), _stdout_fd_kept(out):
             yield
     finally:
         sys.stdout, sys.stderr = out, err
+
+
+@contextlib.contextmanager
+def _stderr_fd_kept() -> Iterator[None]:
+    """File descriptor 2 as memprobe had it: a kernel that closed it (``os.close(2)``) or
+    pointed it elsewhere (``os.dup2(log, 2)``) took memprobe's standard error with it, and
+    the progress and warnings of every case after its own went nowhere."""
+    try:
+        saved = os.dup(2)
+    except OSError:  # closed before the code ran: left as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.dup2(saved, 2)
+        os.close(saved)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import matplotlib
+import matplotlib.style
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -51,7 +52,10 @@ def unit_for(nbytes: float) -> tuple[float, str]:
 
 
 # Applied only while a report figure is drawn, so a caller's own matplotlib
-# settings are left as they were.
+# settings are left as they were; over matplotlib's defaults, not over the settings the
+# process holds, which user code may have changed as memprobe ran it (a kernel's
+# ``rcParams["text.usetex"] = True`` ended a sweep in a LaTeX traceback as its report
+# was drawn; a style or dpi it set drew memprobe's plots in it).
 _RC: Any = {  # matplotlib's stubs type rc keys as a Literal of every name
     "font.size": 9,
     "axes.titlesize": 10,
@@ -73,7 +77,7 @@ def styled(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with matplotlib.rc_context(_RC):
+        with matplotlib.style.context(["default", _RC]):
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
