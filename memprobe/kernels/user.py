@@ -88,11 +88,8 @@ def user_code(who: str) -> Iterator[None]:
     try:
         # memprobe's own kernels run under these guards too (a sweep calls every kernel
         # alike); what user code replaced of torch is swapped in for the user's alone.
-        theirs = who == "the step" or is_import_path(who)
-        with cwd_kept(), streams_kept(), torch_state_kept(), torch_functions_kept(theirs):
-            with process_kept(), environment_kept(), logging_kept(theirs), tracing_kept():
-                with modules_kept(theirs):
-                    yield
+        with _guarded(theirs=who == "the step" or is_import_path(who)):
+            yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise
     except BaseException as exc:
@@ -221,12 +218,31 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def _importing() -> Iterator[None]:
+def _guarded(*, theirs: bool, torch_state: bool = True) -> Iterator[None]:
+    """Every guard around user code, in one list: a call (:func:`user_code`) and an import
+    (:func:`_importing`) are guarded alike, except that only a call has torch's state
+    put back (:func:`torch_state_kept`), as before the guards were listed here."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cwd_kept())
+        stack.enter_context(streams_kept())
+        if torch_state:
+            stack.enter_context(torch_state_kept())
+        for guard in (
+            torch_functions_kept(theirs),
+            process_kept(),
+            environment_kept(),
+            logging_kept(theirs),
+            tracing_kept(),
+            modules_kept(theirs),
+        ):
+            stack.enter_context(guard)
+        yield
+
+
+def _importing() -> contextlib.AbstractContextManager[None]:
     """The guards around the import of a user's module: what it runs as it is imported
     (a library's logging.basicConfig, a print) is user code too."""
-    with cwd_kept(), streams_kept(), torch_functions_kept(), process_kept():
-        with environment_kept(), logging_kept(), tracing_kept(), modules_kept():
-            yield
+    return _guarded(theirs=True, torch_state=False)
 
 
 def _import(module_name: str, path: str, what: str) -> Any:
