@@ -44,10 +44,15 @@ def _tagged(kind: str, steps: SearchSteps) -> Generator[list[Ask], Mapping[Ask, 
         return done.value
 
 
-def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
-    """The allocated search, then (with the allocator model) the reserved one below it."""
+def plan_steps(
+    target: PlanTarget, budget: Budget, reserved: bool, *, pairs: bool = True
+) -> PlanSteps:
+    """The allocated search, then (with the allocator model) the reserved one below it.
+    ``pairs``: each step asks for two counts (see :func:`search_max_tokens`)."""
     limit = budget.limit_bytes
-    allocated = yield from _tagged(ALLOCATED, search_max_tokens(limit, seed_tokens(target)))
+    allocated = yield from _tagged(
+        ALLOCATED, search_max_tokens(limit, seed_tokens(target), pairs=pairs)
+    )
     on_reserved: Search | None = None
     # A loop that simulates every chunk is planned on reserved only while it is short
     # (see memprobe.plan.long_loops); the message names the plans left without it.
@@ -56,7 +61,11 @@ def plan_steps(target: PlanTarget, budget: Budget, reserved: bool) -> PlanSteps:
         on_reserved = yield from _tagged(
             RESERVED,
             search_max_tokens(
-                limit, seed_tokens(target), below=allocated.max_tokens + 1, line=allocated.line
+                limit,
+                seed_tokens(target),
+                below=allocated.max_tokens + 1,
+                line=allocated.line,
+                pairs=pairs,
             ),
         )
     return TokenPlan(target, budget, allocated, on_reserved)
@@ -107,8 +116,11 @@ def run_plans(
     hears of each plan as it finishes (in any order), ``on_probe`` of each count tried."""
     if reserved is None:
         reserved = True
-    steps = {i: plan_steps(t, budget, reserved) for i, t in enumerate(targets)}
     pool = _pool(jobs, targets)
+    # In order, a step's second count is a whole simulation more; in a pool it runs
+    # beside the first.
+    pairs = pool is not None
+    steps = {i: plan_steps(t, budget, reserved, pairs=pairs) for i, t in enumerate(targets)}
 
     def heard(i: int, ask: Ask, simulated: int) -> int:
         """The peak the limit is compared with; ``on_probe`` hears of it."""

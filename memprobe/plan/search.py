@@ -39,14 +39,22 @@ def seed_tokens(target: PlanTarget) -> tuple[int, int]:
 
 
 def search_max_tokens(
-    limit: int, seeds: tuple[int, int], *, below: int | None = None, line: Line | None = None
+    limit: int,
+    seeds: tuple[int, int],
+    *,
+    below: int | None = None,
+    line: Line | None = None,
+    pairs: bool = True,
 ) -> SearchSteps:
     """Ask for peaks at token counts until ``T`` fits and ``T + 1`` does not; return ``T``.
 
     ``below`` is a count already known not to fit (the reserved search starts from
     the allocated answer); ``line`` a line known beforehand (then no seeds are asked
     for). Each step asks for a pair ``(g, g + 1)``: when the guess is right, one
-    round of two simulations (run side by side in a pool) settles it.
+    round of two simulations (run side by side in a pool) settles it, and where it is
+    not, the pair's local slope makes the next guess. Without ``pairs`` (simulations
+    run one after another) a bisecting step asks for ``g`` alone: its ``g + 1`` would
+    cost a whole simulation and inform no guess, since bisection makes none.
     """
     peaks: dict[int, int] = {}
     lo, hi = 0, below  # lo fits (zero tokens allocate nothing); hi does not
@@ -57,12 +65,15 @@ def search_max_tokens(
     predicted = line.tokens_within(limit)
     for t, p in peaks.items():
         lo, hi = narrow(lo, hi, t, p, limit)
-    guess = predicted
+    guess, down = predicted, 0
     while hi is None or hi - lo > 1:
-        if guess is None or not (lo <= guess and (hi is None or guess < hi)):
+        bisecting = guess is None or not (lo <= guess and (hi is None or guess < hi))
+        if guess is None or bisecting:
             guess = bisect_bracket(lo, hi)
         probes = [t for t in (guess, guess + 1) if t > lo and (hi is None or t < hi)]
         probes = [t for t in probes if t not in peaks] or [bisect_bracket(lo, hi)]
+        if bisecting and not pairs:
+            probes = probes[:1]
         got = yield probes
         peaks.update(got)
         width = None if hi is None else hi - lo
@@ -71,7 +82,17 @@ def search_max_tokens(
         # A guess must at least halve the bracket, or the next step bisects: the
         # search then never takes more rounds than bisection would, give or take one.
         halved = width is None or hi is None or 2 * (hi - lo) <= width
-        guess = _model_guess(lo, hi, peaks, limit, line) if halved else None
+        if lo == 0 and hi is not None and hi in peaks:
+            # Nothing fits yet (the reserved search, coming down from the allocated
+            # answer): the seed line moved through the lowest count that failed says how
+            # far down the limit is, usually within a segment's rounding. Each step
+            # down is at least twice the last, so a long stretch just over the limit
+            # takes a few counts, not one per token; past half the bracket, bisect.
+            shifted = _shifted_guess(hi, peaks[hi], limit, line)
+            down = max(hi - shifted, 2 * down) if shifted is not None else hi
+            guess = hi - down if 2 * down <= hi else None
+        else:
+            guess = _model_guess(lo, hi, peaks, limit, line) if halved else None
     if hi not in peaks:  # the bracket came from ``below``: its own peak is still unknown
         got = yield [hi]
         peaks.update(got)
@@ -104,6 +125,12 @@ def bisect_bracket(lo: int, hi: int | None) -> int:
             )
         return max(1, 2 * lo)
     return (lo + hi) // 2
+
+
+def _shifted_guess(tokens: int, peak: int, limit: int, seed: Line) -> int | None:
+    """The seed line's slope through a count that did not fit: where the limit is, if the
+    excess at ``tokens`` shrinks as the seed line says."""
+    return Line(seed.slope, peak - seed.slope * tokens).tokens_within(limit)
 
 
 def _model_guess(

@@ -75,14 +75,16 @@ def test_headline_long_context_case():
     step=st.integers(0, 10**5),
     chunk=st.integers(1, 300),
     limit=st.integers(0, 10**8),
+    pairs=st.booleans(),
 )
-def test_search_finds_the_boundary_of_any_stepped_line(slope, fixed, step, chunk, limit):
-    """A peak with a jump every chunk (as naive_chunked has) still gets the exact boundary."""
+def test_search_finds_the_boundary_of_any_stepped_line(slope, fixed, step, chunk, limit, pairs):
+    """A peak with a jump every chunk (as naive_chunked has) still gets the exact boundary,
+    asked in pairs (a pool) or one count at a time where it bisects (in order)."""
 
     def peak(t: int) -> int:
         return slope * t + fixed + step * (t // chunk)
 
-    steps = plan.search_max_tokens(limit, (2 * chunk, 4 * chunk))
+    steps = plan.search_max_tokens(limit, (2 * chunk, 4 * chunk), pairs=pairs)
     ask = next(steps)
     try:
         while True:
@@ -94,7 +96,7 @@ def test_search_finds_the_boundary_of_any_stepped_line(slope, fixed, step, chunk
     assert peak(top + 1) > limit
     assert found.simulations < 80
     # The reserved search: a higher peak, searched below the first answer from its line.
-    steps = plan.search_max_tokens(limit, (0, 0), below=top + 1, line=found.line)
+    steps = plan.search_max_tokens(limit, (0, 0), below=top + 1, line=found.line, pairs=pairs)
     try:
         ask = next(steps)
         while True:
@@ -103,6 +105,35 @@ def test_search_finds_the_boundary_of_any_stepped_line(slope, fixed, step, chunk
         below = done.value.max_tokens
     assert below <= top and (below == 0 or peak(below) + step <= limit)
     assert peak(below + 1) + step > limit
+
+
+@pytest.mark.parametrize("stretch", [1, 40, 5_000, 50_000, 99_990])
+def test_a_reserved_stretch_just_over_the_limit_takes_few_counts(stretch):
+    """The reserved search starts at the allocated answer; where the reserved peak stays a
+    little over the limit for a long stretch below it (a segment rounded up), it comes down
+    in steps that double, not one token per count, and asks one count at a time where it
+    bisects in order."""
+    slope, limit, top = 1_000, 100_000_000, 100_000  # allocated fits up to ``top``
+    boundary = top - stretch
+
+    def reserved(t: int) -> int:
+        return slope * t if t <= boundary else limit + 1 + (t - boundary) % 7
+
+    steps = plan.search_max_tokens(
+        limit, (0, 0), below=top + 1, line=plan.Line(slope, 0), pairs=False
+    )
+    asked = []
+    ask = next(steps)
+    try:
+        while True:
+            asked.append(ask)
+            ask = steps.send({t: reserved(t) for t in ask})
+    except StopIteration as done:
+        found = done.value
+    assert found.max_tokens == boundary
+    # Galloping down, then bisecting what is left: a few rounds per doubling of the stretch.
+    assert len(asked) <= 3 * (stretch.bit_length() + 2), asked
+    assert found.simulations <= 2 * len(asked)
 
 
 def test_nothing_fits_is_an_answer():
