@@ -1,6 +1,6 @@
 """What user code may change in memprobe's process, and memprobe puts back after each
 call and import of it (:func:`memprobe.kernels.user.user_code`): the current directory,
-the standard streams, torch's global state, the threads and forks it starts, the
+the standard streams, the torch functions it replaces, the threads and forks it starts, the
 environment variables memprobe reads, the umask, the recursion limit and sys.path."""
 
 from __future__ import annotations
@@ -298,34 +298,6 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
             os.close(saved)
 
 
-@contextlib.contextmanager
-def torch_state_kept() -> Iterator[None]:
-    """Put back torch's process-wide defaults user code changed (anomaly detection too): a
-    kernel that turned gradients off (``torch.set_grad_enabled(False)``) failed every case
-    after its own, memprobe's kernels included; a default dtype or device it set would
-    shape theirs."""
-    import torch
-
-    grad, dtype, device = torch.is_grad_enabled(), torch.get_default_dtype(), _default_device()
-    # Anomaly detection reads every gradient's values: left on, it failed memprobe's own
-    # kernels on meta after the user's ("Tensor.item() cannot be called on meta tensors").
-    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
-    autocast = _autocast_state()
-    stacks = _stack_depths()
-    try:
-        yield
-    finally:
-        _put_back_stacks(stacks)
-        _put_back_autocast(autocast)
-        torch.set_grad_enabled(grad)
-        if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != anomaly:
-            torch.set_anomaly_enabled(*anomaly)
-        if torch.get_default_dtype() != dtype:
-            torch.set_default_dtype(dtype)
-        if _default_device() != device:
-            torch.set_default_device(device)
-
-
 # Functions of torch's that user code replaces (``torch.Tensor.float = ...``, a library's
 # ``F.cross_entropy = fast_ce`` as it is imported): left in place, memprobe's own kernels
 # ran the replacement in every case after the code's and its peaks were reported as
@@ -369,80 +341,3 @@ def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
                     delattr(owner, name)
             else:
                 setattr(owner, name, own)
-
-
-def _default_device() -> Any:
-    import torch
-
-    # None where no default device was set (tensors go to cpu), as set_default_device reads it.
-    device = torch.get_default_device()
-    return None if device == torch.device("cpu") else device
-
-
-# Autocast and the stacks autograd and dispatch keep are process-wide too, and a context
-# user code entered and never left (``torch.autocast("cpu").__enter__()``, a
-# ``save_on_cpu()`` it forgot to close, a TorchFunctionMode pushed as it was imported)
-# stayed on for every case after its own: autocast ran memprobe's fp32 linear kernels'
-# matmuls in bf16 (a larger peak, an error of 0.05 where it is 3e-6, both reported as
-# measured); saved-tensor hooks moved what autograd saves off the device (on meta:
-# "Cannot copy out of meta tensor" for every later kernel); a function mode failed them all.
-_AUTOCAST_DEVICES = ("cpu", "cuda")
-
-
-def _autocast_state() -> tuple[tuple[bool, Any], ...]:
-    import torch
-
-    return tuple(
-        (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
-    )
-
-
-def _put_back_autocast(saved: tuple[tuple[bool, Any], ...]) -> None:
-    import torch
-
-    if _autocast_state() == saved:
-        return
-    for device, (enabled, dtype) in zip(_AUTOCAST_DEVICES, saved, strict=True):
-        torch.set_autocast_enabled(device, enabled)
-        torch.set_autocast_dtype(device, dtype)
-    torch.clear_autocast_cache()  # casts made under the code's autocast are not memprobe's
-
-
-def _stack_depths() -> tuple[Any, bool, int, int]:
-    """The top saved-tensor hooks (None: none), whether such hooks are allowed, and how
-    many torch-function and dispatch modes are pushed."""
-    import torch
-
-    autograd: Any = torch._C._autograd  # private: not in its stubs
-    return (
-        autograd._top_saved_tensors_default_hooks(False),
-        autograd._saved_tensors_hooks_is_enabled(),
-        torch._C._len_torch_function_stack(),
-        torch._C._len_torch_dispatch_stack(),
-    )
-
-
-def _put_back_stacks(saved: tuple[Any, bool, int, int]) -> None:
-    """Pop what user code pushed and left (hooks, modes); what it popped of memprobe's
-    cannot be pushed back from here, and memprobe pushes none around user code."""
-    import torch
-    from torch.utils._python_dispatch import _pop_mode
-
-    autograd: Any = torch._C._autograd  # private: not in its stubs
-    hooks, hooks_enabled, functions, dispatches = saved
-    # A stack's depth is not readable for hooks: pop until memprobe's top is on top again
-    # (bounded: a code that popped it leaves an empty stack, and the loop ends there).
-    for _ in range(10_000):
-        top = autograd._top_saved_tensors_default_hooks(False)
-        if top is None or top == hooks:
-            break
-        autograd._pop_saved_tensors_default_hooks()
-    if autograd._saved_tensors_hooks_is_enabled() != hooks_enabled:
-        if hooks_enabled:
-            autograd._saved_tensors_hooks_enable()
-        else:  # pragma: no cover - memprobe never calls user code with hooks disabled
-            autograd._saved_tensors_hooks_disable("disabled")
-    while torch._C._len_torch_function_stack() > functions:
-        torch._C._pop_torch_function_stack()
-    while torch._C._len_torch_dispatch_stack() > dispatches:
-        _pop_mode()

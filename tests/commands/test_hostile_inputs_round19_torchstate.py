@@ -1,0 +1,294 @@
+"""Hostile inputs, round 19 (torch's process-wide state user code changes): each row is a
+variant of a defect class the pass found. memprobe's own work after user code (the other
+kernels of a sweep, the reference, the report, the next test of a pytest session) runs
+under torch's state as memprobe had it; what a module sets as it is imported is its own,
+swapped in for its code alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import TINY_STEP, swept, user_module
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--no-report", "-q"]
+ON_META = [*SWEEP, "--device", "meta", "--no-verify"]
+# On cpu with the reference: a kernel's peak and its errors against it.
+ON_CPU = [*SWEEP, "--device", "cpu"]
+MINE = "unchunked,local_chunked"
+
+
+@pytest.fixture(autouse=True)
+def _left_forgotten() -> Any:
+    """What these tests' modules left of torch's state is swapped in for every later user
+    code of the process (as in one memprobe run): forgotten after each test."""
+    from memprobe.kernels import user_torch
+
+    yield
+    user_torch.forget_left()
+
+
+def torch_state() -> dict[str, Any]:
+    """torch's process-wide state, read here independently of memprobe's guard."""
+    import torch
+    import torch.utils.deterministic
+
+    b = torch.backends
+    try:
+        precision = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the old and the new settings mixed
+        precision = "mixed"
+    return {
+        "gradients": torch.is_grad_enabled(),
+        "dtype": torch.get_default_dtype(),
+        "device": torch.get_default_device(),
+        "made on": torch.empty(0).device,
+        "anomaly": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+        "autocast": torch.is_autocast_enabled("cpu"),
+        "threads": torch.get_num_threads(),
+        "precision": precision,
+        "backends": [o.fp32_precision for o in (b.cuda.matmul, b.mkldnn.matmul, b.cudnn.conv)],
+        "tf32": b.cuda.matmul.allow_tf32,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "warn only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "fill": torch.utils.deterministic.fill_uninitialized_memory,
+        "warn always": torch.is_warn_always_enabled(),
+        "cudnn": (b.cudnn.enabled, b.cudnn.benchmark, b.cudnn.deterministic),
+        "fp16 reduction": b.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "function modes": torch._C._len_torch_function_stack(),
+        "dispatch modes": torch._C._len_torch_dispatch_stack(),
+        "hooks": torch._C._autograd._top_saved_tensors_default_hooks(False),
+        "hooks disabled": torch._C._autograd._saved_tensors_hooks_get_disabled_error_message(),
+    }
+
+
+def _rows(run: Path) -> dict[str, dict[str, Any]]:
+    rows = json.loads((run / "results.json").read_text())["rows"]
+    return {row["kernel"]: row for row in rows}
+
+
+def _reading(row: dict[str, Any]) -> tuple[Any, ...]:
+    return row["status"], row["peak_bytes"], row["max_abs_err_fwd"], row["max_abs_err_bwd"]
+
+
+# Pass-through modes and hooks a module enters, counting what they see.
+MODES = (
+    "import torch\nfrom torch.overrides import TorchFunctionMode\n"
+    "from torch.utils._python_dispatch import TorchDispatchMode\n"
+    "class Functions(TorchFunctionMode):\n"
+    "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+    "        return func(*args, **(kwargs or {}))\n"
+    "class Dispatches(TorchDispatchMode):\n"
+    "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):\n"
+    "        return func(*args, **(kwargs or {}))\n"
+)
+
+
+def _kernel(top: str, inside: str = "", seen: str = "True") -> str:
+    """A kernel (memprobe's unchunked) whose module runs ``top`` as it is imported, whose
+    call runs ``inside``, and which records whether ``seen`` held as it was called."""
+    return (
+        MODES + "import torch.utils.deterministic\nfrom memprobe.kernels import get_kernel\n"
+        f"seen = []\n{top}\n"
+        "def k(logits, targets, *, chunk_size=None):\n"
+        f"    seen.append(bool({seen}))\n"
+        "    out = get_kernel('unchunked')(logits, targets)\n"
+        f"{inside}"
+        "    return out\n"
+    )
+
+
+# -- A. settings user code changed and left (torch.set_num_threads,
+# set_float32_matmul_precision, use_deterministic_algorithms, fill_uninitialized_memory,
+# cuDNN's and cuBLAS's flags): none of them was put back, so every case after the code's,
+# memprobe's own kernels and its reference ran under them: on one thread, fp32 matmuls in
+# bf16 (oneDNN) or TF32, CUDA backwards without a deterministic implementation failing.
+
+SETTINGS = {
+    "one thread": "torch.set_num_threads(1)",
+    "one thread more": "torch.set_num_threads(torch.get_num_threads() + 1)",
+    "matmul precision medium": "torch.set_float32_matmul_precision('medium')",
+    "matmul precision high": "torch.set_float32_matmul_precision('high')",
+    "oneDNN matmuls in bf16": "torch.backends.mkldnn.matmul.fp32_precision = 'bf16'",
+    "old and new precision mixed": "torch.set_float32_matmul_precision('high'); "
+    "torch.backends.mkldnn.matmul.fp32_precision = 'bf16'",
+    "TF32 by the old flag": "torch.backends.cuda.matmul.allow_tf32 = True",
+    "cuDNN TF32 off": "torch.backends.cudnn.allow_tf32 = False",
+    "deterministic": "torch.use_deterministic_algorithms(True)",
+    "deterministic, warn only": "torch.use_deterministic_algorithms(True, warn_only=True)",
+    "uninitialized memory left as it is": "torch.utils.deterministic."
+    "fill_uninitialized_memory = False",
+    "cuDNN benchmark": "torch.backends.cudnn.benchmark = True",
+    "cuDNN deterministic": "torch.backends.cudnn.deterministic = True",
+    "cuDNN off": "torch.backends.cudnn.enabled = False",
+    "fp16 reductions exact": "torch.backends.cuda.matmul."
+    "allow_fp16_reduced_precision_reduction = False",
+    "warnings always": "torch.set_warn_always(True)",
+}
+
+
+@pytest.mark.parametrize("what", SETTINGS)
+def test_settings_a_kernel_changes_are_put_back(run_cli: Any, here: Path, what: str) -> None:
+    before = torch_state()
+    name = user_module(here, "r19_setting", _kernel("", f"    {SETTINGS[what]}\n"))
+    code, _, err = run_cli(*ON_META, "--kernel", f"{name}:k,{MINE}", "--out", "o")
+    assert code == 0, err
+    assert all(row["status"] == "ok" for row in _rows(here / "o").values())
+    assert torch_state() == before
+
+
+@pytest.mark.parametrize("what", ["kernel", "step"])
+def test_settings_user_code_changes_are_put_back_all_at_once(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    before = torch_state()
+    inside = "".join(f"    {line}\n" for line in SETTINGS.values())
+    if what == "kernel":
+        name = user_module(here, "r19_settings", _kernel("", inside))
+        code, _, err = run_cli(*ON_META, "--kernel", f"{name}:k,{MINE}", "--out", "o")
+    else:
+        step = "import torch.utils.deterministic\n" + TINY_STEP + inside
+        name = user_module(here, "r19_settings_step", step)
+        code, _, err = run_cli("profile", f"{name}:step", "--json")
+    assert code == 0, err
+    assert torch_state() == before
+
+
+# -- B. torch state a user's module set as it was imported (gradients off, a default
+# dtype or device, anomaly detection, autocast, a mode or hooks entered at module level
+# and never left): only a call was guarded, so the state stayed on for memprobe's own
+# kernels and reference: module-level gradients off failed every case of the sweep, a
+# default dtype of float64 changed memprobe's kernels' peaks (unchunked 114,944 B read
+# 115,200 B) and errors, a default device of meta ended the sweep in a traceback, a
+# function mode failed every case. Now it is the module's own: its kernel sees it, and
+# memprobe's kernels read what they read without it.
+
+AT_IMPORT = {
+    "gradients off": ("torch.set_grad_enabled(False)", "not torch.is_grad_enabled()"),
+    "no_grad entered": ("torch.no_grad().__enter__()", "not torch.is_grad_enabled()"),
+    "float64 by default": (
+        "torch.set_default_dtype(torch.float64)",
+        "torch.get_default_dtype() == torch.float64",
+    ),
+    "float16 by default": (
+        "torch.set_default_dtype(torch.float16)",
+        "torch.get_default_dtype() == torch.float16",
+    ),
+    "meta by default": ("torch.set_default_device('meta')", "torch.empty(0).is_meta"),
+    "meta entered": ("torch.device('meta').__enter__()", "torch.empty(0).is_meta"),
+    "anomaly detection": ("torch.autograd.set_detect_anomaly(True)", "torch.is_anomaly_enabled()"),
+    "anomaly detection entered": (
+        "torch.autograd.detect_anomaly().__enter__()",
+        "torch.is_anomaly_enabled()",
+    ),
+    "autocast entered": (
+        "torch.autocast('cpu', dtype=torch.bfloat16).__enter__()",
+        "torch.is_autocast_enabled('cpu')",
+    ),
+    "a function mode": ("Functions().__enter__()", "torch._C._len_torch_function_stack()"),
+    "a dispatch mode": (
+        "Dispatches().__enter__()",
+        "any(isinstance(m, Dispatches) for m in "
+        "torch.utils._python_dispatch._get_current_dispatch_mode_stack())",
+    ),
+    "saved-tensor hooks": (
+        "torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t).__enter__()",
+        "torch._C._autograd._top_saved_tensors_default_hooks(False)",
+    ),
+    "saved-tensor hooks disabled": (
+        "kept = torch.autograd.graph.disable_saved_tensors_hooks('mine'); kept.__enter__()",
+        "torch._C._autograd._saved_tensors_hooks_get_disabled_error_message() == 'mine'",
+    ),
+    "save_on_cpu": (
+        "torch.autograd.graph.save_on_cpu().__enter__()",
+        "torch._C._autograd._top_saved_tensors_default_hooks(False)",
+    ),
+    "one thread more": (
+        "threads = torch.get_num_threads() + 1; torch.set_num_threads(threads)",
+        "torch.get_num_threads() == threads",
+    ),
+    "deterministic": (
+        "torch.use_deterministic_algorithms(True)",
+        "torch.are_deterministic_algorithms_enabled()",
+    ),
+    "matmul precision medium": (
+        "torch.set_float32_matmul_precision('medium')",
+        "torch.get_float32_matmul_precision() == 'medium'",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def clean_rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """memprobe's kernels swept on cpu (with the reference) with no user code before them."""
+    return _rows(swept(tmp_path_factory.mktemp("clean") / "run", *ON_CPU[1:], "--kernel", MINE))
+
+
+@pytest.mark.parametrize("what", AT_IMPORT)
+def test_state_a_kernels_module_sets_as_it_is_imported_is_its_own(
+    run_cli: Any, here: Path, what: str, clean_rows: dict[str, dict[str, Any]]
+) -> None:
+    before = torch_state()
+    top, seen = AT_IMPORT[what]
+    name = user_module(here, "r19_at_import", _kernel(top, seen=seen))
+    code, _, err = run_cli(*ON_CPU, "--kernel", f"{name}:k,{MINE}", "--out", "o")
+    assert code == 0, err
+    rows = _rows(here / "o")
+    for kernel in MINE.split(","):
+        assert _reading(rows[kernel]) == _reading(clean_rows[kernel]), rows[kernel]["note"]
+    assert torch_state() == before
+    import sys
+
+    seen_by_kernel = sys.modules[name].seen
+    assert seen_by_kernel and all(seen_by_kernel)  # what its module set up
+
+
+STEP_AT_IMPORT = {
+    name: AT_IMPORT[name]
+    for name in (
+        "float64 by default",
+        "meta by default",
+        "a function mode",
+        "a dispatch mode",
+        "autocast entered",
+        "one thread more",
+        "deterministic",
+    )
+}
+
+
+@pytest.mark.parametrize("what", STEP_AT_IMPORT)
+def test_state_a_steps_module_sets_as_it_is_imported_is_its_own(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    before = torch_state()
+    top, seen = STEP_AT_IMPORT[what]
+    body = MODES + f"seen = []\n{top}\n" + TINY_STEP + f"    seen.append(bool({seen}))\n"
+    name = user_module(here, "r19_step_import", body)
+    code, out, err = run_cli("profile", f"{name}:step", "--json")
+    assert code == 0 and json.loads(out), err
+    assert torch_state() == before
+    import sys
+
+    assert sys.modules[name].seen == [True]
+
+
+def test_state_two_modules_set_is_theirs_alike(run_cli: Any, here: Path) -> None:
+    # The second module imported sees the first's (a user's code is one body of code), and
+    # both kernels see what both set up; memprobe's own kernel neither.
+    first = user_module(here, "r19_first", _kernel("torch.set_num_threads(3)"))
+    both = "torch.get_num_threads() == 3 and torch.are_deterministic_algorithms_enabled()"
+    second = user_module(
+        here, "r19_second", _kernel("torch.use_deterministic_algorithms(True)", seen=both)
+    )
+    before = torch_state()
+    kernels = f"{first}:k,unchunked,{second}:k"
+    code, _, err = run_cli(*ON_META, "--kernel", kernels, "--out", "o")
+    assert code == 0, err
+    assert all(row["status"] == "ok" for row in _rows(here / "o").values())
+    assert torch_state() == before
+    import sys
+
+    assert sys.modules[second].seen and all(sys.modules[second].seen)
