@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from hostile import TINY_STEP, swept, user_module
 
+pytest_plugins = ["pytester"]
+
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--no-report", "-q"]
 ON_META = [*SWEEP, "--device", "meta", "--no-verify"]
 # On cpu with the reference: a kernel's peak and its errors against it.
@@ -292,3 +294,74 @@ def test_state_two_modules_set_is_theirs_alike(run_cli: Any, here: Path) -> None
     import sys
 
     assert sys.modules[second].seen and all(sys.modules[second].seen)
+
+
+# -- C. the pytest marker and a test body that left a mode entered (a TorchDispatchMode, a
+# TorchFunctionMode, torch.device('meta').__enter__()): leaving the meta device and the
+# tracker pops the top of torch's stacks, so the body's mode was popped in their place:
+# memprobe's tracker stayed on, recording every later test, or the meta default device
+# stayed for every later test (their tensors meta, their values unreadable). Defaults the
+# body changed (gradients off, float64) stayed too. After a marked test, torch's state is
+# as before it, and the body's peak is read as it would be without the mode.
+
+LEFT_BY_A_BODY = {
+    "a dispatch mode": ("meta", "Dispatches().__enter__()"),
+    "a function mode": ("meta", "Functions().__enter__()"),
+    "both modes": ("meta", "Functions().__enter__(); Dispatches().__enter__()"),
+    "meta entered": ("meta", "torch.device('meta').__enter__()"),
+    "cpu entered on meta": ("meta", "torch.device('cpu').__enter__()"),
+    "a default device": ("meta", "torch.set_default_device('meta')"),
+    "gradients off": ("meta", "torch.set_grad_enabled(False)"),
+    "float64 by default": ("meta", "torch.set_default_dtype(torch.float64)"),
+    "autocast entered": ("meta", "torch.autocast('cpu', dtype=torch.bfloat16).__enter__()"),
+    "one thread more": ("meta", "torch.set_num_threads(torch.get_num_threads() + 1)"),
+    "a dispatch mode on cpu": ("cpu", "Dispatches().__enter__()"),
+    "meta entered on cpu": ("cpu", "torch.device('meta').__enter__()"),
+    "saved-tensor hooks on cpu": (
+        "cpu",
+        "torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t).__enter__()",
+    ),
+}
+
+
+def _marked_tests() -> str:
+    import inspect
+
+    body = [
+        "from typing import Any\nimport pytest\n" + MODES,
+        inspect.getsource(torch_state),
+        "BEFORE = torch_state()\n",
+    ]
+    for i, (device, left) in enumerate(LEFT_BY_A_BODY.values()):
+        body.append(
+            f"@pytest.mark.limit_peak_memory('1.5 MiB', device={device!r})\n"
+            f"def test_{i:02}_marked():\n"
+            "    x = torch.empty(256, 1024)  # 1 MiB\n"
+            f"    {left}\n"
+            "    del x\n"
+            f"def test_{i:02}_after():\n"
+            "    assert torch_state() == BEFORE\n"
+            "    assert torch.empty(1).device.type == 'cpu'\n"
+        )
+    # A body over its limit after the same: the peak is the body's own (2 MiB), read so.
+    body.append(
+        "@pytest.mark.limit_peak_memory('1 MiB')\n"
+        "def test_zz_over():\n"
+        "    Dispatches().__enter__()\n"
+        "    torch.empty(512, 1024)\n"
+    )
+    return "\n".join(body)
+
+
+def test_the_marker_leaves_torchs_state_as_it_was(pytester: pytest.Pytester) -> None:
+    from importlib.metadata import entry_points
+
+    installed = any(
+        ep.value == "memprobe.commands.pytest_plugin" for ep in entry_points(group="pytest11")
+    )
+    pytester.makepyfile(test_marked=_marked_tests())
+    args = () if installed else ("-p", "memprobe.commands.pytest_plugin")
+    # In a process of its own: a mode left on here would be on for this session's tests.
+    result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider", *args)
+    result.assert_outcomes(passed=2 * len(LEFT_BY_A_BODY), failed=1)
+    result.stdout.fnmatch_lines(["*torch tensors peaked at 2.00 MiB on meta, over the limit*"])
