@@ -70,13 +70,14 @@ MEMPROBE_READS = (
 
 @contextlib.contextmanager
 def environment_kept() -> Iterator[None]:
-    """Put back the variables of :data:`MEMPROBE_READS`, the umask and the recursion limit
-    user code changed: a step that set MPLBACKEND ended `profile --html` in matplotlib's
-    traceback; a kernel that set WORLD_SIZE failed its sweep after the last case,
-    "WORLD_SIZE='two' in the environment", a variable the user never set; a umask of 0o777
-    left memprobe's outputs unreadable (mode 000); a recursion limit of 60 failed every
-    case after the kernel's, memprobe's own kernels too, and the report's template ended in
-    a RecursionError. The code's other variables are its own, left as it set them.
+    """Put back the variables of :data:`MEMPROBE_READS`, the umask, the recursion limit and
+    the resource limits (:data:`_LIMITS`) user code changed: a step that set MPLBACKEND
+    ended `profile --html` in matplotlib's traceback; a kernel that set WORLD_SIZE failed
+    its sweep after the last case, "WORLD_SIZE='two' in the environment", a variable the
+    user never set; a umask of 0o777 left memprobe's outputs unreadable (mode 000); a
+    recursion limit of 60 failed every case after the kernel's, memprobe's own kernels too,
+    and the report's template ended in a RecursionError. The code's other variables are its
+    own, left as it set them.
 
     sys.path too: entries the code removed (``sys.path[:] = [...]``) are put back at its
     end, so that what memprobe imports later (torch._dynamo at the first autograd op,
@@ -89,9 +90,11 @@ def environment_kept() -> Iterator[None]:
     os.umask(umask)
     depth = sys.getrecursionlimit()
     path = list(sys.path)
+    limits = _limits()
     try:
         yield
     finally:
+        _put_back_limits(limits)
         os.umask(umask)
         sys.setrecursionlimit(depth)
         if not isinstance(sys.path, list):  # replaced by something else altogether
@@ -104,6 +107,45 @@ def environment_kept() -> Iterator[None]:
                 else:
                     os.environ[name] = value
         _put_back_signal_handlers(handlers)
+
+
+# The resource limits that decide whether memprobe's own work after user code can run: a
+# kernel that set RLIMIT_FSIZE to 100 bytes failed the sweep at its first snapshot
+# ("cannot write snapshot ... File too large"), with no word of the kernel; a CPU-time
+# limit ended the process (SIGXCPU) in whatever memprobe ran then, and open files,
+# address space, data and processes failed it alike. Only the soft limits: a hard limit
+# user code lowered cannot be raised again by an unprivileged process.
+_LIMITS = (
+    "RLIMIT_CPU",
+    "RLIMIT_FSIZE",
+    "RLIMIT_NOFILE",
+    "RLIMIT_AS",
+    "RLIMIT_DATA",
+    "RLIMIT_NPROC",
+)
+
+
+def _limits() -> dict[int, tuple[int, int]]:
+    try:
+        import resource
+    except ImportError:  # not on Unix: no limits to change
+        return {}
+    kinds = (getattr(resource, name) for name in _LIMITS if hasattr(resource, name))
+    return {kind: resource.getrlimit(kind) for kind in kinds}
+
+
+def _put_back_limits(saved: dict[int, tuple[int, int]]) -> None:
+    """The soft limits of :data:`_LIMITS` user code changed, put back (as far as the hard
+    limit it left allows)."""
+    import resource
+
+    for kind, (soft, _) in saved.items():
+        now_soft, hard = resource.getrlimit(kind)
+        if now_soft != soft:
+            if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+                soft = hard
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(kind, (soft, hard))
 
 
 # The signals whose handlers decide how memprobe's process ends or waits: Ctrl-C and

@@ -365,3 +365,43 @@ def test_the_marker_leaves_torchs_state_as_it_was(pytester: pytest.Pytester) -> 
     result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider", *args)
     result.assert_outcomes(passed=2 * len(LEFT_BY_A_BODY), failed=1)
     result.stdout.fnmatch_lines(["*torch tensors peaked at 2.00 MiB on meta, over the limit*"])
+
+
+# -- D (the fresh pass). resource limits user code lowered or raised: a kernel that set
+# RLIMIT_FSIZE to 100 bytes failed the sweep at its first snapshot ("cannot write
+# snapshot ... File too large"), a CPU-time limit ended the process with SIGXCPU in
+# memprobe's own later work. Soft limits are put back; the ones here are harmless to
+# leave in a test process, where the defect would leave them.
+
+LIMITS = {
+    "file size 100 bytes": "soft(resource.RLIMIT_FSIZE, 100)",
+    "an hour more CPU time": "soft(resource.RLIMIT_CPU, int(time.process_time()) + 3600)",
+    "one open file fewer": "soft(resource.RLIMIT_NOFILE, "
+    "resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1)",
+    "an address space of 64 TiB": "soft(resource.RLIMIT_AS, 2**46)",
+    "a data segment of 64 TiB": "soft(resource.RLIMIT_DATA, 2**46)",
+}
+# Only the soft limit: a hard limit lowered cannot be raised again.
+SOFT = (
+    "import resource, time\n"
+    "def soft(kind, value):\n"
+    "    resource.setrlimit(kind, (value, resource.getrlimit(kind)[1]))\n"
+)
+
+
+def _limits() -> list[tuple[int, int]]:
+    import resource
+
+    kinds = ("RLIMIT_CPU", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_DATA")
+    return [resource.getrlimit(getattr(resource, kind)) for kind in kinds]
+
+
+@pytest.mark.parametrize("what", LIMITS)
+def test_resource_limits_a_kernel_changes_are_put_back(run_cli: Any, here: Path, what: str) -> None:
+    pytest.importorskip("resource")
+    before = _limits()
+    name = user_module(here, "r19_limits", _kernel(SOFT, f"    {LIMITS[what]}\n"))
+    code, _, err = run_cli(*ON_META, "--kernel", f"{name}:k,{MINE}", "--out", "o")
+    assert code == 0, err
+    assert all(row["status"] == "ok" for row in _rows(here / "o").values())
+    assert _limits() == before
