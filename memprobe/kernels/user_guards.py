@@ -79,17 +79,18 @@ def environment_kept() -> Iterator[None]:
     and the report's template ended in a RecursionError. The code's other variables are its
     own, left as it set them.
 
-    sys.path too: entries the code removed (``sys.path[:] = [...]``) are put back at its
-    end, so that what memprobe imports later (torch._dynamo at the first autograd op,
-    matplotlib to draw) is found: a sweep's report lost its plots without a word, and
-    attribute --html ended in a ModuleNotFoundError. Entries it added stay, where it put
-    them (a kernel may import from them later)."""
+    sys.path too (sys.meta_path and sys.path_hooks alike): entries the code removed
+    (``sys.path[:] = [...]``) are put back at its end, so that what memprobe imports later
+    (torch._dynamo at the first autograd op, matplotlib to draw) is found: a sweep's report
+    lost its plots without a word, and attribute --html ended in a ModuleNotFoundError.
+    Entries it added stay, where it put them (a kernel may import from them later)."""
     saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
     handlers = _signal_handlers()
     umask = os.umask(0o077)  # read by setting; put back at once
     os.umask(umask)
     depth = sys.getrecursionlimit()
     path = list(sys.path)
+    importers = {name: list(getattr(sys, name)) for name in _IMPORTERS}
     limits = _limits()
     try:
         yield
@@ -100,6 +101,7 @@ def environment_kept() -> Iterator[None]:
         if not isinstance(sys.path, list):  # replaced by something else altogether
             sys.path = []
         sys.path.extend(entry for entry in path if entry not in sys.path)
+        _put_back_removed(importers)
         for name, value in saved.items():
             if os.environ.get(name) != value:
                 if value is None:
@@ -107,6 +109,27 @@ def environment_kept() -> Iterator[None]:
                 else:
                     os.environ[name] = value
         _put_back_signal_handlers(handlers)
+
+
+# How Python imports, beside sys.path: a module that cleared sys.path_hooks (or
+# sys.meta_path) as it was imported left memprobe unable to import anything after it:
+# the sweep ended in a ModuleNotFoundError from pandas writing results.csv, a traceback
+# and no results at all. Entries removed are put back; entries added stay (a module's
+# own finder, six's, may be what a later import of the code's needs).
+_IMPORTERS = ("meta_path", "path_hooks")
+
+
+def _put_back_removed(saved: dict[str, list[Any]]) -> None:
+    for name, entries in saved.items():
+        now = getattr(sys, name)
+        if not isinstance(now, list):  # replaced by something else altogether
+            now = []
+            setattr(sys, name, now)
+        missing = [entry for entry in entries if not any(entry is e for e in now)]
+        if missing:
+            now.extend(missing)
+            if name == "path_hooks":
+                sys.path_importer_cache.clear()  # entries found no finder without them
 
 
 # The resource limits that decide whether memprobe's own work after user code can run: a
@@ -347,21 +370,26 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
 # swapped in only while user code runs, so the code sees its own and memprobe torch's.
 # By (namespace, name): the namespace, torch's own value (_ABSENT: inherited, on
 # torch.Tensor, from torch's C base), the code's.
+# Python's builtins too: a module that replaced builtins.open (a sandbox, a file-access
+# tracer that raised for paths not its own) ended the sweep in its PermissionError as
+# memprobe wrote the report, after every case had run.
 _REPLACED: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
 _ABSENT = object()
 
 
 @contextlib.contextmanager
 def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
-    """Swap in what user code replaced of torch, torch.Tensor and torch.nn.functional
-    while it runs (``theirs``: the code is the user's, not one of memprobe's kernels), and
-    torch's own back when it returns. Names the code adds to a module
+    """Swap in what user code replaced of torch, torch.Tensor, torch.nn.functional and
+    Python's builtins while it runs (``theirs``: the code is the user's, not one of
+    memprobe's kernels), and the own back when it returns. Names the code adds to a module
     stay (torch adds its submodules as they are imported); on torch.Tensor a name added
     shadows the C base's method, and is a replacement."""
+    import builtins
+
     import torch
     import torch.nn.functional
 
-    owners = (torch, torch.Tensor, torch.nn.functional)
+    owners = (torch, torch.Tensor, torch.nn.functional, builtins)
     if theirs:
         for owner, name, _, replacement in _REPLACED.values():
             setattr(owner, name, replacement)

@@ -405,3 +405,70 @@ def test_resource_limits_a_kernel_changes_are_put_back(run_cli: Any, here: Path,
     assert code == 0, err
     assert all(row["status"] == "ok" for row in _rows(here / "o").values())
     assert _limits() == before
+
+
+# -- E (the fresh pass). Python's builtins a module replaced as it was imported: a
+# builtins.open that raised for paths not its own (a sandbox, a file-access tracer) ended
+# the sweep in its PermissionError as memprobe wrote the report, after every case had run.
+# A replacement is the code's own, swapped in while it runs (as torch functions are).
+
+BUILTINS = {
+    "open that refuses other paths": (
+        "_open = builtins.open\n"
+        "def mine(file, *args, **kwargs):\n"
+        "    if 'r19_builtins' not in str(file):\n"
+        "        raise PermissionError(f'not mine: {file}')\n"
+        "    return _open(file, *args, **kwargs)\n"
+        "builtins.open = mine\n",
+        "builtins.open is mine",
+    ),
+    "print for rank 0 only": (
+        "def mine(*args, **kwargs):\n    pass\nbuiltins.print = mine\n",
+        "builtins.print is mine",
+    ),
+    "round gone": ("mine = None\nbuiltins.round = mine\n", "builtins.round is mine"),
+}
+
+
+@pytest.mark.parametrize("what", BUILTINS)
+def test_builtins_a_module_replaces_are_its_own(run_cli: Any, here: Path, what: str) -> None:
+    import builtins
+    import sys
+
+    before = dict(vars(builtins))
+    top, seen = BUILTINS[what]
+    name = user_module(here, "r19_builtins", _kernel("import builtins\n" + top, seen=seen))
+    code, _, err = run_cli(*ON_CPU, "--kernel", f"{name}:k,{MINE}", "--out", "o")
+    assert code == 0, err
+    rows = _rows(here / "o")
+    assert all(row["status"] == "ok" for kernel, row in rows.items() if kernel in MINE)
+    assert {n: v for n, v in vars(builtins).items() if n in before} == before
+    assert sys.modules[name].seen and all(sys.modules[name].seen)
+
+
+# -- F (the fresh pass). Python's import machinery a module emptied as it was imported
+# (sys.path_hooks or sys.meta_path cleared, or replaced by an empty list): every import of
+# memprobe's after it failed, the sweep ended in a ModuleNotFoundError from pandas writing
+# results.csv, a traceback and no results at all. Entries removed are put back, as
+# sys.path's are.
+
+IMPORTERS = {
+    "path hooks cleared": "sys.path_hooks.clear(); sys.path_importer_cache.clear()",
+    "path hooks replaced": "sys.path_hooks = []; sys.path_importer_cache.clear()",
+    "meta path cleared": "sys.meta_path.clear()",
+    "meta path replaced": "sys.meta_path = []",
+    "meta path without its path finder": "sys.meta_path[:] = sys.meta_path[:-1]",
+}
+
+
+@pytest.mark.parametrize("what", IMPORTERS)
+def test_import_machinery_a_module_empties_is_put_back(run_cli: Any, here: Path, what: str) -> None:
+    import sys
+
+    before = list(sys.meta_path), list(sys.path_hooks)
+    name = user_module(here, "r19_importers", _kernel(f"import sys\n{IMPORTERS[what]}\n"))
+    code, _, err = run_cli(*ON_META, "--kernel", f"{name}:k,{MINE}", "--out", "o")
+    assert code == 0, err
+    assert all(row["status"] == "ok" for row in _rows(here / "o").values())
+    assert all(f in sys.meta_path for f in before[0]), sys.meta_path
+    assert all(h in sys.path_hooks for h in before[1]), sys.path_hooks
