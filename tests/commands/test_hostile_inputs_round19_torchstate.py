@@ -228,6 +228,7 @@ def clean_rows(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, 
     return _rows(swept(tmp_path_factory.mktemp("clean") / "run", *ON_CPU[1:], "--kernel", MINE))
 
 
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")
 @pytest.mark.parametrize("what", AT_IMPORT)
 def test_state_a_kernels_module_sets_as_it_is_imported_is_its_own(
     run_cli: Any, here: Path, what: str, clean_rows: dict[str, dict[str, Any]]
