@@ -130,6 +130,7 @@ def _measure_tracked(
 
     import torch
 
+    from memprobe.kernels.user_torch import torch_state_kept
     from memprobe.measure.tracker import AllocationTracker, threads_started
 
     tracker = AllocationTracker()
@@ -137,7 +138,12 @@ def _measure_tracked(
     # allocates for real (tens of GiB) instead of simulating.
     default_device = torch.device("meta") if simulate else contextlib.nullcontext()
     with default_device, tracker, threads_started() as started:
-        result = yield
+        # Inside memprobe's own modes: leaving the device and the tracker pops the top of
+        # torch's stacks, so a mode the body entered and left on was popped in their place
+        # (a dispatch mode: the tracker stayed on, recording every later test; a function
+        # mode or torch.device(...): the meta default device stayed for every later test).
+        with torch_state_kept():
+            result = yield
     if started[0]:
         # The tracker and the meta default device hold for the test's own thread only
         # (torch's modes are per thread): a body that allocated 8 MiB in a thread it
@@ -160,9 +166,12 @@ def _measure_cuda() -> Generator[None, object, tuple[object, int, list[Event] | 
     # One-time allocations of CUDA libraries (cuBLAS workspaces of this thread and of
     # autograd's device thread) are made now, so the first measured test is not charged.
     warm_up_device()
+    from memprobe.kernels.user_torch import torch_state_kept
+
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    result = yield
+    with torch_state_kept():  # the body's torch defaults and modes are not the next test's
+        result = yield
     torch.cuda.synchronize()
     # Tensors alive before the body (fixtures) are not the body's doing.
     return result, torch.cuda.max_memory_allocated() - before, None

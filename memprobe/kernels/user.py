@@ -48,9 +48,9 @@ from memprobe.kernels.user_guards import (
     process_kept,
     streams_kept,
     torch_functions_kept,
-    torch_state_kept,
 )
 from memprobe.kernels.user_hooks import logging_kept, modules_kept, tracing_kept
+from memprobe.kernels.user_torch import torch_state_kept
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
 _SIGNATURES = {
@@ -218,16 +218,15 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def _guarded(*, theirs: bool, torch_state: bool = True) -> Iterator[None]:
+def _guarded(*, theirs: bool, importing: bool = False) -> Iterator[None]:
     """Every guard around user code, in one list: a call (:func:`user_code`) and an import
-    (:func:`_importing`) are guarded alike, except that only a call has torch's state
-    put back (:func:`torch_state_kept`), as before the guards were listed here."""
+    (:func:`_importing`) are guarded alike; what a module leaves of torch's state as it is
+    imported is its own (:func:`torch_state_kept`), swapped in for its later code."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(cwd_kept())
         stack.enter_context(streams_kept())
-        if torch_state:
-            stack.enter_context(torch_state_kept())
         for guard in (
+            torch_state_kept(theirs, importing=importing),
             torch_functions_kept(theirs),
             process_kept(),
             environment_kept(),
@@ -242,7 +241,7 @@ def _guarded(*, theirs: bool, torch_state: bool = True) -> Iterator[None]:
 def _importing() -> contextlib.AbstractContextManager[None]:
     """The guards around the import of a user's module: what it runs as it is imported
     (a library's logging.basicConfig, a print) is user code too."""
-    return _guarded(theirs=True, torch_state=False)
+    return _guarded(theirs=True, importing=True)
 
 
 def _import(module_name: str, path: str, what: str) -> Any:

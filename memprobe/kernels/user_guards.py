@@ -1,6 +1,6 @@
 """What user code may change in memprobe's process, and memprobe puts back after each
 call and import of it (:func:`memprobe.kernels.user.user_code`): the current directory,
-the standard streams, torch's global state, the threads and forks it starts, the
+the standard streams, the torch functions it replaces, the threads and forks it starts, the
 environment variables memprobe reads, the umask, the recursion limit and sys.path."""
 
 from __future__ import annotations
@@ -70,33 +70,38 @@ MEMPROBE_READS = (
 
 @contextlib.contextmanager
 def environment_kept() -> Iterator[None]:
-    """Put back the variables of :data:`MEMPROBE_READS`, the umask and the recursion limit
-    user code changed: a step that set MPLBACKEND ended `profile --html` in matplotlib's
-    traceback; a kernel that set WORLD_SIZE failed its sweep after the last case,
-    "WORLD_SIZE='two' in the environment", a variable the user never set; a umask of 0o777
-    left memprobe's outputs unreadable (mode 000); a recursion limit of 60 failed every
-    case after the kernel's, memprobe's own kernels too, and the report's template ended in
-    a RecursionError. The code's other variables are its own, left as it set them.
+    """Put back the variables of :data:`MEMPROBE_READS`, the umask, the recursion limit and
+    the resource limits (:data:`_LIMITS`) user code changed: a step that set MPLBACKEND
+    ended `profile --html` in matplotlib's traceback; a kernel that set WORLD_SIZE failed
+    its sweep after the last case, "WORLD_SIZE='two' in the environment", a variable the
+    user never set; a umask of 0o777 left memprobe's outputs unreadable (mode 000); a
+    recursion limit of 60 failed every case after the kernel's, memprobe's own kernels too,
+    and the report's template ended in a RecursionError. The code's other variables are its
+    own, left as it set them.
 
-    sys.path too: entries the code removed (``sys.path[:] = [...]``) are put back at its
-    end, so that what memprobe imports later (torch._dynamo at the first autograd op,
-    matplotlib to draw) is found: a sweep's report lost its plots without a word, and
-    attribute --html ended in a ModuleNotFoundError. Entries it added stay, where it put
-    them (a kernel may import from them later)."""
+    sys.path too (sys.meta_path and sys.path_hooks alike): entries the code removed
+    (``sys.path[:] = [...]``) are put back at its end, so that what memprobe imports later
+    (torch._dynamo at the first autograd op, matplotlib to draw) is found: a sweep's report
+    lost its plots without a word, and attribute --html ended in a ModuleNotFoundError.
+    Entries it added stay, where it put them (a kernel may import from them later)."""
     saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
     handlers = _signal_handlers()
     umask = os.umask(0o077)  # read by setting; put back at once
     os.umask(umask)
     depth = sys.getrecursionlimit()
     path = list(sys.path)
+    importers = {name: list(getattr(sys, name)) for name in _IMPORTERS}
+    limits = _limits()
     try:
         yield
     finally:
+        _put_back_limits(limits)
         os.umask(umask)
         sys.setrecursionlimit(depth)
         if not isinstance(sys.path, list):  # replaced by something else altogether
             sys.path = []
         sys.path.extend(entry for entry in path if entry not in sys.path)
+        _put_back_removed(importers)
         for name, value in saved.items():
             if os.environ.get(name) != value:
                 if value is None:
@@ -104,6 +109,66 @@ def environment_kept() -> Iterator[None]:
                 else:
                     os.environ[name] = value
         _put_back_signal_handlers(handlers)
+
+
+# How Python imports, beside sys.path: a module that cleared sys.path_hooks (or
+# sys.meta_path) as it was imported left memprobe unable to import anything after it:
+# the sweep ended in a ModuleNotFoundError from pandas writing results.csv, a traceback
+# and no results at all. Entries removed are put back; entries added stay (a module's
+# own finder, six's, may be what a later import of the code's needs).
+_IMPORTERS = ("meta_path", "path_hooks")
+
+
+def _put_back_removed(saved: dict[str, list[Any]]) -> None:
+    for name, entries in saved.items():
+        now = getattr(sys, name)
+        if not isinstance(now, list):  # replaced by something else altogether
+            now = []
+            setattr(sys, name, now)
+        missing = [entry for entry in entries if not any(entry is e for e in now)]
+        if missing:
+            now.extend(missing)
+            if name == "path_hooks":
+                sys.path_importer_cache.clear()  # entries found no finder without them
+
+
+# The resource limits that decide whether memprobe's own work after user code can run: a
+# kernel that set RLIMIT_FSIZE to 100 bytes failed the sweep at its first snapshot
+# ("cannot write snapshot ... File too large"), with no word of the kernel; a CPU-time
+# limit ended the process (SIGXCPU) in whatever memprobe ran then, and open files,
+# address space, data and processes failed it alike. Only the soft limits: a hard limit
+# user code lowered cannot be raised again by an unprivileged process.
+_LIMITS = (
+    "RLIMIT_CPU",
+    "RLIMIT_FSIZE",
+    "RLIMIT_NOFILE",
+    "RLIMIT_AS",
+    "RLIMIT_DATA",
+    "RLIMIT_NPROC",
+)
+
+
+def _limits() -> dict[int, tuple[int, int]]:
+    try:
+        import resource
+    except ImportError:  # not on Unix: no limits to change
+        return {}
+    kinds = (getattr(resource, name) for name in _LIMITS if hasattr(resource, name))
+    return {kind: resource.getrlimit(kind) for kind in kinds}
+
+
+def _put_back_limits(saved: dict[int, tuple[int, int]]) -> None:
+    """The soft limits of :data:`_LIMITS` user code changed, put back (as far as the hard
+    limit it left allows)."""
+    import resource
+
+    for kind, (soft, _) in saved.items():
+        now_soft, hard = resource.getrlimit(kind)
+        if now_soft != soft:
+            if hard != resource.RLIM_INFINITY and (soft == resource.RLIM_INFINITY or soft > hard):
+                soft = hard
+            with contextlib.suppress(OSError, ValueError):
+                resource.setrlimit(kind, (soft, hard))
 
 
 # The signals whose handlers decide how memprobe's process ends or waits: Ctrl-C and
@@ -298,34 +363,6 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
             os.close(saved)
 
 
-@contextlib.contextmanager
-def torch_state_kept() -> Iterator[None]:
-    """Put back torch's process-wide defaults user code changed (anomaly detection too): a
-    kernel that turned gradients off (``torch.set_grad_enabled(False)``) failed every case
-    after its own, memprobe's kernels included; a default dtype or device it set would
-    shape theirs."""
-    import torch
-
-    grad, dtype, device = torch.is_grad_enabled(), torch.get_default_dtype(), _default_device()
-    # Anomaly detection reads every gradient's values: left on, it failed memprobe's own
-    # kernels on meta after the user's ("Tensor.item() cannot be called on meta tensors").
-    anomaly = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
-    autocast = _autocast_state()
-    stacks = _stack_depths()
-    try:
-        yield
-    finally:
-        _put_back_stacks(stacks)
-        _put_back_autocast(autocast)
-        torch.set_grad_enabled(grad)
-        if (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()) != anomaly:
-            torch.set_anomaly_enabled(*anomaly)
-        if torch.get_default_dtype() != dtype:
-            torch.set_default_dtype(dtype)
-        if _default_device() != device:
-            torch.set_default_device(device)
-
-
 # Functions of torch's that user code replaces (``torch.Tensor.float = ...``, a library's
 # ``F.cross_entropy = fast_ce`` as it is imported): left in place, memprobe's own kernels
 # ran the replacement in every case after the code's and its peaks were reported as
@@ -333,21 +370,26 @@ def torch_state_kept() -> Iterator[None]:
 # swapped in only while user code runs, so the code sees its own and memprobe torch's.
 # By (namespace, name): the namespace, torch's own value (_ABSENT: inherited, on
 # torch.Tensor, from torch's C base), the code's.
+# Python's builtins too: a module that replaced builtins.open (a sandbox, a file-access
+# tracer that raised for paths not its own) ended the sweep in its PermissionError as
+# memprobe wrote the report, after every case had run.
 _REPLACED: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
 _ABSENT = object()
 
 
 @contextlib.contextmanager
 def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
-    """Swap in what user code replaced of torch, torch.Tensor and torch.nn.functional
-    while it runs (``theirs``: the code is the user's, not one of memprobe's kernels), and
-    torch's own back when it returns. Names the code adds to a module
+    """Swap in what user code replaced of torch, torch.Tensor, torch.nn.functional and
+    Python's builtins while it runs (``theirs``: the code is the user's, not one of
+    memprobe's kernels), and the own back when it returns. Names the code adds to a module
     stay (torch adds its submodules as they are imported); on torch.Tensor a name added
     shadows the C base's method, and is a replacement."""
+    import builtins
+
     import torch
     import torch.nn.functional
 
-    owners = (torch, torch.Tensor, torch.nn.functional)
+    owners = (torch, torch.Tensor, torch.nn.functional, builtins)
     if theirs:
         for owner, name, _, replacement in _REPLACED.values():
             setattr(owner, name, replacement)
@@ -369,80 +411,3 @@ def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
                     delattr(owner, name)
             else:
                 setattr(owner, name, own)
-
-
-def _default_device() -> Any:
-    import torch
-
-    # None where no default device was set (tensors go to cpu), as set_default_device reads it.
-    device = torch.get_default_device()
-    return None if device == torch.device("cpu") else device
-
-
-# Autocast and the stacks autograd and dispatch keep are process-wide too, and a context
-# user code entered and never left (``torch.autocast("cpu").__enter__()``, a
-# ``save_on_cpu()`` it forgot to close, a TorchFunctionMode pushed as it was imported)
-# stayed on for every case after its own: autocast ran memprobe's fp32 linear kernels'
-# matmuls in bf16 (a larger peak, an error of 0.05 where it is 3e-6, both reported as
-# measured); saved-tensor hooks moved what autograd saves off the device (on meta:
-# "Cannot copy out of meta tensor" for every later kernel); a function mode failed them all.
-_AUTOCAST_DEVICES = ("cpu", "cuda")
-
-
-def _autocast_state() -> tuple[tuple[bool, Any], ...]:
-    import torch
-
-    return tuple(
-        (torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in _AUTOCAST_DEVICES
-    )
-
-
-def _put_back_autocast(saved: tuple[tuple[bool, Any], ...]) -> None:
-    import torch
-
-    if _autocast_state() == saved:
-        return
-    for device, (enabled, dtype) in zip(_AUTOCAST_DEVICES, saved, strict=True):
-        torch.set_autocast_enabled(device, enabled)
-        torch.set_autocast_dtype(device, dtype)
-    torch.clear_autocast_cache()  # casts made under the code's autocast are not memprobe's
-
-
-def _stack_depths() -> tuple[Any, bool, int, int]:
-    """The top saved-tensor hooks (None: none), whether such hooks are allowed, and how
-    many torch-function and dispatch modes are pushed."""
-    import torch
-
-    autograd: Any = torch._C._autograd  # private: not in its stubs
-    return (
-        autograd._top_saved_tensors_default_hooks(False),
-        autograd._saved_tensors_hooks_is_enabled(),
-        torch._C._len_torch_function_stack(),
-        torch._C._len_torch_dispatch_stack(),
-    )
-
-
-def _put_back_stacks(saved: tuple[Any, bool, int, int]) -> None:
-    """Pop what user code pushed and left (hooks, modes); what it popped of memprobe's
-    cannot be pushed back from here, and memprobe pushes none around user code."""
-    import torch
-    from torch.utils._python_dispatch import _pop_mode
-
-    autograd: Any = torch._C._autograd  # private: not in its stubs
-    hooks, hooks_enabled, functions, dispatches = saved
-    # A stack's depth is not readable for hooks: pop until memprobe's top is on top again
-    # (bounded: a code that popped it leaves an empty stack, and the loop ends there).
-    for _ in range(10_000):
-        top = autograd._top_saved_tensors_default_hooks(False)
-        if top is None or top == hooks:
-            break
-        autograd._pop_saved_tensors_default_hooks()
-    if autograd._saved_tensors_hooks_is_enabled() != hooks_enabled:
-        if hooks_enabled:
-            autograd._saved_tensors_hooks_enable()
-        else:  # pragma: no cover - memprobe never calls user code with hooks disabled
-            autograd._saved_tensors_hooks_disable("disabled")
-    while torch._C._len_torch_function_stack() > functions:
-        torch._C._pop_torch_function_stack()
-    while torch._C._len_torch_dispatch_stack() > dispatches:
-        _pop_mode()
