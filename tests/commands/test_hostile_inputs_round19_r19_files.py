@@ -1,0 +1,73 @@
+"""Hostile inputs, round 19, files a user hands memprobe: snapshots written by other tools
+or versions (a trace whose clock runs backwards, a file recorded without history set
+beside one with it) and run folders whose run.json parses but is not the run record
+memprobe writes. Each table is a variant of a defect class the pass found: a sane answer
+whose every number the file supports, or one line and exit 2 that names what is wrong,
+never a negative time, a peak that "vanished", or "no readable run.json" of a file that
+read."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ADDR = 0x7F00_0000_0000
+MIB = 1 << 20
+
+
+def _entry(action: str, addr: int, size: int, t: int | None) -> dict[str, Any]:
+    e: dict[str, Any] = {"action": action, "addr": addr, "size": size, "stream": 0}
+    e["frames"] = [{"filename": "train.py", "line": 7, "name": "step"}]
+    if t is not None:
+        e["time_us"] = t
+    return e
+
+
+def _trace(times: list[int | None]) -> list[dict[str, Any]]:
+    """Two blocks, each made and freed: four entries timed by ``times``."""
+    a, b = ADDR, ADDR + MIB
+    steps = [("alloc", a), ("alloc", b), ("free_completed", a), ("free_completed", b)]
+    return [_entry(act, addr, MIB, t) for (act, addr), t in zip(steps, times, strict=True)]
+
+
+def _snapshot(tmp_path: Path, trace: list[dict[str, Any]], name: str = "s.pickle") -> str:
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4))
+    return str(path)
+
+
+# -- a trace whose clock runs backwards (an edited file, another tool's clock): every
+# moment and lifetime is a difference of two times, and attribute printed "t=+-23 us" and
+# "lived -46 us". Its times are now left out, with a note why; moments are entry numbers.
+
+BACKWARDS = {
+    "every entry earlier than the one before": [4_000, 3_000, 2_000, 1_000],
+    "one step back in the middle": [1_000, 2_000, 1_500, 3_000],
+    "one microsecond back": [1_000, 1_000, 999, 2_000],
+    "back past zero": [10, 20, -5, 30],
+    "an untimed entry between": [1_000, None, 500, 2_000],
+}
+
+
+@pytest.mark.parametrize("times", BACKWARDS.values(), ids=BACKWARDS.keys())
+def test_a_clock_running_backwards_shows_no_time(
+    run_cli: Any, tmp_path: Path, times: list[int | None]
+) -> None:
+    code, out, err = run_cli("attribute", _snapshot(tmp_path, _trace(times)))
+    assert code == 0, err
+    assert "peak allocated: 2.00 MiB at entry #1" in out, out
+    assert "t=+" not in out and "lived" not in out, out
+    assert "the trace's clock runs backwards" in out, out
+
+
+@pytest.mark.parametrize(
+    "times", [[1_000, 2_000, 3_000, 4_000], [5, 5, 5, 5]], ids=["rising", "standing still"]
+)
+def test_a_clock_that_never_runs_backwards_still_times_the_trace(
+    run_cli: Any, tmp_path: Path, times: list[int]
+) -> None:
+    code, out, err = run_cli("attribute", _snapshot(tmp_path, _trace(times)))
+    assert code == 0 and "(t=+" in out and "clock runs backwards" not in out, (out, err)
