@@ -9,10 +9,12 @@ read."""
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import one_line
 
 ADDR = 0x7F00_0000_0000
 MIB = 1 << 20
@@ -71,3 +73,53 @@ def test_a_clock_that_never_runs_backwards_still_times_the_trace(
 ) -> None:
     code, out, err = run_cli("attribute", _snapshot(tmp_path, _trace(times)))
     assert code == 0 and "(t=+" in out and "clock runs backwards" not in out, (out, err)
+
+
+# -- diff of a snapshot with a trace against one recorded without history (segments only,
+# or torch.cuda.memory_snapshot()'s list of segments): what the segments held when the
+# file was written was set beside the trace's peak as a peak, "peak: 516.76 KiB -> 0 B".
+# Both must have a trace, or neither.
+
+
+def _segments_only(tmp_path: Path, name: str, live: bool) -> str:
+    block = {"address": ADDR, "size": 2 * MIB, "requested_size": 2 * MIB}
+    block["state"] = "active_allocated" if live else "inactive"
+    segment = {"device": 0, "address": ADDR, "total_size": 2 * MIB, "stream": 0}
+    segment["blocks"] = [block]
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps({"segments": [segment], "device_traces": [[]]}, protocol=4))
+    return str(path)
+
+
+def _list_of_segments(tmp_path: Path, name: str, live: bool) -> str:
+    path = tmp_path / name
+    data = pickle.loads(Path(_segments_only(tmp_path, name, live)).read_bytes())
+    path.write_bytes(pickle.dumps(data["segments"], protocol=4))
+    return str(path)
+
+
+UNTRACED: dict[str, Callable[[Path, str, bool], str]] = {
+    "segments, no trace": _segments_only,
+    "a list of segments (torch.cuda.memory_snapshot())": _list_of_segments,
+}
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["nothing live", "a block live"])
+@pytest.mark.parametrize("side", ["A", "B"])
+@pytest.mark.parametrize("make", UNTRACED.values(), ids=UNTRACED.keys())
+def test_a_snapshot_without_history_is_not_diffed_against_a_trace(
+    run_cli: Any, tmp_path: Path, make: Callable[[Path, str, bool], str], side: str, live: bool
+) -> None:
+    traced = _snapshot(tmp_path, _trace([1, 2, 3, 4]))
+    untraced = make(tmp_path, "u.pickle", live)
+    a, b = (untraced, traced) if side == "A" else (traced, untraced)
+    err = one_line(*run_cli("diff", a, b))
+    assert f"{side} ({untraced}) records no trace" in err, err
+    assert "_record_memory_history()" in err, err
+
+
+def test_two_snapshots_without_history_are_still_diffed(run_cli: Any, tmp_path: Path) -> None:
+    a = _segments_only(tmp_path, "a.pickle", live=False)
+    b = _segments_only(tmp_path, "b.pickle", live=True)
+    code, out, err = run_cli("diff", a, b)
+    assert code == 0 and "peak: 0 B -> 2.00 MiB" in out, (out, err)
