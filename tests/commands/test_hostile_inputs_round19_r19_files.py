@@ -8,7 +8,9 @@ read."""
 
 from __future__ import annotations
 
+import json
 import pickle
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -123,3 +125,78 @@ def test_two_snapshots_without_history_are_still_diffed(run_cli: Any, tmp_path: 
     b = _segments_only(tmp_path, "b.pickle", live=True)
     code, out, err = run_cli("diff", a, b)
     assert code == 0 and "peak: 0 B -> 2.00 MiB" in out, (out, err)
+
+
+# -- a run.json that parses but is not memprobe's run record: a JSON array, null or string,
+# or an object without its list of cases, was "not a memprobe run (no readable run.json)"
+# of a file that read; a case with a key memprobe does not write was "a case memprobe
+# cannot read (case 0)" without the key; a case without its device was refused as "a case
+# its run.json did not plan". Each now names what the file holds.
+
+
+def _cases(change: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[dict], Any]:
+    return lambda m: {**m, "cases": [change(dict(c)) for c in m["cases"]]}
+
+
+def _without(*keys: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda c: {k: v for k, v in c.items() if k not in keys}
+
+
+RUN_JSON: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
+    "a JSON array": (lambda m: [m], "run.json holds a JSON array, not memprobe's run record"),
+    "null": (lambda m: None, "run.json holds a JSON null, not"),
+    "a string": (lambda m: "run", "run.json holds a JSON string, not"),
+    "a number": (lambda m: 3, "run.json holds a JSON number, not"),
+    "no cases": (_without("cases"), "run.json has no 'cases', where memprobe's run.json lists"),
+    "cases as an object": (lambda m: {**m, "cases": {}}, "has 'cases' that is an object"),
+    "a case that is a string": (
+        lambda m: {**m, "cases": ["unchunked"]},
+        "run.json: case 0 is a string, not an object",
+    ),
+    "a case with a key of a newer version": (
+        _cases(lambda c: {**c, "zeta": 1}),
+        "run.json: case 0 has keys memprobe does not write: 'zeta'",
+    ),
+    "a case with a megabyte key": (
+        _cases(lambda c: {**c, "k" * 1_000_000: 1}),
+        "case 0 has keys memprobe does not write: 'kkkk",
+    ),
+    "a case with no device": (_cases(_without("device")), "run.json: case 0 has no 'device'"),
+    "a case with no tp and cp": (_cases(_without("tp", "cp")), "case 0 has no 'cp', 'tp'"),
+}
+
+
+def _run_with(made_run: Path, tmp_path: Path, edit: Callable[[dict[str, Any]], Any]) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps(edit(meta)))
+    return run
+
+
+@pytest.mark.parametrize("command", ["report", "resume"])
+@pytest.mark.parametrize("edit, says", RUN_JSON.values(), ids=RUN_JSON.keys())
+def test_a_run_json_that_is_not_the_run_record_is_named(
+    run_cli: Any,
+    made_run: Path,
+    tmp_path: Path,
+    edit: Callable[[dict[str, Any]], Any],
+    says: str,
+    command: str,
+) -> None:
+    run = _run_with(made_run, tmp_path, edit)
+    args = {
+        "report": ["report", str(run), "--out", str(tmp_path / "page.html")],
+        "resume": ["sweep", "--resume", str(run), "-q", "--no-verify"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert says in err and "no readable run.json" not in err, err
+    assert len(err) < 1_000, len(err)
+
+
+def test_a_run_json_of_a_run_made_before_the_hidden_family_is_still_read(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _run_with(made_run, tmp_path, _cases(_without("hidden")))
+    code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0 and (tmp_path / "page.html").exists(), (out, err)
