@@ -200,3 +200,78 @@ def test_a_run_json_of_a_run_made_before_the_hidden_family_is_still_read(
     run = _run_with(made_run, tmp_path, _cases(_without("hidden")))
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and (tmp_path / "page.html").exists(), (out, err)
+
+
+# -- one of --tokens/--batch that does not divide the logits' N = B·S rows of a snapshot
+# that records no case (torch's own, or a profiled step): it was dropped without a word,
+# the shapes line read N alone and asked to "pass --vocab/--tokens/--batch to settle it"
+# (the flag given), and --what-if simulated the loss at the file's sizes. --vocab that
+# does not fit was already refused; one of these is now too. (B = 1, S = 64 here.)
+
+LM_STEP = (
+    "import torch\n"
+    "def step(device):\n"
+    "    emb = torch.zeros(512, 32, device=device, dtype=torch.bfloat16, requires_grad=True)\n"
+    "    ids = torch.zeros(1, 64, dtype=torch.long, device=device)\n"
+    "    logits = emb[ids] @ emb.t()\n"
+    "    lp = torch.log_softmax(logits.float(), -1)\n"
+    "    (-lp.gather(-1, ids.unsqueeze(-1)).mean()).backward()\n"
+)
+
+NOT_DIVIDING = {
+    "--tokens past N": ["--tokens", "128"],
+    "--tokens that is no divisor": ["--tokens", "48"],
+    "--batch that is no divisor": ["--batch", "3"],
+    "--batch past N": ["--batch", "128"],
+    "--tokens with --what-if": ["--tokens", "100", "--what-if", "local_chunked"],
+    "--batch with --vocab": ["--batch", "7", "--vocab", "512"],
+}
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A profiled step's snapshot (its blocks labelled, no case recorded): [1, 64, 512]."""
+    import sys
+
+    from hostile import user_module
+
+    from memprobe import cli
+
+    here = tmp_path_factory.mktemp("lm")
+    sys.path.insert(0, str(here))
+    argv = sys.argv
+    try:
+        name = user_module(here, "lm_step", LM_STEP)
+        sys.argv = ["memprobe", "profile", f"{name}:step", "--device", "meta"]
+        sys.argv += ["--out", str(here / "s.pickle")]
+        with pytest.raises(SystemExit) as done:
+            cli.main()
+        assert not done.value.code
+    finally:
+        sys.argv = argv
+        sys.path.remove(str(here))
+    return here / "s.pickle"
+
+
+@pytest.mark.parametrize("flags", NOT_DIVIDING.values(), ids=NOT_DIVIDING.keys())
+def test_a_size_that_does_not_divide_the_logits_rows_is_refused(
+    run_cli: Any, profiled: Path, flags: list[str]
+) -> None:
+    err = one_line(*run_cli("attribute", str(profiled), *flags))
+    assert f"{flags[0]} {int(flags[1]):,} does not divide the 64 token rows" in err, err
+
+
+@pytest.mark.parametrize(
+    "flags, shape",
+    [
+        (["--tokens", "32"], "[B=2, S=32, V=512]"),
+        (["--batch", "4"], "[B=4, S=16, V=512]"),
+        (["--tokens", "128", "--batch", "1"], "[B=1, S=128, V=512]"),
+    ],
+    ids=["a dividing --tokens", "a dividing --batch", "both (a chunked loss)"],
+)
+def test_sizes_that_fit_the_logits_rows_are_still_read(
+    run_cli: Any, profiled: Path, flags: list[str], shape: str
+) -> None:
+    code, out, err = run_cli("attribute", str(profiled), *flags)
+    assert code == 0 and f"shapes: logits {shape}" in out, (out, err)
