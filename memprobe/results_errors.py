@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
-from memprobe.io.text import binary_kind, quoted
+from memprobe.io.text import binary_kind, json_error, quoted
 
 Row = Mapping[str, Any]
 
@@ -63,7 +63,7 @@ def not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> Us
         offset = exc.start + len(raw) - len(exc.object)
         why = f"is not UTF-8 text (byte {raw[offset]:#04x} at offset {offset:,})"
     elif isinstance(exc, json.JSONDecodeError):
-        why = f"is not JSON ({exc.msg} at line {exc.lineno:,} column {exc.colno:,})"
+        why = f"is not JSON ({json_error(exc)})"
     elif isinstance(exc, RecursionError):
         why = "nests too deep to read"
     else:

@@ -275,3 +275,32 @@ def test_sizes_that_fit_the_logits_rows_are_still_read(
 ) -> None:
     code, out, err = run_cli("attribute", str(profiled), *flags)
     assert code == 0 and f"shapes: logits {shape}" in out, (out, err)
+
+
+# -- JSON cut inside a string (a results.json read while it was written, a config.json
+# saved half): json's message ends in "at" ("Unterminated string starting at"), and the
+# one line read "starting at at line 74". So did a control character in a string.
+
+CUT_JSON = {
+    "cut inside a string": ('{"rows": [{"kernel": "unch', "Unterminated string starting at line 1"),
+    "a control character in a string": (
+        '{"rows": ["a\x01b"]}',
+        "Invalid control character at line 1 column 13",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", ["results", "baseline", "config.json"])
+@pytest.mark.parametrize("text, says", CUT_JSON.values(), ids=CUT_JSON.keys())
+def test_a_json_cut_inside_a_string_says_where_once(
+    run_cli: Any, made_run: Path, tmp_path: Path, text: str, says: str, where: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    args = {
+        "results": ["gate", str(bad), "--baseline", str(made_run)],
+        "baseline": ["gate", str(made_run), "--baseline", str(bad)],
+        "config.json": ["step", "--config", str(bad), "--tokens", "64"],
+    }[where]
+    err = one_line(*run_cli(*args))
+    assert says in err and "at at" not in err, err
