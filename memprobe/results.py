@@ -31,7 +31,13 @@ from memprobe.io.codec import nests_past
 from memprobe.io.files import read_regular, write_atomic
 from memprobe.io.text import printable, quoted
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
-from memprobe.results_errors import contradiction, link_to_nothing, not_results
+from memprobe.results_errors import (
+    contradiction,
+    link_to_nothing,
+    not_a_run_record,
+    not_results,
+    unreadable_case,
+)
 
 RUN_META = "run.json"
 RESULTS_JSON = "results.json"
@@ -296,10 +302,13 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
         raise not_a_run
     try:
         meta = json.loads(read_regular(file, what="run file", max_bytes=MAX_JSON_BYTES))
-        if not isinstance(meta, dict) or not isinstance(meta.get("cases"), list):
-            raise ValueError
     except (OSError, ValueError, RecursionError):
         raise not_a_run from None
+    # JSON that parses but is no run record was "no readable run.json", of a file that
+    # read: say what it holds instead.
+    said = not_a_run_record(meta)
+    if said:
+        raise UserError(f"{file} {said}", "give a run directory made by `memprobe sweep`")
     if nests_past(meta, MAX_META_DEPTH):
         # The page walks run.json's text recursively (to make it inert): 600 levels of an
         # extra key, which JSON still parses, ended `report` in a RecursionError, or not,
@@ -347,8 +356,9 @@ def planned_cases(run_dir: Path) -> list[Case]:
     _check_count(len(meta["cases"]), file, "cases")
     cases = []
     for i, raw in enumerate(meta["cases"]):
-        if not isinstance(raw, dict) or not set(raw) <= set(KEY_COLUMNS):
-            raise UserError(f"{file} has a case memprobe cannot read (case {i})", "start a new run")
+        said = unreadable_case(raw, KEY_COLUMNS)
+        if said:
+            raise UserError(f"{file}: case {i} {said}", "start a new run")
         # The same checks as a results row: a tampered "tokens": "big" is one line.
         row = validate_row({**raw, "status": "ok"}, i, file)
         cases.append(_case_from_row(row))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
-from memprobe.io.text import binary_kind
+from memprobe.io.text import binary_kind, json_error, quoted
 
 Row = Mapping[str, Any]
 
@@ -63,7 +63,7 @@ def not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> Us
         offset = exc.start + len(raw) - len(exc.object)
         why = f"is not UTF-8 text (byte {raw[offset]:#04x} at offset {offset:,})"
     elif isinstance(exc, json.JSONDecodeError):
-        why = f"is not JSON ({exc.msg} at line {exc.lineno:,} column {exc.colno:,})"
+        why = f"is not JSON ({json_error(exc)})"
     elif isinstance(exc, RecursionError):
         why = "nests too deep to read"
     else:
@@ -74,3 +74,49 @@ def not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> Us
         else "give a run directory or its results.json"
     )
     return UserError(f"{file} is not a memprobe results.json: it {why}", hint)
+
+
+def not_a_run_record(meta: Any) -> str | None:
+    """What a run.json that parsed holds, when it is not memprobe's run record (an object
+    listing its planned cases); None when it is one."""
+    if not isinstance(meta, dict):
+        return f"holds a JSON {_kind(meta)}, not memprobe's run record (an object)"
+    if not isinstance(meta.get("cases"), list):
+        cases = meta.get("cases")
+        said = "no 'cases'" if "cases" not in meta else f"'cases' that is {_article(_kind(cases))}"
+        return f"has {said}, where memprobe's run.json lists the cases it planned"
+    return None
+
+
+def unreadable_case(raw: Any, keys: tuple[str, ...]) -> str | None:
+    """What is wrong with one of run.json's planned cases (``keys``: a case's fields), or
+    None. "A case memprobe cannot read" of an unknown key left the user to guess which,
+    and a case without its device (which memprobe always writes) was refused as "a case
+    its run.json did not plan"."""
+    if not isinstance(raw, dict):
+        return f"is {_article(_kind(raw))}, not an object"
+    if not set(raw) <= set(keys):
+        return f"has keys memprobe does not write: {_names(set(raw) - set(keys))}"
+    # hidden is absent from runs made before the hidden family: a logits case.
+    missing = set(keys) - {"hidden"} - set(raw)
+    return f"has no {_names(missing)}" if missing else None
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, in JSON's words."""
+    kinds = {list: "array", dict: "object", str: "string", bool: "boolean", type(None): "null"}
+    return kinds.get(type(value), "number")
+
+
+def _article(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+# Keys named in one line: a tampered run.json may hold thousands, each a megabyte long.
+MAX_NAMED = 3
+
+
+def _names(keys: set[str]) -> str:
+    shown = sorted(keys)[:MAX_NAMED]
+    more = f" and {len(keys) - len(shown):,} more" if len(keys) > len(shown) else ""
+    return ", ".join(quoted(k) for k in shown) + more

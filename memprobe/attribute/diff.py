@@ -19,6 +19,9 @@ from typing import Any, ClassVar
 
 from memprobe.attribute.categories import AUTOCAST, PARAMETERS
 from memprobe.attribute.findings import Findings
+from memprobe.errors import UserError
+from memprobe.io.sizes import format_bytes
+from memprobe.io.text import printable
 from memprobe.records import Frame
 
 
@@ -116,6 +119,7 @@ class PeakDiff:
 
 
 def diff_findings(a: Findings, b: Findings) -> PeakDiff:
+    _same_kind_of_peak(a, b)
     by_site: dict[tuple[Any, ...], list[int]] = {}
     for which, findings in ((0, a), (1, b)):
         for s in findings.peak_sites:
@@ -140,4 +144,20 @@ def diff_findings(a: Findings, b: Findings) -> PeakDiff:
         tuple(categories),
         tuple(contributors),
         run_differences(a, b),
+    )
+
+
+def _same_kind_of_peak(a: Findings, b: Findings) -> None:
+    """Both peaks are a trace's, or both are the segments' at snapshot time. A file
+    recorded without history holds only what was live when it was written: set beside
+    a trace's peak, it read as "peak: 516.76 KiB -> 0 B", a step whose peak vanished."""
+    untraced = [(side, f) for side, f in (("A", a), ("B", b)) if f.peak_index is None]
+    if len(untraced) != 1:
+        return
+    (side, f), other = untraced[0], "B" if untraced[0][0] == "A" else "A"
+    raise UserError(
+        f"{side} ({printable(str(f.path))}) records no trace, only what was live when it was "
+        f"written ({format_bytes(f.peak_allocated_bytes)}): no peak to set beside {other}'s",
+        "record both with torch.cuda.memory._record_memory_history() before the step "
+        "(or memprobe profile), or diff two snapshots that both have none",
     )

@@ -30,6 +30,7 @@ from memprobe.attribute.shape_records import (
     Hints,
     Reading,
 )
+from memprobe.errors import UserError
 
 
 def _divisors(n: int) -> list[int]:
@@ -305,6 +306,23 @@ def _heads_ok(per_batch: int, hidden: int | None) -> bool:
     return False
 
 
+def _refuse_a_size_that_does_not_divide(n: int, hints: Hints) -> None:
+    """One of --tokens/--batch that does not divide the logits' N = B·S rows is not this
+    snapshot's: it was dropped without a word, the shapes line read N alone and asked for
+    the very flag given, and --what-if simulated the loss at the file's sizes. (Both
+    given fix N whatever the rows: a chunked loss holds a chunk of the tokens.)"""
+    given = [(f, v) for f, v in (("--tokens", hints.tokens), ("--batch", hints.batch)) if v]
+    if len(given) != 1 or n % given[0][1] == 0:
+        return
+    flag, value = given[0]
+    raise UserError(
+        f"{flag} {value:,} does not divide the {n:,} token rows (N = B·S) of this "
+        "snapshot's logits",
+        f"drop {flag}, or give a divisor of {n:,}; for a chunked loss (its blocks hold a "
+        "chunk of the tokens) give --tokens and --batch both",
+    )
+
+
 def split_batch(
     n: int, hints: Hints, direct: Direct, hidden: int | None = None
 ) -> tuple[int | None, int | None, list[str]]:
@@ -312,6 +330,7 @@ def split_batch(
     (``arange`` of S int64) or a mask ``[S, S]`` (``triu``/``tril``/``ones``), backed by
     attention scores ``[B, h, S, S]`` (a head count that fits H) or rotary tables;
     (None, None) when no S is singled out. Sizes alone never split N."""
+    _refuse_a_size_that_does_not_divide(n, hints)
     if hints.tokens is not None and n % hints.tokens == 0:
         return n // hints.tokens, hints.tokens, [f"S = {hints.tokens:,} as given"]
     if hints.batch is not None and n % hints.batch == 0:

@@ -101,3 +101,11 @@ def binary_kind(data: bytes) -> str | None:
     """What a file that is not text is, by its first bytes (see :data:`_BINARY_KINDS`),
     or None when it does not start like one of them."""
     return next((kind for magic, kind in _BINARY_KINDS if data.startswith(magic)), None)
+
+
+def json_error(exc: Any) -> str:
+    """Where and why a ``json.JSONDecodeError`` stopped, as one phrase. Its message may end
+    in "at" ("Unterminated string starting at"), which, joined to "at line", read
+    "starting at at line 74"."""
+    msg = exc.msg.removesuffix(" at").removesuffix(":")
+    return f"{msg} at line {exc.lineno:,} column {exc.colno:,}"

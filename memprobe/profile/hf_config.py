@@ -17,7 +17,7 @@ from typing import Any
 
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
-from memprobe.io.text import binary_kind, printable, quoted, utf8_text
+from memprobe.io.text import binary_kind, json_error, printable, quoted, utf8_text
 
 # A config.json is a few KiB; this leaves room for inlined maps, not for a data file.
 MAX_CONFIG_BYTES = 16 << 20
@@ -71,8 +71,7 @@ def read_config_json(file: Path) -> Any:
         ) from None
     except json.JSONDecodeError as exc:
         raise UserError(
-            f"--config {file} is not readable JSON ({exc.msg} at line {exc.lineno:,} "
-            f"column {exc.colno:,})",
+            f"--config {file} is not readable JSON ({json_error(exc)})",
             "give a model's config.json",
         ) from None
 

@@ -129,6 +129,28 @@ def _unpaired_requests(entries: list[dict[str, Any]], pending_at_end: set[int]) 
     return unpaired
 
 
+def _untimed_if_clock_goes_back(
+    entries: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The entries, without their times when the trace's clock runs backwards (an edited
+    file, or another tool's clock): every moment and lifetime is a difference of two
+    times, and such a trace printed "t=+-23 us" and "lived -46 us". Entry numbers still
+    order the trace; the note says why its times are not shown."""
+    last_pos = last = None
+    for pos, e in enumerate(entries):
+        t = e.get("time_us")
+        if t is None:
+            continue
+        if last is not None and last_pos is not None and t < last:
+            note = (
+                f"the trace's clock runs backwards (entry #{pos} is {last - t:,} us before "
+                f"entry #{last_pos}): its times are not shown; moments are entry numbers"
+            )
+            return [{k: v for k, v in x.items() if k != "time_us"} for x in entries], note
+        last_pos, last = pos, t
+    return entries, None
+
+
 def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
     """Replay one device of a normalised snapshot (see ``load.normalize_snapshot``)."""
     dev = choose_device(snapshot, device)
@@ -139,6 +161,7 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
     reserved_end = sum(s["total_size"] for s in segments)
     if not entries:
         return _from_segments(dev, entries, end_live, reserved_end, bool(segments))
+    entries, clock_note = _untimed_if_clock_goes_back(entries)
 
     pending_at_end = {a for a, b in end_live.items() if b["state"] == ACTIVE_PENDING_FREE}
     unpaired = _unpaired_requests(entries, pending_at_end)
@@ -228,7 +251,9 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
     if unknown:
         names = ", ".join(f"{a} ×{n}" for a, n in sorted(unknown.items()))
         notes.append(f"ignored trace actions memprobe does not know: {names}")
-    if "time_us" not in entries[0]:
+    if clock_note is not None:
+        notes.append(clock_note)
+    elif "time_us" not in entries[0]:
         notes.append("trace entries carry no time_us (older torch): moments are entry numbers")
 
     allocated_end = initial + delta

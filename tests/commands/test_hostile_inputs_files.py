@@ -352,7 +352,7 @@ RUN_TAMPERS = {
     "run.json: tokens -4": ("run.json", "cases", "tokens", -4, "out of range"),
     "run.json: kernel 5": ("run.json", "cases", "kernel", 5, "is not text"),
     "run.json: dtype int8": ("run.json", "cases", "dtype", "int8", "dtype 'int8'"),
-    "run.json: unknown key": ("run.json", "cases", "colour", "red", "cannot read"),
+    "run.json: unknown key": ("run.json", "cases", "colour", "red", "does not write: 'colour'"),
 }
 
 
