@@ -1,0 +1,113 @@
+"""Hostile inputs, round 19 (flags, the process environment, user code): each row is a
+variant of a defect class the pass found. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line, user_module
+from small_config import SMALL
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
+         "--no-verify", "--no-report", "--json"]  # fmt: skip
+LOGITS = "from memprobe.kernels import get_kernel\n_u = get_kernel('unchunked')\n"
+
+# -- a kernel whose call can never give the log-probs: a class (an autograd.Function given
+# by its class, not its apply), a generator or async function (an instance's async
+# __call__ too), a keyword-only parameter without a default that memprobe never passes.
+# The signature check took each; every case of a sweep was an error row of its own (exit
+# 0), a step's line blamed "the model built from config.json", and an async kernel left
+# Python's "coroutine ... was never awaited" warning on stderr, pointing into memprobe.
+
+NEVER_A_TENSOR = {
+    "a class": (
+        "class k:\n    def __init__(self, logits, targets, *, chunk_size=None):\n"
+        "        self.r = _u(logits, targets)\n",
+        "is a class",
+    ),
+    "an autograd.Function": (
+        "import torch\nclass k(torch.autograd.Function):\n    @staticmethod\n"
+        "    def forward(ctx, logits, targets, chunk_size=None):\n"
+        "        return _u(logits.detach(), targets)\n",
+        "is a class",
+    ),
+    "a generator": (
+        "def k(logits, targets, *, chunk_size=None):\n    yield _u(logits, targets)\n",
+        "is a generator function",
+    ),
+    "a partial of a generator": (
+        "import functools\ndef g(logits, targets, *, chunk_size=None):\n"
+        "    yield _u(logits, targets)\nk = functools.partial(g)\n",
+        "is a generator function",
+    ),
+    "async": (
+        "async def k(logits, targets, *, chunk_size=None):\n    return _u(logits, targets)\n",
+        "is an async function",
+    ),
+    "an async __call__": (
+        "class K:\n    async def __call__(self, logits, targets, *, chunk_size=None):\n"
+        "        return _u(logits, targets)\nk = K()\n",
+        "is an async function",
+    ),
+    "an async generator": (
+        "async def k(logits, targets, *, chunk_size=None):\n    yield 1\n",
+        "is an async generator function",
+    ),
+    "a keyword it needs": (
+        "def k(logits, targets, *, chunk_size=None, mode):\n    return _u(logits, targets)\n",
+        "requires keyword 'mode'",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", NEVER_A_TENSOR)
+@pytest.mark.parametrize("command", ["sweep", "plan", "step"])
+def test_a_kernel_that_never_returns_a_tensor_is_refused_before_it_runs(
+    run_cli: Any,
+    here: Path,
+    capsys: pytest.CaptureFixture[str],
+    what: str,
+    command: str,
+) -> None:
+    body, said = NEVER_A_TENSOR[what]
+    kernel = user_module(here, "r19_never", LOGITS + body) + ":k"
+    (here / "config.json").write_text(json.dumps(SMALL))
+    argv = {
+        "sweep": [*SWEEP, "--kernel", kernel],
+        "plan": ["plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved", "--kernel", kernel],
+        "step": ["step", "--config", "config.json", "--tokens", "8", "--kernel", kernel],
+    }[command]
+    line = one_line(*run_cli(*argv))
+    assert said in line and "config" not in line
+    assert "never awaited" not in capsys.readouterr().err
+
+
+# ... while callables whose call does run the kernel still measure: an instance with a
+# plain __call__, a partial that binds the keyword the kernel needs, a lambda.
+STILL_KERNELS = {
+    "an instance": "class K:\n    def __call__(self, logits, targets, *, chunk_size=None):\n"
+    "        return _u(logits, targets)\nk = K()\n",
+    "a partial binding a keyword": "import functools\n"
+    "def f(logits, targets, *, chunk_size=None, mode):\n    return _u(logits, targets)\n"
+    "k = functools.partial(f, mode=1)\n",
+    "a lambda": "k = lambda logits, targets, *, chunk_size=None: _u(logits, targets)\n",
+}
+
+
+@pytest.mark.parametrize("what", STILL_KERNELS)
+def test_callables_that_run_a_kernel_still_measure(run_cli: Any, here: Path, what: str) -> None:
+    kernel = user_module(here, "r19_still", LOGITS + STILL_KERNELS[what]) + ":k"
+    code, out, _ = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"]
+
+
+def test_a_step_with_an_async_call_is_refused(run_cli: Any, here: Path) -> None:
+    body = "class S:\n    async def __call__(self, device):\n        pass\nstep = S()\n"
+    name = user_module(here, "r19_async_step", body)
+    assert "generator or async" in one_line(*run_cli("profile", f"{name}:step"))
