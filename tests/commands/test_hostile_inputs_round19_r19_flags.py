@@ -111,3 +111,42 @@ def test_a_step_with_an_async_call_is_refused(run_cli: Any, here: Path) -> None:
     body = "class S:\n    async def __call__(self, device):\n        pass\nstep = S()\n"
     name = user_module(here, "r19_async_step", body)
     assert "generator or async" in one_line(*run_cli("profile", f"{name}:step"))
+
+
+# -- a step whose tensors the tracker never saw: one that ignores the device it is given
+# (torch.zeros(64, 64) on --device meta), makes its tensors in a thread of its own, or
+# makes none (a step that returns at once, a builtin named by mistake): `profile` printed
+# "peak allocated: 0 B" and exit 0, the note blaming a snapshot "recorded without history"
+
+NOTHING_TRACKED = {
+    "on the cpu, not the device": (
+        "    w = torch.zeros(64, 64, requires_grad=True)\n    (w @ w).sum().backward()\n",
+        "elsewhere (",
+    ),
+    "a model left on the cpu": (
+        "    m = torch.nn.Linear(8, 8)\n    m(torch.zeros(2, 8)).sum().backward()\n",
+        "none on meta",
+    ),
+    "in a thread": (
+        "    t = threading.Thread(target=lambda: torch.zeros(8, device=device))\n"
+        "    t.start()\n    t.join()\n",
+        "1 thread(s)",
+    ),
+    "nothing": ("    return 'done'\n", "made no tensor on meta"),
+}
+
+
+@pytest.mark.parametrize("what", NOTHING_TRACKED)
+def test_a_step_whose_tensors_are_not_on_its_device_is_refused(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    inside, said = NOTHING_TRACKED[what]
+    body = "import threading\nimport torch\ndef step(device):\n" + inside
+    name = user_module(here, "r19_nowhere", body)
+    line = one_line(*run_cli("profile", f"{name}:step", "--json"))
+    assert said in line
+
+
+def test_a_builtin_named_as_a_step_is_refused_on_the_cpu_too(run_cli: Any, here: Path) -> None:
+    line = one_line(*run_cli("profile", "builtins:repr", "--device", "cpu"))
+    assert "made no tensor on cpu" in line
