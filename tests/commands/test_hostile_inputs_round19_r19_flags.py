@@ -150,3 +150,41 @@ def test_a_step_whose_tensors_are_not_on_its_device_is_refused(
 def test_a_builtin_named_as_a_step_is_refused_on_the_cpu_too(run_cli: Any, here: Path) -> None:
     line = one_line(*run_cli("profile", "builtins:repr", "--device", "cpu"))
     assert "made no tensor on cpu" in line
+
+
+# -- sizes each within MAX_COUNT whose product is past what one torch tensor holds: the
+# simulation failed with torch's "Storage size calculation overflowed", and `plan` blamed
+# the kernel ("failed in the meta simulation ... run `memprobe sweep --kernel ...` to see
+# it"), `step` the model's config ("check the config's sizes"), `sweep` wrote an error row
+# per case as if the kernel had failed (exit 0)
+
+BIG = str(2**40)
+PAST_TORCH = {
+    "sweep b s v": ["sweep", "--device", "meta", "--no-verify", "--no-report", "--no-ladder",
+                    "--tokens", BIG, "--vocab", BIG, "--batch", BIG, "--kernel", "unchunked"],
+    "sweep v h": ["sweep", "--device", "meta", "--no-verify", "--no-report", "--no-ladder",
+                  "--tokens", "64", "--vocab", BIG, "--hidden", BIG,
+                  "--kernel", "fused_linear_chunked"],
+    "plan b v": ["plan", "--vocab", BIG, "--batch", BIG, "--budget", "1GiB", "--kernel",
+                 "unchunked", "--no-reserved"],
+    "plan v h": ["plan", "--vocab", BIG, "--hidden", BIG, "--budget", "1GiB", "--kernel",
+                 "fused_linear_chunked", "--no-reserved"],
+    "step b s": ["step", "--config", "config.json", "--tokens", BIG, "--batch", BIG],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", PAST_TORCH)
+def test_sizes_past_one_torch_tensor_are_refused_first(run_cli: Any, here: Path, what: str) -> None:
+    (here / "config.json").write_text(json.dumps(SMALL))
+    line = one_line(*run_cli(*PAST_TORCH[what]))
+    assert "past what one torch tensor holds" in line
+    assert "config's sizes" not in line and "failed in the meta simulation" not in line
+    assert not (here / "reports").exists()
+
+
+# ... and on a tensor-parallel rank it is that rank's share that counts: 2^61 elements
+# over tp 2 is 2^60 a rank, which a meta sweep simulates.
+def test_one_ranks_share_is_what_counts(run_cli: Any, here: Path) -> None:
+    code, out, _ = run_cli(*SWEEP, "--kernel", "distributed", "--tp", "2",
+                           "--tokens", str(2**21), "--vocab", str(2**40))  # fmt: skip
+    assert code == 0 and json.loads(out)["results"][0]["status"] == "ok"
