@@ -188,3 +188,25 @@ def test_one_ranks_share_is_what_counts(run_cli: Any, here: Path) -> None:
     code, out, _ = run_cli(*SWEEP, "--kernel", "distributed", "--tp", "2",
                            "--tokens", str(2**21), "--vocab", str(2**40))  # fmt: skip
     assert code == 0 and json.loads(out)["results"][0]["status"] == "ok"
+
+
+# -- plan --alloc-conf beside --no-reserved: the settings shape the reserved answer alone,
+# which --no-reserved turns off; they were parsed and dropped, and the plan printed as if
+# they had been applied (a logprob plan and a whole-step one alike)
+
+NO_RESERVED = {
+    "logprob": ["--vocab", "1024", "--kernel", "unchunked"],
+    "whole step": ["--step", "--config", "config.json", "--kernel", "unchunked"],
+    "json": ["--vocab", "1024", "--kernel", "unchunked", "--json"],
+}
+
+
+@pytest.mark.parametrize("what", NO_RESERVED)
+@pytest.mark.parametrize("conf", ["expandable_segments:True", "max_split_size_mb:64"])
+def test_alloc_conf_with_no_reserved_is_refused(
+    run_cli: Any, here: Path, what: str, conf: str
+) -> None:
+    (here / "config.json").write_text(json.dumps(SMALL))
+    argv = ["plan", "--budget", "16MiB", "--no-reserved", "--alloc-conf", conf]
+    line = one_line(*run_cli(*argv, *NO_RESERVED[what]))
+    assert "--no-reserved" in line and "--alloc-conf" in line
