@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line, user_module
+from hostile import TINY_STEP, one_line, user_module
 from small_config import SMALL
 
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
@@ -210,3 +210,38 @@ def test_alloc_conf_with_no_reserved_is_refused(
     argv = ["plan", "--budget", "16MiB", "--no-reserved", "--alloc-conf", conf]
     line = one_line(*run_cli(*argv, *NO_RESERVED[what]))
     assert "--no-reserved" in line and "--alloc-conf" in line
+
+
+# -- torch's cache directory that cannot be made (TORCHINDUCTOR_CACHE_DIR under a file, or
+# naming a file): torch makes it as it imports torch._dynamo at the first backward, so
+# every case of a sweep was an error row "NotADirectoryError" (exit 0), and a step's line
+# blamed meta ("meta tensors hold no values ... try --device cpu")
+
+CACHE_DIRS = {"under a file": "a_file/cache", "a file": "a_file"}
+TORCH_COMMANDS = {
+    "sweep": [*SWEEP, "--kernel", "unchunked"],
+    "plan": [
+        "plan",
+        "--vocab",
+        "128",
+        "--budget",
+        "1MiB",
+        "--no-reserved",
+        "--kernel",
+        "unchunked",
+    ],
+    "profile": ["profile", "{step}:step"],
+}
+
+
+@pytest.mark.parametrize("where", CACHE_DIRS)
+@pytest.mark.parametrize("command", TORCH_COMMANDS)
+def test_a_torch_cache_directory_that_cannot_be_made_is_named(
+    run_cli: Any, here: Path, monkeypatch: pytest.MonkeyPatch, where: str, command: str
+) -> None:
+    (here / "a_file").write_text("not a directory\n")
+    step = user_module(here, "r19_cache", TINY_STEP)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(here / CACHE_DIRS[where]))
+    line = one_line(*run_cli(*(a.format(step=step) for a in TORCH_COMMANDS[command])))
+    assert "TORCHINDUCTOR_CACHE_DIR=" in line and "--device cpu" not in line
+    assert not (here / "reports").exists()
