@@ -35,6 +35,9 @@ DTYPE_ALIASES = {
 # past it a shape's byte count no longer fits the 64-bit results columns. Every count a
 # flag or a config gives is held to it.
 MAX_COUNT = 2**40
+# torch refuses a tensor of 2^63 bytes or more ("Storage size calculation overflowed"); the
+# widest elements memprobe's kernels make are 8 bytes (int64 sort orders, float64 checks).
+MAX_TENSOR_ELEMENTS = 2**63 // 8
 STATUSES = ("ok", "oom", "skipped", "error")
 PHASES = ("setup", "forward", "backward")
 # Where a step runs; a sweep or a rule may also say "auto" (cuda when available, else meta).
@@ -213,3 +216,21 @@ class Run:
 
 
 RESULT_COLUMNS: tuple[str, ...] = tuple(Run(Case("x", 1, 1, 1), "ok").row())
+
+
+def too_large(batch: int, tokens: int, vocab: int, hidden: int | None = None) -> str | None:
+    """Why one tensor of a step at these sizes is past what torch can make (its [B, S, V]
+    logits, or with a hidden size its [B, S, H] states or [V, H] weight), or None. Each
+    count is held to MAX_COUNT, their product is not: past it the simulation failed, and
+    the one line blamed the kernel (plan), the model's config (step) or wrote error rows."""
+    shapes = {"[B, S, V]": batch * tokens * vocab}
+    if hidden is not None:
+        shapes |= {"[B, S, H]": batch * tokens * hidden, "[V, H]": vocab * hidden}
+    for name, count in shapes.items():
+        if count > MAX_TENSOR_ELEMENTS:
+            return (
+                f"a {name} tensor of {count:,} elements (batch {batch:,}, tokens {tokens:,}, "
+                f"vocabulary {vocab:,}{'' if hidden is None else f', hidden {hidden:,}'}) is "
+                f"past what one torch tensor holds ({MAX_TENSOR_ELEMENTS:,})"
+            )
+    return None

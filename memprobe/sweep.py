@@ -39,7 +39,7 @@ from memprobe.measure.parallel import (
 )
 from memprobe.measure.rank_agreement import run_agreed
 from memprobe.measure.torchrun_env import under_torchrun
-from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype
+from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype, too_large
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -155,6 +155,11 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     cases = []
     for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
         _check_parallel(s, v, t, c)
+        each: list[int | None] = list(hidden) if hidden else [None]
+        for h in each:
+            past = too_large(b, s // c, v // t, h)  # one rank's share: what it simulates
+            if past is not None:
+                raise UserError(past, "give smaller sizes")
         for k in kernels:
             # check_inputs_match: with hidden sizes every kernel takes them, else none does.
             sizes: list[int | None] = list(hidden) if hidden else [None]

@@ -88,6 +88,29 @@ def check_temp_dir() -> None:
             "or ulimit -f)",
             "set TMPDIR to a directory you can write to, e.g. TMPDIR=$HOME/tmp",
         ) from None
+    _check_torch_cache_dir()
+
+
+def _check_torch_cache_dir() -> None:
+    """The same import makes torch's cache directory (TORCHINDUCTOR_CACHE_DIR, else one in
+    the temporary directory): where it cannot be made (a path under a file, a file of that
+    name), every case of a sweep was an error row "NotADirectoryError", and a step's line
+    blamed meta ("try --device cpu"). Made here, as torch would, so the line names it."""
+    try:
+        # Importing it may make the directory already (torch._inductor's own import does).
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        cache_dir()
+    except ImportError:  # a torch without it makes none
+        return
+    except OSError as exc:
+        given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        where = f"TORCHINDUCTOR_CACHE_DIR={given!r}" if given else f"{exc.filename!r}"
+        raise UserError(
+            f"torch's cache directory {where} cannot be made, which torch needs to start: "
+            f"{exc.strerror or type(exc).__name__}",
+            "set TORCHINDUCTOR_CACHE_DIR to a directory you can write to, or unset it",
+        ) from None
 
 
 def _check_mplbackend() -> None:

@@ -212,6 +212,15 @@ def command(
     warn_on_size(budget, "--budget")
     warn_on_size(other, "--other")
     parse_budget(budget)  # nothing fits in a zero budget: said before any simulation
+    if alloc_conf is not None and alloc_conf.strip() and not reserved:
+        # The settings shape the reserved answer alone: with it off, they were read, checked
+        # and dropped, the plan printed as if they had been applied.
+        raise UserError(
+            "--alloc-conf sets the allocator model of the reserved answer, which "
+            "--no-reserved turns off",
+            "drop --no-reserved to plan the reserved peak under these settings, or drop "
+            "--alloc-conf",
+        )
     fsdp_flags: dict[str, Any] = {
         "reshard_after_forward": reshard_after_forward,
         "mp_param": mp_param,

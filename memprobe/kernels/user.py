@@ -128,6 +128,7 @@ def resolve_user_kernel(path: str) -> KernelSpec:
     try:
         # The callable's own attributes are its code too: a __signature__ or __getattr__
         # that raises is the kernel's failure, said in one line.
+        _returns_a_tensor(fn, path)
         inputs = _protocol(fn, path)
         doc = inspect.getdoc(fn)
         consumes = bool(getattr(fn, "memprobe_consumes_logits", False))
@@ -293,6 +294,63 @@ def _import_failed(module_name: str, path: str, exc: BaseException, what: str) -
 def _public_names(module: Any) -> str:
     names = [n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n])]
     return ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
+
+
+def body_not_run(fn: Any) -> str | None:
+    """What ``fn`` is when calling it runs none of its body ("a generator function", "an
+    async function"), looking through functools.partial and an instance's ``__call__``;
+    None for a callable whose call runs it."""
+    call = fn if inspect.isroutine(fn) or not callable(fn) else type(fn).__call__
+    for target in (fn, call):
+        if inspect.isasyncgenfunction(target):
+            return "an async generator function"
+        if inspect.iscoroutinefunction(target):
+            return "an async function"
+        if inspect.isgeneratorfunction(target):
+            return "a generator function"
+    return None
+
+
+def _returns_a_tensor(fn: Any, path: str) -> None:
+    """Refuse a callable whose call can never give a tensor, before any case runs: each
+    case of a sweep (and a plan, a what-if, a step) failed on its own, a step's line
+    blamed the model's config, an async one left Python's "never awaited" warning."""
+    if inspect.isclass(fn):
+        raise UserError(
+            f"kernel {path!r} is a class: calling it makes an instance, not the log-probs",
+            "name a function, an instance with __call__, or a function that calls a "
+            "torch.autograd.Function's apply",
+        )
+    kind = body_not_run(fn)
+    if kind is not None:
+        raise UserError(
+            f"kernel {path!r} is {kind}: calling it returns {_RETURNS[kind]}, not a tensor",
+            f"make it a plain function; {_SHAPE_HINT}",
+        )
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return  # no signature to read: _protocol says so
+    # memprobe passes the inputs and chunk_size alone: a keyword it must have is never given.
+    needed = [
+        p.name
+        for p in params
+        if p.kind is inspect.Parameter.KEYWORD_ONLY
+        and p.default is inspect.Parameter.empty
+        and p.name != "chunk_size"
+    ]
+    if needed:
+        raise UserError(
+            f"kernel {path!r} requires keyword {needed[0]!r}, which memprobe never passes",
+            f"give it a default, or bind it: k = functools.partial(fn, {needed[0]}=...) and name k",
+        )
+
+
+_RETURNS = {
+    "a generator function": "a generator",
+    "an async function": "a coroutine",
+    "an async generator function": "an async generator",
+}
 
 
 def _protocol(fn: Any, path: str) -> str:

@@ -106,6 +106,9 @@ class AllocationTracker(TorchDispatchMode):
         self.peak_bytes = 0
         self.peak_index = -1
         self.phase_peaks: dict[str, int] = {}
+        # Storages made on a device it does not count, by device type: a step that ignores
+        # the device it is given makes all of its tensors here.
+        self.elsewhere: dict[str, int] = {}
 
     # -- recording -------------------------------------------------------
     def _now_us(self) -> float:
@@ -126,6 +129,7 @@ class AllocationTracker(TorchDispatchMode):
 
     def _register(self, tensor: torch.Tensor, op: str, frames: tuple[Frame, ...]) -> None:
         if self.device is not None and tensor.device.type != self.device:
+            self.elsewhere[tensor.device.type] = self.elsewhere.get(tensor.device.type, 0) + 1
             return
         tensor = physical(tensor)
         key, storage = _storage_key(tensor)

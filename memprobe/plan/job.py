@@ -16,8 +16,9 @@ from memprobe.plan.driver import run_plans
 from memprobe.plan.message import lm_head_status, long_loop_status, reserved_status
 from memprobe.plan.model import Budget, OnProbe, TokenPlan, make_budget, with_lm_head_in_other
 from memprobe.plan.other import other_from_snapshots
+from memprobe.plan.search import seed_tokens
 from memprobe.plan.targets import plan_targets
-from memprobe.records import MAX_COUNT
+from memprobe.records import MAX_COUNT, too_large
 from memprobe.results import read_rows
 
 # After the i-th of n plans finishes (in the order they finish).
@@ -162,6 +163,16 @@ def run_plan_job(
         cp=request.cp,
         hidden=request.hidden,
     )
+    for target in targets:
+        # The search starts from its seeds: sizes that overflow torch there failed the
+        # first simulation, blamed on the kernel.
+        seed = seed_tokens(target)[1]
+        past = too_large(target.batch, seed, target.vocab // target.tp, target.hidden)
+        if past is not None:
+            raise UserError(
+                f"{target.kernel} is planned from {seed:,} tokens per GPU up, where {past}",
+                "give a smaller --batch, --vocab or --hidden",
+            )
     if request.other_includes_lm_head:
         budget = with_lm_head_in_other(budget, targets)
     finished = 0

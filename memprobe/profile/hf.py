@@ -40,7 +40,7 @@ from memprobe.profile.hf_config import (
 )
 from memprobe.profile.hf_quiet import hf_logging_off, quiet_transformers
 from memprobe.profile.phases import mark
-from memprobe.records import Event, normalize_dtype
+from memprobe.records import Event, normalize_dtype, too_large
 
 INSTALL_HINT = "install it with: pip install 'memprobe[hf]'"
 OPTIMIZERS = ("adamw", "sgd", "none")
@@ -245,6 +245,9 @@ class HFStep:
                 f"{self.kernel} cannot take",
                 f"use --kernel {' or '.join(kernel_names(distributed=True))}",
             )
+        past = too_large(self.batch, self.tokens, self.local_vocab)
+        if past is not None:  # the token ids' tensors pass too: blamed on the config
+            raise UserError(f"--batch x --tokens: {past}", "give a smaller --batch or --tokens")
         if self.optimizer not in OPTIMIZERS:
             raise UserError(
                 f"--optimizer {self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memprobe.errors import UserError
-from memprobe.kernels.user import UserCodeExit, import_callable
+from memprobe.kernels.user import UserCodeExit, body_not_run, import_callable
 
 if TYPE_CHECKING:
     import torch
@@ -30,11 +30,8 @@ def load_step(path: str) -> Step:
         ) from None
     except ValueError:
         pass  # no signature to read (a builtin): let the call tell
-    if (
-        inspect.isgeneratorfunction(step)
-        or inspect.iscoroutinefunction(step)
-        or (inspect.isasyncgenfunction(step))
-    ):
+    kind = body_not_run(step)
+    if kind is not None:
         # Calling one runs none of its body: the profile would be an empty one.
         raise UserError(
             f"step {path!r} is a generator or async function: calling it runs none of its body",

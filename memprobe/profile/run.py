@@ -135,6 +135,8 @@ def trace_step(
         raise step_failed(exc, tracker, device, failure_hint) from None
     finally:
         tracker.remove_hooks()
+    if not tracker.events:
+        raise _nothing_tracked(device, tracker.elsewhere, started[0])
     return TrackedStep(
         device=device,
         events=tuple(tracker.events),
@@ -145,6 +147,30 @@ def trace_step(
         marks=tuple(tracker.marks),
         threads=started[0],
     )
+
+
+def _nothing_tracked(device: str, elsewhere: dict[str, int], threads: int) -> UserError:
+    """No tensor made on the device the step was given: read as it stood, a peak of 0 B
+    (exit 0), where the step made its tensors on another device (it ignored ``device``), in
+    a thread of its own, or made none."""
+    hint = (
+        "a step builds its model and inputs on the device it is given "
+        "(torch.zeros(..., device=device), model.to(device)) and runs forward, loss, backward"
+    )
+    if elsewhere:
+        made = ", ".join(f"{count:,} on {kind}" for kind, count in sorted(elsewhere.items()))
+        return UserError(
+            f"the step made its tensors elsewhere ({made}), none on {device}, the device it "
+            "was given: memprobe tracks that device",
+            hint,
+        )
+    if threads:
+        return UserError(
+            f"the step made no tensor on {device} in the thread that runs it (it started "
+            f"{threads:,} thread(s); what a thread allocates is not tracked)",
+            "make the tensors in the step's own thread",
+        )
+    return UserError(f"the step made no tensor on {device}: there is no peak to show", hint)
 
 
 def profile_step(
