@@ -134,3 +134,26 @@ def test_no_device_with_a_loss_is_still_refused(run_cli: Any, tmp_path: Path) ->
     path.write_bytes(pickle.dumps(snap))
     line = one_line(*run_cli("attribute", str(path), "--what-if", "local_chunked"))
     assert "no loss over [N, V] logits found in the snapshot" in line, line
+
+
+# -- diff of a several-GPU snapshot: each file's lead device (an OOM's, else the largest
+# peak) was compared, and the lines said which of its devices nowhere ("A: a.pickle",
+# "peak: 64.00 MiB -> 437.50 MiB"). A file with several devices now names the one read.
+
+
+@pytest.mark.parametrize(("loss_on", "devices"), SPREADS.values(), ids=SPREADS.keys())
+def test_diff_names_the_device_of_a_several_gpu_file(
+    run_cli: Any, step_snapshot: dict[str, Any], tmp_path: Path, loss_on: int, devices: int
+) -> None:
+    spread = _spread(step_snapshot, tmp_path, loss_on, devices)
+    one = _spread(step_snapshot, tmp_path, 0, devices=1)
+    code, out, err = run_cli("diff", one, spread)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"A: {one}", out
+    # The lead is the largest peak: a loss-free stage's 4 MiB here, the lowest numbered.
+    lead = min(d for d in range(devices) if d != loss_on)
+    said = f"B: {spread} (device {lead}, the lead of its {devices} devices with a trace"
+    assert lines[1].startswith(said), out
+    code, out, err = run_cli("diff", spread, one, "--device", "0")
+    assert code == 0 and out.splitlines()[0] == f"A: {spread}", (out, err)
