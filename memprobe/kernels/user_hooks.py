@@ -1,7 +1,8 @@
 """Python's process-wide hooks user code may set and leave behind, put back after each
 call and import of it (:func:`memprobe.kernels.user.user_code`): the root logger's
-handlers and level, the trace and profile functions, and sys.modules. Left in place, they
-ran in (or broke) memprobe's own work after the code returned: what they wrote reached
+handlers and level, the trace and profile functions, and sys.modules; and the finders and
+path hooks it adds, seen through a wrapper that forgives their exceptions. Left in place,
+they ran in (or broke) memprobe's own work after the code returned: what they wrote reached
 `--json`'s standard output (user code's own output goes to standard error only while it
 runs), and a blocked import ended the command in a traceback."""
 
@@ -108,3 +109,108 @@ def modules_kept(theirs: bool = True) -> Iterator[None]:
                 modules[name] = own[name]
             else:  # a blocker the code added
                 modules.pop(name, None)
+
+
+# The import machinery user code adds to (a finder on sys.meta_path, a hook on
+# sys.path_hooks) stays: six's importer, a plugin system's, may be what the code's own later
+# imports need. But one that raised for a name not its own (``find_spec`` raising
+# ImportError or RuntimeError for anything it does not serve) ended the command in its
+# traceback when memprobe imported something after the code returned: pandas writing
+# results.csv, matplotlib drawing the report. So, while memprobe's own work runs, each
+# entry user code added is seen through a wrapper for which such an exception means "not
+# mine", and Python goes on to the next; while user code runs, its entries are as it left
+# them. Only an Exception: a KeyboardInterrupt (Ctrl-C) or SystemExit (torchrun's stop)
+# that fires while the finder runs must still stop memprobe, as anywhere else. By the
+# wrapped entry's identity, its wrapper (one per entry, so that a guard that compares
+# entries by identity finds it again).
+_WRAPPERS: dict[int, Any] = {}
+
+
+class _ForgivingFinder:
+    """A meta path finder user code added, as memprobe's own imports see it."""
+
+    def __init__(self, finder: Any) -> None:
+        self.finder = finder
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        try:
+            find = getattr(self.finder, "find_spec", None)
+            if find is not None:
+                return find(name, path, target)
+            if sys.version_info < (3, 12) and hasattr(self.finder, "find_module"):
+                # Python before 3.12 still asked a finder without find_spec this way.
+                import importlib.util
+
+                loader = self.finder.find_module(name, path)
+                return None if loader is None else importlib.util.spec_from_loader(name, loader)
+        except Exception:
+            pass
+        return None
+
+    def invalidate_caches(self) -> None:
+        with contextlib.suppress(Exception):
+            self.finder.invalidate_caches()
+
+    def find_distributions(self, *args: Any, **kwargs: Any) -> list[Any]:
+        # importlib.metadata asks every meta path finder for distributions (a package's
+        # version, its entry points); none is what a finder without the method gives.
+        try:
+            return list(self.finder.find_distributions(*args, **kwargs))
+        except Exception:
+            return []
+
+    def __repr__(self) -> str:
+        return f"<memprobe's view of {self.finder!r}>"
+
+
+class _ForgivingHook:
+    """A path hook user code added, as memprobe's own imports see it: ImportError, what a
+    hook raises for a path entry it does not handle, for any Exception it raises."""
+
+    def __init__(self, hook: Any) -> None:
+        self.finder = hook
+
+    def __call__(self, entry: str) -> Any:
+        try:
+            return self.finder(entry)
+        except ImportError:
+            raise
+        except Exception:
+            raise ImportError(f"not handled by {self.finder!r}", path=entry) from None
+
+
+_WRAPPER_OF = {"meta_path": _ForgivingFinder, "path_hooks": _ForgivingHook}
+_WRAPPED = (_ForgivingFinder, _ForgivingHook)
+
+
+@contextlib.contextmanager
+def importers_kept(theirs: bool = True) -> Iterator[None]:
+    """The finders and path hooks user code added, as it left them while it runs
+    (``theirs``: the code is the user's) and seen through their wrappers as it returns."""
+    own: dict[str, list[Any]] = {}
+    for name in _WRAPPER_OF:
+        entries = getattr(sys, name)
+        if isinstance(entries, list):
+            wrapped = [isinstance(e, _WRAPPED) for e in entries]
+            own[name] = [e for e, w in zip(entries, wrapped, strict=True) if not w]
+            if theirs:
+                entries[:] = [e.finder if w else e for e, w in zip(entries, wrapped, strict=True)]
+    try:
+        yield
+    finally:
+        for name, wrapper in _WRAPPER_OF.items():
+            entries = getattr(sys, name)
+            if isinstance(entries, list) and name in own:
+                entries[:] = [
+                    e
+                    if isinstance(e, _WRAPPED) or any(e is o for o in own[name])
+                    else _wrap(e, wrapper)
+                    for e in entries
+                ]
+
+
+def _wrap(entry: Any, wrapper: type[Any]) -> Any:
+    """The one wrapper of ``entry`` (kept with it: its id names no other object)."""
+    if id(entry) not in _WRAPPERS:
+        _WRAPPERS[id(entry)] = wrapper(entry)
+    return _WRAPPERS[id(entry)]
