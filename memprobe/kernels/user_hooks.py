@@ -9,6 +9,7 @@ runs), and a blocked import ended the command in a traceback."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import sys
 import threading
@@ -133,19 +134,19 @@ class _ForgivingFinder:
         self.finder = finder
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        try:
-            find = getattr(self.finder, "find_spec", None)
-            if find is not None:
-                return find(name, path, target)
-            if sys.version_info < (3, 12) and hasattr(self.finder, "find_module"):
-                # Python before 3.12 still asked a finder without find_spec this way.
-                import importlib.util
-
-                loader = self.finder.find_module(name, path)
-                return None if loader is None else importlib.util.spec_from_loader(name, loader)
-        except Exception:
-            pass
-        return None
+        spec = _found(self.finder, name, path, target)
+        # A module memprobe's own finders find is theirs to load: a finder that claimed
+        # every name (matplotlib's with a loader that raised) ended the report likewise.
+        if spec is not None and any(
+            _found(finder, name, path, target) is not None
+            for finder in sys.meta_path
+            if not isinstance(finder, _WRAPPED)
+        ):
+            return None
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec = copy.copy(spec)  # the finder's own, maybe given again to its code
+            spec.loader = _ForgivingLoader(spec.loader)
+        return spec
 
     def invalidate_caches(self) -> None:
         with contextlib.suppress(Exception):
@@ -161,6 +162,48 @@ class _ForgivingFinder:
 
     def __repr__(self) -> str:
         return f"<memprobe's view of {self.finder!r}>"
+
+
+class _ForgivingLoader:
+    """The loader of a module only a user's finder serves, as memprobe's own imports see it:
+    its failure is ModuleNotFoundError, so that an optional import (sympy's ``try: import
+    flint except ImportError``, as memprobe's kernels first run) goes on without it."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self.loader, "create_module", None)
+        return self._forgiven(spec.name, create, spec) if create is not None else None
+
+    def exec_module(self, module: Any) -> None:
+        self._forgiven(module.__name__, self.loader.exec_module, module)
+
+    def _forgiven(self, name: str, load: Any, what: Any) -> Any:
+        try:
+            return load(what)
+        except Exception as exc:
+            raise ModuleNotFoundError(f"{name}: {exc!r} from {self.loader!r}", name=name) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+def _found(finder: Any, name: str, path: Any, target: Any) -> Any:
+    """The spec ``finder`` finds for ``name``, None for any Exception it raises."""
+    try:
+        find = getattr(finder, "find_spec", None)
+        if find is not None:
+            return find(name, path, target)
+        if sys.version_info < (3, 12) and hasattr(finder, "find_module"):
+            # Python before 3.12 still asked a finder without find_spec this way.
+            import importlib.util
+
+            loader = finder.find_module(name, path)
+            return None if loader is None else importlib.util.spec_from_loader(name, loader)
+    except Exception:
+        pass
+    return None
 
 
 class _ForgivingHook:

@@ -49,6 +49,17 @@ FINDER = (
     "            return None\n"
     "        raise {error}(f'no {{name}} here')\n"
 )
+# A finder claiming those names, with a loader that raises.
+HIJACK = (
+    "import importlib.abc, importlib.util, sys\n"
+    "class Raising(importlib.abc.Loader):\n"
+    "    def exec_module(self, module):\n"
+    "        raise {error}(f'no {{module.__name__}} here')\n"
+    "class Hostile:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    f"        if name.startswith({FORBIDDEN!r}):\n"
+    "            return importlib.util.spec_from_loader(name, Raising())\n"
+)
 HOOK = "import sys\ndef hostile(entry):\n    raise {error}(f'no {{entry}} here')\n"
 ADD_FINDER = "sys.meta_path.insert(0, Hostile())"
 ADD_HOOK = "sys.path_hooks.insert(0, hostile); sys.path_importer_cache.clear()"
@@ -86,7 +97,9 @@ def _imports_work(here: Path) -> None:
 # -- G. A finder (or path hook) user code added that raised for a name not its own, as its
 # module was imported or inside the call: the next import of memprobe's own ended the
 # command in the finder's traceback (pandas writing results.csv, matplotlib drawing the
-# report, `profile --html`'s page), after every case had run.
+# report, `profile --html`'s page), after every case had run. So did one that claimed
+# those names with a loader that raised: a module memprobe's own finders find is theirs,
+# and one only the user's finder serves that fails to load is not found.
 HOSTILE = {
     "finder raising ImportError, added at import": (
         FINDER.format(method="find_spec", error="ImportError") + ADD_FINDER,
@@ -115,6 +128,14 @@ HOSTILE = {
         + "\n    def find_spec(self, *args):\n        return None\n"
         + ADD_FINDER,
         "",
+    ),
+    "finder claiming the names, its loader raising RuntimeError, added at import": (
+        HIJACK.format(error="RuntimeError") + ADD_FINDER,
+        "",
+    ),
+    "finder claiming the names, its loader raising ImportError, added in the call": (
+        HIJACK.format(error="ImportError"),
+        ADD_FINDER,
     ),
     "path hook raising RuntimeError, added at import": (
         HOOK.format(error="RuntimeError") + ADD_HOOK,
