@@ -25,6 +25,23 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _user_code_left_forgotten():
+    """What a test's user code left (torch functions or builtins it replaced, modules it put
+    in sys.modules, root logger handlers, torch state its module set as it was imported) is
+    swapped in for every later user code of the process, as in one memprobe run: forgotten
+    after each test, so no test runs another's (a replaced builtins.open that refused
+    /dev/null failed a later test's step)."""
+    yield
+    if "memprobe.kernels.user_guards" in sys.modules:
+        from memprobe.kernels import user_guards, user_hooks, user_torch
+
+        user_guards._REPLACED.clear()
+        user_hooks._MODULES_LEFT.clear()
+        user_hooks._ROOT_LEFT.update(handlers=[], level=None)
+        user_torch.forget_left()
+
+
 @pytest.fixture
 def run_cli(monkeypatch, capsys):
     """Run ``memprobe ARGS`` through the real entry point; return (code, stdout, stderr)."""

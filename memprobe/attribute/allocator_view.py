@@ -14,9 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from memprobe.allocator.snapshot_format import INACTIVE, LIVE_STATES, SEGMENT_GROW, SEGMENT_SHRINK
+from memprobe.allocator.snapshot_format import LIVE_STATES, SEGMENT_GROW, SEGMENT_SHRINK
 from memprobe.io.text import printable
 from memprobe.snapshot.allocator import round_block_size
+from memprobe.snapshot.segments import free_runs, reserved_bytes, segment_free_runs
 
 # Settings worth a line of their own (the rest are printed only when not default).
 _KEY_SETTINGS = ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments", "max_split_size")
@@ -46,21 +47,20 @@ def allocator_view(
 ) -> AllocatorView:
     inactive_split = largest_free = active = 0
     for seg in segments:
-        blocks = seg["blocks"]
-        live = any(b["state"] in LIVE_STATES for b in blocks)
-        for b in blocks:
-            if b["state"] == INACTIVE:
-                largest_free = max(largest_free, b["size"])
-                if live:
-                    inactive_split += b["size"]
-            elif b["state"] in LIVE_STATES:
-                active += b["size"]
+        live = sum(b["size"] for b in seg["blocks"] if b["state"] in LIVE_STATES)
+        active += live
+        # Free space is every byte no live block covers, listed as inactive or not at all
+        # (memprobe.snapshot.segments): the replay and the OOM verdict read it so too.
+        for _, size in segment_free_runs(seg):
+            largest_free = max(largest_free, size)
+            if live:
+                inactive_split += size
     return AllocatorView(
         segments=len(segments),
         large_segments=sum(s.get("segment_type") == "large" for s in segments),
         small_segments=sum(s.get("segment_type") == "small" for s in segments),
         expandable_segments=sum(bool(s.get("is_expandable")) for s in segments),
-        reserved_bytes=sum(s["total_size"] for s in segments),
+        reserved_bytes=reserved_bytes(segments),
         active_bytes=active,
         inactive_split_bytes=inactive_split,
         largest_free_block=largest_free,
@@ -129,15 +129,8 @@ def largest_free_block_at(held: dict[int, int], live: Iterable[tuple[int, int]])
         i = bisect.bisect_right(starts, addr) - 1
         if i >= 0 and addr < starts[i] + held[starts[i]]:
             inside[starts[i]].append((addr, size))
-    free = largest = 0
-    for base in starts:
-        cursor, end = base, base + held[base]
-        for addr, size in sorted(inside[base]) + [(end, 0)]:
-            gap = max(0, addr - cursor)
-            free += gap
-            largest = max(largest, gap)
-            cursor = max(cursor, addr + size)
-    return free, largest
+    runs = [size for base in starts for _, size in free_runs(base, held[base], inside[base])]
+    return sum(runs), max(runs, default=0)
 
 
 def block_bytes(requested: int, segment_block: dict[str, Any] | None) -> int:

@@ -49,7 +49,7 @@ from memprobe.kernels.user_guards import (
     streams_kept,
     torch_functions_kept,
 )
-from memprobe.kernels.user_hooks import logging_kept, modules_kept, tracing_kept
+from memprobe.kernels.user_hooks import importers_kept, logging_kept, modules_kept, tracing_kept
 from memprobe.kernels.user_torch import torch_state_kept
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
@@ -234,6 +234,7 @@ def _guarded(*, theirs: bool, importing: bool = False) -> Iterator[None]:
             logging_kept(theirs),
             tracing_kept(),
             modules_kept(theirs),
+            importers_kept(theirs),
         ):
             stack.enter_context(guard)
         yield

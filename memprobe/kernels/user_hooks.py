@@ -1,13 +1,15 @@
 """Python's process-wide hooks user code may set and leave behind, put back after each
 call and import of it (:func:`memprobe.kernels.user.user_code`): the root logger's
-handlers and level, the trace and profile functions, and sys.modules. Left in place, they
-ran in (or broke) memprobe's own work after the code returned: what they wrote reached
+handlers and level, the trace and profile functions, and sys.modules; and the finders and
+path hooks it adds, seen through a wrapper that forgives their exceptions. Left in place,
+they ran in (or broke) memprobe's own work after the code returned: what they wrote reached
 `--json`'s standard output (user code's own output goes to standard error only while it
 runs), and a blocked import ended the command in a traceback."""
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import sys
 import threading
@@ -108,3 +110,150 @@ def modules_kept(theirs: bool = True) -> Iterator[None]:
                 modules[name] = own[name]
             else:  # a blocker the code added
                 modules.pop(name, None)
+
+
+# The import machinery user code adds to (a finder on sys.meta_path, a hook on
+# sys.path_hooks) stays: six's importer, a plugin system's, may be what the code's own later
+# imports need. But one that raised for a name not its own (``find_spec`` raising
+# ImportError or RuntimeError for anything it does not serve) ended the command in its
+# traceback when memprobe imported something after the code returned: pandas writing
+# results.csv, matplotlib drawing the report. So, while memprobe's own work runs, each
+# entry user code added is seen through a wrapper for which such an exception means "not
+# mine", and Python goes on to the next; while user code runs, its entries are as it left
+# them. Only an Exception: a KeyboardInterrupt (Ctrl-C) or SystemExit (torchrun's stop)
+# that fires while the finder runs must still stop memprobe, as anywhere else. By the
+# wrapped entry's identity, its wrapper (one per entry, so that a guard that compares
+# entries by identity finds it again).
+_WRAPPERS: dict[int, Any] = {}
+
+
+class _ForgivingFinder:
+    """A meta path finder user code added, as memprobe's own imports see it."""
+
+    def __init__(self, finder: Any) -> None:
+        self.finder = finder
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        spec = _found(self.finder, name, path, target)
+        # A module memprobe's own finders find is theirs to load: a finder that claimed
+        # every name (matplotlib's with a loader that raised) ended the report likewise.
+        if spec is not None and any(
+            _found(finder, name, path, target) is not None
+            for finder in sys.meta_path
+            if not isinstance(finder, _WRAPPED)
+        ):
+            return None
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec = copy.copy(spec)  # the finder's own, maybe given again to its code
+            spec.loader = _ForgivingLoader(spec.loader)
+        return spec
+
+    def invalidate_caches(self) -> None:
+        with contextlib.suppress(Exception):
+            self.finder.invalidate_caches()
+
+    def find_distributions(self, *args: Any, **kwargs: Any) -> list[Any]:
+        # importlib.metadata asks every meta path finder for distributions (a package's
+        # version, its entry points); none is what a finder without the method gives.
+        try:
+            return list(self.finder.find_distributions(*args, **kwargs))
+        except Exception:
+            return []
+
+    def __repr__(self) -> str:
+        return f"<memprobe's view of {self.finder!r}>"
+
+
+class _ForgivingLoader:
+    """The loader of a module only a user's finder serves, as memprobe's own imports see it:
+    its failure is ModuleNotFoundError, so that an optional import (sympy's ``try: import
+    flint except ImportError``, as memprobe's kernels first run) goes on without it."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self.loader, "create_module", None)
+        return self._forgiven(spec.name, create, spec) if create is not None else None
+
+    def exec_module(self, module: Any) -> None:
+        self._forgiven(module.__name__, self.loader.exec_module, module)
+
+    def _forgiven(self, name: str, load: Any, what: Any) -> Any:
+        try:
+            return load(what)
+        except Exception as exc:
+            raise ModuleNotFoundError(f"{name}: {exc!r} from {self.loader!r}", name=name) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+def _found(finder: Any, name: str, path: Any, target: Any) -> Any:
+    """The spec ``finder`` finds for ``name``, None for any Exception it raises."""
+    try:
+        find = getattr(finder, "find_spec", None)
+        if find is not None:
+            return find(name, path, target)
+        if sys.version_info < (3, 12) and hasattr(finder, "find_module"):
+            # Python before 3.12 still asked a finder without find_spec this way.
+            import importlib.util
+
+            loader = finder.find_module(name, path)
+            return None if loader is None else importlib.util.spec_from_loader(name, loader)
+    except Exception:
+        pass
+    return None
+
+
+class _ForgivingHook:
+    """A path hook user code added, as memprobe's own imports see it: ImportError, what a
+    hook raises for a path entry it does not handle, for any Exception it raises."""
+
+    def __init__(self, hook: Any) -> None:
+        self.finder = hook
+
+    def __call__(self, entry: str) -> Any:
+        try:
+            return self.finder(entry)
+        except ImportError:
+            raise
+        except Exception:
+            raise ImportError(f"not handled by {self.finder!r}", path=entry) from None
+
+
+_WRAPPER_OF = {"meta_path": _ForgivingFinder, "path_hooks": _ForgivingHook}
+_WRAPPED = (_ForgivingFinder, _ForgivingHook)
+
+
+@contextlib.contextmanager
+def importers_kept(theirs: bool = True) -> Iterator[None]:
+    """The finders and path hooks user code added, as it left them while it runs
+    (``theirs``: the code is the user's) and seen through their wrappers as it returns."""
+    own: dict[str, list[Any]] = {}
+    for name in _WRAPPER_OF:
+        entries = getattr(sys, name)
+        if isinstance(entries, list):
+            wrapped = [isinstance(e, _WRAPPED) for e in entries]
+            own[name] = [e for e, w in zip(entries, wrapped, strict=True) if not w]
+            if theirs:
+                entries[:] = [e.finder if w else e for e, w in zip(entries, wrapped, strict=True)]
+    try:
+        yield
+    finally:
+        for name, wrapper in _WRAPPER_OF.items():
+            entries = getattr(sys, name)
+            if isinstance(entries, list) and name in own:
+                entries[:] = [
+                    e
+                    if isinstance(e, _WRAPPED) or any(e is o for o in own[name])
+                    else _wrap(e, wrapper)
+                    for e in entries
+                ]
+
+
+def _wrap(entry: Any, wrapper: type[Any]) -> Any:
+    """The one wrapper of ``entry`` (kept with it: its id names no other object)."""
+    if id(entry) not in _WRAPPERS:
+        _WRAPPERS[id(entry)] = wrapper(entry)
+    return _WRAPPERS[id(entry)]

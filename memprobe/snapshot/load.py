@@ -28,6 +28,7 @@ from memprobe.allocator.snapshot_format import (
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.snapshot.nesting import check_tuple_nesting
+from memprobe.snapshot.segments import reconcile_segment_allocs
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 # What normalization and attribution will walk: trace entries, segments and blocks, and
@@ -227,6 +228,7 @@ def normalize_snapshot(raw: Any, *, source: str = "<snapshot>") -> dict:
     out["segments"] = [_segment(s, i, bad) for i, s in enumerate(segments)]
     _check_segments_apart(out["segments"], bad)
     out["device_traces"] = [_trace(t, d, bad) for d, t in enumerate(traces)]
+    reconcile_segment_allocs(out["segments"], out["device_traces"])
     settings = raw.get("allocator_settings")
     out["allocator_settings"] = settings if isinstance(settings, dict) else {}
     if _depth(out["allocator_settings"], MAX_SETTINGS_DEPTH) > MAX_SETTINGS_DEPTH:
@@ -382,7 +384,6 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
     if not isinstance(seg, dict):
         raise bad(where, f"is {_describe(seg)}, not a dict")
     address = seg.get("address")
-    total = seg.get("total_size")
     if not _is_int(address):
         raise bad(where, "has no valid 'address'")
     raw_blocks = seg.get("blocks") or []
@@ -393,28 +394,28 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
     for j, b in enumerate(raw_blocks):
         block = _block(b, offset, f"{where}.blocks[{j}]", bad)
         if block["address"] < offset:
-            # Blocks tile their segment in address order; an overlap is a tampered file
+            # Blocks lie in their segment in address order; an overlap is a tampered file
             # (the allocator replay would have to place two blocks in one place).
-            raise bad(f"{where}.blocks[{j}]", "overlaps the block before it")
+            problem = "overlaps the block before it" if j else "starts before its segment"
+            raise bad(f"{where}.blocks[{j}]", problem)
         blocks.append(block)
         offset = block["address"] + block["size"]
     if not blocks:
         # torch's allocator always splits a segment into blocks (one inactive at least);
         # an empty one has no layout the replay could place.
         raise bad(where, "has no blocks (a segment holds at least one)")
-    given = isinstance(total, int) and _is_int(total)
-    # Some tools write segments without totals; the blocks tile the segment.
-    size: int = total if isinstance(total, int) and given else sum(b["size"] for b in blocks)
+    # Some tools write segments without totals: the segment reaches to its last block's end
+    # (bytes no block covers are free space, see memprobe.snapshot.segments).
+    total = seg.get("total_size")
+    size: int = total if _is_int(total) else offset - address
     if size < 0:
         raise bad(where, f"has a negative 'total_size' ({size})")
     if size == 0:
-        # A segment is memory cudaMalloc reserved: one of no bytes has no layout the
-        # allocator replay could place (it ended in an IndexError).
+        # A segment of no bytes has no layout the allocator replay could place (IndexError).
         raise bad(where, "holds 0 bytes (a segment is memory the allocator reserved)")
-    if given and isinstance(address, int) and offset > address + size:
-        used = offset - address
-        raise bad(where, f"has blocks past its end ({used:,} bytes of blocks in {size:,})")
-    total = size
+    if offset > address + size:
+        reach = f"they reach {offset - address:,} bytes into its {size:,}"
+        raise bad(where, f"has blocks past its end ({reach})")
     device = seg["device"] if _is_int(seg.get("device")) else 0
     if device < 0:
         # CUDA numbers devices from 0: -1 was chosen as the device to read, then refused
@@ -424,7 +425,7 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
     live = [b for b in blocks if b["state"] in LIVE_STATES]
     out.update(
         address=address,
-        total_size=total,
+        total_size=size,
         blocks=blocks,
         device=device,
         stream=seg["stream"] if _is_int(seg.get("stream")) else 0,
@@ -434,7 +435,7 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
         is_expandable=seg.get("is_expandable") is True,
     )
     if not isinstance(seg.get("segment_type"), str):
-        out["segment_type"] = "small" if total <= 2 << 20 else "large"
+        out["segment_type"] = "small" if size <= 2 << 20 else "large"
     for key, value in (
         ("allocated_size", sum(b["size"] for b in blocks if b["state"] == ACTIVE_ALLOCATED)),
         ("active_size", sum(b["size"] for b in live)),

@@ -29,6 +29,7 @@ from memprobe.allocator.snapshot_format import (
     SEGMENT_SHRINK,
 )
 from memprobe.errors import UserError
+from memprobe.snapshot.segments import reserved_bytes
 
 BEFORE_TRACE = -1  # position of "before the first recorded entry"
 
@@ -158,7 +159,7 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
     entries: list[dict[str, Any]] = traces[dev] if dev < len(traces) else []
     segments = [s for s in snapshot.get("segments", []) if s.get("device", 0) == dev]
     end_live = {b["address"]: b for s in segments for b in s["blocks"] if b["state"] in LIVE_STATES}
-    reserved_end = sum(s["total_size"] for s in segments)
+    reserved_end = reserved_bytes(segments)
     if not entries:
         return _from_segments(dev, entries, end_live, reserved_end, bool(segments))
     entries, clock_note = _untimed_if_clock_goes_back(entries)

@@ -134,16 +134,6 @@ REPLACED = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _replacements_forgotten() -> Any:
-    """What these tests' user code replaced is swapped in for every later user code of
-    the process (as in one memprobe run): forgotten after each test."""
-    from memprobe.kernels import user_guards
-
-    yield
-    user_guards._REPLACED.clear()
-
-
 def _peaks(run: Path) -> dict[str, int]:
     rows = json.loads((run / "results.json").read_text())["rows"]
     return {row["kernel"]: row["peak_bytes"] for row in rows}

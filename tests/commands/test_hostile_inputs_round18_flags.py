@@ -17,18 +17,6 @@ SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device",
          "--no-verify", "--no-report", "--json"]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _left_forgotten() -> Any:
-    """What these tests' user code left (root handlers, sys.modules entries) is swapped in
-    for every later user code of the process (as in one memprobe run): forgotten after
-    each test."""
-    from memprobe.kernels import user_hooks
-
-    yield
-    user_hooks._MODULES_LEFT.clear()
-    user_hooks._ROOT_LEFT.update(handlers=[], level=None)
-
-
 def _kernel(top: str, inside: str = "") -> str:
     return (
         "import io, logging, os, sys\nfrom memprobe.kernels import get_kernel\n" + top + "\n"

@@ -22,16 +22,6 @@ ON_CPU = [*SWEEP, "--device", "cpu"]
 MINE = "unchunked,local_chunked"
 
 
-@pytest.fixture(autouse=True)
-def _left_forgotten() -> Any:
-    """What these tests' modules left of torch's state is swapped in for every later user
-    code of the process (as in one memprobe run): forgotten after each test."""
-    from memprobe.kernels import user_torch
-
-    yield
-    user_torch.forget_left()
-
-
 def torch_state() -> dict[str, Any]:
     """torch's process-wide state, read here independently of memprobe's guard."""
     import torch

@@ -1,0 +1,73 @@
+"""A segment's bytes, read one way by every figure memprobe prints.
+
+torch lists a segment's blocks so that they partition it: inactive blocks cover its free
+space. Other tools (and hand-written files) may list only the live blocks, leave gaps
+between them, or give a ``total_size`` larger than the blocks. memprobe reads such a
+segment as torch would have listed it: it reserves its ``total_size`` bytes, and bytes
+that no block covers are free space of that segment, as if an inactive block were there.
+Free neighbours coalesce in the allocator, so a free run is every byte between two live
+blocks (or a live block and the segment's ends), whatever the file lists there.
+
+The trace's ``segment_alloc`` of a segment still held at snapshot time reserved that
+segment: its bytes are the segment's ``total_size``, the figure the segments report.
+Attribution's reserved bytes over the trace and the allocator replay's recorded ones both
+add the trace's segment events, so a file whose ``segment_alloc`` says fewer bytes than
+the segment read 4 MiB reserved in one and "2 MiB recorded" in the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from memprobe.allocator.snapshot_format import LIVE_STATES
+
+
+def reserved_bytes(segments: Iterable[dict[str, Any]]) -> int:
+    """Bytes the ``segments`` (normalised) reserve: their ``total_size``, blocks or not."""
+    return sum(s["total_size"] for s in segments)
+
+
+def free_runs(start: int, size: int, live: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(address, bytes) of each free run of the segment at ``start`` of ``size`` bytes:
+    the bytes outside the ``live`` (address, bytes) blocks, coalesced. A live block
+    reaching outside the segment is clipped (the loader refuses such files)."""
+    runs: list[tuple[int, int]] = []
+    cursor, end = start, start + size
+    for addr, nbytes in sorted(live) + [(end, 0)]:
+        if addr > cursor:
+            runs.append((cursor, min(addr, end) - cursor))
+        cursor = max(cursor, addr + nbytes)
+        if cursor >= end:
+            break
+    return [r for r in runs if r[1] > 0]
+
+
+def segment_free_runs(segment: dict[str, Any]) -> list[tuple[int, int]]:
+    """The free runs of one normalised segment (see :func:`free_runs`)."""
+    live = [(b["address"], b["size"]) for b in segment["blocks"] if b["state"] in LIVE_STATES]
+    return free_runs(segment["address"], segment["total_size"], live)
+
+
+def reconcile_segment_allocs(segments: list[dict[str, Any]], traces: list[list[dict]]) -> None:
+    """Give each trace's ``segment_alloc`` of a segment still held at its end that
+    segment's ``total_size`` (in place; an entry is copied before it changes, so a shared
+    one stays as the file had it). An expandable segment grows by ``segment_map`` and has
+    no ``segment_alloc`` to match."""
+    for device, trace in enumerate(traces):
+        held = {
+            s["address"]: s["total_size"]
+            for s in segments
+            if s["device"] == device and not s["is_expandable"]
+        }
+        seen: set[int] = set()  # addresses a later segment event names
+        for pos in range(len(trace) - 1, -1, -1):
+            e = trace[pos]
+            action = e["action"]
+            if action not in ("segment_alloc", "segment_free"):
+                continue
+            addr = e["addr"]
+            if action == "segment_alloc" and addr not in seen and addr in held:
+                if e["size"] != held[addr]:
+                    trace[pos] = {**e, "size": held[addr]}
+            seen.add(addr)
