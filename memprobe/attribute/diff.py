@@ -111,6 +111,12 @@ class PeakDiff:
     categories: tuple[tuple[str, int, int], ...]  # (category, bytes at A, bytes at B)
     contributors: tuple[Contributor, ...]  # by delta, largest growth first
     differences: tuple[Difference, ...] = ()  # what differs between the runs
+    # Each file's device and how many it holds with a trace, where it holds several (one
+    # process on several GPUs): the peaks compared are one device's of each, and which
+    # one was said nowhere. None where the file has one device or --device chose it. The
+    # text says it; the --json keys stay the schema's.
+    lead_a: tuple[int, int] | None = None
+    lead_b: tuple[int, int] | None = None
 
     # The --json form (memprobe.io.codec): the peaks, what differs, the lines.
     JSON_KEYS: ClassVar[tuple[str, ...]] = (

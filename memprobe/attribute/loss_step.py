@@ -15,7 +15,7 @@ from typing import Any
 from memprobe.allocator.snapshot_format import (
     ALLOC,
 )
-from memprobe.attribute.findings import Findings
+from memprobe.attribute.findings import Findings, attribute, devices_with_data
 from memprobe.attribute.loss_step_record import LossStep, refuse_an_oom_inside
 from memprobe.attribute.ops import is_matmul, is_opaque_generated
 from memprobe.attribute.own_kernel_step import own_kernel_step
@@ -23,9 +23,46 @@ from memprobe.attribute.sites import SiteCache, resolve_phases
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
 from memprobe.records import normalize_dtype
-from memprobe.snapshot.replay import BEFORE_TRACE, Replay
+from memprobe.snapshot.replay import BEFORE_TRACE, Replay, replay
 
 _CONFIDENT = ("given", "high", "medium")
+
+
+def locate_loss_step(
+    snap: dict[str, Any],
+    found: Findings,
+    *,
+    device: int | None = None,
+    path: str | None = None,
+    vocab: int | None = None,
+    tokens: int | None = None,
+    batch: int | None = None,
+) -> tuple[Findings, Replay, LossStep]:
+    """The findings, replay and loss step of ``found``'s device (``attribute``'s reading
+    of ``device``, or of the device it picks), else, with no ``device`` asked for, of the
+    first other device with a trace whose loss step is found. One process may drive
+    several GPUs (a model spread over them with ``device_map="auto"``, pipeline stages):
+    the loss is on one of them, not necessarily the one with the longest trace, and the
+    file was read as "no loss in the snapshot". Raises ``found``'s UserError when no
+    device has a loss step."""
+    rep = replay(snap, device=found.device)
+    try:
+        return found, rep, find_loss_step(snap, found, rep)
+    except UserError:
+        if device is not None:
+            raise
+        for other in devices_with_data(snap):
+            if other == found.device:
+                continue
+            try:
+                there = attribute(
+                    snap, device=other, path=path, vocab=vocab, tokens=tokens, batch=batch
+                )
+                other_rep = replay(snap, device=other)
+                return there, other_rep, find_loss_step(snap, there, other_rep)
+            except UserError:
+                continue
+        raise
 
 
 def find_loss_step(

@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprobe.attribute.findings import attribute
-from memprobe.attribute.loss_step import find_loss_step
+from memprobe.attribute.loss_step import locate_loss_step
 from memprobe.snapshot.load import normalize_snapshot
-from memprobe.snapshot.replay import replay
 
 
 @dataclass(frozen=True)
@@ -31,8 +30,7 @@ def other_memory(
     Raises :class:`UserError` where the step cannot be cut (see :func:`find_loss_step`)."""
     snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
     found = attribute(snap, device=device, path=path)
-    rep = replay(snap, device=found.device)
-    step = find_loss_step(snap, found, rep)
+    _, rep, step = locate_loss_step(snap, found, device=device, path=path)
     fs = step.forward[0]
     be = step.gradient.free_pos if step.gradient.free_pos is not None else len(rep.entries)
     mine = {id(b) for b in step.cut} | {id(step.logits)}

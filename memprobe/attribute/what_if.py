@@ -23,16 +23,16 @@ from __future__ import annotations
 from typing import Any
 
 from memprobe.allocator import replay_snapshot
-from memprobe.attribute.findings import attribute
+from memprobe.attribute.findings import attribute, devices_with_data
 from memprobe.attribute.kernel_trace import KernelTrace, simulate_kernel
-from memprobe.attribute.loss_step import find_loss_step
+from memprobe.attribute.loss_step import find_loss_step, locate_loss_step
 from memprobe.attribute.loss_step_record import LossStep
 from memprobe.attribute.other_memory import OtherMemory, other_memory
 from memprobe.attribute.splice import SPLICE_ADDRESS, splice
 from memprobe.attribute.what_if_record import WhatIf
 from memprobe.errors import UserError
 from memprobe.snapshot.load import normalize_snapshot
-from memprobe.snapshot.replay import Replay, replay
+from memprobe.snapshot.replay import Replay
 
 __all__ = [
     "SPLICE_ADDRESS",
@@ -96,12 +96,13 @@ def what_if(
     """
     check_what_if_kernel(kernel)
     snap = normalize_snapshot(snapshot, source=path or "<snapshot>")
-    found = attribute(snap, device=device, path=path, vocab=vocab, tokens=tokens, batch=batch)
-    rep = replay(snap, device=found.device)
+    first = attribute(snap, device=device, path=path, vocab=vocab, tokens=tokens, batch=batch)
     try:
-        step = find_loss_step(snap, found, rep)
+        found, rep, step = locate_loss_step(
+            snap, first, device=device, path=path, vocab=vocab, tokens=tokens, batch=batch
+        )
     except UserError:
-        _refuse_sizes_that_hide_the_loss(snap, rep, device, path, vocab, tokens, batch)
+        _refuse_sizes_that_hide_the_loss(snap, device, path, vocab, tokens, batch)
         raise
     kt = simulate_kernel(kernel, step, chunk_size)
     spliced = splice(snap, found.device, step, kt)
@@ -132,12 +133,12 @@ def what_if(
         predicted=predicted,
         capacity_bytes=capacity,
         capacity_source=source,
+        device=found.device if len(devices_with_data(snap)) > 1 else None,
     )
 
 
 def _refuse_sizes_that_hide_the_loss(
     snap: dict[str, Any],
-    rep: Replay,
     device: int | None,
     path: str | None,
     vocab: int | None,
@@ -151,9 +152,10 @@ def _refuse_sizes_that_hide_the_loss(
              if v is not None]  # fmt: skip
     if not given:
         return
-    plain = attribute(snap, device=device, path=path)
     try:
-        find_loss_step(snap, plain, rep)
+        plain, _, _ = locate_loss_step(
+            snap, attribute(snap, device=device, path=path), device=device, path=path
+        )
     except UserError:
         return  # not the sizes: the loss itself is what cannot be cut
     one = len(given) == 1

@@ -29,6 +29,9 @@ class WhatIf:
     capacity_bytes: int | None
     capacity_source: str | None
     shifted: bool = False  # the loss ran on logits[:, :-1] (``shape`` has its S − 1 rows)
+    # The device whose step was predicted, where the snapshot has more than one: its
+    # lines follow every device's findings, and the loss may be on any one of them.
+    device: int | None = None
 
     # The --json keys, in the order the schema has always had (io/codec.py): the
     # prediction's findings enter only as its peak's place and makeup.
@@ -37,7 +40,7 @@ class WhatIf:
         "predicted_peak_bytes", "recorded_reserved_peak_bytes", "model_reserved_peak_bytes",
         "predicted_reserved_peak_bytes", "saved_bytes", "fits", "capacity_bytes",
         "capacity_source", "predicted_peak_index", "predicted_peak_phase", "predicted_peak_op",
-        "predicted_breakdown", "forward_entries", "backward_entries", "cut_blocks",
+        "predicted_breakdown", "forward_entries", "backward_entries", "cut_blocks", "device",
     )  # fmt: skip
 
     @property
@@ -71,6 +74,7 @@ class WhatIf:
         b, s, v = self.shape
         chunk = f", chunk {self.chunk_size}" if self.chunk_size else ""
         on = " on logits[:, :-1] (a shifted loss)" if self.shifted else ""
+        on_device = f" on device {self.device}" if self.device is not None else ""
         (fa, fb), (ba, bb) = self.forward_entries, self.backward_entries
         p = self.predicted
         if p.peak_index is None:
@@ -91,8 +95,8 @@ class WhatIf:
             else "not recorded"
         )
         out = [
-            f"what-if {self.kernel}: the loss step (forward entries #{fa}-#{fb}, backward "
-            f"#{ba}-#{bb}: {self.cut_blocks} blocks) replaced by {self.kernel} at "
+            f"what-if {self.kernel}{on_device}: the loss step (forward entries #{fa}-#{fb}, "
+            f"backward #{ba}-#{bb}: {self.cut_blocks} blocks) replaced by {self.kernel} at "
             f"[B={b:,}, S={s:,}, V={v:,}] {self.dtype}{chunk}{on}, simulated on meta",
             f"  peak allocated: {format_bytes(self.recorded_peak_bytes)} recorded -> "
             f"{format_bytes(self.predicted_peak_bytes)} predicted "

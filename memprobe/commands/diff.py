@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -42,13 +43,20 @@ def _difference(x: Difference) -> str:
     return f"{x.what}: {a} -> {b} ({x.evidence})"
 
 
+def _lead_text(lead: tuple[int, int] | None) -> str:
+    if lead is None:
+        return ""
+    device, count = lead
+    return f" (device {device}, the lead of its {count} devices with a trace; --device N picks one)"
+
+
 def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[Part]:
     """The difference as printable parts: the peaks, what differs between the runs,
     then two tables (by category; by source line and op)."""
     delta = d.peak_b_bytes - d.peak_a_bytes
     out: list[Part] = [
-        f"A: {printable(str(d.path_a))}",
-        f"B: {printable(str(d.path_b))}",
+        f"A: {printable(str(d.path_a))}{_lead_text(d.lead_a)}",
+        f"B: {printable(str(d.path_b))}{_lead_text(d.lead_b)}",
         f"peak: {format_bytes(d.peak_a_bytes)} -> {format_bytes(d.peak_b_bytes)} "
         f"({_signed(delta)})",
     ]
@@ -94,13 +102,16 @@ def diff_files(
     a: str | os.PathLike[str], b: str | os.PathLike[str], *, device: int | None = None
 ) -> PeakDiff:
     """Each file's lead device (the one that hit an OOM, else the largest peak), compared."""
-    fa, fb = (_lead(path, device) for path in (a, b))
-    return diff_findings(fa, fb)
+    (fa, lead_a), (fb, lead_b) = (_lead(path, device) for path in (a, b))
+    return dataclasses.replace(diff_findings(fa, fb), lead_a=lead_a, lead_b=lead_b)
 
 
-def _lead(path: str | os.PathLike[str], device: int | None) -> Any:
+def _lead(path: str | os.PathLike[str], device: int | None) -> tuple[Any, tuple[int, int] | None]:
+    """The file's lead device's findings, and (that device, how many the file has) where
+    it has several."""
     try:
-        return attribute_file_devices(path, device=device)[0]
+        found = attribute_file_devices(path, device=device)
+        return found[0], (found[0].device, len(found)) if len(found) > 1 else None
     except UserError as exc:
         if device is None or "has nothing for device" not in exc.message:
             raise
