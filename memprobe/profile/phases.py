@@ -185,9 +185,10 @@ def step_failed(
     any device, where the step is not the user's, e.g. a model built from a config)."""
     if isinstance(exc, UserError):
         return exc
-    from memprobe.measure.step import UnseenResult
+    from memprobe.measure.step import BadResult, UnseenResult
 
-    if isinstance(exc, UnseenResult):  # no fault of meta's: --device cpu would not help
+    # The kernel's fault, not meta's nor the config's: --device cpu would not help.
+    if isinstance(exc, (BadResult, UnseenResult)):
         return UserError(f"the step's log-prob kernel failed: {exc}")
     what = exception_text(exc)
     raised_by_op = tracker.failure is not None and _caused_by(exc, tracker.failure)

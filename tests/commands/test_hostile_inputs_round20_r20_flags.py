@@ -1,0 +1,125 @@
+"""Hostile inputs, round 20 (flags, the process environment, user code): each row is a
+variant of a defect class the pass found. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import TINY_KERNEL, one_line, user_module
+from small_config import SMALL
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
+         "--no-verify", "--no-report", "--json"]  # fmt: skip
+LOGITS = (
+    "import torch\nfrom memprobe.kernels import get_kernel\n_u = get_kernel('unchunked')\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+)
+
+# -- a kernel whose result is the right shape and dtype but that memprobe cannot run
+# backward through: detached, made under torch.no_grad(), the logits' requires_grad turned
+# off inside the kernel, a fresh leaf or a Parameter, or made on another device (a
+# torch.zeros(shape) that forgot device=). Each case failed with torch's words from deep
+# inside autograd ("element 0 of tensors does not require grad", "appears to not have been
+# used in the graph"); `plan` and a what-if repeated them, and `step` blamed the model's
+# config.json ("check the config's sizes") for a result of the kernel's (a wrongly shaped
+# one too).
+
+ODD_GRAPH = {
+    "detached": ("    return _u(logits, targets).detach()\n", "does not require grad"),
+    "under no_grad": (
+        "    with torch.no_grad():\n        return _u(logits, targets)\n",
+        "does not require grad",
+    ),
+    # (in `step` the logits are not a leaf: torch refuses the call itself, in its words)
+    "requires_grad turned off": (
+        "    logits.requires_grad_(False)\n    return _u(logits, targets)\n",
+        "requires_grad",
+    ),
+    "a Parameter": (
+        "    return torch.nn.Parameter(_u(logits, targets).detach())\n",
+        "is a leaf",
+    ),
+    "a fresh leaf": (
+        "    return torch.ones(targets.shape, device=logits.device, requires_grad=True)\n",
+        "is a leaf",
+    ),
+    "made on the cpu": (
+        "    return torch.zeros(targets.shape, requires_grad=True) * 2\n",
+        "on cpu, its inputs are on meta",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", ODD_GRAPH)
+def test_a_result_memprobe_cannot_run_backward_through_is_named(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    body, said = ODD_GRAPH[what]
+    kernel = user_module(here, "r20_graph", LOGITS + body) + ":k"
+    code, out, _ = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    assert said in rows[0]["note"] and "autograd" not in rows[0]["note"].split(":")[0]
+    plan = ["plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved", "--kernel", kernel]
+    assert said in one_line(*run_cli(*plan))
+    (here / "config.json").write_text(json.dumps(SMALL))
+    step = ["step", "--config", "config.json", "--tokens", "8", "--kernel", kernel]
+    line = one_line(*run_cli(*step))
+    assert said in line and "config" not in line
+
+
+# ... a wrongly shaped result, or an exception the user's kernel raises, in `step` is the
+# kernel's line too, not the config's.
+STEP_OWN = {
+    "a wrong shape": ("    return _u(logits, targets)[None]\n", "log-prob kernel failed"),
+    "a ValueError": ("    raise ValueError('my own check')\n", "my own check"),
+    "a value read on meta": (
+        "    logits.sum().item()\n    return _u(logits, targets)\n",
+        "failed in the meta simulation",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", STEP_OWN)
+def test_a_step_kernel_that_fails_does_not_blame_the_config(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    body, said = STEP_OWN[what]
+    kernel = user_module(here, "r20_own", LOGITS + body)
+    (here / "config.json").write_text(json.dumps(SMALL))
+    step = ["step", "--config", "config.json", "--tokens", "8", "--kernel", f"{kernel}:k"]
+    line = one_line(*run_cli(*step))
+    assert said in line and "config" not in line
+
+
+# ... while results autograd can run through still measure: a view, another float dtype,
+# a torch.Tensor subclass, a hook on the result, a kernel that changes its targets.
+STILL_GRAPHS = {
+    "float64": "    return _u(logits, targets).double()\n",
+    "a subclass": "    class S(torch.Tensor):\n        pass\n"
+    "    return _u(logits, targets).as_subclass(S)\n",
+    "a hooked result": "    r = _u(logits, targets)\n    r.register_hook(lambda g: g)\n"
+    "    return r\n",
+    "a view": "    return _u(logits, targets)[:, :]\n",
+}
+
+
+@pytest.mark.parametrize("what", STILL_GRAPHS)
+def test_results_autograd_can_run_through_still_measure(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    kernel = user_module(here, "r20_still", LOGITS + STILL_GRAPHS[what]) + ":k"
+    code, out, _ = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0
+    assert [r["status"] for r in json.loads(out)["results"]] == ["ok", "ok"]
+
+
+def test_the_tiny_kernel_still_runs_in_a_step(run_cli: Any, here: Path) -> None:
+    kernel = user_module(here, "r20_tiny", TINY_KERNEL) + ":k"
+    (here / "config.json").write_text(json.dumps(SMALL))
+    code, _, _ = run_cli("step", "--config", "config.json", "--tokens", "8", "--kernel", kernel)
+    assert code == 0
