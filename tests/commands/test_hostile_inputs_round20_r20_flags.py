@@ -123,3 +123,26 @@ def test_the_tiny_kernel_still_runs_in_a_step(run_cli: Any, here: Path) -> None:
     (here / "config.json").write_text(json.dumps(SMALL))
     code, _, _ = run_cli("step", "--config", "config.json", "--tokens", "8", "--kernel", kernel)
     assert code == 0
+
+
+# -- a negative zero percentage (--max-regression -0, or max_regression = -0.0 in the
+# TOML) passed the "zero or more" check, and the gate's lines said "max regression -0%".
+
+NEGATIVE_ZERO = {
+    "--max-regression -0": (["--max-regression", "-0"], None),
+    "--max-regression -0.0": (["--max-regression", "-0.0"], None),
+    "max_regression = -0.0": ([], "[tool.memprobe.gate]\nmax_regression = -0.0\n"),
+}
+
+
+@pytest.mark.parametrize("what", NEGATIVE_ZERO)
+def test_a_negative_zero_regression_reads_as_zero(
+    run_cli: Any, here: Path, made_run: Path, what: str
+) -> None:
+    flags, toml = NEGATIVE_ZERO[what]
+    if toml is not None:
+        (here / "pyproject.toml").write_text(toml)
+        flags = [*flags, "--config", "pyproject.toml"]
+    base = str(made_run / "results.json")
+    code, out, _ = run_cli("gate", str(made_run), "--baseline", base, *flags)
+    assert code == 0 and "max regression 0%" in out and "-0" not in out
