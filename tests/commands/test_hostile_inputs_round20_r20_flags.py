@@ -13,6 +13,8 @@ from small_config import SMALL
 
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
          "--no-verify", "--no-report", "--json"]  # fmt: skip
+pytest_plugins = ["pytester"]
+
 LOGITS = (
     "import torch\nfrom memprobe.kernels import get_kernel\n_u = get_kernel('unchunked')\n"
     "def k(logits, targets, *, chunk_size=None):\n"
@@ -146,3 +148,50 @@ def test_a_negative_zero_regression_reads_as_zero(
     base = str(made_run / "results.json")
     code, out, _ = run_cli("gate", str(made_run), "--baseline", base, *flags)
     assert code == 0 and "max regression 0%" in out and "-0" not in out
+
+
+# -- the pytest marker's arguments: a wrong one failed the test's setup with its words
+# twice, the second time after pytest's "During handling of the above exception, another
+# exception occurred:" (memprobe's own exception chained in); and device=torch.device(
+# "meta"), the object torch code names devices with, was "unknown device
+# device(type='meta')".
+
+MARKED = {
+    "a bool limit": ("True", "limit True is not a size", "error"),
+    "a float limit": ("1.5", "is not a whole number of bytes", "error"),
+    "an unknown device": ("'1 MiB', device='tpu'", "unknown device 'tpu'", "error"),
+    "a torch.device": ("'1 MiB', device=torch.device('meta')", None, "passed"),
+    "a torch.device over": (
+        "'1 KiB', device=torch.device('meta')",
+        "peaked at 4.00 KiB on meta",
+        "failed",
+    ),
+    "a cuda:1 torch.device": (
+        "'1 MiB', device=torch.device('cuda', 1)",
+        "unknown device 'cuda:1'",
+        "error",
+    ),
+}
+
+
+def test_the_markers_arguments_fail_once_or_measure(pytester: pytest.Pytester) -> None:
+    from importlib.metadata import entry_points
+
+    installed = any(
+        ep.value == "memprobe.commands.pytest_plugin" for ep in entry_points(group="pytest11")
+    )
+    body = ["import pytest, torch\n"]
+    for i, (args, _, _) in enumerate(MARKED.values()):
+        body.append(
+            f"@pytest.mark.limit_peak_memory({args})\ndef test_{i:02}():\n    torch.empty(1024)\n"
+        )
+    pytester.makepyfile(test_marked="\n".join(body))
+    args = () if installed else ("-p", "memprobe.commands.pytest_plugin")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *args)
+    out = result.stdout.str()
+    assert "During handling" not in out
+    counts = {k: sum(v[2] == k for v in MARKED.values()) for k in ("passed", "failed", "error")}
+    result.assert_outcomes(passed=counts["passed"], failed=counts["failed"], errors=counts["error"])
+    for _, said, _ in MARKED.values():
+        if said is not None:
+            assert out.count(said) >= 1, (said, out)
