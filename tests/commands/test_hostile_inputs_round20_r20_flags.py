@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import TINY_KERNEL, one_line, user_module
+from hostile import TINY_KERNEL, TINY_STEP, one_line, user_module
 from small_config import SMALL
 
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
@@ -195,3 +195,40 @@ def test_the_markers_arguments_fail_once_or_measure(pytester: pytest.Pytester) -
     for _, said, _ in MARKED.values():
         if said is not None:
             assert out.count(said) >= 1, (said, out)
+
+
+# -- an output path that is a symbolic link: the write moved its file onto the link itself,
+# replacing the link with a file and leaving the file it named as it was. `--out
+# /dev/stdout` run as root with standard output a file swapped the system's /dev/stdout
+# link for a snapshot. Now the write goes through the link to the file it names.
+
+LINKED = {
+    "profile --out": (["profile", "STEP", "--out", "LINK"], "real.pickle"),
+    "profile --html": (["profile", "STEP", "--html", "LINK"], "real.html"),
+    "step --out": (
+        ["step", "--config", "config.json", "--tokens", "8", "--out", "LINK"],
+        "real.pickle",
+    ),
+    "gate --junit-xml": (["gate", "RUN", "--baseline", "BASE", "--junit-xml", "LINK"], "real.xml"),
+}
+
+
+@pytest.mark.parametrize("dangling", [False, True], ids=["to a file", "dangling"])
+@pytest.mark.parametrize("what", LINKED)
+def test_an_output_through_a_link_is_written_where_it_points(
+    run_cli: Any, here: Path, made_run: Path, what: str, dangling: bool
+) -> None:
+    argv, name = LINKED[what]
+    real = here / "real" / name
+    if not dangling:
+        real.parent.mkdir()
+        real.write_text("old")
+    link = here / "link"
+    link.symlink_to(real)
+    (here / "config.json").write_text(json.dumps(SMALL))
+    step = user_module(here, "r20_linked", TINY_STEP) + ":step"
+    swap = {"LINK": str(link), "STEP": step, "RUN": str(made_run)}
+    swap["BASE"] = str(made_run / "results.json")
+    code, _, _ = run_cli(*[swap.get(a, a) for a in argv])
+    assert code == 0
+    assert link.is_symlink() and real.is_file() and real.read_bytes() != b"old"
