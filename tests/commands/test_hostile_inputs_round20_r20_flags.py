@@ -11,9 +11,10 @@ import pytest
 from hostile import TINY_KERNEL, TINY_STEP, one_line, user_module
 from small_config import SMALL
 
+pytest_plugins = ["pytester"]
+
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
          "--no-verify", "--no-report", "--json"]  # fmt: skip
-pytest_plugins = ["pytester"]
 
 LOGITS = (
     "import torch\nfrom memprobe.kernels import get_kernel\n_u = get_kernel('unchunked')\n"
@@ -232,3 +233,28 @@ def test_an_output_through_a_link_is_written_where_it_points(
     code, _, _ = run_cli(*[swap.get(a, a) for a in argv])
     assert code == 0
     assert link.is_symlink() and real.is_file() and real.read_bytes() != b"old"
+
+
+# -- a step that lowered its recursion limit to a few frames above its own depth: it runs
+# without memprobe, but memprobe's tracker runs Python for every op, and the RecursionError
+# was blamed on meta ("meta tensors hold no values: ... .item() ..."). The line now names
+# the recursion limit.
+
+LOW_LIMITS = {
+    "20 frames above": "sys.setrecursionlimit(_depth() + 20)",
+    "5 frames above": "sys.setrecursionlimit(_depth() + 5)",
+}
+
+
+@pytest.mark.parametrize("what", LOW_LIMITS)
+def test_a_step_near_its_recursion_limit_is_told_so(run_cli: Any, here: Path, what: str) -> None:
+    body = (
+        "import sys, torch\n"
+        "def _depth():\n    f, n = sys._getframe(), 0\n"
+        "    while f:\n        f, n = f.f_back, n + 1\n    return n\n"
+        f"def step(device):\n    {LOW_LIMITS[what]}\n"
+        "    w = torch.zeros(8, 8, device=device, requires_grad=True)\n"
+        "    (w @ w).sum().backward()\n"
+    )
+    line = one_line(*run_cli("profile", user_module(here, "r20_limit", body) + ":step"))
+    assert "RecursionError" in line and "setrecursionlimit" in line and ".item()" not in line
