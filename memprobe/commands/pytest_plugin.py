@@ -82,6 +82,12 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> PeakLimit:
     if "limit" not in kwargs:
         raise UserError("no limit given", f'write @pytest.mark.{MARKER}("10.5 GiB")')
     device = kwargs.get("device", "meta")
+    # torch.device("meta") names a device as well as "meta" does (it was "unknown device
+    # device(type='meta')"); torch.device("cuda:1") still is not one of DEVICES.
+    if not isinstance(device, str):
+        import torch
+
+        device = str(device) if isinstance(device, torch.device) else device
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}", f"use {', '.join(DEVICES)}")
     return PeakLimit(parse_size(kwargs["limit"], what="limit"), device)
@@ -96,7 +102,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     try:
         limit = parse_marker(marker.args, marker.kwargs)
     except UserError as exc:
-        pytest.fail(f"{MARKER}: {exc.one_line()}", pytrace=False)
+        wrong: str | None = exc.one_line()
+    else:
+        wrong = None
+    if wrong is not None:
+        # Failed outside the except: inside it, pytest showed the UserError's words, then
+        # "During handling of the above exception, another exception occurred:", then them
+        # again with the hint (a marker's chained context is memprobe's, not the test's).
+        pytest.fail(f"{MARKER}: {wrong}", pytrace=False)
     if limit.device == "cuda":
         import torch
 

@@ -365,6 +365,7 @@ def evaluate(
         raise UserError(
             f"--max-regression {max_regression} is not a percentage of zero or more", "e.g. 5"
         )
+    max_regression += 0.0  # -0 (as typed, or in the TOML) is 0: the lines said "-0%"
     # With a case twice, which row is checked would depend on the order of the file.
     check_unique_cases(rows, results)
     checks = check_rules(rows, rules, source=results)

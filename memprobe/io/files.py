@@ -28,6 +28,11 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
     target = Path(path)
     label = f"{what} {target}" if what else str(target)
     _refuse_special(target, label)
+    if target.is_symlink():
+        # Through the link, to the file it names: moved onto the link itself, the write
+        # replaced the link with a file of its own (`--out /dev/stdout` run as root, its
+        # stdout a file, swapped the system's /dev/stdout link for a snapshot).
+        target = Path(os.path.realpath(target))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)

@@ -377,9 +377,10 @@ class HiddenProtocol(InputProtocol):
             # of user_code's guards, so its print() went into `sweep --json`'s object and
             # the gradients it turned off failed every later case; nor was its result
             # checked to be one log-prob per target.
+            grad_from = i.hidden.requires_grad or i.weight.requires_grad
             with user_code(case.kernel):
                 out = fn(i.hidden, i.weight, i.targets, chunk_size=chunk)
-            return checked_output(out, i.targets)
+            return checked_output(out, i.targets, grad_from=grad_from)
 
         return call
 

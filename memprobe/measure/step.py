@@ -84,27 +84,60 @@ def kernel_call(
         # A kernel's sys.exit() (or another BaseException) would end the whole sweep or
         # plan with its code and no word: it is this case's error (UserCodeExit), as any
         # other exception the kernel raises.
+        grad_from = logits.requires_grad  # as given: the kernel may turn it off
         with user_code(case.kernel):
             out = spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
-        return checked_output(out, targets)
+        return checked_output(out, targets, grad_from=grad_from)
 
     return call
 
 
-def checked_output(out: object, targets: torch.Tensor) -> torch.Tensor:
+def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = False) -> torch.Tensor:
     """A kernel's result, if it is one log-prob per target: a floating tensor of the
-    targets' shape. Anything else (the whole log-softmax, a tuple, a NumPy array) would
-    be measured as another kernel's memory, or fail deep in autograd with no word why."""
+    targets' shape, on their device and, where ``grad_from`` (an input it was given
+    required grad as it was called), computed from its inputs under autograd. Anything
+    else (the whole log-softmax, a tuple, a NumPy array) would be measured as another
+    kernel's memory, or fail deep in autograd with no word why."""
     want = list(targets.shape)
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"the kernel returned {type(out).__name__}, not a tensor of shape {want}")
+        raise BadResult(f"the kernel returned {type(out).__name__}, not a tensor of shape {want}")
     if list(out.shape) != want or not out.is_floating_point():
-        raise ValueError(
+        raise BadResult(
             f"the kernel returned a {str(out.dtype).removeprefix('torch.')} tensor of shape "
             f"{list(out.shape)}; a kernel returns one floating log-prob per target, shape {want}"
         )
+    _check_graph(out, targets, grad_from)
     _check_seen(out)
     return out
+
+
+def _check_graph(out: torch.Tensor, targets: torch.Tensor, grad_from: bool) -> None:
+    """A result memprobe cannot run backward through, or whose backward is not the
+    kernel's: made on another device (``torch.zeros(shape)`` without ``device=``),
+    detached (``.detach()``, ``torch.no_grad()``) or a fresh leaf (a Parameter,
+    ``requires_grad=True``). Each failed its case with torch's words from deep inside
+    autograd ("element 0 of tensors does not require grad", "appears to not have been
+    used in the graph", a meta tensor's "Cannot copy out"), naming neither the kernel's
+    result nor what to change."""
+    if out.device != targets.device:
+        raise BadResult(
+            f"the kernel returned a tensor on {out.device}, its inputs are on "
+            f"{targets.device}: a kernel returns its log-probs on its inputs' device"
+        )
+    if not (grad_from and torch.is_grad_enabled()):
+        return  # nothing will run backward: any result will do
+    if not out.requires_grad:
+        raise BadResult(
+            "the kernel's result does not require grad (it was detached, computed under "
+            "torch.no_grad(), or its inputs' requires_grad turned off): memprobe runs "
+            "backward through it, so compute the log-probs from the inputs under autograd"
+        )
+    if out.grad_fn is None:
+        raise BadResult(
+            "the kernel's result is a leaf (a Parameter, or made with requires_grad=True), "
+            "not computed from the kernel's inputs: its backward would reach none of them, "
+            "so compute the log-probs from the inputs under autograd"
+        )
 
 
 def _check_seen(out: torch.Tensor) -> None:
@@ -127,6 +160,12 @@ def _check_seen(out: torch.Tensor) -> None:
         )
 
 
+class BadResult(ValueError):
+    """A kernel's result that is not one log-prob per target memprobe can run backward
+    through (:func:`checked_output`): a case's error in a sweep; in `step`, the kernel's
+    own one line, not a hint that blames the model's config."""
+
+
 class UnseenResult(RuntimeError):
     """A kernel's result the allocation tracker never saw allocated (:func:`_check_seen`):
     a case's error in a sweep; the step's own one line, not meta's hint, in `step`."""
@@ -140,6 +179,25 @@ def kernel_failed(kernel: str, tokens: str, exc: Exception) -> UserError:
         f"{kernel} failed in the meta simulation at {tokens} ({what})",
         f"run `memprobe sweep --kernel {kernel} --device meta` at a small size to see it",
     )
+
+
+def own_failures(kernel: str, fn: Any, device: torch.device) -> Any:
+    """``fn`` (the kernel of a model's step), whose exceptions on meta, where a user's
+    kernel raised them, are that kernel's one line (:func:`kernel_failed`): the step's
+    line blamed the model built from config.json ("check the config's sizes") for a
+    ``requires_grad_(False)`` or a ``ValueError`` of the user's own kernel."""
+    if ":" not in kernel or device.type != "meta":
+        return fn  # memprobe's own kernels, or a real device: the step's own line
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (UserError, BadResult, UnseenResult):
+            raise
+        except Exception as exc:
+            raise kernel_failed(kernel, f"{args[-1].numel():,} tokens", exc) from exc
+
+    return call
 
 
 def process_group_for(case: Case) -> contextlib.AbstractContextManager[object]:

@@ -27,7 +27,7 @@ from memprobe.errors import UserError
 from memprobe.io.text import printable, quoted
 from memprobe.kernels.peers import unavailable_reason
 from memprobe.kernels.registry import get_spec
-from memprobe.measure.step import checked_output
+from memprobe.measure.step import checked_output, own_failures
 from memprobe.profile.hf_config import (
     attention_implementation,
     check_architecture_sizes,
@@ -394,7 +394,7 @@ class HFStep:
         optimizer = _optimizer(self.optimizer, master)
         ids = torch.randint(0, self.vocab, (self.batch, self.tokens), device=device)
         targets = torch.randint(0, self.vocab, (self.batch, self.tokens), device=device)
-        fn: Any = get_spec(self.kernel).fn
+        fn: Any = own_failures(self.kernel, get_spec(self.kernel).fn, device)
         lm: Any = model  # transformers' PreTrainedModel: base_model, get_output_embeddings
         reached: list[bool] = []
 
@@ -410,16 +410,18 @@ class HFStep:
             # no-op where the dtypes match, as they do in every model that does not cast.
             hidden = hidden.to(weight.dtype)
             hidden.register_hook(mark_grad)
+            grad_from = hidden.requires_grad or weight.requires_grad
             mark(LOGPROB_START)
             out = fn(hidden, weight, targets, chunk_size=self.chunk_size)
         else:
             logits = lm(input_ids=ids, use_cache=False).logits
             logits.register_hook(mark_grad)
+            grad_from = logits.requires_grad
             mark(LOGPROB_START)
             out = fn(logits, targets, chunk_size=self.chunk_size, **self.logprob_kwargs())
             del logits  # the kernel holds what it saved; the step keeps no other reference
         # The contract the sweep and plan hold a kernel to (one log-prob per target).
-        logprobs = checked_output(out, targets)
+        logprobs = checked_output(out, targets, grad_from=grad_from)
         del out
         loss = -logprobs.mean()
         mark(LOGPROB_END)

@@ -185,13 +185,25 @@ def step_failed(
     any device, where the step is not the user's, e.g. a model built from a config)."""
     if isinstance(exc, UserError):
         return exc
-    from memprobe.measure.step import UnseenResult
+    from memprobe.measure.step import BadResult, UnseenResult
 
-    if isinstance(exc, UnseenResult):  # no fault of meta's: --device cpu would not help
+    # The kernel's fault, not meta's nor the config's: --device cpu would not help.
+    if isinstance(exc, (BadResult, UnseenResult)):
         return UserError(f"the step's log-prob kernel failed: {exc}")
     what = exception_text(exc)
     raised_by_op = tracker.failure is not None and _caused_by(exc, tracker.failure)
     where = f"at {tracker.failed_op}" if raised_by_op else f"in its {tracker.phase} phase"
+    if isinstance(exc, RecursionError):
+        # No value meta lacks: a step that lowered its recursion limit to a few frames
+        # above its own depth (sys.setrecursionlimit(depth + 20)) passes without memprobe,
+        # whose tracker runs Python for every op (deeper on meta); the line blamed meta
+        # tensors' missing values, .item() and ops without a meta kernel.
+        return UserError(
+            f"the step failed on {device} {where} ({what})",
+            "memprobe's tracker runs Python code for each op, frames deeper than the step's "
+            "own: raise a recursion limit the step lowers (sys.setrecursionlimit), or end "
+            "its recursion",
+        )
     if device == "meta" and hint is not None and _reads_values(tracker, raised_by_op, what):
         # A config's step (hint given) that read a tensor's values: the config was whole
         # (BLT's entropy patching, JetMoE's expert sizes as a list), its sizes not to blame.

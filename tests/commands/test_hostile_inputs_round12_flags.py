@@ -82,9 +82,10 @@ def test_an_attribute_that_raises_on_reading_is_one_line(
 # transposed result passed too, where sweep and plan refuse them
 
 STEP_KERNELS = {
+    # Round 20: a leaf is refused as the kernel returns it, before any backward.
     "a fresh leaf": (
         "    return torch.zeros(targets.shape, device=logits.device, requires_grad=True)\n",
-        "do not depend on its logits",
+        "result is a leaf",
     ),
     "a leaf computed beside the logits": (
         "    w = torch.zeros((), device=logits.device, requires_grad=True)\n"
