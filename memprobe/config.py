@@ -461,4 +461,4 @@ def _percent(value: Any, where: str) -> float:
         raise UserError(
             f"{where} {quoted(value)} is not a percentage of zero or more", "e.g. 5 for 5%"
         )
-    return float(value) + 0.0  # -0 is 0: a gate's lines said "max regression -0%"
+    return float(value)

@@ -152,17 +152,16 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
             f"this sweep would run {count:,} cases; one run takes at most {MAX_CASES:,}",
             "split it into smaller sweeps (fewer --tokens/--vocab values, or drop --grid)",
         )
+    # check_inputs_match: with hidden sizes every kernel takes them, else none does.
+    sizes: list[int | None] = list(hidden) if hidden else [None]
     cases = []
     for b, (s, v), d, t, c in itertools.product(batch, shapes, dtypes, tp, cp):
         _check_parallel(s, v, t, c)
-        each: list[int | None] = list(hidden) if hidden else [None]
-        for h in each:
+        for h in sizes:
             past = too_large(b, s // c, v // t, h)  # one rank's share: what it simulates
             if past is not None:
                 raise UserError(past, "give smaller sizes")
         for k in kernels:
-            # check_inputs_match: with hidden sizes every kernel takes them, else none does.
-            sizes: list[int | None] = list(hidden) if hidden else [None]
             cases += [Case(k, b, s, v, d, cs, t, c, dev, h) for h in sizes for cs in chunks[k]]
     return list(dict.fromkeys(cases))
 
