@@ -79,18 +79,18 @@ def environment_kept() -> Iterator[None]:
     and the report's template ended in a RecursionError. The code's other variables are its
     own, left as it set them.
 
-    sys.path too (sys.meta_path and sys.path_hooks alike): entries the code removed
-    (``sys.path[:] = [...]``) are put back at its end, so that what memprobe imports later
-    (torch._dynamo at the first autograd op, matplotlib to draw) is found: a sweep's report
-    lost its plots without a word, and attribute --html ended in a ModuleNotFoundError.
-    Entries it added stay, where it put them (a kernel may import from them later)."""
+    sys.path too: entries the code removed (``sys.path[:] = [...]``) are put back at its
+    end, so that what memprobe imports later (torch._dynamo at the first autograd op,
+    matplotlib to draw) is found: a sweep's report lost its plots without a word, and
+    attribute --html ended in a ModuleNotFoundError. Entries it added stay, where it put
+    them (a kernel may import from them later). sys.meta_path and sys.path_hooks: see
+    :func:`memprobe.kernels.user_hooks.importers_kept`."""
     saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
     handlers = _signal_handlers()
     umask = os.umask(0o077)  # read by setting; put back at once
     os.umask(umask)
     depth = sys.getrecursionlimit()
     path = list(sys.path)
-    importers = {name: list(getattr(sys, name)) for name in _IMPORTERS}
     limits = _limits()
     try:
         yield
@@ -101,7 +101,6 @@ def environment_kept() -> Iterator[None]:
         if not isinstance(sys.path, list):  # replaced by something else altogether
             sys.path = []
         sys.path.extend(entry for entry in path if entry not in sys.path)
-        _put_back_removed(importers)
         for name, value in saved.items():
             if os.environ.get(name) != value:
                 if value is None:
@@ -109,27 +108,6 @@ def environment_kept() -> Iterator[None]:
                 else:
                     os.environ[name] = value
         _put_back_signal_handlers(handlers)
-
-
-# How Python imports, beside sys.path: a module that cleared sys.path_hooks (or
-# sys.meta_path) as it was imported left memprobe unable to import anything after it:
-# the sweep ended in a ModuleNotFoundError from pandas writing results.csv, a traceback
-# and no results at all. Entries removed are put back; entries added stay (a module's
-# own finder, six's, may be what a later import of the code's needs).
-_IMPORTERS = ("meta_path", "path_hooks")
-
-
-def _put_back_removed(saved: dict[str, list[Any]]) -> None:
-    for name, entries in saved.items():
-        now = getattr(sys, name)
-        if not isinstance(now, list):  # replaced by something else altogether
-            now = []
-            setattr(sys, name, now)
-        missing = [entry for entry in entries if not any(entry is e for e in now)]
-        if missing:
-            now.extend(missing)
-            if name == "path_hooks":
-                sys.path_importer_cache.clear()  # entries found no finder without them
 
 
 # The resource limits that decide whether memprobe's own work after user code can run: a

@@ -229,7 +229,13 @@ _WRAPPED = (_ForgivingFinder, _ForgivingHook)
 @contextlib.contextmanager
 def importers_kept(theirs: bool = True) -> Iterator[None]:
     """The finders and path hooks user code added, as it left them while it runs
-    (``theirs``: the code is the user's) and seen through their wrappers as it returns."""
+    (``theirs``: the code is the user's) and seen through their wrappers as it returns;
+    those it removed, put back.
+
+    Removed: a module that cleared sys.path_hooks (or sys.meta_path) as it was imported
+    left memprobe unable to import anything after it: the sweep ended in a
+    ModuleNotFoundError from pandas writing results.csv, a traceback and no results."""
+    before = {name: list(getattr(sys, name)) for name in _WRAPPER_OF}
     own: dict[str, list[Any]] = {}
     for name in _WRAPPER_OF:
         entries = getattr(sys, name)
@@ -250,6 +256,20 @@ def importers_kept(theirs: bool = True) -> Iterator[None]:
                     else _wrap(e, wrapper)
                     for e in entries
                 ]
+        _put_back_removed(before)
+
+
+def _put_back_removed(before: dict[str, list[Any]]) -> None:
+    for name, entries in before.items():
+        now = getattr(sys, name)
+        if not isinstance(now, list):  # replaced by something else altogether
+            now = []
+            setattr(sys, name, now)
+        missing = [entry for entry in entries if not any(entry is e for e in now)]
+        if missing:
+            now.extend(missing)
+            if name == "path_hooks":
+                sys.path_importer_cache.clear()  # entries found no finder without them
 
 
 def _wrap(entry: Any, wrapper: type[Any]) -> Any:
