@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from memprobe.allocator.snapshot_format import LIVE_STATES
+from memprobe.allocator.snapshot_format import LIVE_STATES, SEGMENT_ALLOC, SEGMENT_FREE
 
 
 def reserved_bytes(segments: Iterable[dict[str, Any]]) -> int:
@@ -64,10 +64,10 @@ def reconcile_segment_allocs(segments: list[dict[str, Any]], traces: list[list[d
         for pos in range(len(trace) - 1, -1, -1):
             e = trace[pos]
             action = e["action"]
-            if action not in ("segment_alloc", "segment_free"):
+            if action not in (SEGMENT_ALLOC, SEGMENT_FREE):
                 continue
             addr = e["addr"]
-            if action == "segment_alloc" and addr not in seen and addr in held:
+            if action == SEGMENT_ALLOC and addr not in seen and addr in held:
                 if e["size"] != held[addr]:
                     trace[pos] = {**e, "size": held[addr]}
             seen.add(addr)
