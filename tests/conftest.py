@@ -10,6 +10,13 @@ import sys
 # with the default pool, 5 s with one thread).
 os.environ["OMP_NUM_THREADS"] = "1"
 
+# Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE=1
+# on the 2-core machine this suite is timed on): else every worker of every run compiled
+# memprobe and assertion-rewrote each test module again (8 s of CPU per worker, about 3
+# once cached), and each process a test starts compiled memprobe again (0.7 s). Only the
+# writing is switched on: a read-only checkout reads what is there and writes nothing.
+sys.dont_write_bytecode = False
+
 import pytest  # noqa: E402
 
 from memprobe import cli  # noqa: E402 - torch-free until a command needs it
