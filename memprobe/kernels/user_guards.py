@@ -8,11 +8,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import operator
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from itertools import repeat
 from typing import Any, TextIO, cast
 
 from memprobe.io.text import exception_text, printable
@@ -355,6 +357,14 @@ _REPLACED: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
 _ABSENT = object()
 
 
+def differs(names: Mapping[str, Any], now: Mapping[str, Any], gone: object) -> bool:
+    """Whether some name of ``names`` holds another object in ``now`` (``gone``: none), by
+    identity. The check runs around every call into user code over dicts of thousands of
+    names (torch's namespace, sys.modules): map and operator keep the loop in C, where a
+    comprehension took milliseconds a call, most of a test suite's sweeps of user code."""
+    return any(map(operator.is_not, names.values(), map(now.get, names, repeat(gone))))
+
+
 @contextlib.contextmanager
 def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
     """Swap in what user code replaced of torch, torch.Tensor, torch.nn.functional and
@@ -378,6 +388,8 @@ def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
         for owner, before in zip(owners, seen, strict=True):
             now = dict(vars(owner))
             names = now if owner is torch.Tensor else before
+            if not differs(names, before if names is now else now, _ABSENT):
+                continue
             for name in names:
                 value = before.get(name, _ABSENT)
                 if name in now and now[name] is not value:

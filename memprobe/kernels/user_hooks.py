@@ -11,10 +11,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import operator
 import sys
 import threading
 from collections.abc import Iterator
+from itertools import repeat
 from typing import Any
+
+from memprobe.kernels.user_guards import differs
 
 # What user code left on the root logger (``logging.basicConfig(stream=sys.stdout,
 # level=logging.DEBUG)`` as its module is imported): its handlers, and its level (None:
@@ -99,9 +103,9 @@ def modules_kept(theirs: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
-        left = {name: modules.get(name, _GONE) for name in own}
-        left = {name: value for name, value in left.items() if value is not own[name]}
-        left.update((name, None) for name, value in modules.items() if value is None)
+        blocked = any(map(operator.is_, modules.values(), repeat(None)))
+        # Mostly the code left every entry as it found it: then there is nothing to keep.
+        left = _modules_left(own) if blocked or differs(own, modules, _GONE) else {}
         if theirs:
             _MODULES_LEFT.clear()
             _MODULES_LEFT.update(left)
@@ -110,6 +114,16 @@ def modules_kept(theirs: bool = True) -> Iterator[None]:
                 modules[name] = own[name]
             else:  # a blocker the code added
                 modules.pop(name, None)
+
+
+def _modules_left(own: dict[str, Any]) -> dict[str, Any]:
+    """What user code left in sys.modules that differs from ``own``: removed (_GONE),
+    replaced, or blocked (None)."""
+    modules = sys.modules
+    left = {name: modules.get(name, _GONE) for name in own}
+    left = {name: value for name, value in left.items() if value is not own[name]}
+    left.update((name, None) for name, value in modules.items() if value is None)
+    return left
 
 
 # The import machinery user code adds to (a finder on sys.meta_path, a hook on
