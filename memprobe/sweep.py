@@ -24,7 +24,6 @@ import torch
 from memprobe import results
 from memprobe.allocator import AllocConf, sweep_alloc_conf
 from memprobe.errors import UserError
-from memprobe.io.text import exception_text
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.kernels.peers import PEERS
 from memprobe.kernels.registry import check_inputs_match
@@ -38,6 +37,7 @@ from memprobe.measure.parallel import (
     stop_ranks,
 )
 from memprobe.measure.rank_agreement import run_agreed
+from memprobe.measure.step import failure_text
 from memprobe.measure.torchrun_env import under_torchrun
 from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype, too_large
 
@@ -441,7 +441,7 @@ def _measure_or_error(case: Case, layout: RankLayout | None) -> Run:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else "out of memory"
         return Run(case=case, status="oom", note=text)
     except Exception as exc:  # one broken case must not end the sweep
-        return Run(case=case, status="error", note=exception_text(exc, limit=1000, first_line=True))
+        return Run(case=case, status="error", note=failure_text(exc, limit=1000, first_line=True))
 
 
 def _unfit(case: Case) -> str | None:

@@ -171,10 +171,18 @@ class UnseenResult(RuntimeError):
     a case's error in a sweep; the step's own one line, not meta's hint, in `step`."""
 
 
+def failure_text(exc: Exception, *, limit: int, first_line: bool = False) -> str:
+    """A kernel's failure on one line: ``Type: message`` for what its code raised, and
+    memprobe's own sentence alone for a result that breaks the contract (the class name
+    ``BadResult`` in a case's note or a plan's line said nothing to the user)."""
+    own = isinstance(exc, (BadResult, UnseenResult))
+    return exception_text(exc, limit=limit, first_line=first_line, name=not own)
+
+
 def kernel_failed(kernel: str, tokens: str, exc: Exception) -> UserError:
     """The one line for a kernel that raised in a meta simulation outside a sweep (a plan,
     a what-if), where there is no case row to record it in: which kernel, at what size."""
-    what = exception_text(exc, limit=300)
+    what = failure_text(exc, limit=300)
     return UserError(
         f"{kernel} failed in the meta simulation at {tokens} ({what})",
         f"run `memprobe sweep --kernel {kernel} --device meta` at a small size to see it",
