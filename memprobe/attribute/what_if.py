@@ -53,6 +53,13 @@ def check_what_if_kernel(kernel: str) -> None:
     """One line for a kernel --what-if cannot splice: unknown, or of the hidden family."""
     from memprobe.kernels import get_spec
 
+    if "," in kernel:
+        # The sweep and plan take lists; a prediction splices one kernel into the step.
+        raise UserError(
+            f"--what-if {kernel!r} names several kernels: a prediction swaps in one",
+            "run one --what-if per kernel, e.g. --what-if "
+            f"{next((k.strip() for k in kernel.split(',') if k.strip()), 'local_chunked')}",
+        )
     try:
         spec = get_spec(kernel)
     except ValueError as exc:

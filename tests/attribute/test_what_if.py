@@ -134,6 +134,9 @@ def mlp_step(device: torch.device) -> None:
         (("--what-if", "linear_local_chunked"), "takes hidden states"),
         (("--budget", "80GiB"), "--budget applies to --what-if"),
         (("--what-if", "local_chunked", "--budget", "lots"), "--budget 'lots' is not a size"),
+        # A list, as sweep and plan take: it once read as one unknown kernel's name.
+        (("--what-if", "local_chunked,local_tiled"), "names several kernels"),
+        (("--what-if", ",local_tiled"), "e.g. --what-if local_tiled"),
     ],
 )
 def test_bad_flags_are_one_line(run_cli, tmp_path: Path, args: tuple[str, ...], says: str) -> None:
