@@ -12,6 +12,8 @@ import pytest
 from hostile import one_line, user_module
 from small_config import SMALL
 
+pytest_plugins = ["pytester"]
+
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
          "--no-verify", "--no-report", "--json"]  # fmt: skip
 PLAN = ["plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved"]
@@ -156,3 +158,66 @@ def test_step_names_the_kernel_for_what_the_kernel_did(run_cli: Any, here: Path,
         *run_cli("step", "--config", "config.json", "--tokens", "8", "--kernel", kernel)
     )
     assert said in line and "config" not in line and "the step called" not in line
+
+
+# -- user code that took off a torch dispatch mode it did not push (``_pop_mode()``),
+# memprobe's allocation tracker among them: a step failed as memprobe left its tracker,
+# with torch's "trying to pop from empty mode stack" and a hint about meta tensors'
+# values; a marked test body failed in torch's traceback, and one that allocated after the
+# pop was measured without it. The modes are put back, and the code's failure says so.
+
+POPS = {
+    "_pop_mode()": "    from torch.utils._python_dispatch import _pop_mode\n    _pop_mode()\n",
+    "torch._C's own pop": "    torch._C._pop_torch_dispatch_stack(None)\n",
+}
+ALLOCATES = "    x = torch.zeros(64, 64, device=device)\n    (x @ x).sum()\n"
+
+
+@pytest.mark.parametrize("what", POPS)
+@pytest.mark.parametrize("when", ["before it allocates", "after"])
+def test_a_step_taking_off_memprobes_tracker_is_told_so(
+    run_cli: Any, here: Path, what: str, when: str
+) -> None:
+    body = POPS[what] + ALLOCATES if when != "after" else ALLOCATES + POPS[what]
+    step = user_module(here, "r21_pop", "import torch\ndef step(device):\n" + body) + ":step"
+    line = one_line(*run_cli("profile", step, "--out", "s.pickle"))
+    assert "of the torch dispatch modes" in line and "meta tensors" not in line
+    assert not (here / "s.pickle").exists()
+
+
+@pytest.mark.parametrize("what", POPS)
+def test_a_kernel_taking_off_memprobes_tracker_is_its_failure(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    body = LOGITS + "def k(logits, targets, *, chunk_size=None):\n"
+    body += POPS[what] + "    return _u(logits, targets)\n"
+    kernel = user_module(here, "r21_popk", body) + ":k"
+    code, out, _ = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    assert "dispatch modes" in rows[0]["note"]
+    assert "dispatch modes" in one_line(*run_cli(*PLAN, "--kernel", kernel))
+
+
+def test_a_marked_body_taking_off_the_tracker_fails_in_one_message(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_popped=(
+            "import pytest, torch\n"
+            "from torch.utils._python_dispatch import _pop_mode\n"
+            "@pytest.mark.limit_peak_memory('1 KiB')\n"
+            "def test_pops():\n"
+            "    _pop_mode()\n"
+            "    torch.zeros(1 << 20)\n"
+            "def test_next():\n"
+            "    from torch.utils._python_dispatch import _len_torch_dispatch_stack\n"
+            "    assert _len_torch_dispatch_stack() == 0\n"
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    text = result.stdout.str()
+    assert "took off 1 of the torch dispatch modes" in text and "Traceback" not in text
+    assert "empty mode stack" not in text
