@@ -38,7 +38,13 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
     step ran its loss: logits from before, an engine-owned gradient of its output."""
     import torch
 
-    from memprobe.measure.step import kernel_call, kernel_failed, process_group_for, torch_dtype
+    from memprobe.measure.step import (
+        kernel_backward,
+        kernel_call,
+        kernel_failed,
+        process_group_for,
+        torch_dtype,
+    )
     from memprobe.measure.tracker import AllocationTracker
     from memprobe.records import Case
 
@@ -100,7 +106,8 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
             del logits  # from here only the kernel holds them, if it saved them
             tracker.set_phase(_LOSS)
             loss = _Loss.apply(out)
-            (grad,) = torch.autograd.grad(loss, weight)
+            with kernel_backward(kernel):  # the kernel's backward is its code too
+                (grad,) = torch.autograd.grad(loss, weight)
             tracker.set_phase(_AFTER)
             del out, loss, grad, held
 

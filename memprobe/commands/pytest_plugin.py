@@ -143,7 +143,7 @@ def _measure_tracked(
 
     import torch
 
-    from memprobe.kernels.user_torch import torch_state_kept
+    from memprobe.kernels.user_torch import ModesRemoved, torch_state_kept
     from memprobe.measure.tracker import AllocationTracker, threads_started
 
     tracker = AllocationTracker()
@@ -155,8 +155,14 @@ def _measure_tracked(
         # torch's stacks, so a mode the body entered and left on was popped in their place
         # (a dispatch mode: the tracker stayed on, recording every later test; a function
         # mode or torch.device(...): the meta default device stayed for every later test).
-        with torch_state_kept():
-            result = yield
+        removed = None
+        try:
+            with torch_state_kept():
+                result = yield
+        except ModesRemoved as exc:
+            removed = str(exc)
+    if removed is not None:  # failed out here: torch's traceback is not the body's fault
+        pytest.fail(f"{MARKER}: the test body failed: {removed}", pytrace=False)
     if started[0]:
         # The tracker and the meta default device hold for the test's own thread only
         # (torch's modes are per thread): a body that allocated 8 MiB in a thread it

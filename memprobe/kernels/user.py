@@ -77,8 +77,9 @@ def how_it_left(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def user_code(who: str) -> Iterator[None]:
-    """Around every call into a user's code (``who``: "the step", a kernel's name).
+def user_code(who: str, *, part: str = "") -> Iterator[None]:
+    """Around every call into a user's code (``who``: "the step", a kernel's name; ``part``
+    the part of it that runs, as the one line names it: "'s backward").
 
     The current directory the code changes is put back (:func:`cwd_kept`), and a
     BaseException that is not an Exception becomes :class:`UserCodeExit`, handled as the
@@ -93,7 +94,7 @@ def user_code(who: str) -> Iterator[None]:
     except (KeyboardInterrupt, Exception, Unwind):
         raise
     except BaseException as exc:
-        raise UserCodeExit(f"{who} {how_it_left(exc)}") from None
+        raise UserCodeExit(f"{who}{part} {how_it_left(exc)}") from None
 
 
 def is_import_path(name: str) -> bool:

@@ -58,10 +58,14 @@ def torch_state_kept(theirs: bool = False, *, importing: bool = False) -> Iterat
     settings = _settings()
     own = {name: read() for name, (read, _) in settings.items()}
     stacks = _stacks()
+    failed = False
     try:
         if theirs:
             _lend(settings)
         yield
+    except BaseException:
+        failed = True  # its own failure says more than what it left
+        raise
     finally:
         popped = _put_back_stacks(stacks)
         if importing:
@@ -72,6 +76,13 @@ def torch_state_kept(theirs: bool = False, *, importing: bool = False) -> Iterat
                 write(own[name])
         if autocast != own["autocast"]:
             torch.clear_autocast_cache()  # casts made under the code's autocast are not ours
+        if popped.removed and not failed:
+            raise ModesRemoved(
+                f"the code took off {popped.removed} of the torch dispatch modes it ran under "
+                "(memprobe's allocation tracker is one), so what it did after that was not "
+                "tracked: pop only a mode the code pushed itself (torch.utils._python_dispatch"
+                "._pop_mode)"
+            )
 
 
 def _lend(settings: dict[str, Setting]) -> None:
@@ -251,24 +262,32 @@ def _set_autocast(saved: tuple[tuple[bool, Any], ...]) -> None:
 @dataclass
 class _Stacks:
     """The saved-tensor hooks (bottom first: the top alone for memprobe's, None where none
-    is pushed), the dispatch modes (memprobe's: only their number), the function modes,
-    and torch's global default-device context (and the device it last entered)."""
+    is pushed), the dispatch modes, the function modes, and torch's global default-device
+    context (and the device it last entered); ``removed``: how many of the dispatch modes
+    the code ran under it took off (in what :func:`_put_back_stacks` returns)."""
 
     hooks: list[Any]
     dispatches: list[Any]
     functions: list[Any]
     device_context: Any
     current_device: Any
+    removed: int = 0
+
+
+class ModesRemoved(RuntimeError):
+    """User code took off a dispatch mode it did not push (memprobe's allocation tracker
+    among those it runs under): put back, but what the code did after was not seen."""
 
 
 def _stacks() -> _Stacks:
     import torch
     from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     autograd: Any = torch._C._autograd  # private: not in its stubs
     return _Stacks(
         [autograd._top_saved_tensors_default_hooks(False)],
-        [None] * torch._C._len_torch_dispatch_stack(),
+        _get_current_dispatch_mode_stack(),
         _get_current_function_mode_stack(),
         _device_context(),
         _current_device(),
@@ -281,7 +300,7 @@ def _put_back_stacks(saved: _Stacks) -> _Stacks:
     it left."""
     import torch
     from torch.overrides import _get_current_function_mode_stack
-    from torch.utils._python_dispatch import _pop_mode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 
     autograd: Any = torch._C._autograd  # private: not in its stubs
     hooks: list[Any] = []
@@ -293,9 +312,20 @@ def _put_back_stacks(saved: _Stacks) -> _Stacks:
             break
         hooks.insert(0, top)
         autograd._pop_saved_tensors_default_hooks()
+    # The dispatch modes it ran under, from the first one it took off: a step that popped
+    # memprobe's tracker (``_pop_mode()``) failed as memprobe left the tracker, with torch's
+    # "trying to pop from empty mode stack" and a hint about meta tensors' values; one that
+    # popped it and then allocated passed a marker's limit with a peak of what came before.
+    now = _get_current_dispatch_mode_stack()
+    kept = 0
+    while kept < min(len(now), len(saved.dispatches)) and now[kept] is saved.dispatches[kept]:
+        kept += 1
     dispatches: list[Any] = []
-    while torch._C._len_torch_dispatch_stack() > len(saved.dispatches):
+    while torch._C._len_torch_dispatch_stack() > kept:
         dispatches.insert(0, _pop_mode())
+    for mode in saved.dispatches[kept:]:
+        _push_mode(mode)
+    dispatches = [m for m in dispatches if not any(m is s for s in saved.dispatches)]
     functions = _get_current_function_mode_stack()
     if len(functions) != len(saved.functions) or any(
         a is not b for a, b in zip(functions, saved.functions, strict=False)
@@ -307,6 +337,7 @@ def _put_back_stacks(saved: _Stacks) -> _Stacks:
         for mode in saved.functions:
             torch._C._push_on_torch_function_stack(mode)
     left = _Stacks(hooks, dispatches, functions, _device_context(), _current_device())
+    left.removed = len(saved.dispatches) - kept
     _set_device_context(saved.device_context)
     _set_current_device(saved.current_device)
     return left

@@ -87,7 +87,7 @@ def device_step(case: Case, layout: RankLayout | None = None) -> DeviceStep:
     return DeviceStep(
         make=lambda c: protocol.make_inputs(c, DEVICE, layout=layout),
         forward=protocol.forward(case, layout=layout),
-        backward=protocol.backward,
+        backward=protocol.backward_of(case),
         counted=lambda i: tuple(t for _, t in protocol.leaves(i)),
     )
 

@@ -37,6 +37,7 @@ from memprobe.measure.step import (
     SWEEP_FILTERS,
     StepInputs,
     checked_output,
+    kernel_backward,
     kernel_call,
     make_inputs,
     torch_dtype,
@@ -270,6 +271,16 @@ class InputProtocol(ABC):
         """The gradients of :meth:`leaves`, as a training step's backward makes them."""
         leaves = tuple(t for _, t in self.leaves(inputs))
         return torch.autograd.grad(out, leaves, self._grad_outputs(out, inputs))
+
+    def backward_of(self, case: Case) -> Callable[[torch.Tensor, Any], tuple[torch.Tensor, ...]]:
+        """:meth:`backward` for ``case``'s kernel, run as its code (:func:`kernel_backward`),
+        as :meth:`forward` calls it."""
+
+        def backward(out: torch.Tensor, inputs: Any) -> tuple[torch.Tensor, ...]:
+            with kernel_backward(case.kernel):
+                return self.backward(out, inputs)
+
+        return backward
 
     def _grad_outputs(self, out: torch.Tensor, inputs: Any) -> torch.Tensor:
         return inputs.grad_outputs

@@ -6,7 +6,7 @@ call (vocabulary shards under torchrun) and the process group a distributed kern
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,15 @@ def kernel_call(
     return call
 
 
+def kernel_backward(kernel: str) -> contextlib.AbstractContextManager[None]:
+    """Around the backward of a graph ``kernel`` made: its backward is the kernel's code as
+    much as its forward (a custom autograd Function's ``backward``, a hook it put on its
+    input). Run bare, a ``sys.exit()`` there ended a sweep, plan or --what-if with the
+    kernel's own status and no word, and a ``GeneratorExit`` in a traceback; under the
+    forward's guards it is that case's error (or the command's one line), as in forward."""
+    return user_code(kernel, part="'s backward")
+
+
 def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = False) -> torch.Tensor:
     """A kernel's result, if it is one log-prob per target: a floating tensor of the
     targets' shape, on their device and, where ``grad_from`` (an input it was given
@@ -101,6 +110,24 @@ def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = Fals
     want = list(targets.shape)
     if not isinstance(out, torch.Tensor):
         raise BadResult(f"the kernel returned {type(out).__name__}, not a tensor of shape {want}")
+    try:
+        _check_result(out, targets, want, grad_from)
+    except (BadResult, UnseenResult):
+        raise
+    except Exception as exc:
+        # A tensor subclass's (or a mock's) properties are the kernel's code: one whose
+        # .shape raised, or whose __torch_function__ refuses every call, failed `step`
+        # with a line that blamed the model's config ("check the config's sizes").
+        raise BadResult(
+            f"the kernel returned a {type(out).__name__} memprobe cannot read "
+            f"({exception_text(exc, limit=200)}); a kernel returns a plain tensor of shape {want}"
+        ) from None
+    return out
+
+
+def _check_result(
+    out: torch.Tensor, targets: torch.Tensor, want: list[int], grad_from: bool
+) -> None:
     if list(out.shape) != want or not out.is_floating_point():
         raise BadResult(
             f"the kernel returned a {str(out.dtype).removeprefix('torch.')} tensor of shape "
@@ -108,7 +135,6 @@ def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = Fals
         )
     _check_graph(out, targets, grad_from)
     _check_seen(out)
-    return out
 
 
 def _check_graph(out: torch.Tensor, targets: torch.Tensor, grad_from: bool) -> None:
@@ -199,13 +225,38 @@ def own_failures(kernel: str, fn: Any, device: torch.device) -> Any:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            # Its sys.exit() is its own too: the step's line said "the step called
+            # sys.exit(3) ... remove the exit", of memprobe's own step.
+            with user_code(kernel):
+                return fn(*args, **kwargs)
         except (UserError, BadResult, UnseenResult):
             raise
         except Exception as exc:
             raise kernel_failed(kernel, f"{args[-1].numel():,} tokens", exc) from exc
 
     return call
+
+
+@contextlib.contextmanager
+def own_backward_failures(
+    kernel: str, device: torch.device, reached: list[bool], tokens: int
+) -> Iterator[None]:
+    """Around a model step's backward, as :func:`own_failures` around its kernel: what
+    failed before the backward ``reached`` the kernel's input ran in the kernel's own
+    backward (a custom Function's, a hook it set), and is that kernel's one line. The
+    step's line blamed the model ("check the config's sizes"), or "the step" for an exit."""
+    if ":" not in kernel or device.type != "meta":
+        yield  # memprobe's own kernels, or a real device: the step's own line
+        return
+    try:
+        with kernel_backward(kernel):
+            yield
+    except (UserError, BadResult, UnseenResult):
+        raise
+    except Exception as exc:
+        if reached:
+            raise  # the model's backward, after the kernel's was done
+        raise kernel_failed(kernel, f"{tokens:,} tokens", exc) from exc
 
 
 def process_group_for(case: Case) -> contextlib.AbstractContextManager[object]:

@@ -36,6 +36,7 @@ def traced_step(
     """
     protocol = protocol_for(case.kernel)
     call = protocol.forward(case, layout=layout)
+    backward = protocol.backward_of(case)
     tracker = AllocationTracker(capture_frames=capture_frames)
     for label, tensor in protocol.leaves(inputs):
         tracker.track(tensor, op=f"input: {label}")
@@ -45,7 +46,7 @@ def traced_step(
             logprobs = call(inputs)
         tracker.set_phase("backward")
         with count_collectives() as bwd:
-            grads = protocol.backward(logprobs, inputs)
+            grads = backward(logprobs, inputs)
         del logprobs, grads
     return StepTrace(tracker, fwd.total, bwd.total)
 

@@ -27,7 +27,7 @@ from memprobe.errors import UserError
 from memprobe.io.text import printable, quoted
 from memprobe.kernels.peers import unavailable_reason
 from memprobe.kernels.registry import get_spec
-from memprobe.measure.step import checked_output, own_failures
+from memprobe.measure.step import checked_output, own_backward_failures, own_failures
 from memprobe.profile.hf_config import (
     attention_implementation,
     check_architecture_sizes,
@@ -427,7 +427,8 @@ class HFStep:
         mark(LOGPROB_END)
         del logprobs
         mark(BACKWARD_START)
-        loss.backward()
+        with own_backward_failures(self.kernel, device, reached, targets.numel()):
+            loss.backward()
         del loss
         if not reached:
             # A result that is not computed from the kernel's input (a fresh leaf): the

@@ -185,7 +185,11 @@ def step_failed(
     any device, where the step is not the user's, e.g. a model built from a config)."""
     if isinstance(exc, UserError):
         return exc
+    from memprobe.kernels.user_torch import ModesRemoved
     from memprobe.measure.step import BadResult, UnseenResult
+
+    if isinstance(exc, ModesRemoved):  # what the step did to memprobe: no meta hint helps
+        return UserError(f"the step failed: {exc}")
 
     # The kernel's fault, not meta's nor the config's: --device cpu would not help.
     if isinstance(exc, (BadResult, UnseenResult)):
