@@ -17,6 +17,7 @@ from memprobe.commands.flags import (
     MAX_COUNT,
     CpOption,
     TpOption,
+    grouped_number,
     int_list,
     name_list,
     positive_ints,
@@ -72,7 +73,10 @@ def _check_out(out: Path, request: PlanRequest) -> None:
 def _single(text: str, flag: str, example: str) -> int:
     values = positive_ints(text, flag, example=example)
     if len(values) != 1:
-        raise UserError(f"{flag} takes one value, got {text!r}", f"e.g. {flag} {values[0]}")
+        # "151,936" is one number written with separators, not a first value to keep.
+        grouped = grouped_number(text)
+        hint = f"for the number write {flag} {grouped}" if grouped else f"e.g. {flag} {values[0]}"
+        raise UserError(f"{flag} takes one value, got {text!r}", hint)
     return values[0]
 
 
