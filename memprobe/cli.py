@@ -17,6 +17,7 @@ import typer
 from memprobe import __version__
 from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, step, sweep
 from memprobe.commands.help import Command, Group
+from memprobe.io.text import quoted
 
 app = typer.Typer(
     name="memprobe",
@@ -129,6 +130,7 @@ def _main() -> None:
         )
         sys.exit(2)
     _drop_unusable_columns()
+    _refuse_typographic_dashes(sys.argv[1:])
     if "--help" in sys.argv[1:] and not sys.stdout.isatty():
         # Help piped or captured: wide enough that option names are never cut off
         # (rich sizes it for 80 columns and truncates the names column).
@@ -159,18 +161,54 @@ def _main() -> None:
 # The narrowest COLUMNS taken as a width: rich lays the help out in it, and below this the
 # options' names and words are cut to a few letters a line.
 MIN_COLUMNS = 40
+# The widest: rich pads every line of the help to the width, so COLUMNS=100000 printed
+# 3.5 MB of spaces, and a width past what an index holds (20 digits) ended the help in
+# an OverflowError traceback. No terminal is wider than this.
+MAX_COLUMNS = 1000
 
 
 def _drop_unusable_columns() -> None:
-    """A COLUMNS of 0 (left by a tool that found no terminal) or a few columns: rich drew
-    the help in that width, empty at 0 (`memprobe sweep --help` printed one blank line)
-    and a column of word pieces at 1 to 20. Dropped, the terminal's own width (or the
-    width for help off a terminal) is used, as for a value that is no number."""
+    """A COLUMNS of 0 (left by a tool that found no terminal), a few columns or more than
+    any screen: rich drew the help in that width, empty at 0 (`memprobe sweep --help`
+    printed one blank line), a column of word pieces at 1 to 20, megabytes of padding or
+    a traceback past MAX_COLUMNS. Dropped, the terminal's own width (or the width for
+    help off a terminal) is used, as for a value that is no number."""
     columns = os.environ.get("COLUMNS")
     if columns is None:
         return
-    if not (columns.isascii() and columns.isdigit() and int(columns) >= MIN_COLUMNS):
+    # (Its digits counted first: int() refuses a text past 4,300 of them.)
+    usable = columns.isascii() and columns.isdigit() and len(columns) <= len(str(MAX_COLUMNS))
+    if not (usable and MIN_COLUMNS <= int(columns) <= MAX_COLUMNS):
         del os.environ["COLUMNS"]
+
+
+# An option word led by a dash that is not "-": an en or em dash, a minus sign (what a
+# word processor, a chat or a web page makes of "--" when the command is copied from it).
+# ASCII hyphens may be mixed in ("–-tokens").
+_TYPOGRAPHIC_OPTION = re.compile(r"^([^\x00-\x2c\x2e-\x7f]+)([A-Za-z][A-Za-z0-9-]*)(=.*)?$", re.S)
+
+
+def _refuse_typographic_dashes(args: list[str]) -> None:
+    """``—config g.toml`` (copied from a page that set "--" as an em dash) is no option to
+    click: it was an extra argument (``unexpected extra argument (g.toml)``), a path, or
+    left the option it spells missing (``Missing option '--budget'`` of a plan that looks
+    as if it gave one). Each such word is named, with the dash it holds."""
+    import unicodedata
+
+    for arg in args:
+        match = _TYPOGRAPHIC_OPTION.match(arg)
+        if match is None:
+            continue
+        lead = match.group(1).replace("-", "")
+        if not lead or not all(unicodedata.category(c) == "Pd" or c == "\u2212" for c in lead):
+            continue
+        names = ", ".join(dict.fromkeys(f"U+{ord(c):04X} {unicodedata.name(c, '?')}" for c in lead))
+        typer.echo(
+            f"memprobe: error: {quoted(arg)} starts with {names} where '--' belongs (text "
+            f"copied from a page or a chat turns '--' into one) (type --{match.group(2)})",
+            err=True,
+        )
+        sys.exit(2)
 
 
 class _ReaderMayLeave:

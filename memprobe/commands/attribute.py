@@ -14,7 +14,7 @@ from memprobe.allocator import DeviceReplay, modelled_alloc_conf, replay_snapsho
 from memprobe.attribute import DEFAULT_TOP, attribute_devices
 from memprobe.attribute.what_if import WhatIf, check_what_if_kernel
 from memprobe.attribute.what_if import what_if as predict_with
-from memprobe.commands.flags import MAX_COUNT, check_temp_dir, user_errors
+from memprobe.commands.flags import MAX_COUNT, check_temp_dir, user_errors, warn_on_size
 from memprobe.errors import UserError
 from memprobe.io.codec import to_json
 from memprobe.io.files import guard_outputs
@@ -54,6 +54,7 @@ def attribute_command(
     for flag, value in (("--budget", budget), ("--chunk-size", chunk_size)):
         if value is not None and what_if is None:
             raise UserError(f"{flag} applies to --what-if", "add --what-if KERNEL")
+    warn_on_size(budget, "--budget")  # `--budget 80` (bytes) or 80GB, as sweep and plan warn
     budget_bytes = parse_budget(budget) if budget is not None else None
     if what_if is not None:
         check_temp_dir()  # the prediction runs the kernel on meta

@@ -136,6 +136,7 @@ def int_list(
     """``"1024,2048"`` → ``[1024, 2048]``; every item a positive integer, each value once
     (in the order first given). ``example`` is
     the value a mistake's hint shows (one value for a flag that takes one)."""
+    _refuse_grouped_number(text, flag)
     values: list[int | None] = []
     for item in text.split(","):
         item = item.strip().replace("_", "")
@@ -160,6 +161,33 @@ def int_list(
         values.append(value)
     # A value given twice is one value (``--tp 2,2,1`` plans tp 2 once).
     return list(dict.fromkeys(values))
+
+
+# A number written with thousands separators, as memprobe prints counts ("131,072
+# tokens/GPU"): in a comma list each group is a value of its own.
+_GROUPED = re.compile(r"\s*[0-9]{1,3}(?:,[0-9]{3})+\s*")
+
+
+def grouped_number(text: str) -> str | None:
+    """The number ``text`` spells with thousands separators (``"131,072"`` → ``"131072"``),
+    or None when it is not written so."""
+    return text.replace(",", "").strip() if _GROUPED.fullmatch(text) else None
+
+
+def _refuse_grouped_number(text: str, flag: str) -> None:
+    """``--tokens 1,024`` (a count copied from memprobe's own output): the list 1, 24, run
+    as two values without a word, and ``--batch 1,000`` was "0 must be positive". A group
+    after a comma that starts with 0 is no value anyone writes in a list, so the text is
+    read as the one number it spells and refused with how to write it."""
+    grouped = grouped_number(text)
+    groups = text.split(",")[1:]
+    if grouped is None or not any(g.strip().startswith("0") for g in groups):
+        return
+    raise UserError(
+        f"{flag} {text!r}: a comma separates values here, so this is the list "
+        f"{', '.join(str(int(g)) for g in text.split(','))}, not one number",
+        f"for the number write {flag} {grouped}, without separators",
+    )
 
 
 def positive_ints(text: str, flag: str, *, example: str = "1024,2048") -> list[int]:

@@ -86,6 +86,7 @@ class Command(_Named, TyperCommand):
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         self._refuse_blank_paths(ctx, args)
+        self._refuse_standard_streams(ctx, args)
         self._refuse_folder_spellings(ctx, args)
         return list(super().parse_args(ctx, args))
 
@@ -126,6 +127,28 @@ class Command(_Named, TyperCommand):
                 shown = next(v for v in values if isinstance(v, str) and not v.strip())
                 raise BadParameter(
                     f"{shown!r} names no file or folder (give a path)", ctx=ctx, param=param
+                )
+
+    def _refuse_standard_streams(self, ctx: Any, args: list[str]) -> None:
+        """A path given as '-', many tools' name for standard input or output: memprobe
+        reads and writes files by name, so `--junit-xml -` wrote a file named '-' in the
+        current directory ("wrote -"), and `--config -` read one (or said no such file)
+        while standard input went unread. ``./-`` still names a file of that name."""
+        try:
+            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception:
+            return  # not parsable: click's own parse says what is wrong
+        for param in self.params:
+            value = raw.get(param.name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            # --other-from takes a comma list of snapshots.
+            items = [i.strip() for v in values if isinstance(v, str) for i in v.split(",")]
+            if "-" in items and _names_a_path(param):
+                raise BadParameter(
+                    "'-' is not standard input or output here: memprobe reads and writes "
+                    "files by name (give a path, or ./- for a file named '-')",
+                    ctx=ctx,
+                    param=param,
                 )
 
 

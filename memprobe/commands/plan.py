@@ -17,6 +17,7 @@ from memprobe.commands.flags import (
     MAX_COUNT,
     CpOption,
     TpOption,
+    grouped_number,
     int_list,
     name_list,
     positive_ints,
@@ -72,7 +73,10 @@ def _check_out(out: Path, request: PlanRequest) -> None:
 def _single(text: str, flag: str, example: str) -> int:
     values = positive_ints(text, flag, example=example)
     if len(values) != 1:
-        raise UserError(f"{flag} takes one value, got {text!r}", f"e.g. {flag} {values[0]}")
+        # "151,936" is one number written with separators, not a first value to keep.
+        grouped = grouped_number(text)
+        hint = f"for the number write {flag} {grouped}" if grouped else f"e.g. {flag} {values[0]}"
+        raise UserError(f"{flag} takes one value, got {text!r}", hint)
     return values[0]
 
 
@@ -227,7 +231,14 @@ def command(
         "mp_reduce": mp_reduce,
         "mp_output": mp_output,
     }
-    if step or config is not None:
+    if config is not None and not step:
+        # Said first: a flag the whole step does not take was refused "for --config (a
+        # whole-step plan)", and once dropped, the plan said --step was missing.
+        raise UserError(
+            "--config names the model of a whole-step plan, which --step asks for",
+            "add --step, or drop --config",
+        )
+    if step:
         from memprobe.commands.step import plan_step_lines
 
         # The whole step takes these from the config: given, they would be silently
@@ -243,11 +254,9 @@ def command(
             "--out": out is not None,
             "--from-run": from_run is not None,
         }
-        # --config alone plans the whole step too: name the flag the user gave.
-        whole = "--step" if step else "--config (a whole-step plan)"
         for flag in (f for f, used in given.items() if used):
             raise UserError(
-                f"{flag} does not apply to {whole}: the config gives the model",
+                f"{flag} does not apply to --step: the config gives the model",
                 f"drop {flag}",
             )
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memprobe.commands.flags import user_errors
+from memprobe.commands.flags import user_errors, warn_on_size
 from memprobe.errors import UserError
 from memprobe.io.text import printable
 
@@ -36,6 +36,7 @@ def command(
     from memprobe.render import write_report
     from memprobe.results import run_inputs
 
+    warn_on_size(budget, "--budget")  # `--budget 80` (bytes) or 80GB, as sweep and plan warn
     budget_bytes = parse_budget(budget) if budget is not None else None
     page_path = Path(out) if out is not None else None
     if out is not None and out.endswith(("/", os.sep)) and not Path(out).is_dir():

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from memprobe.commands import sharded_flags as sharded
-from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors
+from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors, warn_on_size
 from memprobe.errors import UserError
 from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.sizes import format_bytes, parse_budget
@@ -177,6 +177,7 @@ def step_command(
     """Simulate the step; write the snapshot to ``out`` when given; return the text."""
     from memprobe.allocator import modelled_alloc_conf
 
+    warn_on_size(budget, "--budget")  # `--budget 80` (bytes) or 80GB, as sweep and plan warn
     budget_bytes = parse_budget(budget) if budget is not None else None
     conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     from memprobe.kernels.user import kernel_source_files

@@ -54,12 +54,22 @@ def make_budget(budget: str | int, other: str | int = 0) -> Budget:
     budget_bytes = parse_size(budget, what="--budget")
     other_bytes = parse_size(other, what="--other")
     if other_bytes > budget_bytes:
+        shown = _told_apart(other_bytes, budget_bytes)
         raise UserError(
-            f"--other {format_bytes(other_bytes)} is more than --budget "
-            f"{format_bytes(budget_bytes)}",
+            f"--other {shown[0]} is more than --budget {shown[1]}",
             "the budget is the GPU's whole memory; --other is the part the rest of the job holds",
         )
     return Budget(budget_bytes, other_bytes)
+
+
+def _told_apart(*sizes: int) -> list[str]:
+    """Sizes as a line compares them: two decimals of a unit, or, where that rounds them
+    to one figure ("--other 1.00 GiB is more than --budget 1.00 GiB" of 1.0000001GiB), each
+    in bytes too."""
+    shown = [format_bytes(n) for n in sizes]
+    if len(set(shown)) < len(set(sizes)):
+        shown = [f"{s} ({n:,} B)" for s, n in zip(shown, sizes, strict=True)]
+    return shown
 
 
 def with_lm_head_in_other(budget: Budget, targets: list[PlanTarget]) -> Budget:

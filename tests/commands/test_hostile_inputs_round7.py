@@ -188,4 +188,5 @@ def test_a_whole_step_plans_refusal_names_the_flags_given(
     code, _, err = run_cli(*args)
     assert code == 2 and "Traceback" not in err
     assert ("does not apply to --step:" in err) == bool(step)
-    assert ("does not apply to --config (a whole-step plan):" in err) == (not step)
+    # --config alone is refused for the --step it lacks (round 21), before --vocab.
+    assert ("which --step asks for (add --step, or drop --config)" in err) == (not step)

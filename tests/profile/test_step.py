@@ -249,7 +249,7 @@ def test_plan_step_is_the_plan_search_on_the_whole_step(run_cli: Any, tmp_path: 
     assert over.peak_allocated_bytes > 8 * 2**20
     assert row["reserved_max_tokens"] is None
     code, _, err = run_cli("plan", "--config", str(tmp_path), "--budget", "8MiB")
-    assert code == 2 and "--step and --config go together" in err
+    assert code == 2 and "which --step asks for (add --step" in err
 
 
 def test_a_chunked_losss_trace_is_not_read_as_forward_only(run_cli: Any, tmp_path: Path) -> None:
