@@ -31,11 +31,13 @@ from memprobe.measure.step import checked_output, own_backward_failures, own_fai
 from memprobe.profile.hf_config import (
     attention_implementation,
     check_architecture_sizes,
+    check_lm_head,
     check_ratios,
     check_sizes,
     check_text_only,
     has_attention_heads,
     load_error,
+    logit_transform,
     read_config_json,
 )
 from memprobe.profile.hf_quiet import hf_logging_off, quiet_transformers
@@ -123,6 +125,7 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
         )
     config_class = transformers.CONFIG_MAPPING[model_type]
     check_text_only(model_type, config_class, fields, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+    check_lm_head(model_type, fields)
     aliases = dict(getattr(config_class, "attribute_map", {}) or {})
     check_sizes(model_type, fields, aliases, heads=has_attention_heads(config_class))
     try:
@@ -263,6 +266,17 @@ class HFStep:
             raise UserError(
                 "--param-dtype differs from --dtype: only fp32 master weights are modelled",
                 "use --param-dtype fp32, or the same as --dtype",
+            )
+        transform = logit_transform(self.config) if self.hidden_route else None
+        if transform is not None and ":" not in self.kernel:
+            # (A user's own hidden-family kernel may apply it: its code is its own.)
+            kind = printable(str(getattr(self.config, "model_type", "")))
+            raise UserError(
+                f"the {kind} model changes its logits after the lm_head ({transform}), "
+                f"which {self.kernel} skips: it takes the hidden states and the lm_head "
+                "weight and computes the log-probs of hidden @ weight.T, so its step is not "
+                "this model's",
+                "pick a logits kernel (`memprobe kernels`), e.g. --kernel local_chunked",
             )
         if self.hidden_route and not self.hidden_route_simulated:
             # The hidden route calls the base model and the lm_head apart, so FSDP2 found

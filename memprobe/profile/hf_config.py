@@ -259,3 +259,58 @@ def load_error(model_type: str, exc: BaseException) -> UserError:
     return UserError(
         f"the {printable(model_type)} config does not load ({what})", "fix config.json"
     )
+
+
+# The heads a config's ``architectures`` may name whose model has an lm_head over the
+# vocabulary (what the step's log-probs are taken from).
+_LM_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def check_lm_head(model_type: str, fields: dict[str, Any]) -> None:
+    """A config whose ``architectures`` names only other heads (a reward model's
+    ``LlamaForSequenceClassification``, a token classifier) was stepped as the causal LM of
+    its sizes, and its peak printed as that model's: its own head scores, over no
+    vocabulary, and takes no log-probs."""
+    names = fields.get("architectures")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        return  # none given (or not a list of names): the causal LM of model_type is meant
+    if any(name.endswith(_LM_HEADS) for name in names):
+        return
+    shown = ", ".join(quoted(name) for name in names[:3])
+    raise UserError(
+        f"the {printable(model_type)} config's architectures names {shown}: a head with no "
+        "lm_head over the vocabulary, while memprobe step simulates a causal LM's "
+        "log-prob step",
+        "give a causal LM's config (architectures ...ForCausalLM), or drop architectures "
+        "to step the causal LM of these sizes",
+    )
+
+
+# What a causal LM does to its logits between its lm_head and the loss, in transformers'
+# modeling code, by the config field that sets it and the values that leave them as they
+# are: gemma2/3's softcap (divide, tanh, multiply), granite's divisor, cohere's, falcon_h1's
+# and muse's factors. A hidden-family kernel takes the hidden states and the lm_head weight
+# and computes the log-probs of hidden @ weight.T: none of these.
+_LOGIT_TRANSFORMS: dict[str, tuple[float, ...]] = {
+    "final_logit_softcapping": (0.0,),
+    "logits_scaling": (1.0,),
+    "logit_scale": (1.0,),
+    "lm_head_multiplier": (1.0,),
+    "output_multiplier": (1.0,),
+}
+
+
+def logit_transform(config: Any) -> str | None:
+    """``field=value`` for a transform ``config``'s model applies to its logits after the
+    lm_head, or None. Read only where the config class declares the field (with its
+    default, as a gemma2 config that leaves the softcap out still has 30.0): an extra key in
+    another architecture's config.json is no field its model reads."""
+    for name, neutral in _LOGIT_TRANSFORMS.items():
+        if not hasattr(type(config), name):
+            continue
+        value = getattr(config, name, None)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if value not in neutral:
+            return f"{name}={value:g}"
+    return None
