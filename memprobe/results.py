@@ -472,6 +472,23 @@ def check_snapshots_folder(run_dir: Path) -> None:
         )
 
 
+def check_results_links(run_dir: Path) -> None:
+    """A run whose cases are about to be written: its results files, where they are
+    links, must lead inside the run. A write goes through a link to the file it names, so
+    a ``results.json`` linked to another run's rewrote that run's results with rows whose
+    snapshots it does not hold (as a linked ``snapshots/`` would have sent them away).
+    A link read alone (nothing left to run) is fine: :func:`read_rows` follows it."""
+    home = Path(os.path.realpath(run_dir))
+    for name in (RESULTS_JSON, RESULTS_CSV):
+        file = run_dir / name
+        if file.is_symlink() and home not in Path(os.path.realpath(file)).parents:
+            raise UserError(
+                f"cannot resume {run_dir}: {file} is a link (to {os.readlink(file)}) that "
+                "leads out of the run, and the run's results would be written there",
+                "make it a file of the run again (copy what it names), or start a new run",
+            )
+
+
 def snapshot_relpath(case: Case) -> str:
     """Where a case's allocator snapshot lives, relative to the run directory."""
     return f"{SNAPSHOTS}/{case.case_id}.pickle"

@@ -1,0 +1,63 @@
+"""Hostile inputs, round 21 (r21_files), files a user hands memprobe: run directories
+resumed or gated, model config.json files and snapshots whose fields are each valid but
+contradict each other. Each table is a variant of a defect class the pass found: one line
+and exit 2 that names what is wrong, or an answer whose every word the file supports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+from small_config import SMALL
+
+
+def _copy(made_run: Path, to: Path) -> Path:
+    shutil.copytree(made_run, to)
+    return to
+
+
+def _drop_last_row(run: Path) -> None:
+    """One planned case left to run: what a resume writes."""
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"] = payload["rows"][:-1]
+    (run / "results.json").write_text(json.dumps(payload))
+
+
+# -- a run resumed whose results file is a link out of the run (to another run's, or a
+# file a data tool such as DVC keeps in its cache): the write went through the link, so
+# the other run's results.json gained rows naming snapshots it does not hold, exit 0.
+# A linked snapshots/ was refused already; a link read alone (nothing to run) still is.
+
+LINKED = ["results.json", "results.csv"]
+
+
+@pytest.mark.parametrize("name", LINKED)
+@pytest.mark.parametrize("how", ["absolute", "relative"])
+def test_a_resume_never_writes_through_a_link_out_of_the_run(
+    run_cli: Any, made_run: Path, tmp_path: Path, name: str, how: str
+) -> None:
+    other = _copy(made_run, tmp_path / "other")
+    _drop_last_row(other)
+    run = _copy(other, tmp_path / "run")
+    (run / name).unlink()
+    (run / name).symlink_to(other / name if how == "absolute" else Path("..", "other", name))
+    before = (other / name).read_bytes()
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert f"{run / name} is a link" in err and "leads out of the run" in err, err
+    assert (other / name).read_bytes() == before and (run / name).is_symlink()
+
+
+def test_a_resume_writes_through_a_link_inside_the_run(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _copy(made_run, tmp_path / "run")
+    _drop_last_row(run)
+    (run / "results.json").rename(run / "results.v1.json")
+    (run / "results.json").symlink_to("results.v1.json")
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    assert code == 0, err
+    assert len(json.loads((run / "results.v1.json").read_text())["rows"]) == 1
