@@ -61,3 +61,44 @@ def test_a_resume_writes_through_a_link_inside_the_run(
     code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
     assert code == 0, err
     assert len(json.loads((run / "results.v1.json").read_text())["rows"]) == 1
+
+
+# -- a baseline that is the very results being gated (a config's baseline naming the run
+# a CI job gates, or --baseline spelled another way): every regression check compared the
+# run with itself and passed, "passed: all 4 check(s)".
+
+
+def _same_run(run: Path, tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "alias").symlink_to(run)
+    return {
+        "the run folder": str(run),
+        "its results.json": str(run / "results.json"),
+        "a link to the folder": str(tmp_path / "alias"),
+        "another spelling": str(run / ".." / run.name / "results.json"),
+    }
+
+
+@pytest.mark.parametrize(
+    "spelling", ["the run folder", "its results.json", "a link to the folder", "another spelling"]
+)
+@pytest.mark.parametrize("where", ["--baseline", "config"])
+def test_a_baseline_that_is_the_gated_run_is_one_line(
+    run_cli: Any, made_run: Path, tmp_path: Path, spelling: str, where: str
+) -> None:
+    baseline = _same_run(made_run, tmp_path)[spelling]
+    rules = '[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1TiB"}]\n'
+    if where == "config":
+        rules += f"baseline = {json.dumps(baseline)}\n"
+    (tmp_path / "pyproject.toml").write_text(rules)
+    args = ["gate", str(made_run), "--config", str(tmp_path / "pyproject.toml")]
+    err = one_line(*run_cli(*args, *(["--baseline", baseline] if where == "--baseline" else [])))
+    assert "is the results being gated" in err and "compared with itself" in err, err
+
+
+def test_a_baseline_copied_from_the_run_still_compares(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    shutil.copy(made_run / "results.json", tmp_path / "base.json")
+    (tmp_path / "pyproject.toml").write_text('[tool.memprobe.gate]\nbaseline = "base.json"\n')
+    code, out, err = run_cli("gate", str(made_run), "--config", str(tmp_path / "pyproject.toml"))
+    assert code == 0 and "passed" in out, err
