@@ -102,3 +102,70 @@ def test_a_baseline_copied_from_the_run_still_compares(
     (tmp_path / "pyproject.toml").write_text('[tool.memprobe.gate]\nbaseline = "base.json"\n')
     code, out, err = run_cli("gate", str(made_run), "--config", str(tmp_path / "pyproject.toml"))
     assert code == 0 and "passed" in out, err
+
+
+# -- one setting under two names its config class maps (attribute_map) beyond the sizes
+# every model has: Mixtral's num_experts is its num_local_experts, GPT-2's n_positions its
+# max_position_embeddings. Given both and disagreeing, transformers built one of them
+# without a word (64 experts a layer where the config also said 4).
+
+MIXTRAL = {**SMALL, "model_type": "mixtral", "num_experts_per_tok": 2}
+GPT2 = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512}
+TWO_NAMES = {
+    "mixtral experts": ({**MIXTRAL, "num_local_experts": 4, "num_experts": 64}, "num_experts"),
+    "qwen3_moe experts": (
+        {**MIXTRAL, "model_type": "qwen3_moe", "num_experts": 4, "num_local_experts": 8,
+         "moe_intermediate_size": 32},
+        "num_local_experts",
+    ),
+    "gpt2 positions": ({**GPT2, "n_positions": 64, "max_position_embeddings": 32}, "n_positions"),
+    "dbrx positions": (
+        {"model_type": "dbrx", "d_model": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 512,
+         "max_seq_len": 64, "max_position_embeddings": 128},
+        "max_seq_len",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", sorted(TWO_NAMES))
+def test_one_setting_under_two_names_that_disagree_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str
+) -> None:
+    config, name = TWO_NAMES[what]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    err = one_line(*run_cli("step", "--config", str(tmp_path), "--tokens", "16"))
+    assert "two names for one size" in err and name in err, err
+
+
+def test_one_setting_under_two_names_that_agree_is_built(run_cli: Any, tmp_path: Path) -> None:
+    config = {**MIXTRAL, "num_local_experts": 4, "num_experts": 4}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, err = run_cli("step", "--config", str(tmp_path), "--tokens", "16")
+    assert code == 0 and "mixtral" in out, err
+
+
+# -- a table of learned positions of a negative size: the size check knew counts and
+# widths by their names (num_*, *_size, ...), not max_position_embeddings; OPT's -5
+# failed on meta ("negative dimension -3"), Llama's (RoPE builds no table) was taken.
+
+OPT = {"model_type": "opt", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+       "vocab_size": 512, "ffn_dim": 128, "word_embed_proj_dim": 64}  # fmt: skip
+NEGATIVE_POSITIONS = {
+    "opt": {**OPT, "max_position_embeddings": -5},
+    "llama": {**SMALL, "max_position_embeddings": -1},
+    "mistral": {**SMALL, "model_type": "mistral", "max_position_embeddings": -4096},
+}
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(NEGATIVE_POSITIONS))
+def test_a_negative_position_table_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(NEGATIVE_POSITIONS[what]))
+    args = {
+        "step": ["step", "--config", str(tmp_path), "--tokens", "16"],
+        "plan --step": ["plan", "--step", "--config", str(tmp_path), "--budget", "1GiB"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert "'max_position_embeddings' is" in err and "a size is 0 or more" in err, err
