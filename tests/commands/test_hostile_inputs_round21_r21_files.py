@@ -169,3 +169,52 @@ def test_a_negative_position_table_is_one_line(
     }[command]
     err = one_line(*run_cli(*args))
     assert "'max_position_embeddings' is" in err and "a size is 0 or more" in err, err
+
+
+# -- an OOM whose request is no larger than the largest free block then (a request on
+# another stream or in the other pool, or a trace that is not the allocator's own): the
+# verdict said "no single free block was large enough" beside "largest free block 1.00
+# MiB" for a 512 KiB request. It now says the free block could hold it, and why it may not.
+
+BASE = 0x7D00_0000_0000
+MIB = 1 << 20
+
+
+def _oom_snapshot(tmp_path: Path, request: int) -> str:
+    """A 4 MiB segment holding two live 1 MiB blocks (two 1 MiB free blocks between them),
+    then an OOM of ``request`` bytes."""
+    from memprobe.snapshot.write import write_snapshot
+
+    frames = [{"filename": "/home/u/train.py", "line": 10, "name": "step"}]
+    entry = {"stream": 0, "frames": frames}
+    trace = [{**entry, "action": "segment_alloc", "addr": BASE, "size": 4 * MIB}]
+    trace += [{**entry, "action": "alloc", "addr": BASE + i * 2 * MIB, "size": MIB} for i in (0, 1)]
+    trace.append({**entry, "action": "oom", "addr": 0, "size": request, "device_free": 0})
+    blocks = [
+        {"address": BASE + i * MIB, "size": MIB, "requested_size": MIB * (1 - i % 2),
+         "state": "inactive" if i % 2 else "active_allocated", "frames": frames}
+        for i in range(4)
+    ]  # fmt: skip
+    segment = {"device": 0, "address": BASE, "total_size": 4 * MIB, "stream": 0,
+               "segment_type": "large", "is_expandable": False, "blocks": blocks}  # fmt: skip
+    path = tmp_path / "oom.pickle"
+    write_snapshot({"segments": [segment], "device_traces": [trace]}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize("request_bytes", [512, 512 << 10, MIB], ids=["512 B", "512 KiB", "1 MiB"])
+def test_an_oom_that_a_free_block_could_hold_is_not_called_too_large(
+    run_cli: Any, tmp_path: Path, request_bytes: int
+) -> None:
+    code, out, err = run_cli("attribute", _oom_snapshot(tmp_path, request_bytes))
+    verdict = next(line for line in out.splitlines() if "verdict:" in line)
+    assert code == 0 and "largest free block 1.00 MiB" in out, (out, err)
+    assert "no single free block was large enough" not in verdict, verdict
+    assert "free but not usable" in verdict and "another stream" in verdict, verdict
+
+
+def test_an_oom_larger_than_every_free_block_is_still_fragmentation(
+    run_cli: Any, tmp_path: Path
+) -> None:
+    code, out, err = run_cli("attribute", _oom_snapshot(tmp_path, 3 * MIB // 2))
+    assert code == 0 and "no single free block was large enough" in out, (out, err)
