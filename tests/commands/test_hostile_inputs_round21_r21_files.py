@@ -218,3 +218,32 @@ def test_an_oom_larger_than_every_free_block_is_still_fragmentation(
 ) -> None:
     code, out, err = run_cli("attribute", _oom_snapshot(tmp_path, 3 * MIB // 2))
     assert code == 0 and "no single free block was large enough" in out, (out, err)
+
+
+# -- a run resumed whose results.csv (or results.json) is not a file it can replace (a
+# folder, a FIFO): the resume ran its cases, then failed writing, their rows unwritten.
+# It is refused before any case runs.
+
+
+def _fifo(path: Path) -> None:
+    import os
+
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("make", [Path.mkdir, _fifo], ids=["a folder", "a FIFO"])
+def test_a_resume_whose_results_csv_cannot_be_written_runs_nothing(
+    run_cli: Any, made_run: Path, tmp_path: Path, make: Any
+) -> None:
+    run = _copy(made_run, tmp_path / "run")
+    _drop_last_row(run)
+    (run / "results.csv").unlink()
+    make(run / "results.csv")
+
+    def written() -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in (run / "snapshots").iterdir()}
+
+    before = written()
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert "results.csv is not a file the run can write" in err, err
+    assert written() == before  # no case ran
