@@ -247,3 +247,59 @@ def test_a_resume_whose_results_csv_cannot_be_written_runs_nothing(
     err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
     assert "results.csv is not a file the run can write" in err, err
     assert written() == before  # no case ran
+
+
+# -- a device whose trace is empty but whose segments hold memory (idle while history was
+# recorded, or its weights allocated before recording began): `attribute` of every device
+# read only the devices with a trace, so its live blocks were in no line and no
+# other_devices entry. It is now read as a device without a trace, never the lead.
+
+
+def _idle_device_snapshot(made_run: Path, tmp_path: Path, held: int) -> str:
+    import pickle
+
+    from memprobe.snapshot.write import write_snapshot
+
+    snap = pickle.loads(next((made_run / "snapshots").glob("*.pickle")).read_bytes())
+    address = 0x7A00_0000_0000
+    block = {"address": address, "size": held, "requested_size": held,
+             "state": "active_allocated", "frames": []}  # fmt: skip
+    snap["segments"].append(
+        {
+            "device": 1,
+            "address": address,
+            "total_size": held,
+            "stream": 0,
+            "segment_type": "large",
+            "is_expandable": False,
+            "blocks": [block],
+        }  # fmt: skip
+    )
+    snap["device_traces"].append([])
+    write_snapshot(snap, tmp_path / "two.pickle")
+    return str(tmp_path / "two.pickle")
+
+
+@pytest.mark.parametrize("held", [2 * MIB, 64 * MIB], ids=["less", "more than the step"])
+def test_a_device_with_segments_and_no_trace_is_read(
+    run_cli: Any, made_run: Path, tmp_path: Path, held: int
+) -> None:
+    path = _idle_device_snapshot(made_run, tmp_path, held)
+    code, out, err = run_cli("attribute", path)
+    assert code == 0, err
+    assert out.startswith("2 devices, 1 with a trace (device 0: peak"), out
+    assert "device 1: no trace" in out and "device 1: no trace; what the segments hold" in out
+    code, out, err = run_cli("attribute", path, "--json")
+    lead = json.loads(out)
+    assert code == 0 and lead["device"] == 0, err  # the recorded step leads
+    assert [d["device"] for d in lead["other_devices"]] == [1]
+    assert lead["other_devices"][0]["peak_allocated_bytes"] == held
+
+
+def test_a_device_with_no_trace_does_not_lead_a_diff(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    path = _idle_device_snapshot(made_run, tmp_path, 64 * MIB)
+    code, out, err = run_cli("diff", str(next((made_run / "snapshots").glob("*.pickle"))), path)
+    assert code == 0 and "the lead of its" not in out, (out, err)
+    assert "peak: 112.25 KiB -> 112.25 KiB" in out, out
