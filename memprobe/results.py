@@ -472,6 +472,27 @@ def check_snapshots_folder(run_dir: Path) -> None:
         )
 
 
+def check_results_files(run_dir: Path) -> None:
+    """A run about to write cases: its results files lead inside the run and are files.
+    A write goes through a link, so a ``results.json`` linked to another run's rewrote that
+    run's results (rows naming snapshots it does not hold); a ``results.csv`` folder failed
+    the resume after its cases ran. A link only read (nothing to run) is fine."""
+    home = Path(os.path.realpath(run_dir))
+    for name in (RESULTS_JSON, RESULTS_CSV):
+        file = run_dir / name
+        if file.is_symlink() and home not in Path(os.path.realpath(file)).parents:
+            raise UserError(
+                f"cannot resume {run_dir}: {file} is a link (to {os.readlink(file)}) that "
+                "leads out of the run, and the run's results would be written there",
+                "make it a file of the run again (copy what it names), or start a new run",
+            )
+        if file.exists() and not file.is_file():
+            raise UserError(
+                f"cannot resume {run_dir}: {file} is not a file the run can write",
+                "move it away (the run writes its results there), or start a new run",
+            )
+
+
 def snapshot_relpath(case: Case) -> str:
     """Where a case's allocator snapshot lives, relative to the run directory."""
     return f"{SNAPSHOTS}/{case.case_id}.pickle"

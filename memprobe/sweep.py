@@ -366,7 +366,8 @@ def open_run(
     done = [r for r in done if not results.unfinished(r) and results.identity_agrees(r)]
     finished = {results.case_key(r) for r in done}
     todo = [c for c in cases if results.case_key(asdict(c)) not in finished]
-    if resume:
+    if resume and todo:
+        results.check_results_files(out_dir)
         _check_resumed(todo, out_dir)
     return cases, list(done), todo
 

@@ -14,7 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from memprobe.allocator.model import SMALL_SIZE
 from memprobe.allocator.snapshot_format import LIVE_STATES, SEGMENT_GROW, SEGMENT_SHRINK
+from memprobe.io.sizes import format_bytes
 from memprobe.io.text import printable
 from memprobe.snapshot.allocator import round_block_size
 from memprobe.snapshot.segments import free_runs, reserved_bytes, segment_free_runs
@@ -176,6 +178,18 @@ def oom_verdict(
             "fragmentation: the request would have fit in reserved-but-free memory, but no "
             f"single free block was large enough; {hint}"
         )
+        if largest_free_block is not None and largest_free_block >= round_block_size(requested):
+            # "No single free block was large enough" beside a largest free block that is:
+            # a block the allocator could not give this request (the other pool's, another
+            # stream's, one max_split_size keeps whole), or a trace that is not the
+            # allocator's own; the verdict says which is possible, not what it cannot be.
+            text = (
+                f"free but not usable: the largest free block ({format_bytes(largest_free_block)})"
+                " could hold the request, so it was one the allocator does not give it: in the "
+                f"other pool (requests up to {format_bytes(SMALL_SIZE)} and larger ones use "
+                "separate segments), on another stream, or kept whole by max_split_size; check "
+                "the trace if none applies"
+            )
         return OomVerdict("fragmentation", reserved, free_reserved, largest_free_block, text)
     text = (
         "real exhaustion: live tensors plus the request exceed what the device has; "

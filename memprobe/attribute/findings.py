@@ -129,11 +129,13 @@ def attribute_file_devices(
 
 
 def devices_with_data(snapshot: dict[str, Any]) -> list[int]:
+    """Each device with a trace, then each that only holds segments: a device idle while
+    history was recorded (or whose memory was allocated before) has an empty trace, yet
+    its live blocks are the file's too; they were left out of every reading."""
     traces = snapshot.get("device_traces", [])
     with_trace = [d for d, t in enumerate(traces) if t]
-    if with_trace:
-        return with_trace
-    return sorted({s.get("device", 0) for s in snapshot.get("segments", [])}) or [0]
+    held = sorted({s.get("device", 0) for s in snapshot.get("segments", [])} - set(with_trace))
+    return [*with_trace, *held] or [0]
 
 
 def attribute_devices(
@@ -154,7 +156,9 @@ def attribute_devices(
     if device is not None:
         return (_attribute_normalized(snap, device=device, **options),)
     found = [_attribute_normalized(snap, device=d, **options) for d in devices_with_data(snap)]
-    found.sort(key=lambda f: (not f.ooms, -f.peak_allocated_bytes, f.device))
+    # A device without a trace is never the lead: its "peak" is only what it held at the
+    # end, and the lead is the device whose step was recorded.
+    found.sort(key=lambda f: (not f.ooms, not f.trace_entries, -f.peak_allocated_bytes, f.device))
     return tuple(found)
 
 

@@ -111,7 +111,9 @@ def _lead(path: str | os.PathLike[str], device: int | None) -> tuple[Any, tuple[
     it has several."""
     try:
         found = attribute_file_devices(path, device=device)
-        return found[0], (found[0].device, len(found)) if len(found) > 1 else None
+        # Devices that only hold segments (no trace) are read too, but never lead.
+        traced = sum(1 for f in found if f.trace_entries)
+        return found[0], (found[0].device, traced) if traced > 1 else None
     except UserError as exc:
         if device is None or "has nothing for device" not in exc.message:
             raise

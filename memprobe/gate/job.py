@@ -141,7 +141,17 @@ def run_gate(req: GateRequest) -> GateOutcome:
                 "and commit it",
             )
         else:
-            baseline_rows = read_rows(baseline_path)
+            baseline_rows = read_rows(baseline_path)  # a file it cannot be is said first
+            if req.results is not None and _same_file(
+                results_file(baseline_path), results_file(req.results)
+            ):
+                # The run compared with itself: every regression check passed by
+                # construction (a config's baseline naming the run a CI job gates).
+                raise UserError(
+                    f"{where} {baseline_path} is the results being gated "
+                    f"({results_file(req.results)}): the run would be compared with itself",
+                    "give the results of an earlier run as the baseline",
+                )
             if not baseline_rows:
                 # No case to compare: the gate would pass on "all 0 check(s)".
                 if req.update_baseline and _same_file(baseline_path, req.update_baseline):

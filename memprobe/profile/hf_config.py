@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
@@ -124,6 +124,12 @@ def check_sizes(
     ``text_config``, is refused before: :func:`check_text_only`; an attention-free one,
     ``heads`` false, has no attention heads to give) and each size given a whole number
     within reach."""
+    for name, alias in aliases.items():
+        # Every name the config class maps, not the sizes checked below alone: Mixtral's
+        # num_experts is its num_local_experts, and given 64 beside 4, transformers built
+        # 64 experts a layer without a word (3.24M parameters for a model of 0.3M).
+        if name in fields and alias in fields and fields[name] != fields[alias]:
+            _two_names(model_type, fields, name, alias)
     for name in REQUIRED + OPTIONAL:
         alias = aliases.get(name, name)
         required = name in REQUIRED and (heads or name != "num_attention_heads")
@@ -137,11 +143,7 @@ def check_sizes(
         if alias != name and name in fields and alias in fields and fields[name] != fields[alias]:
             # GPT-2's n_embd is its hidden_size: given both, transformers builds one of
             # them without a word (n_embd 64 and hidden_size 4096 built 405M parameters).
-            raise UserError(
-                f"the {printable(model_type)} config gives {alias} {quoted(fields[alias])} and "
-                f"{name} {quoted(fields[name])}: two names for one size",
-                "give one of them in config.json",
-            )
+            _two_names(model_type, fields, name, alias)
         key = name if name in fields else alias
         if key not in fields:
             if required:
@@ -161,6 +163,14 @@ def check_sizes(
                 f"a whole number from 1 to {top:,} is needed",
                 "fix config.json",
             )
+
+
+def _two_names(model_type: str, fields: dict[str, Any], name: str, alias: str) -> NoReturn:
+    raise UserError(
+        f"the {printable(model_type)} config gives {alias} {quoted(fields[alias])} and "
+        f"{name} {quoted(fields[name])}: two names for one size",
+        "give one of them in config.json",
+    )
 
 
 # Expert counts under the names MoE configs give them, beside num_experts_per_tok.
@@ -202,7 +212,11 @@ def check_ratios(model_type: str, fields: dict[str, Any], aliases: dict[str, str
 # (kv_lora_rank, moe_intermediate_size, num_experts_per_tok): transformers lets a
 # negative one through, and the step failed on meta building a tensor of it.
 _SIZE_PREFIXES = ("num_", "n_")
-_SIZE_SUFFIXES = ("_size", "_dim", "_rank", "_heads", "_experts", "_tok", "_layers")
+# "_embeddings" and "_positions": a table of learned positions (OPT's max_position_embeddings,
+# GPT-2's n_positions) of -5 failed on meta as "negative dimension -3", and Llama's, which
+# RoPE never builds, was taken as it was.
+_SIZE_SUFFIXES = ("_size", "_dim", "_rank", "_heads", "_experts", "_tok", "_layers",
+                  "_embeddings", "_positions")  # fmt: skip
 
 
 def check_architecture_sizes(model_type: str, fields: dict[str, Any], config: Any) -> None:

@@ -327,11 +327,22 @@ def render_devices(all_findings: tuple[Findings, ...], *, top: int | None = None
     out: list[str] = []
     if len(all_findings) > 1:
         summary = "; ".join(
-            f"device {f.device}: peak {format_bytes(f.peak_allocated_bytes)}"
+            (
+                f"device {f.device}: peak {format_bytes(f.peak_allocated_bytes)}"
+                if f.trace_entries
+                else f"device {f.device}: no trace, {format_bytes(f.peak_allocated_bytes)} live"
+            )
             + (f", {_plural(len(f.ooms) + f.more_ooms, 'OOM')}" if f.ooms else "")
             for f in all_findings
         )
-        out.append(f"{len(all_findings)} devices with a trace ({summary})")
+        traced = sum(1 for f in all_findings if f.trace_entries)
+        # A device idle while history was recorded holds segments but has no trace.
+        count = (
+            f"{len(all_findings)} devices with a trace"
+            if traced == len(all_findings)
+            else f"{len(all_findings)} devices, {traced} with a trace"
+        )
+        out.append(f"{count} ({summary})")
         out.append("")
     for i, f in enumerate(all_findings):
         if i:

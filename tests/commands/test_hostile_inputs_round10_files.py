@@ -408,7 +408,8 @@ def _echoes(made_run: Path, here: Path, odd: str) -> list[tuple[str, list[str]]]
         ("attribute", ["attribute", snap, "--html", str(here / f"{odd}.html")]),
         ("diff", ["diff", snap, snap]),
         ("report", ["report", str(run), "--out", str(here / f"{odd}.html")]),
-        ("gate", ["gate", str(run), "--baseline", str(run), "--junit-xml", str(here / odd),
+        # (the baseline is the run it was copied from: the run itself is refused)
+        ("gate", ["gate", str(run), "--baseline", str(made_run), "--junit-xml", str(here / odd),
                   "--update-baseline", str(here / f"{odd}.json")]),
         ("plan", ["plan", *budget, "--out", str(here / odd)]),
         # (no page: the report command above echoes a page's path)

@@ -264,8 +264,8 @@ def test_a_gate_flag_that_would_do_nothing_is_refused(
 @pytest.mark.parametrize(
     ("flags", "config"),
     [
-        (["--baseline", "run", "--max-regression", "5"], ""),
-        (["--max-regression", "5"], 'baseline = "run/results.json"\n'),
+        (["--baseline", "base", "--max-regression", "5"], ""),
+        (["--max-regression", "5"], 'baseline = "base/results.json"\n'),
         ([], "max_regression = 5\n"),  # the config's own allowance, with no baseline
     ],
     ids=["--baseline", "baseline in the config", "max_regression in the config"],
@@ -274,6 +274,7 @@ def test_a_regression_allowance_with_a_baseline_is_still_read(
     run_cli: Any, here: Path, gated: Path, flags: list[str], config: str
 ) -> None:
     (here / "g.toml").write_text(RULES + config)
+    shutil.copytree(gated, here / "base")  # the gated run as its own baseline is refused
     code, out, err = run_cli("gate", "run", "--config", "g.toml", *flags)
     assert code == 0, err
 

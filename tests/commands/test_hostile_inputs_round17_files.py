@@ -135,7 +135,9 @@ def test_a_run_dirs_results_link_to_nothing_is_named(
 def test_a_run_dirs_results_link_to_a_file_is_read(
     run_cli: Any, made_run: Path, here: Path, command: str
 ) -> None:
-    run = _linked(made_run, here, str(made_run / "results.json"))
+    # A copy of made_run's results: the gated run itself as its own baseline is refused.
+    shutil.copy(made_run / "results.json", here / "copy.json")
+    run = _linked(made_run, here, str(here / "copy.json"))
     args = {
         "gate --baseline": ["gate", str(made_run), "--baseline", str(run)],
         "sweep --resume": ["sweep", "--resume", str(run), "-q", "--no-verify"],
