@@ -77,9 +77,10 @@ def how_it_left(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def user_code(who: str, *, part: str = "") -> Iterator[None]:
+def user_code(who: str, *, part: str = "", its_state: bool = True) -> Iterator[None]:
     """Around every call into a user's code (``who``: "the step", a kernel's name; ``part``
-    the part of it that runs, as the one line names it: "'s backward").
+    the part of it that runs, as the one line names it: "'s backward"; ``its_state``: what
+    the user's code left of torch and the process is swapped in while it runs).
 
     The current directory the code changes is put back (:func:`cwd_kept`), and a
     BaseException that is not an Exception becomes :class:`UserCodeExit`, handled as the
@@ -89,7 +90,7 @@ def user_code(who: str, *, part: str = "") -> Iterator[None]:
     try:
         # memprobe's own kernels run under these guards too (a sweep calls every kernel
         # alike); what user code replaced of torch is swapped in for the user's alone.
-        with _guarded(theirs=who == "the step" or is_import_path(who)):
+        with _guarded(theirs=its_state and (who == "the step" or is_import_path(who))):
             yield
     except (KeyboardInterrupt, Exception, Unwind):
         raise

@@ -97,8 +97,12 @@ def kernel_backward(kernel: str) -> contextlib.AbstractContextManager[None]:
     much as its forward (a custom autograd Function's ``backward``, a hook it put on its
     input). Run bare, a ``sys.exit()`` there ended a sweep, plan or --what-if with the
     kernel's own status and no word, and a ``GeneratorExit`` in a traceback; under the
-    forward's guards it is that case's error (or the command's one line), as in forward."""
-    return user_code(kernel, part="'s backward")
+    forward's guards it is that case's error (or the command's one line), as in forward.
+    In memprobe's torch state, as backward ran before this guard (the state a kernel's
+    module set as it was imported is its forward's): swapped in, a module that turned on
+    anomaly detection failed every backward on meta in anomaly mode's NaN check
+    (``.item()`` of a meta tensor), and the kernel's row was an error."""
+    return user_code(kernel, part="'s backward", its_state=False)
 
 
 def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = False) -> torch.Tensor:

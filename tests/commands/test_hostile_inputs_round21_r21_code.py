@@ -93,6 +93,32 @@ def test_an_exit_in_a_kernels_backward_is_the_kernels_failure(
     assert said in line and kernel in line
 
 
+# ...and the backward runs in memprobe's torch state, as before that guard: with the state
+# its module set as it was imported swapped in, a module that turned on anomaly detection
+# failed every backward on meta in anomaly mode's NaN check (.item() of a meta tensor).
+ANOMALY = {
+    "set_detect_anomaly": "torch.autograd.set_detect_anomaly(True)\n",
+    "detect_anomaly entered": "torch.autograd.detect_anomaly().__enter__()\n",
+}
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+@pytest.mark.parametrize("what", ANOMALY)
+def test_a_kernels_module_in_anomaly_mode_is_measured(
+    run_cli: Any, here: Path, what: str, device: str
+) -> None:
+    body = LOGITS + ANOMALY[what] + "def k(logits, targets, *, chunk_size=None):\n"
+    kernel = user_module(here, "r21_anomaly", body + "    return _u(logits, targets)\n") + ":k"
+    flags = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--no-report"]
+    code, out, err = run_cli(
+        *flags, "--json", "--device", device, "--kernel", f"{kernel},unchunked"
+    )
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows[0]["note"]
+    assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"]
+
+
 @pytest.mark.parametrize("what", ["sys.exit(3)", "GeneratorExit", "a hook on the logits"])
 def test_an_exit_in_a_kernels_backward_in_a_what_if_and_a_step(
     run_cli: Any, here: Path, what: str
