@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from memprobe import results
-from memprobe.allocator import AllocConf, parse_alloc_conf, sweep_alloc_conf
+from memprobe.allocator import AllocConf, alloc_conf_to_model, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
 from memprobe.measure.parallel import (
@@ -400,7 +400,7 @@ def _requested_conf(request: SweepRequest) -> AllocConf | None:
         # A resumed run keeps the allocator settings it started with (held to what a
         # sweep runs under, as a one-process resume holds them).
         return results.recorded_alloc_conf(request.resume)
-    return sweep_alloc_conf(request.alloc_conf)
+    return alloc_conf_to_model(request.alloc_conf)
 
 
 def _apply_conf(conf_text: str | None, cases: list[Case]) -> AllocConf | None:

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
-from memprobe.allocator import AllocConf, sweep_alloc_conf
+from memprobe.allocator import AllocConf, alloc_conf_to_model
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.kernels.peers import PEERS
@@ -230,7 +230,7 @@ def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> Swee
     them into the run directory under the requested allocator settings."""
     resumed = request.resume is not None and request.resume.is_dir()
     # A flag is checked either way; the environment only for a new run.
-    conf = sweep_alloc_conf(request.alloc_conf, environ={} if resumed else None)
+    conf = alloc_conf_to_model(request.alloc_conf, environ={} if resumed else None)
     if resumed and request.resume is not None:
         # A resumed run keeps the allocator settings it started with.
         conf = results.recorded_alloc_conf(request.resume)

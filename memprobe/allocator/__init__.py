@@ -13,9 +13,11 @@ Pure Python (no torch import). The pieces:
 from memprobe.allocator.config import (
     AllocConf,
     alloc_conf_from_env,
+    alloc_conf_setting,
+    alloc_conf_to_model,
     modelled_alloc_conf,
     parse_alloc_conf,
-    sweep_alloc_conf,
+    settings_words,
 )
 from memprobe.allocator.model import (
     AllocatorStats,
@@ -39,11 +41,13 @@ __all__ = [
     "OutOfMemory",
     "Simulation",
     "alloc_conf_from_env",
+    "alloc_conf_setting",
+    "alloc_conf_to_model",
     "modelled_alloc_conf",
-    "sweep_alloc_conf",
     "allocation_size",
     "conf_from_snapshot",
     "parse_alloc_conf",
+    "settings_words",
     "replay_snapshot",
     "round_size",
     "simulate",

@@ -339,18 +339,38 @@ def modelled_alloc_conf(text: str, source: str | None = None) -> AllocConf:
     return conf
 
 
-def sweep_alloc_conf(
+def alloc_conf_setting(
+    flag: str | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, str | None] | None:
+    """The allocator settings memprobe models, as text, and the environment variable they
+    came from: ``--alloc-conf`` (from no variable), else those torch reads at startup
+    (``PYTORCH_ALLOC_CONF``, else ``PYTORCH_CUDA_ALLOC_CONF``), as the job's own allocator
+    would. None when neither is set (torch's defaults). Every command that models reserved
+    memory reads them so: sweep did, while plan, step and profile on meta modelled the
+    defaults and said "with default settings" under a variable that set others."""
+    if flag is not None:
+        return flag, None
+    found = _env_setting(environ)
+    return None if found is None else (found[1], found[0])
+
+
+def alloc_conf_to_model(
     flag: str | None, environ: Mapping[str, str] | None = None
 ) -> AllocConf | None:
-    """The allocator settings a sweep runs under: ``--alloc-conf``, else those torch reads
-    from the environment at startup (``PYTORCH_ALLOC_CONF``, else
-    ``PYTORCH_CUDA_ALLOC_CONF``): on cuda the process's own allocator has them, so the
-    run records them and the model applies them on meta too. None when neither is set
-    (torch's defaults)."""
-    if flag is not None:
-        return modelled_alloc_conf(flag)
-    found = _env_setting(environ)
-    return None if found is None else modelled_alloc_conf(found[1], source=found[0])
+    """:func:`alloc_conf_setting`, parsed and checked (:func:`modelled_alloc_conf`); on
+    cuda the process's own allocator has the environment's, so a run records them and the
+    model applies them on meta too. None for torch's defaults."""
+    setting = alloc_conf_setting(flag, environ)
+    return None if setting is None else modelled_alloc_conf(*setting)
+
+
+def settings_words(setting: tuple[str, str | None] | None) -> str:
+    """How output names the settings modelled: "default settings", the text, and where it
+    came from when that is the environment."""
+    if setting is None or not setting[0].strip():
+        return "default settings"
+    text, source = setting
+    return text if source is None else f"{text}, from {source}"
 
 
 def alloc_conf_from_env(environ: Mapping[str, str] | None = None) -> AllocConf:

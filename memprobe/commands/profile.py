@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memprobe.allocator import modelled_alloc_conf
+from memprobe.allocator import alloc_conf_to_model
 from memprobe.commands.attribute import attribution_output
 from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors
 from memprobe.errors import UserError
@@ -41,7 +41,9 @@ def profile_command(
             "--alloc-conf applies to the allocator model (meta, cpu)",
             "on cuda set PYTORCH_ALLOC_CONF in the environment instead",
         )
-    conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    # On meta and cpu --alloc-conf, else the environment's (as sweep); on cuda the real
+    # allocator reads the environment itself.
+    conf = alloc_conf_to_model(alloc_conf) if device != "cuda" else None
     outputs = {"--out": out, "--html": html_path}
     guard_outputs(outputs, [])
     for path, what in ((out, "snapshot"), (html_path, "HTML page")):

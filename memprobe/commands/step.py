@@ -88,8 +88,9 @@ def _count(n: int) -> str:
     return f"{n / 1e6:,.2f}M" if n >= 10**6 else f"{n:,}"
 
 
-def step_lines(result: Any) -> list[str]:
-    """What ``memprobe step`` prints for a :class:`memprobe.profile.step.StepResult`."""
+def step_lines(result: Any, settings: str | None = None) -> list[str]:
+    """What ``memprobe step`` prints for a :class:`memprobe.profile.step.StepResult`
+    (``settings``: the allocator settings modelled, where they are not torch's defaults)."""
     r = result
     peak = r.peak_allocated_bytes
     lines = [
@@ -99,7 +100,8 @@ def step_lines(result: Any) -> list[str]:
         f"attention: {r.attention_words}",
         *sharded_lines(r.sharded),
         f"peak allocated {format_bytes(peak)}, reserved {format_bytes(r.peak_reserved_bytes)} "
-        f"(allocator model), in the {r.peak_phase} phase",
+        f"(allocator model{f' with {settings}' if settings else ''}), in the {r.peak_phase} "
+        "phase",
         "peak by phase: "
         + ", ".join(
             f"{phase} {format_bytes(nbytes)}"
@@ -175,11 +177,12 @@ def step_command(
     **step_flags: Any,
 ) -> str:
     """Simulate the step; write the snapshot to ``out`` when given; return the text."""
-    from memprobe.allocator import modelled_alloc_conf
+    from memprobe.allocator import alloc_conf_setting, modelled_alloc_conf, settings_words
 
     warn_on_size(budget, "--budget")  # `--budget 80` (bytes) or 80GB, as sweep and plan warn
     budget_bytes = parse_budget(budget) if budget is not None else None
-    conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    setting = alloc_conf_setting(alloc_conf)  # else the environment's, as sweep
+    conf = modelled_alloc_conf(*setting) if setting is not None else None
     from memprobe.kernels.user import kernel_source_files
 
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
@@ -202,7 +205,7 @@ def step_command(
         write_snapshot(snapshot, out)
     if as_json:
         return json.dumps(result.row(), indent=1)
-    lines = step_lines(result)
+    lines = step_lines(result, settings_words(setting) if conf is not None else None)
     if out is not None:
         lines.append(f"wrote {printable(str(out))}")
     return "\n".join(lines)
@@ -319,7 +322,7 @@ def plan_step_lines(
     **sharded: Any,
 ) -> list[str]:
     """``memprobe plan --step --config CONFIG``: the plan table for the whole step."""
-    from memprobe.allocator import modelled_alloc_conf
+    from memprobe.allocator import alloc_conf_setting, alloc_conf_to_model, settings_words
     from memprobe.commands.flags import name_list, positive_ints
 
     if not step or config is None:
@@ -333,7 +336,8 @@ def plan_step_lines(
     from memprobe.render.plan_text import answer_line, plan_table
 
     limit = plan.make_budget(parse_budget(budget))
-    conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
+    # --alloc-conf, else the environment's (as sweep); none read with --no-reserved.
+    conf = alloc_conf_to_model(alloc_conf) if reserved else None
     base = build_step(
         config,
         tokens=1,
@@ -371,6 +375,8 @@ def plan_step_lines(
             "tokens)"
         )
     where = "reserved in the last column" if reserved else "reserved not planned: --no-reserved"
+    if conf is not None:
+        where += f", allocator model with {settings_words(alloc_conf_setting(alloc_conf))}"
     head = f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; {where})"
     return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memprobe.allocator import modelled_alloc_conf
+from memprobe.allocator import alloc_conf_setting, modelled_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.plan.chunks import ChunkChoice, chunk_choices
@@ -139,8 +139,10 @@ def run_plan_job(
     budget, other_note = budget_from(
         request.budget, request.other, request.other_from, vocab=request.vocab
     )
-    if request.alloc_conf is not None:
-        modelled_alloc_conf(request.alloc_conf)  # a typo must fail before any simulation
+    # --alloc-conf, else the environment's settings (as sweep models them).
+    setting = alloc_conf_setting(request.alloc_conf) if request.reserved else None
+    if setting is not None:
+        modelled_alloc_conf(*setting)  # a typo must fail before any simulation
     rows = read_rows(request.from_run) if request.from_run is not None else None
     if rows is not None and not any(r.get("fwd_time_s") is not None for r in rows):
         # Its times are all --from-run reads: without any, the flag would change nothing.
@@ -187,14 +189,14 @@ def run_plan_job(
         targets,
         budget,
         jobs=request.jobs,
-        alloc_conf=request.alloc_conf,
+        alloc_conf=setting[0] if setting is not None else None,
         reserved=request.reserved,
         on_done=on_done,
         on_probe=on_probe,
     )
     choices = chunk_choices(plans, rows)
     notes = [
-        reserved_status(request.alloc_conf)
+        reserved_status(setting)
         if request.reserved
         else "reserved: not planned (--no-reserved); a real GPU reserves more than it allocates"
     ] + ([other_note] if other_note else [])

@@ -5,23 +5,23 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from memprobe.allocator import settings_words
 from memprobe.io.sizes import format_bytes
 from memprobe.plan.long_loops import RESERVED_MAX_CHUNKS
 from memprobe.plan.model import Budget, PlanTarget, TokenPlan
 
 
-def reserved_status(alloc_conf: str | None = None) -> str:
+def reserved_status(setting: tuple[str, str | None] | None = None) -> str:
     """One line on what the reserved column is planned on, and what it promises. The
     reserved peak is not monotone in tokens: blocks round up to the allocator's sizes and a
     few tokens more can land in a segment that was already there (chunked_distributed at tp
     2, 80 GiB - 54 GiB: 105,382 fits, 105,383-105,392 do not, 105,393-105,398 fit). So the
     answer is a boundary, not the largest count that fits."""
-    settings = f" with {alloc_conf}" if alloc_conf else " with default settings"
     return (
-        "reserved: planned on memprobe's model of the CUDA caching allocator"
-        f"{settings} (memory outside PyTorch's allocator, e.g. the CUDA context, not "
-        "included); tokens (reserved) fits and one token more does not, but the reserved "
-        "peak is not monotone in tokens: some larger counts may fit too"
+        "reserved: planned on memprobe's model of the CUDA caching allocator with "
+        f"{settings_words(setting)} (memory outside PyTorch's allocator, e.g. the CUDA "
+        "context, not included); tokens (reserved) fits and one token more does not, but "
+        "the reserved peak is not monotone in tokens: some larger counts may fit too"
     )
 
 

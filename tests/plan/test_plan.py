@@ -226,7 +226,7 @@ def test_reserved_plan_uses_the_allocator_model():
     assert plan.simulated_peak(target.case(top), plan.RESERVED, conf) <= BUDGET
     assert plan.simulated_peak(target.case(top + 1), plan.RESERVED, conf) > BUDGET
     assert p.row()["reserved_max_tokens"] == top
-    assert "expandable_segments:True" in plan.reserved_status(conf)
+    assert "expandable_segments:True" in plan.reserved_status((conf, None))
 
 
 def test_memprobe_fits_is_loaded_on_first_use():
