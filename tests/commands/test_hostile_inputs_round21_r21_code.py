@@ -102,6 +102,7 @@ ANOMALY = {
 }
 
 
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled")  # torch's, as asked
 @pytest.mark.parametrize("device", ["meta", "cpu"])
 @pytest.mark.parametrize("what", ANOMALY)
 def test_a_kernels_module_in_anomaly_mode_is_measured(
