@@ -29,13 +29,14 @@ from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.codec import nests_past
 from memprobe.io.files import read_regular, write_atomic
-from memprobe.io.text import printable, quoted
+from memprobe.io.text import printable, quoted, unique_keys
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 from memprobe.results_errors import (
     contradiction,
     link_to_nothing,
     not_a_run_record,
     not_results,
+    twice_in,
     unreadable_case,
 )
 
@@ -229,7 +230,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         )
     raw = read_regular(file, what="results", max_bytes=MAX_JSON_BYTES)
     try:
-        payload = json.loads(raw)
+        payload = json.loads(raw, object_pairs_hook=unique_keys)
         rows = payload["rows"]
         if not isinstance(rows, list):
             raise TypeError
@@ -301,9 +302,10 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
     if not file.exists():
         raise not_a_run
     try:
-        meta = json.loads(read_regular(file, what="run file", max_bytes=MAX_JSON_BYTES))
-    except (OSError, ValueError, RecursionError):
-        raise not_a_run from None
+        raw = read_regular(file, what="run file", max_bytes=MAX_JSON_BYTES)
+        meta = json.loads(raw, object_pairs_hook=unique_keys)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise twice_in(file, exc) or not_a_run from None
     # JSON that parses but is no run record was "no readable run.json", of a file that
     # read: say what it holds instead.
     said = not_a_run_record(meta)
