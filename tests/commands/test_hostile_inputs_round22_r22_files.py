@@ -118,3 +118,76 @@ def test_a_baseline_giving_a_key_twice_is_one_line(
     (tmp_path / "g.toml").write_text('[tool.memprobe.gate]\nbaseline = "base.json"\n')
     err = one_line(*run_cli("gate", str(made_run), "--config", str(tmp_path / "g.toml")))
     assert "gives the key 'peak_bytes' twice" in err and "base.json" in err, err
+
+
+# -- a resume whose page or plots are not memprobe's to replace (the user's own
+# report.html, a folder named timeline.png): the page was refused only as it was written,
+# after every case had run and its rows were written, exit 2. It is refused before any case
+# runs, and `--no-report` still resumes.
+
+PAGE_FILES = ["report.html", "timeline.png", "peak_breakdown.png"]
+
+
+def _users(path: Path, kind: str) -> None:
+    path.unlink(missing_ok=True)
+    if kind == "a folder":
+        path.mkdir()
+    else:
+        path.write_text("the user's own\n")
+
+
+@pytest.mark.parametrize("kind", ["a folder", "a file of the user's"])
+@pytest.mark.parametrize("name", PAGE_FILES)
+def test_a_resume_whose_page_is_not_memprobes_runs_nothing(
+    run_cli: Any, made_run: Path, tmp_path: Path, name: str, kind: str
+) -> None:
+    run = _copy(made_run, tmp_path / "run")
+    _drop_last_row(run)
+    _users(run / name, kind)
+    results = (run / "results.json").read_bytes()
+    snapshots = sorted(p.name for p in (run / "snapshots").iterdir())
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert f"{run / name} exists and was not written by memprobe" in err, err
+    assert "--no-report" in err, err
+    assert (run / "results.json").read_bytes() == results  # no case ran
+    assert sorted(p.name for p in (run / "snapshots").iterdir()) == snapshots
+
+
+def test_a_resume_without_its_page_leaves_the_users_file(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _copy(made_run, tmp_path / "run")
+    _drop_last_row(run)
+    _users(run / "timeline.png", "a file of the user's")
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify", "--no-report")
+    assert code == 0, err
+    assert (run / "timeline.png").read_text() == "the user's own\n"
+
+
+# -- a run whose own report.html is a folder: `report RUN` (and a resume) took it for a
+# folder to write the page into, as --out FOLDER is, and wrote run/report.html/report.html
+# with its plots beside it. Only --out names a folder for the page.
+
+
+@pytest.mark.parametrize("command", ["report", "resume"])
+def test_a_runs_report_html_that_is_a_folder_is_one_line(
+    run_cli: Any, made_run: Path, tmp_path: Path, command: str
+) -> None:
+    run = _copy(made_run, tmp_path / "run")
+    _users(run / "report.html", "a folder")
+    if command == "resume":
+        _drop_last_row(run)
+        args = ["sweep", "--resume", str(run), "-q", "--no-verify"]
+    else:
+        args = ["report", str(run)]
+    err = one_line(*run_cli(*args))
+    assert f"{run / 'report.html'} exists and was not written by memprobe" in err, err
+    assert not any((run / "report.html").iterdir())
+
+
+def test_report_out_naming_a_folder_still_writes_into_it(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "pages").mkdir()
+    code, out, err = run_cli("report", str(made_run), "--out", str(tmp_path / "pages"))
+    assert code == 0 and (tmp_path / "pages" / "report.html").is_file(), err
