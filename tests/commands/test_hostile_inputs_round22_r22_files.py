@@ -191,3 +191,63 @@ def test_report_out_naming_a_folder_still_writes_into_it(
     (tmp_path / "pages").mkdir()
     code, out, err = run_cli("report", str(made_run), "--out", str(tmp_path / "pages"))
     assert code == 0 and (tmp_path / "pages" / "report.html").is_file(), err
+
+
+# -- a resume whose case left to run has its snapshot path taken already by a link out of
+# the run (a run tracked by DVC, whose files are links into its cache) or by a folder: the
+# write went through the link and replaced the file it names, exit 0; a folder failed the
+# case after it ran. Round 21 refused a linked snapshots/ folder and linked results files;
+# each snapshot the resume writes is now held to the same rule, before any case runs.
+
+
+def _snapshot_left(run: Path) -> Path:
+    """The snapshot path of the case a resume runs (its row dropped, its file kept)."""
+    payload = json.loads((run / "results.json").read_text())
+    path = run / payload["rows"][-1]["snapshot"]
+    payload["rows"] = payload["rows"][:-1]
+    (run / "results.json").write_text(json.dumps(payload))
+    return path
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative"])
+def test_a_resume_never_writes_a_snapshot_through_a_link_out_of_the_run(
+    run_cli: Any, made_run: Path, tmp_path: Path, how: str
+) -> None:
+    run = _copy(made_run, tmp_path / "run")
+    snapshot = _snapshot_left(run)
+    cached = tmp_path / "cache" / "ab12"
+    cached.parent.mkdir()
+    cached.write_bytes(snapshot.read_bytes())
+    snapshot.unlink()
+    snapshot.symlink_to(cached if how == "absolute" else Path("..", "..", "cache", "ab12"))
+    before = cached.read_bytes()
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert f"{snapshot} is a link" in err and "leads out of the run" in err, err
+    assert cached.read_bytes() == before and snapshot.is_symlink()
+
+
+def test_a_resume_whose_snapshot_path_is_a_folder_runs_nothing(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _copy(made_run, tmp_path / "run")
+    snapshot = _snapshot_left(run)
+    snapshot.unlink()
+    snapshot.mkdir()
+    results = (run / "results.json").read_bytes()
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert f"{snapshot} is not a file the run can write" in err, err
+    assert (run / "results.json").read_bytes() == results
+
+
+def test_a_resume_writes_a_snapshot_through_a_link_inside_the_run(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = _copy(made_run, tmp_path / "run")
+    snapshot = _snapshot_left(run)
+    snapshot.rename(run / "kept.pickle")
+    snapshot.symlink_to(Path("..", "kept.pickle"))
+    code, _, err = run_cli("sweep", "--resume", str(run), "-q", "--no-verify")
+    assert code == 0, err
+    assert (
+        snapshot.is_symlink() and len(json.loads((run / "results.json").read_text())["rows"]) == 1
+    )
