@@ -28,14 +28,15 @@ from memprobe import __version__
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.codec import nests_past
-from memprobe.io.files import read_regular, write_atomic
-from memprobe.io.text import printable, quoted
+from memprobe.io.files import leads_out, read_regular, write_atomic
+from memprobe.io.text import printable, quoted, unique_keys
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 from memprobe.results_errors import (
     contradiction,
     link_to_nothing,
     not_a_run_record,
     not_results,
+    twice_in,
     unreadable_case,
 )
 
@@ -229,7 +230,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         )
     raw = read_regular(file, what="results", max_bytes=MAX_JSON_BYTES)
     try:
-        payload = json.loads(raw)
+        payload = json.loads(raw, object_pairs_hook=unique_keys)
         rows = payload["rows"]
         if not isinstance(rows, list):
             raise TypeError
@@ -301,9 +302,10 @@ def read_run_meta(run_dir: Path) -> dict[str, Any]:
     if not file.exists():
         raise not_a_run
     try:
-        meta = json.loads(read_regular(file, what="run file", max_bytes=MAX_JSON_BYTES))
-    except (OSError, ValueError, RecursionError):
-        raise not_a_run from None
+        raw = read_regular(file, what="run file", max_bytes=MAX_JSON_BYTES)
+        meta = json.loads(raw, object_pairs_hook=unique_keys)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise twice_in(file, exc) or not_a_run from None
     # JSON that parses but is no run record was "no readable run.json", of a file that
     # read: say what it holds instead.
     said = not_a_run_record(meta)
@@ -472,15 +474,15 @@ def check_snapshots_folder(run_dir: Path) -> None:
         )
 
 
-def check_results_files(run_dir: Path) -> None:
-    """A run about to write cases: its results files lead inside the run and are files.
-    A write goes through a link, so a ``results.json`` linked to another run's rewrote that
-    run's results (rows naming snapshots it does not hold); a ``results.csv`` folder failed
-    the resume after its cases ran. A link only read (nothing to run) is fine."""
-    home = Path(os.path.realpath(run_dir))
-    for name in (RESULTS_JSON, RESULTS_CSV):
+def check_results_files(run_dir: Path, snapshots: tuple[str, ...] = ()) -> None:
+    """A run about to write cases: its results files and the ``snapshots`` (relative paths)
+    it writes lead inside the run and are files. A write goes through a link: a
+    ``results.json`` linked to another run's rewrote that run's results, and a snapshot
+    linked into a data tool's cache (DVC) replaced the cached file; a ``results.csv``
+    folder failed the resume after its cases ran. A link only read is fine."""
+    for name in (RESULTS_JSON, RESULTS_CSV, *snapshots):
         file = run_dir / name
-        if file.is_symlink() and home not in Path(os.path.realpath(file)).parents:
+        if leads_out(file, run_dir):
             raise UserError(
                 f"cannot resume {run_dir}: {file} is a link (to {os.readlink(file)}) that "
                 "leads out of the run, and the run's results would be written there",

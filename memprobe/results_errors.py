@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import UserError
-from memprobe.io.text import binary_kind, json_error, quoted
+from memprobe.io.text import DuplicateKey, binary_kind, json_error, quoted
 
 Row = Mapping[str, Any]
 
@@ -66,6 +66,8 @@ def not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> Us
         why = f"is not JSON ({json_error(exc)})"
     elif isinstance(exc, RecursionError):
         why = "nests too deep to read"
+    elif isinstance(exc, DuplicateKey):
+        why = str(exc)
     else:
         why = "holds no list of 'rows'"
     hint = (
@@ -74,6 +76,14 @@ def not_results(file: Path, raw: bytes, exc: Exception, *, in_a_run: bool) -> Us
         else "give a run directory or its results.json"
     )
     return UserError(f"{file} is not a memprobe results.json: it {why}", hint)
+
+
+def twice_in(file: Path, exc: Exception) -> UserError | None:
+    """A run.json that gives one key twice (json keeps the last): said so, where "no
+    readable run.json" was the line; None for any other failure to read it."""
+    if not isinstance(exc, DuplicateKey):
+        return None
+    return UserError(f"{file} {exc}", "the file is damaged or edited; re-run the sweep")
 
 
 def not_a_run_record(meta: Any) -> str | None:

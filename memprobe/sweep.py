@@ -367,7 +367,7 @@ def open_run(
     finished = {results.case_key(r) for r in done}
     todo = [c for c in cases if results.case_key(asdict(c)) not in finished]
     if resume and todo:
-        results.check_results_files(out_dir)
+        results.check_results_files(out_dir, tuple(map(results.snapshot_relpath, todo)))
         _check_resumed(todo, out_dir)
     return cases, list(done), todo
 

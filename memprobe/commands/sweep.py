@@ -221,6 +221,10 @@ def command(
                 exclude=("resume", "verify", "report", "as_json", "quiet", "shard", "case_timeout"),
             )
         )
+        if report:
+            from memprobe.render.html import refuse_foreign_page
+
+            refuse_foreign_page(Path(resume))
     elif out is None:
         out = default_run_dir()
     tp_list = positive_ints(tp, "--tp", example="1,2,4")

@@ -59,6 +59,13 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
     return target
 
 
+def leads_out(file: Path, home: Path) -> bool:
+    """Whether ``file`` is a link to somewhere outside the folder ``home``: a write goes
+    through a link, to the file it names."""
+    inside = Path(os.path.realpath(home)) in Path(os.path.realpath(file)).parents
+    return file.is_symlink() and not inside
+
+
 def check_output_file(path: str | os.PathLike[str], *, what: str) -> None:
     """:func:`write_atomic`'s refusal of a folder, device, FIFO or socket at ``path``,
     made before a command's work: a step or plan that runs for minutes otherwise failed

@@ -109,3 +109,22 @@ def json_error(exc: Any) -> str:
     "starting at at line 74"."""
     msg = exc.msg.removesuffix(" at").removesuffix(":")
     return f"{msg} at line {exc.lineno:,} column {exc.colno:,}"
+
+
+class DuplicateKey(ValueError):
+    """A JSON object that gives one key twice. json keeps the last without a word, so a
+    config.json edited by appending ``"hidden_size": 4096`` (or two merged) built a model
+    of the second size where the file also said the first; the reader refuses it instead."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"gives the key {quoted(key)} twice in one object")
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for ``json.loads``: the object, or DuplicateKey."""
+    made: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in made:
+            raise DuplicateKey(key)
+        made[key] = value
+    return made

@@ -17,7 +17,15 @@ from typing import Any, NoReturn
 
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
-from memprobe.io.text import binary_kind, json_error, printable, quoted, utf8_text
+from memprobe.io.text import (
+    DuplicateKey,
+    binary_kind,
+    json_error,
+    printable,
+    quoted,
+    unique_keys,
+    utf8_text,
+)
 
 # A config.json is a few KiB; this leaves room for inlined maps, not for a data file.
 MAX_CONFIG_BYTES = 16 << 20
@@ -53,7 +61,14 @@ def read_config_json(file: Path) -> Any:
         )
 
     try:
-        return json.loads(utf8_text(raw), parse_int=whole, parse_constant=constant)
+        return json.loads(
+            utf8_text(raw), parse_int=whole, parse_constant=constant, object_pairs_hook=unique_keys
+        )
+    except DuplicateKey as exc:
+        raise UserError(
+            f"--config {file} {exc} (JSON would keep the last without a word)",
+            "keep the one you mean and fix config.json",
+        ) from None
     except RecursionError:
         raise UserError(
             f"--config {file} nests too deep to read", "give a model's config.json"

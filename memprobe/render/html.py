@@ -318,7 +318,9 @@ def write_report(
         )
     model = build_page(run_dir, budget_bytes=budget_bytes)
     target = Path(out) if out is not None else run_dir / REPORT_NAME
-    if target.is_dir():
+    # --out may name a folder for the page; the run's own report.html being a folder is
+    # no such choice (it was written into as run/report.html/report.html): refused below.
+    if out is not None and target.is_dir():
         target = target / REPORT_NAME
     if not target.parent.is_dir():
         raise UserError(
@@ -359,7 +361,12 @@ def _plan_rows(path: Path) -> bool:
     )
 
 
-def refuse_foreign(paths: list[Path], *, writer: str = "report") -> None:
+def refuse_foreign(
+    paths: list[Path],
+    *,
+    writer: str = "report",
+    hint: str = "choose another --out, or move that file",
+) -> None:
     """A page, its plots and a plan's rows replace only files memprobe wrote: a user's own
     report.html, timeline.png or plan.json in the --out folder is left alone, and nothing
     is written. ``writer`` names what would replace it."""
@@ -367,8 +374,19 @@ def refuse_foreign(paths: list[Path], *, writer: str = "report") -> None:
         if path.exists() and not _made_by_memprobe(path):
             raise UserError(
                 f"{path} exists and was not written by memprobe; the {writer} would replace it",
-                "choose another --out, or move that file",
+                hint,
             )
+
+
+def refuse_foreign_page(run_dir: Path) -> None:
+    """Before a resume runs its cases: the page it writes at the end replaces only
+    memprobe's files. Checked only as the page was written, a user's report.html (or a
+    folder named timeline.png) refused the page after every case had run, exit 2."""
+    target = run_dir / REPORT_NAME
+    refuse_foreign(
+        [target, *_plot_paths(target).values()],
+        hint="move that file, or resume with --no-report",
+    )
 
 
 def _remove_stale_plot(path: Path) -> None:
