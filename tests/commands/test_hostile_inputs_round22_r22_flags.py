@@ -1,0 +1,59 @@
+"""Hostile inputs, round 22 (the command line and user code: flags, their syntaxes, the
+environment, a user's step or kernel named on the command line): each row is a variant of
+a defect class the pass found. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import TINY_KERNEL, TINY_STEP, one_line, user_module
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
+         "--no-verify", "--no-report", "--json"]  # fmt: skip
+
+
+# -- a step or kernel named by its file's path, or with a dot where the colon goes: only
+# `mine.py:step` got the spelling that works ("name the module, not its file: mine:step");
+# `./mine.py:step`, `/abs/dir/mine.py:step`, `pkg/mine:step`, `mine.step` and `mine :step`
+# were answered with the bare rule ("given as pkg.module:fn"), which the user believed
+# they had followed. Each now names the import path it most likely meant.
+
+SPELLINGS = {
+    "a relative file": ("./{m}.py:{f}", "name the module, not its file: {m}:{f}"),
+    "a file in a folder": ("pkg/{m}.py:{f}", "name the module, not its file: pkg.{m}:{f}"),
+    "a folder without .py": ("pkg/sub/{m}:{f}", "name the module, not its file: pkg.sub.{m}:{f}"),
+    "an absolute file": ("{here}/{m}.py:{f}",
+        "run memprobe from {here} and name the module: {m}:{f}"),
+    "a parent folder": ("../x/{m}.py:{f}", "run memprobe from ../x and name the module: {m}:{f}"),
+    "a dot for the colon": ("{m}.{f}", "write {m}:{f}"),
+    "a blank before the colon": ("{m} :{f}", "write {m}:{f}"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("spelled", "advice"), SPELLINGS.values(), ids=list(SPELLINGS))
+@pytest.mark.parametrize("role", ["step", "kernel"])
+def test_a_file_path_for_an_import_path_gets_the_spelling_that_works(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, role: str, spelled: str,
+    advice: str,
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    body, fn = (TINY_STEP, "step") if role == "step" else (TINY_KERNEL, "k")
+    name = user_module(tmp_path, f"r22_spelled_{role}", body)
+    given = spelled.format(m=name, f=fn, here=tmp_path)
+    args = ["profile", given, "--device", "meta"] if role == "step" else [*SWEEP, "--kernel", given]
+    err = one_line(*run_cli(*args))
+    if role == "kernel" and ":" not in given:
+        # No colon is a built-in's name to the kernel flag: "unknown kernel", and the guess.
+        assert f"did you mean '{name}:{fn}'?" in err
+    else:
+        assert "is not an import path" in err
+        assert advice.format(m=name, f=fn, here=tmp_path) in err
+
+
+# ... while what reads as no import path at all keeps the rule itself.
+@pytest.mark.parametrize("given", ["mine", "mine:", ":step", "mine:step:extra", "a-b:step"])
+def test_no_guess_where_none_can_be_read(run_cli: Any, given: str) -> None:
+    err = one_line(*run_cli("profile", given, "--device", "meta"))
+    assert "given as pkg.module:fn" in err and "write " not in err
