@@ -240,7 +240,13 @@ def meant_import_path(path: str) -> tuple[str, str] | None:
         names = []
         lead = f"run memprobe from {where} and name the module:"
     else:
-        lead = "name the module, not its file:" if "/" in module_path else "write"
+        # A dot for the colon is a guess (`pkg.mod` may be a module, its function left
+        # out): the rule, with the likeliest spelling as its example.
+        lead = (
+            "name the module, not its file:"
+            if "/" in module_path
+            else "separate the module from its function with ':', e.g."
+        )
     dotted = [*names, *file.split(".")]
     if not all(n.isidentifier() for n in dotted):
         return None

@@ -27,8 +27,8 @@ SPELLINGS = {
     "an absolute file": ("{here}/{m}.py:{f}",
         "run memprobe from {here} and name the module: {m}:{f}"),
     "a parent folder": ("../x/{m}.py:{f}", "run memprobe from ../x and name the module: {m}:{f}"),
-    "a dot for the colon": ("{m}.{f}", "write {m}:{f}"),
-    "a blank before the colon": ("{m} :{f}", "write {m}:{f}"),
+    "a dot for the colon": ("{m}.{f}", "with ':', e.g. {m}:{f}"),
+    "a blank before the colon": ("{m} :{f}", "with ':', e.g. {m}:{f}"),
 }  # fmt: skip
 
 
@@ -56,4 +56,57 @@ def test_a_file_path_for_an_import_path_gets_the_spelling_that_works(
 @pytest.mark.parametrize("given", ["mine", "mine:", ":step", "mine:step:extra", "a-b:step"])
 def test_no_guess_where_none_can_be_read(run_cli: Any, given: str) -> None:
     err = one_line(*run_cli("profile", given, "--device", "meta"))
-    assert "given as pkg.module:fn" in err and "write " not in err
+    assert "given as pkg.module:fn" in err and "e.g." not in err
+
+
+# -- a path starting with '~' that the shell did not expand (quoted, or after a comma in
+# --other-from's list): memprobe took it as written, so `sweep --out '~/runs'` made a
+# folder named '~' in the current directory (one an `rm -rf ~` then meant to clear up) and
+# `attribute '~/step.pickle'` said there was no such file. Each names the path it meant;
+# `./~` still names a file or folder of that name.
+
+TILDES = {
+    "sweep --out": ["sweep", "--device", "meta", "--out", "~/r22_runs"],
+    "profile --out": ["profile", "{step}", "--device", "meta", "--out", "~/r22_step.pickle"],
+    "profile --html": ["profile", "{step}", "--device", "meta", "--html", "~/r22_page.html"],
+    "attribute SNAPSHOT": ["attribute", "~/r22_step.pickle"],
+    "diff's second file": ["diff", "a.pickle", "~/r22_b.pickle"],
+    "gate --config": ["gate", "--config", "~/r22_gate.toml"],
+    "plan --other-from, after a comma": ["plan", "--vocab", "128", "--budget", "1GiB",
+                                          "--other-from", "a.pickle,~/r22_b.pickle"],
+    "report --out": ["report", "run", "--out", "~/r22_page.html"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("args", TILDES.values(), ids=list(TILDES))
+def test_a_path_from_an_unexpanded_home_is_refused(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    step = user_module(tmp_path, "r22_tilde_step", TINY_STEP) + ":step"
+    given = [a.format(step=step) for a in args]
+    err = one_line(*run_cli(*given))
+    assert "starts with '~'" in err and f"write {home}/r22_" in err
+    assert not (tmp_path / "~").exists() and not home.exists()
+
+
+def test_a_tilde_without_a_home_asks_for_the_whole_path(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    err = one_line(*run_cli("attribute", "~no_such_user_r22/step.pickle"))
+    assert "give the folder in full" in err
+
+
+# ... while ./~ names a path of that name, and a '~' inside a path is the path's own.
+@pytest.mark.parametrize("out", ["./~/step.pickle", "a~b/step.pickle"])
+def test_a_tilde_that_is_a_name_is_kept(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, out: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    step = user_module(tmp_path, "r22_tilde_kept", TINY_STEP) + ":step"
+    code, _, err = run_cli("profile", step, "--device", "meta", "--out", out)
+    assert code == 0, err
+    assert (tmp_path / out).is_file()
