@@ -110,3 +110,37 @@ def test_a_tilde_that_is_a_name_is_kept(
     code, _, err = run_cli("profile", step, "--device", "meta", "--out", out)
     assert code == 0, err
     assert (tmp_path / out).is_file()
+
+
+# -- a percentage written with its sign (`gate --max-regression 5%`, the flag's metavar is
+# PCT): refused as "Input should be a valid number, unable to parse string as a number",
+# words of the parsing library that name neither the flag's unit nor a spelling it takes.
+
+PERCENTS = {"5%": 5.0, " 5 %": 5.0, "2.5%": 2.5, "0%": 0.0}
+
+
+@pytest.mark.parametrize(("given", "allowed"), PERCENTS.items(), ids=list(PERCENTS))
+def test_a_percentage_with_its_sign_is_that_percentage(given: str, allowed: float) -> None:
+    from memprobe.commands.gate import _percent
+
+    assert _percent(given) == allowed
+
+
+@pytest.mark.parametrize("given", ["5%%", "five", "%", "5 percent"])
+def test_what_is_no_percentage_says_so(run_cli: Any, given: str) -> None:
+    err = one_line(*run_cli("gate", "run", "--max-regression", given))
+    assert f"--max-regression {given!r} is not a percentage" in err and "for 5%" in err
+
+
+def test_the_sign_reaches_the_gate(
+    run_cli: Any, tmp_path: Path, made_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    monkeypatch.chdir(tmp_path)  # no project's pyproject.toml: the baseline is the only check
+    base = tmp_path / "base"
+    shutil.copytree(made_run, base)
+    code, out, err = run_cli(
+        "gate", str(made_run), "--baseline", str(base / "results.json"), "--max-regression", "5%"
+    )
+    assert code == 0 and "passed" in out, err
