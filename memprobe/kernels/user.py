@@ -223,9 +223,9 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
 
 
 def meant_import_path(path: str) -> tuple[str, str] | None:
-    """The import path a mistaken spelling most likely meant, after the advice that leads to
-    it (``("write", "mine:step")``); None when none
-    can be read from it. A file's path (``./mine.py:step``, ``pkg/mine:step``, one from
+    """The import path a mistaken spelling most likely meant, after the advice that leads
+    to it (``("name the module, not its file:", "mine:step")``), or None when none can be
+    read from it. A file's path (``./mine.py:step``, ``pkg/mine:step``, one from
     ``/``), a dot where the colon goes (``mine.step``) and stray blanks were all answered
     with the bare rule, where ``mine.py:step`` already got the spelling that works."""
     text = "".join(path.split())
@@ -245,6 +245,8 @@ def meant_import_path(path: str) -> tuple[str, str] | None:
         lead = (
             "name the module, not its file:"
             if "/" in module_path
+            else "write"
+            if ":" in text  # the colon was there: a blank around a name was the mistake
             else "separate the module from its function with ':', e.g."
         )
     dotted = [*names, *file.split(".")]

@@ -28,7 +28,7 @@ SPELLINGS = {
         "run memprobe from {here} and name the module: {m}:{f}"),
     "a parent folder": ("../x/{m}.py:{f}", "run memprobe from ../x and name the module: {m}:{f}"),
     "a dot for the colon": ("{m}.{f}", "with ':', e.g. {m}:{f}"),
-    "a blank before the colon": ("{m} :{f}", "with ':', e.g. {m}:{f}"),
+    "a blank before the colon": ("{m} :{f}", "write {m}:{f}"),
 }  # fmt: skip
 
 
@@ -56,7 +56,7 @@ def test_a_file_path_for_an_import_path_gets_the_spelling_that_works(
 @pytest.mark.parametrize("given", ["mine", "mine:", ":step", "mine:step:extra", "a-b:step"])
 def test_no_guess_where_none_can_be_read(run_cli: Any, given: str) -> None:
     err = one_line(*run_cli("profile", given, "--device", "meta"))
-    assert "given as pkg.module:fn" in err and "e.g." not in err
+    assert "given as pkg.module:fn" in err and "e.g." not in err and "write" not in err
 
 
 # -- a path starting with '~' that the shell did not expand (quoted, or after a comma in
