@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from memprobe.commands.flags import user_errors
+from memprobe.errors import UserError
 from memprobe.gate import GateRequest, run_gate
 from memprobe.render.gate_text import format_verdict
 from memprobe.render.junit import write_junit
@@ -30,7 +31,7 @@ def command(
         typer.Option(help="results.json of an earlier run: fail on growth, loss, oom/error."),
     ] = None,
     max_regression: Annotated[
-        Optional[float],  # noqa: UP045
+        Optional[str],  # noqa: UP045
         typer.Option(metavar="PCT", help="Peak growth allowed over the baseline, % (default: 0)."),
     ] = None,
     junit_xml: Annotated[
@@ -60,7 +61,7 @@ def command(
         results=results,
         config=config,
         baseline=baseline,
-        max_regression=max_regression,
+        max_regression=_percent(max_regression),
         junit_xml=junit_xml,
         update_baseline=update_baseline,
         out=out,
@@ -79,3 +80,18 @@ def command(
         typer.echo(f"memprobe: warning: {warning}", err=True)
     typer.echo(format_verdict(verdict, written=[*written, *outcome.written]))
     raise typer.Exit(outcome.exit_code)
+
+
+def _percent(value: str | None) -> float | None:
+    """--max-regression as a number of percent. "5%" is how a percentage is written (the
+    flag's metavar is PCT), and was refused as "Input should be a valid number, unable to
+    parse string as a number"; the sign is dropped, whatever else is no number is said so.
+    (A number that is no percentage, inf, nan or below 0, is the gate's to refuse.)"""
+    if value is None:
+        return None
+    try:
+        return float(value.strip().removesuffix("%"))
+    except ValueError:
+        raise UserError(
+            f"--max-regression {value!r} is not a percentage", "e.g. --max-regression 5 for 5%"
+        ) from None

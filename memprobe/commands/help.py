@@ -87,6 +87,7 @@ class Command(_Named, TyperCommand):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         self._refuse_blank_paths(ctx, args)
         self._refuse_standard_streams(ctx, args)
+        self._refuse_unexpanded_home(ctx, args)
         self._refuse_folder_spellings(ctx, args)
         return list(super().parse_args(ctx, args))
 
@@ -150,6 +151,32 @@ class Command(_Named, TyperCommand):
                     ctx=ctx,
                     param=param,
                 )
+
+    def _refuse_unexpanded_home(self, ctx: Any, args: list[str]) -> None:
+        """A path starting with '~' that the shell left as it is (quoted, after a comma in
+        --other-from's list): memprobe took it as written, so `--out '~/runs'` made a folder named
+        '~' in the current directory (which an `rm -rf ~` then meant to clear up), and
+        `attribute '~/step.pickle'` said there was no such file. ``./~`` still names one."""
+        try:
+            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception:
+            return  # not parsable: click's own parse says what is wrong
+        for param in self.params:
+            value = raw.get(param.name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            # --other-from takes a comma list of snapshots.
+            items = [i.strip() for v in values if isinstance(v, str) for i in v.split(",")]
+            home = next((i for i in items if i.startswith("~")), None)
+            if home is None or not _names_a_path(param):
+                continue
+            expanded = os.path.expanduser(home)
+            meant = f"write {expanded}" if expanded != home else "give the folder in full"
+            raise BadParameter(
+                f"{home!r} starts with '~', which the shell did not expand (quoted, or after "
+                f"a comma): {meant}, or ./{home} for a path named so",
+                ctx=ctx,
+                param=param,
+            )
 
 
 class Group(_Named, TyperGroup):

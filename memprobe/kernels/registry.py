@@ -191,7 +191,14 @@ def get_spec(name: str) -> KernelSpec:
         return KERNELS[name] if name in KERNELS else PEERS[name]
     except KeyError:
         close = difflib.get_close_matches(name, [*KERNELS, *PEERS], n=1)
-        guess = f" (did you mean {close[0]!r}?)" if close else ""
+        if close:
+            guess = f" (did you mean {close[0]!r}?)"
+        else:
+            # A dot where the colon goes (`mine.k`): the user's own kernel, misspelled.
+            from memprobe.kernels.user import meant_import_path
+
+            meant = meant_import_path(name)
+            guess = f" (did you mean {meant[1]!r}?)" if meant else ""
         known = ", ".join([*KERNELS, *PEERS])
         raise ValueError(
             f"unknown kernel {name!r}{guess}; known kernels: {known} "

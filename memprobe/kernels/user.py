@@ -216,8 +216,43 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
     module_name, sep, attr_path = path.partition(":")
     names = [*module_name.split("."), *attr_path.split(".")]
     if not sep or ":" in attr_path or not all(n.isidentifier() for n in names):
-        raise UserError(f"{what} {path!r} is not an import path", hint)
+        meant = meant_import_path(path)
+        advice = " ".join(meant) if meant else hint
+        raise UserError(f"{what} {path!r} is not an import path", advice)
     return module_name, attr_path
+
+
+def meant_import_path(path: str) -> tuple[str, str] | None:
+    """The import path a mistaken spelling most likely meant, after the advice that leads
+    to it (``("name the module, not its file:", "mine:step")``), or None when none can be
+    read from it. A file's path (``./mine.py:step``, ``pkg/mine:step``, one from
+    ``/``), a dot where the colon goes (``mine.step``) and stray blanks were all answered
+    with the bare rule, where ``mine.py:step`` already got the spelling that works."""
+    text = "".join(path.split())
+    module_path, sep, attr = text.rpartition(":") if ":" in text else text.rpartition(".")
+    if not sep or not attr.isidentifier():
+        return None
+    folder, _, file = module_path.removesuffix(".py").rpartition("/")
+    names = [n for n in folder.split("/") if n not in ("", ".")] if folder else []
+    if module_path.startswith("/") or ".." in names:
+        # From a folder elsewhere, the module is its file's name, run from that folder.
+        where = os.path.dirname(module_path) or "/"
+        names = []
+        lead = f"run memprobe from {where} and name the module:"
+    else:
+        # A dot for the colon is a guess (`pkg.mod` may be a module, its function left
+        # out): the rule, with the likeliest spelling as its example.
+        lead = (
+            "name the module, not its file:"
+            if "/" in module_path
+            else "write"
+            if ":" in text  # the colon was there: a blank around a name was the mistake
+            else "separate the module from its function with ':', e.g."
+        )
+    dotted = [*names, *file.split(".")]
+    if not all(n.isidentifier() for n in dotted):
+        return None
+    return lead, f"{'.'.join(dotted)}:{attr}"
 
 
 @contextlib.contextmanager
