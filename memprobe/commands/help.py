@@ -85,23 +85,26 @@ class Command(_Named, TyperCommand):
         return _usage(self, ctx)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        self._refuse_blank_paths(ctx, args)
-        self._refuse_standard_streams(ctx, args)
-        self._refuse_unexpanded_home(ctx, args)
-        self._refuse_folder_spellings(ctx, args)
+        try:
+            # The values as given, before any type reads them: each check below looks at
+            # what the user typed.
+            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception:
+            raw = None  # not parsable: click's own parse says what is wrong
+        if raw is not None:
+            self._refuse_blank_paths(ctx, raw)
+            self._refuse_standard_streams(ctx, raw)
+            self._refuse_unexpanded_home(ctx, raw)
+            self._refuse_folder_spellings(ctx, raw)
         return list(super().parse_args(ctx, args))
 
-    def _refuse_folder_spellings(self, ctx: Any, args: list[str]) -> None:
+    def _refuse_folder_spellings(self, ctx: Any, raw: dict[str, Any]) -> None:
         """A file output spelled as a folder (``--junit-xml reports/``): typer's Path drops
         the trailing slash, so the file was written under the folder's own name, a file
         ``reports`` where a folder was meant (and where the next command then finds a file)."""
         outputs = FILE_OUTPUTS.get(self.name or "", {})
         if not outputs:
             return
-        try:
-            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
-        except Exception:
-            return  # not parsable: click's own parse says what is wrong
         for param in self.params:
             flag = next((o for o in param.opts if o in outputs), None)
             value = raw.get(param.name)
@@ -114,13 +117,9 @@ class Command(_Named, TyperCommand):
                 param=param,
             )
 
-    def _refuse_blank_paths(self, ctx: Any, args: list[str]) -> None:
+    def _refuse_blank_paths(self, ctx: Any, raw: dict[str, Any]) -> None:
         """A file or folder given as '' or ' ' (an unset shell variable, quoted) names
         none: typer read it as the current directory ('.'), or as not given at all."""
-        try:
-            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
-        except Exception:
-            return  # not parsable: click's own parse says what is wrong
         for param in self.params:
             value = raw.get(param.name)
             values = value if isinstance(value, (list, tuple)) else [value]
@@ -130,20 +129,13 @@ class Command(_Named, TyperCommand):
                     f"{shown!r} names no file or folder (give a path)", ctx=ctx, param=param
                 )
 
-    def _refuse_standard_streams(self, ctx: Any, args: list[str]) -> None:
+    def _refuse_standard_streams(self, ctx: Any, raw: dict[str, Any]) -> None:
         """A path given as '-', many tools' name for standard input or output: memprobe
         reads and writes files by name, so `--junit-xml -` wrote a file named '-' in the
         current directory ("wrote -"), and `--config -` read one (or said no such file)
         while standard input went unread. ``./-`` still names a file of that name."""
-        try:
-            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
-        except Exception:
-            return  # not parsable: click's own parse says what is wrong
         for param in self.params:
-            value = raw.get(param.name)
-            values = value if isinstance(value, (list, tuple)) else [value]
-            # --other-from takes a comma list of snapshots.
-            items = [i.strip() for v in values if isinstance(v, str) for i in v.split(",")]
+            items = _path_items(raw.get(param.name))
             if "-" in items and _names_a_path(param):
                 raise BadParameter(
                     "'-' is not standard input or output here: memprobe reads and writes "
@@ -152,20 +144,13 @@ class Command(_Named, TyperCommand):
                     param=param,
                 )
 
-    def _refuse_unexpanded_home(self, ctx: Any, args: list[str]) -> None:
+    def _refuse_unexpanded_home(self, ctx: Any, raw: dict[str, Any]) -> None:
         """A path starting with '~' that the shell left as it is (quoted, after a comma in
         --other-from's list): memprobe took it as written, so `--out '~/runs'` made a folder named
         '~' in the current directory (which an `rm -rf ~` then meant to clear up), and
         `attribute '~/step.pickle'` said there was no such file. ``./~`` still names one."""
-        try:
-            raw, _, _ = self.make_parser(ctx).parse_args(args=list(args))
-        except Exception:
-            return  # not parsable: click's own parse says what is wrong
         for param in self.params:
-            value = raw.get(param.name)
-            values = value if isinstance(value, (list, tuple)) else [value]
-            # --other-from takes a comma list of snapshots.
-            items = [i.strip() for v in values if isinstance(v, str) for i in v.split(",")]
+            items = _path_items(raw.get(param.name))
             home = next((i for i in items if i.startswith("~")), None)
             if home is None or not _names_a_path(param):
                 continue
@@ -177,6 +162,13 @@ class Command(_Named, TyperCommand):
                 ctx=ctx,
                 param=param,
             )
+
+
+def _path_items(value: Any) -> list[str]:
+    """The paths a raw option value names: itself, each of a repeated option's values, and
+    each item of a comma list (--other-from takes a list of snapshots), stripped."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    return [i.strip() for v in values if isinstance(v, str) for i in v.split(",")]
 
 
 class Group(_Named, TyperGroup):

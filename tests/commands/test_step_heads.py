@@ -15,11 +15,8 @@ from typing import Any
 
 import pytest
 from hostile import one_line
+from small_config import SMALL
 
-SMALL = {
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-}  # fmt: skip
 GEMMA2 = {**SMALL, "model_type": "gemma2", "head_dim": 16, "sliding_window": 8}
 
 # A model and the field its logits change by (None: its default holds the change).
