@@ -205,7 +205,7 @@ def step_command(
         write_snapshot(snapshot, out)
     if as_json:
         return json.dumps(result.row(), indent=1)
-    lines = step_lines(result, settings_words(setting) if conf is not None else None)
+    lines = step_lines(result, settings_words(setting) if setting is not None else None)
     if out is not None:
         lines.append(f"wrote {printable(str(out))}")
     return "\n".join(lines)
@@ -322,7 +322,7 @@ def plan_step_lines(
     **sharded: Any,
 ) -> list[str]:
     """``memprobe plan --step --config CONFIG``: the plan table for the whole step."""
-    from memprobe.allocator import alloc_conf_setting, alloc_conf_to_model, settings_words
+    from memprobe.allocator import alloc_conf_setting, modelled_alloc_conf, settings_words
     from memprobe.commands.flags import name_list, positive_ints
 
     if not step or config is None:
@@ -337,7 +337,8 @@ def plan_step_lines(
 
     limit = plan.make_budget(parse_budget(budget))
     # --alloc-conf, else the environment's (as sweep); none read with --no-reserved.
-    conf = alloc_conf_to_model(alloc_conf) if reserved else None
+    setting = alloc_conf_setting(alloc_conf) if reserved else None
+    conf = modelled_alloc_conf(*setting) if setting is not None else None
     base = build_step(
         config,
         tokens=1,
@@ -375,8 +376,8 @@ def plan_step_lines(
             "tokens)"
         )
     where = "reserved in the last column" if reserved else "reserved not planned: --no-reserved"
-    if conf is not None:
-        where += f", allocator model with {settings_words(alloc_conf_setting(alloc_conf))}"
+    if setting is not None:
+        where += f", allocator model with {settings_words(setting)}"
     head = f"budget {format_bytes(limit.budget_bytes)} for the whole step (allocated peak; {where})"
     return [head, what, *plain_lines(plan_table(plans)), answer_line(plans, limit)]
 

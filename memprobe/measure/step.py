@@ -16,7 +16,7 @@ import torch.distributed as dist
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
 from memprobe.kernels import get_spec
-from memprobe.kernels.user import user_code
+from memprobe.kernels.user import is_import_path, user_code
 from memprobe.measure.parallel import RankLayout, fake_process_group
 from memprobe.records import Case, torch_dtype_name
 
@@ -219,13 +219,19 @@ def kernel_failed(kernel: str, tokens: str, exc: Exception) -> UserError:
     )
 
 
+def _blamed_on_kernel(kernel: str, device: torch.device) -> bool:
+    """Whether a model step's failure inside ``kernel`` is that kernel's one line: a
+    user's kernel on meta. memprobe's own kernels, or a real device: the step's own line."""
+    return is_import_path(kernel) and device.type == "meta"
+
+
 def own_failures(kernel: str, fn: Any, device: torch.device) -> Any:
     """``fn`` (the kernel of a model's step), whose exceptions on meta, where a user's
     kernel raised them, are that kernel's one line (:func:`kernel_failed`): the step's
     line blamed the model built from config.json ("check the config's sizes") for a
     ``requires_grad_(False)`` or a ``ValueError`` of the user's own kernel."""
-    if ":" not in kernel or device.type != "meta":
-        return fn  # memprobe's own kernels, or a real device: the step's own line
+    if not _blamed_on_kernel(kernel, device):
+        return fn
 
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -249,8 +255,8 @@ def own_backward_failures(
     failed before the backward ``reached`` the kernel's input ran in the kernel's own
     backward (a custom Function's, a hook it set), and is that kernel's one line. The
     step's line blamed the model ("check the config's sizes"), or "the step" for an exit."""
-    if ":" not in kernel or device.type != "meta":
-        yield  # memprobe's own kernels, or a real device: the step's own line
+    if not _blamed_on_kernel(kernel, device):
+        yield
         return
     try:
         with kernel_backward(kernel):

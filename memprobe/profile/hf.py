@@ -27,6 +27,7 @@ from memprobe.errors import UserError
 from memprobe.io.text import printable, quoted
 from memprobe.kernels.peers import unavailable_reason
 from memprobe.kernels.registry import get_spec
+from memprobe.kernels.user import is_import_path
 from memprobe.measure.step import checked_output, own_backward_failures, own_failures
 from memprobe.profile.hf_config import (
     attention_implementation,
@@ -268,7 +269,7 @@ class HFStep:
                 "use --param-dtype fp32, or the same as --dtype",
             )
         transform = logit_transform(self.config) if self.hidden_route else None
-        if transform is not None and ":" not in self.kernel:
+        if transform is not None and not is_import_path(self.kernel):
             # (A user's own hidden-family kernel may apply it: its code is its own.)
             kind = printable(str(getattr(self.config, "model_type", "")))
             raise UserError(
