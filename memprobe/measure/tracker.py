@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memprobe.measure import meta_ops
 from memprobe.records import Event, Frame
 
 _MAX_FRAMES = 24
@@ -219,7 +220,7 @@ class AllocationTracker(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = meta_ops.call(func, args, kwargs)
         if func is _LIFT_FRESH:
             # torch.tensor(data)'s storage was made before dispatch (on the cpu, outside
             # any device): a real lift returns it as is. Under FakeTensorMode the lift
