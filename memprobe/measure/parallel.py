@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
 from memprobe.measure.torchrun_env import check_team, env_count
+from memprobe.measure.tracker import collective_name
 
 __all__ = [
     "CollectiveCount",
@@ -97,12 +98,6 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
-# Namespaces of the c10d collective ops (eager and functional).
-_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
-# Ops in those namespaces that are not collectives themselves.
-_NOT_COLLECTIVES = frozenset({"wait_tensor", "wait", "barrier", "monitored_barrier"})
-
-
 @dataclass
 class CollectiveCount:
     """Collectives seen inside :func:`count_collectives`, by op name."""
@@ -126,8 +121,8 @@ class _CollectiveCounter(TorchDispatchMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        name = func.__name__.split(".")[0]
-        if func.namespace in _COLLECTIVE_NAMESPACES and name not in _NOT_COLLECTIVES:
+        name = collective_name(func)
+        if name is not None:
             self.count.by_op[name] += 1
         return func(*args, **(kwargs or {}))
 

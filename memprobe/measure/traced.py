@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memprobe.measure.parallel import RankLayout, count_collectives
+from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
 from memprobe.measure.step import describe_filters
 from memprobe.measure.tracker import AllocationTracker
@@ -42,13 +42,12 @@ def traced_step(
         tracker.track(tensor, op=f"input: {label}")
     with tracker:
         tracker.set_phase("forward")
-        with count_collectives() as fwd:
-            logprobs = call(inputs)
+        logprobs = call(inputs)
         tracker.set_phase("backward")
-        with count_collectives() as bwd:
-            grads = backward(logprobs, inputs)
+        grads = backward(logprobs, inputs)
         del logprobs, grads
-    return StepTrace(tracker, fwd.total, bwd.total)
+    counted = tracker.collectives
+    return StepTrace(tracker, counted.get("forward", 0), counted.get("backward", 0))
 
 
 def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:

@@ -25,6 +25,10 @@ from memprobe.measure import meta_ops
 from memprobe.records import Event, Frame
 
 _MAX_FRAMES = 24
+# Namespaces of the c10d collective ops (eager and functional), and the ops in them that
+# are not collectives themselves.
+_COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
+_NOT_COLLECTIVES = frozenset({"wait_tensor", "wait", "barrier", "monitored_barrier"})
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _THIS_FILE = __file__
 
@@ -50,6 +54,14 @@ def tensors_in(value: Any) -> Iterator[torch.Tensor]:
                 yield item
             elif isinstance(item, (list, tuple, dict)):
                 yield from tensors_in(item)
+
+
+def collective_name(func: Any) -> str | None:
+    """The collective an op is (``all_reduce``), or None for any other op."""
+    if getattr(func, "namespace", None) not in _COLLECTIVE_NAMESPACES:
+        return None
+    name: str = func.__name__.split(".")[0]
+    return None if name in _NOT_COLLECTIVES else name
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[int, Any]:
@@ -110,6 +122,9 @@ class AllocationTracker(TorchDispatchMode):
         # Storages made on a device it does not count, by device type: a step that ignores
         # the device it is given makes all of its tensors here.
         self.elsewhere: dict[str, int] = {}
+        # Collectives dispatched, by phase: counted here, not by a mode of their own,
+        # which would add a Python layer to every op of a simulation.
+        self.collectives: dict[str, int] = {}
 
     # -- recording -------------------------------------------------------
     def _now_us(self) -> float:
@@ -220,6 +235,8 @@ class AllocationTracker(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if collective_name(func) is not None:
+            self.collectives[self.phase] = self.collectives.get(self.phase, 0) + 1
         out = meta_ops.call(func, args, kwargs)
         if func is _LIFT_FRESH:
             # torch.tensor(data)'s storage was made before dispatch (on the cpu, outside
