@@ -357,6 +357,11 @@ _REPLACED: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
 _ABSENT = object()
 
 
+def nothing_replaced() -> bool:
+    """Whether no user code has left a torch function or builtin replaced."""
+    return not _REPLACED
+
+
 def differs(names: Mapping[str, Any], now: Mapping[str, Any], gone: object) -> bool:
     """Whether some name of ``names`` holds another object in ``now`` (``gone``: none), by
     identity. The check runs around every call into user code over dicts of thousands of

@@ -88,6 +88,11 @@ _MODULES_LEFT: dict[str, Any] = {}
 _GONE = object()
 
 
+def no_modules_left() -> bool:
+    """Whether no user code has left an entry of sys.modules removed, replaced or blocked."""
+    return not _MODULES_LEFT
+
+
 @contextlib.contextmanager
 def modules_kept(theirs: bool = True) -> Iterator[None]:
     """sys.modules as memprobe had it, around user code (``theirs``: the code is the
