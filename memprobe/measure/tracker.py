@@ -36,6 +36,8 @@ _THIS_FILE = __file__
 def physical(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor whose storage holds ``tensor``'s bytes on this rank: a DTensor's local
     shard (its own storage reports the global size, which no rank allocates)."""
+    if type(tensor) is torch.Tensor:  # the common case, without a failing attribute lookup
+        return tensor
     while hasattr(tensor, "_local_tensor"):
         tensor = tensor._local_tensor
     return tensor
