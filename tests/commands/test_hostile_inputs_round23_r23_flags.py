@@ -1,0 +1,60 @@
+"""Hostile inputs, round 23 (the command line and the environment: output paths, and the
+variables the gate writes through): each row is a variant of a defect class the pass
+found. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import TINY_STEP, one_line, user_module
+
+GATE_TOML = '[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1TiB"}]\n'
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+         "--device", "meta", "--no-verify", "--no-report"]  # fmt: skip
+
+
+def _snapshot(made_run: Path) -> str:
+    return str(next((made_run / "snapshots").glob("*.pickle")))
+
+
+# -- an output file named below a file that stands where one of its folders goes
+# (`--out notes.txt/step.pickle`, a name typed one level too deep): the refusal was the
+# words of whichever call met the file first, "File exists" (of a snapshot that does not
+# exist) from profile, step, attribute and the gate's two outputs, "Not a directory" one
+# level deeper, and `report --out` said the file "does not exist" (or "create it first").
+# Each now names the file in the way.
+
+UNDER_A_FILE = {
+    "profile --out": ["profile", "{step}", "--device", "meta", "--out", "{o}.pickle"],
+    "profile --html": ["profile", "{step}", "--device", "meta", "--html", "{o}.html"],
+    "attribute --html": ["attribute", "{snap}", "--html", "{o}.html"],
+    "gate --junit-xml": ["gate", "{run}", "--config", "g.toml", "--junit-xml", "{o}.xml"],
+    "gate --update-baseline": ["gate", "{run}", "--config", "g.toml", "--update-baseline",
+                               "{o}.json"],
+    "report --out, a page": ["report", "{run}", "--out", "{o}.html"],
+    "report --out, a folder": ["report", "{run}", "--out", "{o}/"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("depth", ["notes.txt/out", "notes.txt/deeper/out"])
+@pytest.mark.parametrize("what", UNDER_A_FILE)
+def test_an_output_below_a_file_names_the_file(
+    run_cli: Any, here: Path, made_run: Path, what: str, depth: str
+) -> None:
+    (here / "g.toml").write_text(GATE_TOML)
+    (here / "notes.txt").write_text("mine\n")
+    values = {"run": str(made_run), "snap": _snapshot(made_run), "o": depth,
+              "step": user_module(here, "r23_step", TINY_STEP) + ":step"}  # fmt: skip
+    line = one_line(*run_cli(*(a.format(**values) for a in UNDER_A_FILE[what])))
+    assert "notes.txt is a file, not a folder" in line
+    assert "File exists" not in line and "does not exist" not in line
+    assert (here / "notes.txt").read_text() == "mine\n"
+
+
+# ... while a missing folder on the way is still made, as before.
+def test_an_output_in_a_missing_folder_is_still_written(run_cli: Any, here: Path) -> None:
+    step = user_module(here, "r23_step_ok", TINY_STEP) + ":step"
+    code, _, _ = run_cli("profile", step, "--device", "meta", "--out", "new/dir/s.pickle")
+    assert code == 0 and (here / "new" / "dir" / "s.pickle").is_file()
