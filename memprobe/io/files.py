@@ -110,6 +110,20 @@ def file_in_the_way(target: Path) -> Path | None:
     return None
 
 
+def refuse_non_folder(path: Path, what: str, hint: str) -> None:
+    """A folder to make at ``path`` (a run directory) where a file stands, or a link that
+    leads to nothing (a loop of links, a missing target): mkdir failed at the link, and a
+    sweep said the run "already exists", to be continued with --resume."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file, not {what}", hint)
+    if path.is_symlink() and not path.exists():
+        raise UserError(
+            f"{path} is a link to {os.readlink(path)}, which leads to no folder "
+            "(it is missing, or a loop of links)",
+            f"point the link at a folder, or {hint}",
+        )
+
+
 def guard_outputs(
     outputs: Mapping[str, str | os.PathLike[str] | None],
     inputs: Iterable[str | os.PathLike[str]],

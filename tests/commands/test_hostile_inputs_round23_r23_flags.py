@@ -58,3 +58,37 @@ def test_an_output_in_a_missing_folder_is_still_written(run_cli: Any, here: Path
     step = user_module(here, "r23_step_ok", TINY_STEP) + ":step"
     code, _, _ = run_cli("profile", step, "--device", "meta", "--out", "new/dir/s.pickle")
     assert code == 0 and (here / "new" / "dir" / "s.pickle").is_file()
+
+
+# -- a run directory named by a link that leads to nothing (a loop of links, or a link
+# to a folder not made yet): mkdir met the link, and `sweep --out` said the run "already
+# exists and is not empty (continue it with --resume LINK)", a resume that cannot work.
+
+DEAD_LINKS = {
+    "a link to itself": lambda here: "loop",
+    "a loop of two": lambda here: "loop2",
+    "a link to a missing folder": lambda here: str(here / "nowhere" / "run"),
+    "a link to a missing folder, relative": lambda here: "nowhere/run",
+}
+
+
+@pytest.mark.parametrize("what", DEAD_LINKS)
+@pytest.mark.parametrize("command", ["sweep", "gate"])
+def test_a_run_directory_that_is_a_dead_link_is_said_so(
+    run_cli: Any, here: Path, what: str, command: str
+) -> None:
+    (here / "loop2").symlink_to("link")  # with "link" -> "loop2", a loop of two
+    (here / "loop").symlink_to("loop")
+    (here / "link").symlink_to(DEAD_LINKS[what](here))
+    if command == "sweep":
+        args = [*SWEEP, "--out", "link"]
+    else:  # the gate's own sweep, from its config
+        (here / "g.toml").write_text(
+            '[tool.memprobe.sweep]\ntokens = [64]\nvocab = [128]\nkernel = ["unchunked"]\n'
+            'device = "meta"\n' + GATE_TOML
+        )
+        args = ["gate", "--config", "g.toml", "--out", "link"]
+    line = one_line(*run_cli(*args))
+    assert "link is a link to" in line and "which leads to no folder" in line
+    assert "--resume" not in line and "already exists" not in line
+    assert (here / "link").is_symlink() and not (here / "nowhere").exists()
