@@ -4,6 +4,9 @@ found. One line and exit 2, or a sane answer."""
 
 from __future__ import annotations
 
+import json
+import os
+import xml.dom.minidom
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +95,44 @@ def test_a_run_directory_that_is_a_dead_link_is_said_so(
     assert "link is a link to" in line and "which leads to no folder" in line
     assert "--resume" not in line and "already exists" not in line
     assert (here / "link").is_symlink() and not (here / "nowhere").exists()
+
+
+# -- GITHUB_STEP_SUMMARY naming a file the gate itself wrote (--junit-xml, the new
+# baseline of --update-baseline), as a CI script that points both at one report file may:
+# the Markdown table was appended to the XML or JSON just written, which no reader then
+# took ("not well-formed", "Extra data"), exit 0. It is now a warning, the file left whole.
+
+SUMMARY_ONTO = {
+    "--junit-xml": ("out.xml", lambda p: xml.dom.minidom.parse(str(p))),
+    "--update-baseline": ("base.json", lambda p: json.loads(p.read_text())),
+}
+
+
+@pytest.mark.parametrize("by_link", [False, True], ids=["by its name", "by a link"])
+@pytest.mark.parametrize("flag", SUMMARY_ONTO)
+def test_the_step_summary_is_not_appended_to_the_gates_own_output(
+    run_cli: Any, here: Path, made_run: Path, monkeypatch: pytest.MonkeyPatch, flag: str,
+    by_link: bool,
+) -> None:  # fmt: skip
+    (here / "g.toml").write_text(GATE_TOML)
+    name, parse = SUMMARY_ONTO[flag]
+    summary = here / "summary.md"
+    if by_link:
+        summary.symlink_to(here / name)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary if by_link else here / name))
+    code, out, err = run_cli("gate", str(made_run), "--config", "g.toml", flag, name)
+    assert code == 0 and "passed" in out
+    assert "an output of this command" in err and len(err.strip().splitlines()) == 1
+    parse(here / name)  # whole: parses as what it is
+
+
+# ... while a summary file of its own is still appended to.
+def test_a_summary_file_of_its_own_is_still_written(
+    run_cli: Any, here: Path, made_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (here / "g.toml").write_text(GATE_TOML)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(here / "summary.md"))
+    code, _, err = run_cli("gate", str(made_run), "--config", "g.toml", "--junit-xml", "j.xml")
+    assert code == 0 and not err
+    assert "max_peak" in (here / "summary.md").read_text()
+    assert os.path.getsize(here / "j.xml") > 0
