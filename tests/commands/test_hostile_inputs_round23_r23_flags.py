@@ -136,3 +136,34 @@ def test_a_summary_file_of_its_own_is_still_written(
     assert code == 0 and not err
     assert "max_peak" in (here / "summary.md").read_text()
     assert os.path.getsize(here / "j.xml") > 0
+
+
+# -- a long option typed with one dash (`-tokens 64`, as other tools spell them): click
+# reads the word as short options, and said "No such option: -t", a letter never typed on
+# its own; `-quiet` got past the real -q to "No such option: -u". The word is named, with
+# the two dashes it takes.
+
+ONE_DASH = {
+    "sweep -tokens": (["sweep", "-tokens", "64"], "tokens"),
+    "sweep -quiet, past the real -q": (["sweep", "-quiet"], "quiet"),
+    "plan -budget": (["plan", "-budget", "80GiB", "--vocab", "128"], "budget"),
+    "plan -no-reserved, a negated flag": (["plan", "--budget", "1GiB", "-no-reserved"],
+                                          "no-reserved"),
+    "gate -junit-xml=FILE": (["gate", "run", "-junit-xml=j.xml"], "junit-xml"),
+    "attribute -top": (["attribute", "s.pickle", "-top", "3"], "top"),
+    "memprobe -version": (["-version"], "version"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", ONE_DASH)
+def test_a_long_option_with_one_dash_is_named(run_cli: Any, what: str) -> None:
+    args, word = ONE_DASH[what]
+    line = one_line(*run_cli(*args))
+    assert f"No such option: -{word} (a long option takes two dashes: --{word})" in line
+
+
+# ... while a word that spells no option of the command keeps click's own line.
+@pytest.mark.parametrize("args", [["sweep", "-xyz"], ["sweep", "-q", "-t"]])
+def test_no_long_option_is_guessed_where_none_is_spelled(run_cli: Any, args: list[str]) -> None:
+    line = one_line(*run_cli(*args))
+    assert "No such option: -" in line and "two dashes" not in line
