@@ -145,7 +145,7 @@ def _main() -> None:
             raise
         # A usage error carries the context of the command it was given to.
         where: str = getattr(getattr(exc, "ctx", None), "command_path", "memprobe")
-        message = " ".join(exc.format_message().split())
+        message = _one_dash_option(exc, sys.argv[1:]) or " ".join(exc.format_message().split())
         if _SPLIT_UNIT.search(message):
             # `--budget 80 GiB`: the shell split the size, and its unit became an argument.
             message += "; write a size without a space, e.g. --budget 80GiB"
@@ -209,6 +209,28 @@ def _refuse_typographic_dashes(args: list[str]) -> None:
             err=True,
         )
         sys.exit(2)
+
+
+# A word of letters after one dash: click reads `-tokens` as the short options -t -o -k
+# ... and said "No such option: -t", a letter never typed on its own (`-quiet` got past -q
+# to "No such option: -u"), while the long option the word spells was one dash away.
+_ONE_DASH_WORD = re.compile(r"^-([A-Za-z][A-Za-z0-9-]+)(=.*)?$", re.S)
+
+
+def _one_dash_option(exc: typer.TyperException, args: list[str]) -> str | None:
+    """The usage message for a long option given with one dash (``-budget 80GiB``), when
+    the error is click's of a short option it read out of that word; else None."""
+    letter = getattr(exc, "option_name", None)
+    command = getattr(getattr(exc, "ctx", None), "command", None)
+    if not (isinstance(letter, str) and len(letter) == len("-x") and command is not None):
+        return None
+    spelled = {opt for param in command.params for opt in [*param.opts, *param.secondary_opts]}
+    for arg in args:
+        match = _ONE_DASH_WORD.match(arg)
+        if match and f"--{match.group(1)}" in spelled and letter[1] in match.group(1):
+            word = match.group(1)
+            return f"No such option: -{word} (a long option takes two dashes: --{word})"
+    return None
 
 
 class _ReaderMayLeave:

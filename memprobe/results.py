@@ -28,7 +28,7 @@ from memprobe import __version__
 from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.codec import nests_past
-from memprobe.io.files import leads_out, read_regular, write_atomic
+from memprobe.io.files import leads_out, read_regular, refuse_non_folder, write_atomic
 from memprobe.io.text import printable, quoted, unique_keys
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 from memprobe.results_errors import (
@@ -414,8 +414,7 @@ def create_run_dir(run_dir: Path, cases: Sequence[Case], environment: Mapping[st
     together into the same directory exactly one gets it, the other stops
     before measuring anything.
     """
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"{run_dir} is a file, not a run directory", "choose another --out")
+    refuse_non_folder(run_dir, "a run directory", "choose another --out")
     taken = UserError(
         f"{run_dir} already exists and is not empty",
         f"choose another --out, or continue it with --resume {run_dir}",

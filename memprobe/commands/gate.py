@@ -75,7 +75,7 @@ def command(
     if junit_xml is not None:
         write_junit(junit_xml, verdict)
         written.append(junit_xml)
-    warning = append_step_summary(verdict, outcome.inputs)
+    warning = append_step_summary(verdict, outcome.inputs, [*written, *outcome.written])
     if warning:
         typer.echo(f"memprobe: warning: {warning}", err=True)
     typer.echo(format_verdict(verdict, written=[*written, *outcome.written]))

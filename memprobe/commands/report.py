@@ -31,9 +31,9 @@ def command(
     ] = None,
 ) -> None:
     """Re-render a run's self-contained report.html and PNG plots from its results."""
-    from memprobe.io.files import guard_outputs
+    from memprobe.io.files import file_in_the_way, guard_outputs
     from memprobe.io.sizes import parse_budget
-    from memprobe.render import write_report
+    from memprobe.render import REPORT_NAME, write_report
     from memprobe.results import run_inputs
 
     warn_on_size(budget, "--budget")  # `--budget 80` (bytes) or 80GB, as sweep and plan warn
@@ -41,6 +41,12 @@ def command(
     page_path = Path(out) if out is not None else None
     if out is not None and out.endswith(("/", os.sep)) and not Path(out).is_dir():
         # Path() drops the trailing slash: "DIR/" would otherwise become a file named DIR.
+        blocked = file_in_the_way(Path(out) / REPORT_NAME)
+        if blocked is not None:  # "create it first" cannot be done where a file stands
+            raise UserError(
+                f"--out {out}: {blocked} is a file, not a folder",
+                "choose another --out, or move that file",
+            )
         raise UserError(f"--out {out}: no such folder", "create it first, or name a page file")
     if page_path is not None:
         guard_outputs({"--out": page_path}, run_inputs(run_dir))

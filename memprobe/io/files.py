@@ -80,11 +80,48 @@ def _refuse_special(target: Path, label: str) -> None:
     try:
         mode = os.stat(target).st_mode  # a link is judged by what it points to
     except OSError:
-        return  # nothing there yet (or a dangling link): the write makes a file
+        # Nothing there yet (or a dangling link): the write makes a file, unless a file
+        # stands where one of its folders goes.
+        blocked = file_in_the_way(target)
+        if blocked is not None:
+            raise UserError(
+                f"cannot write {label}: {blocked} is a file, not a folder",
+                "choose another path, or move that file",
+            ) from None
+        return
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
         hint = "name a file inside it" if stat.S_ISDIR(mode) else "give a path for a regular file"
         raise UserError(f"cannot write {label}: it is {kind}, not a regular file", hint)
+
+
+def file_in_the_way(target: Path) -> Path | None:
+    """The nearest existing folder of ``target``'s when it is not a folder (a file, a
+    device): making the folders below it failed with the words of whichever call hit it
+    first, "File exists" (mkdir's, of a file that is no folder) or "Not a directory"."""
+    for parent in target.parents:
+        try:
+            mode = os.stat(parent).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # made by the write, or below the file this looks for
+        except OSError:
+            return None  # a loop of links, a folder not searchable: the write says so
+        return None if stat.S_ISDIR(mode) else parent
+    return None
+
+
+def refuse_non_folder(path: Path, what: str, hint: str) -> None:
+    """A folder to make at ``path`` (a run directory) where a file stands, or a link that
+    leads to nothing (a loop of links, a missing target): mkdir failed at the link, and a
+    sweep said the run "already exists", to be continued with --resume."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{path} is a file, not {what}", hint)
+    if path.is_symlink() and not path.exists():
+        raise UserError(
+            f"{path} is a link to {os.readlink(path)}, which leads to no folder "
+            "(it is missing, or a loop of links)",
+            f"point the link at a folder, or {hint}",
+        )
 
 
 def guard_outputs(

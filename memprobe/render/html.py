@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe.errors import UserError
-from memprobe.io.files import read_regular, write_atomic
+from memprobe.io.files import file_in_the_way, read_regular, write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
 from memprobe.render import REPORT_NAME
@@ -323,6 +323,13 @@ def write_report(
     if out is not None and target.is_dir():
         target = target / REPORT_NAME
     if not target.parent.is_dir():
+        # A file where the page's folder goes was said not to exist.
+        blocked = file_in_the_way(target)
+        if blocked is not None:
+            raise UserError(
+                f"cannot write {target}: {blocked} is a file, not a folder",
+                "choose another --out, or move that file",
+            )
         raise UserError(
             f"cannot write {target}: {target.parent} does not exist",
             "create it or choose another --out",

@@ -67,12 +67,16 @@ def markdown_summary(verdict: Verdict) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def append_step_summary(verdict: Verdict, inputs: Iterable[Path] = ()) -> str | None:
+def append_step_summary(
+    verdict: Verdict, inputs: Iterable[Path] = (), outputs: Iterable[Path] = ()
+) -> str | None:
     """Append the Markdown table to $GITHUB_STEP_SUMMARY when set. Returns a warning on failure.
 
     A summary that cannot be written must not hide the verdict, so this warns
     instead of raising. Nor is it appended to one of ``inputs`` (a file, or a file in a
-    folder, the command read: the results, the config), by any name or link to it.
+    folder, the command read: the results, the config), by any name or link to it, nor
+    to one of the files the command wrote (``outputs``): appended to --junit-xml's file
+    or --update-baseline's, it left XML or JSON no reader takes.
     """
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
@@ -88,12 +92,13 @@ def append_step_summary(verdict: Verdict, inputs: Iterable[Path] = ()) -> str | 
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return f"could not append to GITHUB_STEP_SUMMARY ({target}): not a regular file"
-        read = _input_named(info, inputs)
-        if read is not None:
-            return (
-                f"did not append to GITHUB_STEP_SUMMARY ({target}): it is {read}, "
-                "an input of this command"
-            )
+        for files, role in ((inputs, "an input"), (outputs, "an output")):
+            named = _file_among(info, files)
+            if named is not None:
+                return (
+                    f"did not append to GITHUB_STEP_SUMMARY ({target}): it is {named}, "
+                    f"{role} of this command"
+                )
         with os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace", closefd=False) as fh:
             fh.write(markdown_summary(verdict))
     except OSError as exc:
@@ -103,9 +108,10 @@ def append_step_summary(verdict: Verdict, inputs: Iterable[Path] = ()) -> str | 
     return None
 
 
-def _input_named(info: os.stat_result, inputs: Iterable[Path]) -> Path | None:
-    """The input (or file inside an input folder) that is the file ``info`` describes."""
-    for path in inputs:
+def _file_among(info: os.stat_result, paths: Iterable[Path]) -> Path | None:
+    """The path of ``paths`` (or file inside a folder of them) that is the file ``info``
+    describes."""
+    for path in paths:
         files = sorted(path.iterdir()) if path.is_dir() else [path]
         for file in files:
             try:
