@@ -1,0 +1,78 @@
+"""Hostile inputs, round 23 (r23_files), files a user hands memprobe: snapshot pickles
+whose memprobe record was edited, run directories, model config.json files and gate
+configs. Each table is a variant of a defect class the pass found: one line and exit 2
+that names what is wrong, or an answer whose every word the file supports."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+
+def _snapshot(made_run: Path) -> Path:
+    return next((made_run / "snapshots").glob("*.pickle"))
+
+
+def _with_case(made_run: Path, to: Path, case: str | None) -> Path:
+    """The run's snapshot with its recorded case id replaced (None: the key removed)."""
+    snap = pickle.loads(_snapshot(made_run).read_bytes())
+    if case is None:
+        del snap["memprobe"]["case"]
+    else:
+        snap["memprobe"]["case"] = case
+    to.write_bytes(pickle.dumps(snap, protocol=4))
+    return to
+
+
+def _shapes_line(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("shapes:"))
+
+
+# -- a snapshot whose recorded case id gives a size of 0 (an edited or hand-made file:
+# memprobe never runs such a case), or a shard of nothing (V < tp, S < cp): its sizes were
+# taken as the record's B, S, V, and attribute, diff, --what-if and plan --other-from all
+# ended in a traceback ("ZeroDivisionError: integer modulo by zero"). Such an id is no
+# record: the file reads as one that records no case.
+
+ZERO_SIZED = {
+    "batch 0": "unchunked-b0-s64-v128-bf16-cnone-tp1-cp1-meta-00000000",
+    "tokens 0": "unchunked-b1-s0-v128-bf16-cnone-tp1-cp1-meta-00000000",
+    "vocab 0": "unchunked-b1-s64-v0-bf16-cnone-tp1-cp1-meta-00000000",
+    "a vocab smaller than tp": "unchunked-b1-s64-v1-bf16-cnone-tp2-cp1-meta-00000000",
+    "tokens fewer than cp": "unchunked-b1-s1-v128-bf16-cnone-tp1-cp2-meta-00000000",
+    "hidden 0": "fused_linear_chunked-h0-b1-s64-v128-bf16-c32-tp1-cp1-meta-00000000",
+}
+
+
+@pytest.mark.parametrize("what", sorted(ZERO_SIZED))
+def test_a_zero_sized_recorded_case_reads_as_no_record(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    edited = _with_case(made_run, tmp_path / "edited.pickle", ZERO_SIZED[what])
+    plain = _with_case(made_run, tmp_path / "plain.pickle", None)
+    code, out, err = run_cli("attribute", str(edited))
+    assert code == 0 and "Traceback" not in err, err
+    assert _shapes_line(out) == _shapes_line(run_cli("attribute", str(plain))[1])
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["attribute", "{s}", "--what-if", "local_chunked"],
+        ["diff", "{s}", "{s}"],
+        ["plan", "--other-from", "{s}", "--budget", "1GiB", "--vocab", "128"],
+    ],
+    ids=["what-if", "diff", "plan --other-from"],
+)
+def test_a_zero_sized_recorded_case_is_no_traceback(
+    run_cli: Any, made_run: Path, tmp_path: Path, command: list[str]
+) -> None:
+    edited = _with_case(made_run, tmp_path / "edited.pickle", ZERO_SIZED["tokens 0"])
+    code, out, err = run_cli(*(a.format(s=edited) for a in command))
+    assert "Traceback" not in err and "ZeroDivisionError" not in err, err
+    if code:
+        one_line(code, out, err)
