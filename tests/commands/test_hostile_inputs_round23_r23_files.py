@@ -5,12 +5,14 @@ that names what is wrong, or an answer whose every word the file supports."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostile import one_line
+from small_config import SMALL
 
 
 def _snapshot(made_run: Path) -> Path:
@@ -76,3 +78,30 @@ def test_a_zero_sized_recorded_case_is_no_traceback(
     assert "Traceback" not in err and "ZeroDivisionError" not in err, err
     if code:
         one_line(code, out, err)
+
+
+# -- a config.json whose weights are too large for torch to size at all (hidden_size
+# 2^40 makes a q_proj of 2^80 elements; vocab × hidden past int64): `step` said "the step
+# failed on meta ... check the config's sizes", but `plan --step` builds the model once
+# untracked first (for a table of learned positions) and ended in a traceback
+# ("RuntimeError: Storage size calculation overflowed"). Both now say it in one line.
+
+OVERFLOWING = {
+    "hidden_size 2^40": {"hidden_size": 2**40},
+    "hidden_size and intermediate_size 2^32": {"hidden_size": 2**32, "intermediate_size": 2**32},
+    "vocab_size 2^40 at hidden_size 2^24": {"vocab_size": 2**40, "hidden_size": 2**24},
+}
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(OVERFLOWING))
+def test_a_config_whose_weights_overflow_torch_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**SMALL, **OVERFLOWING[what]}))
+    args = {
+        "step": ["step", "--config", str(tmp_path), "--tokens", "16"],
+        "plan --step": ["plan", "--step", "--config", str(tmp_path), "--budget", "1GiB"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert "overflowed" in err and "check the config's sizes" in err, err
