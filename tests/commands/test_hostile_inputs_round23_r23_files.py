@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,66 @@ def test_a_config_whose_weights_overflow_torch_is_one_line(
     }[command]
     err = one_line(*run_cli(*args))
     assert "overflowed" in err and "check the config's sizes" in err, err
+
+
+# -- a run whose page or plot is a link out of it (dangling, or to another run's page, as
+# a run tracked by DVC or copied with `cp -s` holds): `report RUN` and a resume's page
+# went through the link, wrote the page or PNG where it pointed, and made the folders the
+# link named (a report.html -> /somewhere/new/x.html made /somewhere/new). Results files
+# and snapshots linked out were refused on resume (rounds 21, 22); the page and plots
+# written into the run are now held to the same rule. --out names its place: unchanged.
+
+
+def _link_out(run: Path, name: str, to: Path) -> Path:
+    (run / name).unlink(missing_ok=True)
+    (run / name).symlink_to(to)
+    return to
+
+
+LINKS_OUT = {
+    "report.html, dangling into a folder not there": ("report.html", "gone/x.html"),
+    "report.html, to another run's page": ("report.html", "other/report.html"),
+    "timeline.png, dangling": ("timeline.png", "elsewhere.png"),
+    "peak_breakdown.png, to another run's plot": ("peak_breakdown.png", "other/peak_breakdown.png"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(LINKS_OUT))
+def test_the_runs_page_is_never_written_through_a_link_out_of_it(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    name, where = LINKS_OUT[what]
+    other = shutil.copytree(made_run, tmp_path / "other")
+    run = shutil.copytree(made_run, tmp_path / "run")
+    target = _link_out(run, name, tmp_path / where)
+    before = target.read_bytes() if target.exists() else None
+    err = one_line(*run_cli("report", str(run)))
+    assert f"{run / name} is a link" in err and "leads out of the run" in err, err
+    assert (target.read_bytes() if target.exists() else None) == before
+    assert not (tmp_path / "gone").exists() and (other / "report.html").exists()
+
+
+def test_a_resume_refuses_a_page_linked_out_before_any_case(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = shutil.copytree(made_run, tmp_path / "run")
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"] = payload["rows"][:-1]
+    (run / "results.json").write_text(json.dumps(payload))
+    before = (run / "results.json").read_bytes()
+    _link_out(run, "report.html", tmp_path / "gone" / "x.html")
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert "leads out of the run" in err and "--no-report" in err, err
+    assert (run / "results.json").read_bytes() == before and not (tmp_path / "gone").exists()
+
+
+def test_a_page_linked_inside_the_run_or_an_out_page_is_written(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    run = shutil.copytree(made_run, tmp_path / "run")
+    _link_out(run, "report.html", Path("page.v2.html"))
+    code, out, err = run_cli("report", str(run))
+    assert code == 0 and (run / "page.v2.html").is_file(), err
+    _link_out(run, "report.html", tmp_path / "gone" / "x.html")
+    code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "mine.html"))
+    assert code == 0 and (tmp_path / "mine.html").is_file(), err
