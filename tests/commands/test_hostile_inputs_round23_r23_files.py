@@ -169,3 +169,36 @@ def test_a_page_linked_inside_the_run_or_an_out_page_is_written(
     _link_out(run, "report.html", tmp_path / "gone" / "x.html")
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "mine.html"))
     assert code == 0 and (tmp_path / "mine.html").is_file(), err
+
+
+# -- a config.json number past a float's range (1e400): json reads it as infinity, the
+# very value refused when spelled Infinity ("holds Infinity, which JSON does not allow"),
+# and the model was built with a rope_theta (or an eps, a scaling factor) of inf, exit 0.
+
+PAST_FLOAT = {
+    "rope_theta 1e400": ("rope_theta", "1e400"),
+    "rms_norm_eps -1E999": ("rms_norm_eps", "-1E999"),
+    "a rope_scaling factor 2e308": ("rope_scaling", '{"rope_type": "linear", "factor": 2e308}'),
+}
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(PAST_FLOAT))
+def test_a_config_number_past_a_floats_range_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    key, raw = PAST_FLOAT[what]
+    (tmp_path / "config.json").write_text(json.dumps(SMALL)[:-1] + f', "{key}": {raw}}}')
+    args = {
+        "step": ["step", "--config", str(tmp_path), "--tokens", "16"],
+        "plan --step": ["plan", "--step", "--config", str(tmp_path), "--budget", "1GiB"],
+    }[command]
+    err = one_line(*run_cli(*args))
+    assert "past a float's range" in err and "config.json" in err, err
+
+
+def test_a_config_with_large_finite_numbers_is_built(run_cli: Any, tmp_path: Path) -> None:
+    config = {**SMALL, "rope_theta": 1e300, "rms_norm_eps": 1e-320}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, out, err = run_cli("step", "--config", str(tmp_path), "--tokens", "16")
+    assert code == 0 and "llama" in out, err
