@@ -202,3 +202,48 @@ def test_a_config_with_large_finite_numbers_is_built(run_cli: Any, tmp_path: Pat
     (tmp_path / "config.json").write_text(json.dumps(config))
     code, out, err = run_cli("step", "--config", str(tmp_path), "--tokens", "16")
     assert code == 0 and "llama" in out, err
+
+
+# -- plan --from-run of a run with times but none it can use: every timed row failed
+# (status error or oom, its times what ran before the failure) or timed forward alone. A
+# run without any time was refused ("has no measured times"); these passed that check,
+# the chunk choice then read no row (it reads only rows that finished ok with both
+# times), and the plan ran as if --from-run were not given, without a word.
+
+
+def _timed_run(made_run: Path, to: Path) -> Path:
+    """The made (meta) run, its rows given the times a cpu run writes."""
+    run = shutil.copytree(made_run, to)
+    payload = json.loads((run / "results.json").read_text())
+    for row in payload["rows"]:
+        row.update(device="cpu", fwd_time_s=0.01, bwd_time_s=0.02)
+    (run / "results.json").write_text(json.dumps(payload))
+    return run
+
+
+UNUSABLE_TIMES = {
+    "every timed row an error": {"status": "error", "note": "boom"},
+    "every timed row an oom": {"status": "oom", "note": "CUDA out of memory"},
+    "forward timed, backward not": {"bwd_time_s": None},
+}
+
+
+@pytest.mark.parametrize("what", sorted(UNUSABLE_TIMES))
+def test_from_run_without_a_usable_time_is_one_line(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    run = _timed_run(made_run, tmp_path / "run")
+    payload = json.loads((run / "results.json").read_text())
+    for row in payload["rows"]:
+        row.update(UNUSABLE_TIMES[what])
+    (run / "results.json").write_text(json.dumps(payload))
+    args = ["plan", "--from-run", str(run), "--budget", "1MiB", "--vocab", "128"]
+    err = one_line(*run_cli(*args, "--kernel", "local_chunked", "--no-reserved"))
+    assert "has no measured times" in err and "drop --from-run" in err, err
+
+
+def test_from_run_with_one_usable_time_plans(run_cli: Any, made_run: Path, tmp_path: Path) -> None:
+    run = _timed_run(made_run, tmp_path / "run")
+    args = ["plan", "--from-run", str(run), "--budget", "1MiB", "--vocab", "128"]
+    code, out, err = run_cli(*args, "--kernel", "local_chunked", "--no-reserved")
+    assert code == 0 and "local_chunked" in out, err
