@@ -365,4 +365,9 @@ def recorded_case_hints(snap: dict[str, Any]) -> Hints:
     h, (b, s, v, tp, cp) = match.group(1), (int(g) for g in match.groups()[1:])
     if tp < 1 or cp < 1:
         return Hints()
-    return Hints(vocab=v // tp, tokens=s // cp, batch=b, hidden=int(h) if h else None)
+    sizes = Hints(vocab=v // tp, tokens=s // cp, batch=b, hidden=int(h) if h else None)
+    # memprobe never runs a case with a size of 0 (nor a shard of none: V < tp, S < cp):
+    # such an id is an edited file's, no record, and read as one its 0 divided shapes.
+    if min(x for x in (sizes.vocab, sizes.tokens, sizes.batch, sizes.hidden) if x is not None) < 1:
+        return Hints()
+    return sizes

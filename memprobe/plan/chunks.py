@@ -71,7 +71,7 @@ def _fastest(
     planned = {p.target.chunk_size for p in group}
     by_shape: dict[tuple[int, int, str], dict[int, float]] = {}
     for r in rows:
-        seconds = _step_seconds(r)
+        seconds = step_seconds(r)
         if (
             seconds is None
             or r.get("kernel") != t.kernel
@@ -94,7 +94,8 @@ def _fastest(
     )
 
 
-def _step_seconds(row: Mapping[str, Any]) -> float | None:
+def step_seconds(row: Mapping[str, Any]) -> float | None:
+    """A row's measured forward + backward seconds; None unless it finished ok with both."""
     fwd, bwd = row.get("fwd_time_s"), row.get("bwd_time_s")
     if row.get("status") != "ok" or fwd is None or bwd is None:
         return None

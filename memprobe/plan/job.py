@@ -11,7 +11,7 @@ from typing import Any
 from memprobe.allocator import alloc_conf_setting, modelled_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.plan.chunks import ChunkChoice, chunk_choices
+from memprobe.plan.chunks import ChunkChoice, chunk_choices, step_seconds
 from memprobe.plan.driver import run_plans
 from memprobe.plan.message import lm_head_status, long_loop_status, reserved_status
 from memprobe.plan.model import Budget, OnProbe, TokenPlan, make_budget, with_lm_head_in_other
@@ -144,11 +144,14 @@ def run_plan_job(
     if setting is not None:
         modelled_alloc_conf(*setting)  # a typo must fail before any simulation
     rows = read_rows(request.from_run) if request.from_run is not None else None
-    if rows is not None and not any(r.get("fwd_time_s") is not None for r in rows):
-        # Its times are all --from-run reads: without any, the flag would change nothing.
+    # Its times are all --from-run reads: without any, the flag would change nothing. Only
+    # a row that finished ok with both times counts (as the chunk choice reads them): a
+    # run whose timed rows all failed, or that timed forward alone, changed nothing.
+    if rows is not None and not any(step_seconds(r) is not None for r in rows):
         raise UserError(
             f"--from-run {request.from_run} has no measured times: none of its rows finished "
-            "on cpu or cuda (a --device meta run simulates memory only)",
+            "ok on cpu or cuda with forward and backward timed (a --device meta run "
+            "simulates memory only)",
             "give a --device cpu or cuda sweep, or drop --from-run",
         )
     chunk_sizes = request.chunk_sizes

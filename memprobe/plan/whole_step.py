@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from memprobe.allocator import AllocConf
+from memprobe.errors import UserError
+from memprobe.io.text import exception_text
 from memprobe.measure.reserved import modelled_reserved_peak
 from memprobe.plan.model import (
     ALLOCATED,
@@ -29,7 +31,7 @@ from memprobe.plan.model import (
 from memprobe.plan.search import seed_tokens
 from memprobe.plan.step_search import Sample, StepSearch, search_step_tokens
 from memprobe.profile import hf
-from memprobe.profile.step import trace_hf_step
+from memprobe.profile.step import CONFIG_FAILED, trace_hf_step
 
 
 def step_kernels(*, vocab_parallel: bool = False, hidden: bool = True) -> list[str]:
@@ -76,7 +78,14 @@ def plan_step(
     limit = budget.limit_bytes
     # A model with a table of positions (GPT-2's) runs no longer sequence: where the
     # whole table fits, that is the answer, and the search past it is never made.
-    positions = base.learned_positions()
+    try:
+        positions = base.learned_positions()
+    except RuntimeError as exc:
+        # This build is untracked (before any step): a size torch cannot hold (a weight
+        # of hidden_size² elements past int64) fails here as it fails `step`'s traced one.
+        raise UserError(
+            f"the model failed to build on meta ({exception_text(exc)})", CONFIG_FAILED
+        ) from None
     for kernel in kernels:
         # The search probes counts on either side of its answer: one past the positions
         # a model learned is a count that does not run, not a plan that cannot be made.

@@ -11,6 +11,7 @@ planned on any of those is not the user's model, so each is one line here instea
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,6 +24,7 @@ from memprobe.io.text import (
     json_error,
     printable,
     quoted,
+    shortened,
     unique_keys,
     utf8_text,
 )
@@ -60,9 +62,24 @@ def read_config_json(file: Path) -> Any:
             f"--config {file} holds {name}, which JSON does not allow", "fix config.json"
         )
 
+    def decimal(text: str) -> float:
+        # A number past a float's range (1e400) reads as infinity: the Infinity refused
+        # above, spelled another way (a rope_theta of inf built the model without a word).
+        value = float(text)
+        if not math.isfinite(value):
+            raise UserError(
+                f"--config {file} holds {shortened(text)}, past a float's range (read as infinity)",
+                "fix config.json",
+            )
+        return value
+
     try:
         return json.loads(
-            utf8_text(raw), parse_int=whole, parse_constant=constant, object_pairs_hook=unique_keys
+            utf8_text(raw),
+            parse_int=whole,
+            parse_float=decimal,
+            parse_constant=constant,
+            object_pairs_hook=unique_keys,
         )
     except DuplicateKey as exc:
         raise UserError(

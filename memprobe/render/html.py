@@ -8,6 +8,7 @@ shows; the markup is the template's.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe.errors import UserError
-from memprobe.io.files import file_in_the_way, read_regular, write_atomic
+from memprobe.io.files import file_in_the_way, leads_out, read_regular, write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Case
 from memprobe.render import REPORT_NAME
@@ -336,7 +337,10 @@ def write_report(
         )
     plots = render_plots(model)
     paths = _plot_paths(target)
-    refuse_foreign([target, *(p for n, p in paths.items() if plots.images[n] is not None)])
+    refuse_foreign(
+        [target, *(p for n, p in paths.items() if plots.images[n] is not None)],
+        run_dir=run_dir if out is None else None,
+    )
     for name, path in _plot_paths(target).items():
         png = plots.images[name]
         if png is not None:
@@ -373,11 +377,25 @@ def refuse_foreign(
     *,
     writer: str = "report",
     hint: str = "choose another --out, or move that file",
+    run_dir: Path | None = None,
+    instead: str = "give --out",
 ) -> None:
     """A page, its plots and a plan's rows replace only files memprobe wrote: a user's own
     report.html, timeline.png or plan.json in the --out folder is left alone, and nothing
-    is written. ``writer`` names what would replace it."""
+    is written. ``writer`` names what would replace it.
+
+    ``run_dir``: the paths are the run's own page and plots (no --out), written only
+    inside it (``instead``: the other way out). A write goes through a link: a
+    report.html or timeline.png linked out of the run (dangling, or to another run's
+    page) put the page there, making the folders the link names (as results files and
+    snapshots linked out are refused on resume)."""
     for path in paths:
+        if run_dir is not None and leads_out(path, run_dir):
+            raise UserError(
+                f"{path} is a link (to {os.readlink(path)}) that leads out of the run, "
+                f"and the {writer} would be written there",
+                f"make it a file of the run again (remove the link), or {instead}",
+            )
         if path.exists() and not _made_by_memprobe(path):
             raise UserError(
                 f"{path} exists and was not written by memprobe; the {writer} would replace it",
@@ -393,6 +411,8 @@ def refuse_foreign_page(run_dir: Path) -> None:
     refuse_foreign(
         [target, *_plot_paths(target).values()],
         hint="move that file, or resume with --no-report",
+        run_dir=run_dir,
+        instead="resume with --no-report",
     )
 
 
