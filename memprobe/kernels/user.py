@@ -339,7 +339,7 @@ def body_not_run(fn: Any) -> str | None:
     async function"), looking through functools.partial and an instance's ``__call__``;
     None for a callable whose call runs it."""
     call = fn if inspect.isroutine(fn) or not callable(fn) else type(fn).__call__
-    for target in (fn, call):
+    for target in (fn, call, _called(fn)):
         if inspect.isasyncgenfunction(target):
             return "an async generator function"
         if inspect.iscoroutinefunction(target):
@@ -347,6 +347,18 @@ def body_not_run(fn: Any) -> str | None:
         if inspect.isgeneratorfunction(target):
             return "a generator function"
     return None
+
+
+def _called(fn: Any) -> Any:
+    """What a call of ``fn`` runs with the arguments it is given: a torch.nn.Module's
+    ``forward`` (its ``__call__`` takes ``*args, **kwargs`` and passes them on), else
+    ``fn``. A loss module named as the kernel was refused as "takes *args, so its protocol
+    is ambiguous", whatever its forward took, and one whose forward lacked chunk_size, told
+    to declare its protocol, then failed in every case."""
+    torch = sys.modules.get("torch")  # a Module instance means torch is imported
+    if torch is not None and isinstance(fn, torch.nn.Module):
+        return getattr(fn, "forward", fn)
+    return fn
 
 
 def _returns_a_tensor(fn: Any, path: str) -> None:
@@ -366,7 +378,7 @@ def _returns_a_tensor(fn: Any, path: str) -> None:
             f"make it a plain function; {_SHAPE_HINT}",
         )
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = inspect.signature(_called(fn)).parameters.values()
     except (TypeError, ValueError):
         return  # no signature to read: _protocol says so
     # memprobe passes the inputs and chunk_size alone: a keyword it must have is never given.
@@ -399,7 +411,7 @@ def _protocol(fn: Any, path: str) -> str:
             f"use one of {', '.join(map(repr, INPUT_PROTOCOLS))}",
         )
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        params = list(inspect.signature(_called(fn)).parameters.values())
     except (TypeError, ValueError):
         # No signature to read (some builtins): trust the attribute if any.
         if declared is not None:

@@ -1,0 +1,84 @@
+"""Hostile inputs, round 23 (user code memprobe imports and runs: a user's kernel, a
+user's step, the pytest marker): each row is a variant of a defect class the pass found.
+One line and exit 2, the case's error row, or a sane answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line, user_module
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
+         "--no-verify", "--no-report", "--json"]  # fmt: skip
+PLAN = ["plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved"]
+
+# A loss module named as the kernel: an instance of ``M``, whose forward is ``{forward}``.
+MODULE = (
+    "import torch\nfrom memprobe.kernels import get_kernel\n_u = get_kernel('unchunked')\n"
+    "class M(torch.nn.Module):\n"
+    "    def forward{forward}:\n"
+    "        {body}\n"
+    "k = M()\n"
+)
+
+# -- a torch.nn.Module instance named as the kernel was read by its ``__call__``, which
+# takes ``*args, **kwargs``: refused as "takes *args, so its protocol is ambiguous" whatever
+# its forward took, and told to set memprobe_inputs; one that did, with a forward lacking
+# chunk_size (or needing a keyword, or a generator), then failed in every case. Its forward's
+# signature is what a call runs, and is read as a function's is.
+
+MODULES_READ = {
+    "a logits forward": "(self, logits, targets, *, chunk_size=None)",
+    "a forward taking **kwargs": "(self, logits, targets, **kwargs)",
+    "chunk_size positional-or-keyword": "(self, logits, targets, chunk_size=None)",
+}
+
+
+@pytest.mark.parametrize("what", MODULES_READ)
+def test_a_loss_module_is_read_by_its_forward(run_cli: Any, here: Path, what: str) -> None:
+    body = MODULE.format(forward=MODULES_READ[what], body="return _u(logits, targets)")
+    kernel = user_module(here, "r23_module", body) + ":k"
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["ok", "ok"], rows[0]["note"]
+    assert rows[0]["peak_bytes"] == rows[1]["peak_bytes"]
+
+
+MODULES_REFUSED = {
+    "no chunk_size": ("(self, logits, targets)", "return 0", "takes no chunk_size keyword"),
+    "a keyword memprobe never passes": (
+        "(self, logits, targets, *, chunk_size=None, scale)",
+        "return 0",
+        "requires keyword 'scale'",
+    ),
+    "a generator forward": (
+        "(self, logits, targets, *, chunk_size=None)",
+        "yield 0",
+        "is a generator function",
+    ),
+    "a hidden forward without --hidden": (
+        "(self, hidden, weight, targets, *, chunk_size=None)",
+        "return 0",
+        "takes hidden states and the lm_head weight",
+    ),
+    "one positional parameter": (
+        "(self, logits, *, chunk_size=None)",
+        "return 0",
+        "takes 1 positional argument (logits)",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", MODULES_REFUSED)
+def test_a_loss_module_with_a_wrong_forward_is_one_line(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    forward, body, said = MODULES_REFUSED[what]
+    kernel = user_module(here, "r23_badmodule", MODULE.format(forward=forward, body=body)) + ":k"
+    for command in (SWEEP, PLAN):
+        line = one_line(*run_cli(*command, "--kernel", kernel))
+        assert said in line and "*args" not in line, line
