@@ -339,7 +339,7 @@ def body_not_run(fn: Any) -> str | None:
     async function"), looking through functools.partial and an instance's ``__call__``;
     None for a callable whose call runs it."""
     call = fn if inspect.isroutine(fn) or not callable(fn) else type(fn).__call__
-    for target in (fn, call, _called(fn)):
+    for target in (fn, call, called_function(fn)):
         if inspect.isasyncgenfunction(target):
             return "an async generator function"
         if inspect.iscoroutinefunction(target):
@@ -349,7 +349,7 @@ def body_not_run(fn: Any) -> str | None:
     return None
 
 
-def _called(fn: Any) -> Any:
+def called_function(fn: Any) -> Any:
     """What a call of ``fn`` runs with the arguments it is given: a torch.nn.Module's
     ``forward`` (its ``__call__`` takes ``*args, **kwargs`` and passes them on), else
     ``fn``. A loss module named as the kernel was refused as "takes *args, so its protocol
@@ -378,7 +378,7 @@ def _returns_a_tensor(fn: Any, path: str) -> None:
             f"make it a plain function; {_SHAPE_HINT}",
         )
     try:
-        params = inspect.signature(_called(fn)).parameters.values()
+        params = inspect.signature(called_function(fn)).parameters.values()
     except (TypeError, ValueError):
         return  # no signature to read: _protocol says so
     # memprobe passes the inputs and chunk_size alone: a keyword it must have is never given.
@@ -411,7 +411,7 @@ def _protocol(fn: Any, path: str) -> str:
             f"use one of {', '.join(map(repr, INPUT_PROTOCOLS))}",
         )
     try:
-        params = list(inspect.signature(_called(fn)).parameters.values())
+        params = list(inspect.signature(called_function(fn)).parameters.values())
     except (TypeError, ValueError):
         # No signature to read (some builtins): trust the attribute if any.
         if declared is not None:

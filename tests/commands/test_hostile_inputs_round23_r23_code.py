@@ -82,3 +82,33 @@ def test_a_loss_module_with_a_wrong_forward_is_one_line(
     for command in (SWEEP, PLAN):
         line = one_line(*run_cli(*command, "--kernel", kernel))
         assert said in line and "*args" not in line, line
+
+
+# ...and a module named as the step (``forward(self, device)``) is read the same way: one
+# whose forward took no device, or was a generator, was taken, then failed (or ran none of
+# its body).
+STEP_MODULE = (
+    "import torch\nclass M(torch.nn.Module):\n    def forward{forward}:\n{body}step = M()\n"
+)
+ALLOCATES = "        (torch.zeros(8, 8, device=device, requires_grad=True) * 2).sum().backward()\n"
+STEP_MODULES = {
+    "a forward taking no device": ("(self)", "        pass\n", "does not take one argument"),
+    "a generator forward": ("(self, device)", "        yield\n", "is a generator"),
+    "a forward taking two": ("(self, device, batch)", ALLOCATES, "does not take one argument"),
+}
+
+
+@pytest.mark.parametrize("what", STEP_MODULES)
+def test_a_step_module_is_read_by_its_forward(run_cli: Any, here: Path, what: str) -> None:
+    forward, body, said = STEP_MODULES[what]
+    step = user_module(here, "r23_stepmod", STEP_MODULE.format(forward=forward, body=body))
+    line = one_line(*run_cli("profile", f"{step}:step", "--out", "s.pickle"))
+    assert said in line and not (here / "s.pickle").exists()
+
+
+def test_a_step_module_with_a_device_forward_runs(run_cli: Any, here: Path) -> None:
+    body = STEP_MODULE.format(forward="(self, device)", body=ALLOCATES)
+    step = user_module(here, "r23_stepmod", body)
+    code, out, err = run_cli("profile", f"{step}:step", "--out", "s.pickle", "--json")
+    assert code == 0, err
+    assert (here / "s.pickle").exists()
