@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import Unwind, UserError
-from memprobe.io.text import exception_text
+from memprobe.io.text import exception_text, quoted
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
 from memprobe.kernels.user_guards import (
     cwd_kept,
@@ -72,7 +72,8 @@ class UserCodeExit(RuntimeError):
 def how_it_left(exc: BaseException) -> str:
     """``exc``, a BaseException user code ended by, in words."""
     if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r}) instead of returning"
+        # quoted: the code's own object, whose repr may raise (or run a megabyte long)
+        return f"called sys.exit({quoted(exc.code)}) instead of returning"
     return f"raised {exception_text(exc)} (a BaseException, not an Exception)"
 
 

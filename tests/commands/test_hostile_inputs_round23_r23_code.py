@@ -112,3 +112,55 @@ def test_a_step_module_with_a_device_forward_runs(run_cli: Any, here: Path) -> N
     code, out, err = run_cli("profile", f"{step}:step", "--out", "s.pickle", "--json")
     assert code == 0, err
     assert (here / "s.pickle").exists()
+
+
+# -- what user code raised is read by memprobe outside its guards: an exception whose
+# ``__str__`` raised a BaseException that is not an Exception (sys.exit(7) in it) ended
+# memprobe with that status and nothing printed, as the kernel's or step's one line was
+# written; a step or kernel that called ``sys.exit(obj)`` with an object whose ``__repr__``
+# raised ended in a traceback. The message is said to be unreadable, and the line stands.
+
+MESSAGE_EXITS = {
+    "sys.exit(7)": "raise SystemExit(7)",
+    "GeneratorExit": "raise GeneratorExit",
+    "a BaseException of its own": "raise type('Halt', (BaseException,), {})()",
+}
+RAISES = "class E(Exception):\n    def __str__(self):\n        {exits}\n"
+
+
+@pytest.mark.parametrize("what", MESSAGE_EXITS)
+def test_an_exception_whose_message_exits_is_still_one_line(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    pre = RAISES.format(exits=MESSAGE_EXITS[what])
+    body = "import torch\n" + pre + "def k(logits, targets, *, chunk_size=None):\n    raise E()\n"
+    kernel = user_module(here, "r23_msgexit", body) + ":k"
+    code, out, _ = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    assert "could not be read" in rows[0]["note"]
+    assert "could not be read" in one_line(*run_cli(*PLAN, "--kernel", kernel))
+    step = user_module(
+        here, "r23_msgstep", "import torch\n" + pre + "def step(device):\n    raise E()\n"
+    )
+    assert "could not be read" in one_line(*run_cli("profile", f"{step}:step", "--out", "s.pickle"))
+
+
+BAD_REPR = "class W:\n    def __repr__(self):\n        {raises}\n"
+REPRS = {
+    "an Exception": "raise RuntimeError('no repr')",
+    "sys.exit()": "raise SystemExit(9)",
+}
+
+
+@pytest.mark.parametrize("what", REPRS)
+def test_an_exit_with_an_unprintable_code_is_one_line(run_cli: Any, here: Path, what: str) -> None:
+    pre = "import sys, torch\n" + BAD_REPR.format(raises=REPRS[what])
+    step = user_module(here, "r23_exitcode", pre + "def step(device):\n    sys.exit(W())\n")
+    line = one_line(*run_cli("profile", f"{step}:step", "--out", "s.pickle"))
+    assert "sys.exit((a W whose repr raised))" in line
+    body = pre + "def k(logits, targets, *, chunk_size=None):\n    sys.exit(W())\n"
+    kernel = user_module(here, "r23_exitk", body) + ":k"
+    line = one_line(*run_cli(*PLAN, "--kernel", kernel))
+    assert "sys.exit((a W whose repr raised))" in line
