@@ -164,3 +164,45 @@ def test_an_exit_with_an_unprintable_code_is_one_line(run_cli: Any, here: Path, 
     kernel = user_module(here, "r23_exitk", body) + ":k"
     line = one_line(*run_cli(*PLAN, "--kernel", kernel))
     assert "sys.exit((a W whose repr raised))" in line
+
+
+# -- a step that called memprobe's own trace_step or profile_step with the torch.device it
+# was given was refused: "trace_step runs on meta or cpu, not device(type='meta')". A device
+# is read by its name, as the pytest marker reads one.
+
+
+def _allocates(device: Any) -> None:
+    import torch
+
+    torch.zeros(1 << 10, device=device)
+
+
+@pytest.mark.parametrize("name", ["meta", "cpu"])
+def test_the_profile_api_takes_a_torch_device(name: str) -> None:
+    import torch
+
+    from memprobe.profile import profile_step, trace_step
+
+    assert trace_step(_allocates, torch.device(name)).peak_bytes == 4 << 10
+    assert profile_step(_allocates, torch.device(name))["segments"]
+
+
+def test_the_profile_api_still_refuses_a_device_it_cannot_trace() -> None:
+    import torch
+
+    from memprobe.errors import UserError
+    from memprobe.profile import trace_step
+
+    with pytest.raises(UserError, match="not 'cuda:1'"):
+        trace_step(_allocates, torch.device("cuda", 1))
+
+
+def test_a_step_tracing_an_inner_step_on_its_device_is_profiled(run_cli: Any, here: Path) -> None:
+    body = (
+        "import torch\nfrom memprobe.profile import trace_step\n"
+        "def inner(device):\n    torch.zeros(8, device=device)\n"
+        "def step(device):\n    trace_step(inner, device)\n    torch.zeros(64, device=device)\n"
+    )
+    step = user_module(here, "r23_nested", body) + ":step"
+    code, _, err = run_cli("profile", step, "--out", "s.pickle")
+    assert code == 0, err
