@@ -171,6 +171,13 @@ def import_callable(path: str, *, what: str, hint: str) -> Any:
                 raise UserError(
                     f"{what} {path!r}: {shadowed}", f"rename yours (e.g. my_{top}) and name that"
                 ) from None
+            if not inspect.ismodule(module):
+                raise UserError(
+                    f"{what} {path!r}: importing {module_name!r} gave a "
+                    f"{type(module).__name__}, not a module (it replaced itself in "
+                    f"sys.modules), with no attribute {attr_path!r}",
+                    f"keep {attr_path} on what the module leaves in sys.modules[__name__]",
+                ) from None
             raise UserError(
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr_path!r}",
                 f"check the spelling; {module_name} defines "
@@ -207,9 +214,15 @@ def _shadowed(module_name: str) -> str | None:
     if local is None:
         return None
     where = getattr(sys.modules.get(top), "__file__", None)
-    if where is not None and os.path.realpath(where).startswith(os.path.realpath(cwd) + os.sep):
+    if not isinstance(where, str):
+        # Built in, or the module here replaced itself in sys.modules (None, an object of
+        # its own), which was read as "a module built into Python": rename it, it said.
+        if top not in sys.builtin_module_names:
+            return None
+        return f"{top!r} is a module built into Python, so ./{local} is not what that name imports"
+    if os.path.realpath(where).startswith(os.path.realpath(cwd) + os.sep):
         return None  # the module imported is the one here: its attribute is what is missing
-    taken = "a module built into Python" if where is None else f"already the module at {where}"
+    taken = f"already the module at {where}"
     return f"{top!r} is {taken}, so ./{local} is not what that name imports"
 
 
@@ -331,7 +344,13 @@ def _import_failed(module_name: str, path: str, exc: BaseException, what: str) -
 
 
 def _public_names(module: Any) -> str:
-    names = [n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n])]
+    try:
+        # What the import gave: a module that replaced itself in sys.modules gives its
+        # replacement (None, an object without a __dict__), and vars() raises.
+        found = dict(vars(module))
+    except TypeError:
+        return ""
+    names = [n for n in found if not n.startswith("_") and callable(found[n])]
     return ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
 
 

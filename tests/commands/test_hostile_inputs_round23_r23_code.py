@@ -206,3 +206,40 @@ def test_a_step_tracing_an_inner_step_on_its_device_is_profiled(run_cli: Any, he
     step = user_module(here, "r23_nested", body) + ":step"
     code, _, err = run_cli("profile", step, "--out", "s.pickle")
     assert code == 0, err
+
+
+# -- a module that replaced itself in sys.modules (``sys.modules[__name__] = None``, or an
+# object of its own) without the function named: the import gives the replacement, and the
+# one line said "'mine' is a module built into Python, so ./mine.py is not what that name
+# imports (rename yours)" (an object without a __dict__ would have failed in listing its
+# names). The line says what the import gave; a replacement that has the name is used.
+REPLACED = {
+    "None": "None",
+    "an int": "5",
+    "an object without the name": "type('O', (), {})()",
+}
+
+
+@pytest.mark.parametrize("what", REPLACED)
+def test_a_module_replacing_itself_is_not_called_built_in(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    body = f"import sys\nsys.modules[__name__] = {REPLACED[what]}\n"
+    # A module of its own per command: in this one process, the first import's None stays.
+    kernel = user_module(here, "r23_replaced", body) + ":k"
+    step = user_module(here, "r23_replaced_step", body) + ":step"
+    for command in ([*PLAN, "--kernel", kernel], ["profile", step, "--out", "s.pickle"]):
+        line = one_line(*run_cli(*command))
+        assert "replaced itself in sys.modules" in line and "built into" not in line, line
+
+
+def test_a_module_replacing_itself_with_the_kernel_on_it_runs(run_cli: Any, here: Path) -> None:
+    body = (
+        "import sys\nfrom memprobe.kernels import get_kernel\n"
+        "class O:\n    k = staticmethod(get_kernel('unchunked'))\n"
+        "sys.modules[__name__] = O()\n"
+    )
+    kernel = user_module(here, "r23_replacedk", body) + ":k"
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    assert [r["status"] for r in json.loads(out)["results"]] == ["ok", "ok"]
