@@ -44,7 +44,11 @@ def exception_text(
     said so, not raised again."""
     try:
         message = str(exc)
-    except Exception:
+    except KeyboardInterrupt:  # Ctrl-C as the message was read still stops memprobe
+        raise
+    except BaseException:
+        # The __str__ is the code's too: one that called sys.exit(7) (or raised another
+        # BaseException) ended memprobe with status 7 and nothing printed.
         message = "(its message could not be read: its __str__ raised)"
     if first_line:
         message = message.strip().split("\n", 1)[0]
@@ -65,6 +69,10 @@ def quoted(value: Any, limit: int = 60) -> str:
         return f"(an integer of {value.bit_length():,} bits)"
     except RecursionError:  # lists in lists, as deep as the JSON parser went
         return f"(a {type(value).__name__} nested too deep to show)"
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # a user's object (what a step passed to sys.exit) whose repr raised
+        return f"(a {printable(type(value).__name__)} whose repr raised)"
     return shortened(printable(text), limit)
 
 

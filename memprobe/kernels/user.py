@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.errors import Unwind, UserError
-from memprobe.io.text import exception_text
+from memprobe.io.text import exception_text, quoted
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
 from memprobe.kernels.user_guards import (
     cwd_kept,
@@ -79,7 +79,8 @@ class UserCodeExit(RuntimeError):
 def how_it_left(exc: BaseException) -> str:
     """``exc``, a BaseException user code ended by, in words."""
     if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r}) instead of returning"
+        # quoted: the code's own object, whose repr may raise (or run a megabyte long)
+        return f"called sys.exit({quoted(exc.code)}) instead of returning"
     return f"raised {exception_text(exc)} (a BaseException, not an Exception)"
 
 
@@ -177,6 +178,13 @@ def import_callable(path: str, *, what: str, hint: str) -> Any:
                 raise UserError(
                     f"{what} {path!r}: {shadowed}", f"rename yours (e.g. my_{top}) and name that"
                 ) from None
+            if not inspect.ismodule(module):
+                raise UserError(
+                    f"{what} {path!r}: importing {module_name!r} gave a "
+                    f"{type(module).__name__}, not a module (it replaced itself in "
+                    f"sys.modules), with no attribute {attr_path!r}",
+                    f"keep {attr_path} on what the module leaves in sys.modules[__name__]",
+                ) from None
             raise UserError(
                 f"{what} {path!r}: module {module_name!r} has no attribute {attr_path!r}",
                 f"check the spelling; {module_name} defines "
@@ -213,9 +221,15 @@ def _shadowed(module_name: str) -> str | None:
     if local is None:
         return None
     where = getattr(sys.modules.get(top), "__file__", None)
-    if where is not None and os.path.realpath(where).startswith(os.path.realpath(cwd) + os.sep):
+    if not isinstance(where, str):
+        # Built in, or the module here replaced itself in sys.modules (None, an object of
+        # its own), which was read as "a module built into Python": rename it, it said.
+        if top not in sys.builtin_module_names:
+            return None
+        return f"{top!r} is a module built into Python, so ./{local} is not what that name imports"
+    if os.path.realpath(where).startswith(os.path.realpath(cwd) + os.sep):
         return None  # the module imported is the one here: its attribute is what is missing
-    taken = "a module built into Python" if where is None else f"already the module at {where}"
+    taken = f"already the module at {where}"
     return f"{top!r} is {taken}, so ./{local} is not what that name imports"
 
 
@@ -343,7 +357,13 @@ def _import_failed(module_name: str, path: str, exc: BaseException, what: str) -
 
 
 def _public_names(module: Any) -> str:
-    names = [n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n])]
+    try:
+        # What the import gave: a module that replaced itself in sys.modules gives its
+        # replacement (None, an object without a __dict__), and vars() raises.
+        found = dict(vars(module))
+    except TypeError:
+        return ""
+    names = [n for n in found if not n.startswith("_") and callable(found[n])]
     return ", ".join(sorted(names)[:8]) + (" ..." if len(names) > 8 else "")
 
 
@@ -352,7 +372,7 @@ def body_not_run(fn: Any) -> str | None:
     async function"), looking through functools.partial and an instance's ``__call__``;
     None for a callable whose call runs it."""
     call = fn if inspect.isroutine(fn) or not callable(fn) else type(fn).__call__
-    for target in (fn, call):
+    for target in (fn, call, called_function(fn)):
         if inspect.isasyncgenfunction(target):
             return "an async generator function"
         if inspect.iscoroutinefunction(target):
@@ -360,6 +380,18 @@ def body_not_run(fn: Any) -> str | None:
         if inspect.isgeneratorfunction(target):
             return "a generator function"
     return None
+
+
+def called_function(fn: Any) -> Any:
+    """What a call of ``fn`` runs with the arguments it is given: a torch.nn.Module's
+    ``forward`` (its ``__call__`` takes ``*args, **kwargs`` and passes them on), else
+    ``fn``. A loss module named as the kernel was refused as "takes *args, so its protocol
+    is ambiguous", whatever its forward took, and one whose forward lacked chunk_size, told
+    to declare its protocol, then failed in every case."""
+    torch = sys.modules.get("torch")  # a Module instance means torch is imported
+    if torch is not None and isinstance(fn, torch.nn.Module):
+        return getattr(fn, "forward", fn)
+    return fn
 
 
 def _returns_a_tensor(fn: Any, path: str) -> None:
@@ -379,7 +411,7 @@ def _returns_a_tensor(fn: Any, path: str) -> None:
             f"make it a plain function; {_SHAPE_HINT}",
         )
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = inspect.signature(called_function(fn)).parameters.values()
     except (TypeError, ValueError):
         return  # no signature to read: _protocol says so
     # memprobe passes the inputs and chunk_size alone: a keyword it must have is never given.
@@ -412,7 +444,7 @@ def _protocol(fn: Any, path: str) -> str:
             f"use one of {', '.join(map(repr, INPUT_PROTOCOLS))}",
         )
     try:
-        params = list(inspect.signature(fn).parameters.values())
+        params = list(inspect.signature(called_function(fn)).parameters.values())
     except (TypeError, ValueError):
         # No signature to read (some builtins): trust the attribute if any.
         if declared is not None:

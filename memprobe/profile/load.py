@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memprobe.errors import UserError
-from memprobe.kernels.user import UserCodeExit, body_not_run, import_callable
+from memprobe.kernels.user import UserCodeExit, body_not_run, called_function, import_callable
 
 if TYPE_CHECKING:
     import torch
@@ -23,7 +23,8 @@ def load_step(path: str) -> Step:
     """Import ``package.module:function`` (the current directory tried as well)."""
     step: Step = import_callable(path, what="step", hint=STEP_HINT)
     try:
-        inspect.signature(step).bind(None)
+        # A torch.nn.Module's __call__ takes anything: its forward tells (as a kernel's).
+        inspect.signature(called_function(step)).bind(None)
     except TypeError:
         raise UserError(
             f"step {path!r} does not take one argument (the device)", STEP_HINT

@@ -77,9 +77,15 @@ def _fake_tensor_logs_off() -> Iterator[None]:
         log.setLevel(level)
 
 
+def _named(device: str | torch.device) -> str:
+    """A device as its name: a step that called trace_step with the ``torch.device`` it was
+    given was told "trace_step runs on meta or cpu, not device(type='meta')"."""
+    return str(device) if isinstance(device, torch.device) else device
+
+
 def trace_step(
     step: Step,
-    device: str = "meta",
+    device: str | torch.device = "meta",
     *,
     capture_frames: bool = True,
     attention: str = "cpu",
@@ -101,6 +107,7 @@ def trace_step(
     Raises :class:`UserError` when the step fails: on meta, one line naming the op that
     raised and suggesting ``--device cpu`` at a smaller size (or ``failure_hint``).
     """
+    device = _named(device)
     if device not in ("meta", "cpu"):
         raise UserError(
             f"trace_step runs on meta or cpu, not {device!r}", "use profile_step for cuda"
@@ -175,7 +182,7 @@ def _nothing_tracked(device: str, elsewhere: dict[str, int], threads: int) -> Us
 
 def profile_step(
     step: Step,
-    device: str = "meta",
+    device: str | torch.device = "meta",
     *,
     capture_frames: bool = True,
     alloc_conf: AllocConf | None = None,
@@ -195,6 +202,7 @@ def profile_step(
     :func:`memprobe.attribute.attribute`. ``name`` (the step's import path) is kept in
     the snapshot's ``memprobe`` record.
     """
+    device = _named(device)
     if device not in PROFILE_DEVICES:
         raise UserError(f"unknown device {device!r}", f"use one of: {', '.join(PROFILE_DEVICES)}")
     if device == "cuda":
