@@ -14,11 +14,11 @@ import typer
 from memprobe.commands.flags import (
     CpOption,
     TpOption,
+    check_temp_dir,
     given_flags,
     int_list,
     name_list,
     positive_ints,
-    runs_torch,
     user_errors,
     warn_on_size,
 )
@@ -48,7 +48,6 @@ MIN_CASE_TIMEOUT, MAX_CASE_TIMEOUT = 0.001, 1e6
 
 
 @user_errors
-@runs_torch
 def command(
     ctx: typer.Context,
     tokens: Annotated[
@@ -232,6 +231,9 @@ def command(
     if not shard:
         # A torchrun job of the wrong size fails here, before its ranks import torch.
         check_team(device, tp_list, cp_list)
+    # What runs_torch checks, here: after the checks above, which need no torch (the
+    # check imports it, seconds a refused rank or typo need not pay).
+    check_temp_dir()
     from memprobe.sweep import SweepRequest, run_sweep_job
 
     if shard:
