@@ -8,17 +8,19 @@ from typing import Any
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
 from memprobe.measure.step import describe_filters
-from memprobe.measure.tracker import AllocationTracker
+from memprobe.measure.tracker import AllocationTracker, threads_started
 from memprobe.records import Case, Event, Run
 
 
 @dataclass
 class StepTrace:
-    """The tracker of one step and the collectives it issued in each pass."""
+    """The tracker of one step, the collectives it issued in each pass, and the threads
+    the kernel started (what they allocated is not in the tracker)."""
 
     tracker: AllocationTracker
     fwd_collectives: int
     bwd_collectives: int
+    threads: int = 0
 
 
 def traced_step(
@@ -40,14 +42,14 @@ def traced_step(
     tracker = AllocationTracker(capture_frames=capture_frames)
     for label, tensor in protocol.leaves(inputs):
         tracker.track(tensor, op=f"input: {label}")
-    with tracker:
+    with tracker, threads_started() as started:
         tracker.set_phase("forward")
         logprobs = call(inputs)
         tracker.set_phase("backward")
         grads = backward(logprobs, inputs)
         del logprobs, grads
     counted = tracker.collectives
-    return StepTrace(tracker, counted.get("forward", 0), counted.get("backward", 0))
+    return StepTrace(tracker, counted.get("forward", 0), counted.get("backward", 0), started[0])
 
 
 def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:
@@ -68,7 +70,19 @@ def run_from_trace(case: Case, trace: StepTrace, **extra: object) -> Run:
         big_fp32_blocks=count_big_fp32_blocks(case, live),
         fwd_collectives=trace.fwd_collectives,
         bwd_collectives=trace.bwd_collectives,
-        note=describe_filters(case),
+        note="; ".join(n for n in (describe_filters(case), _threads_note(trace.threads)) if n),
         events=tuple(tracker.events),
         **extra,  # type: ignore[arg-type]
+    )
+
+
+def _threads_note(threads: int) -> str:
+    """A tracker sees the thread it was entered on only: a kernel that allocates on threads
+    it starts has a peak without those bytes (the CUDA allocator would count them)."""
+    if not threads:
+        return ""
+    return (
+        f"the kernel started {threads:,} thread(s): memory allocated on them is not in this "
+        "peak (on meta and cpu memprobe tracks the thread that runs the kernel; measure it "
+        "on a GPU to count every thread)"
     )

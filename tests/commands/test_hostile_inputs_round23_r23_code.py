@@ -243,3 +243,41 @@ def test_a_module_replacing_itself_with_the_kernel_on_it_runs(run_cli: Any, here
     code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
     assert code == 0, err
     assert [r["status"] for r in json.loads(out)["results"]] == ["ok", "ok"]
+
+
+# -- a kernel that allocated on a thread it started got an "ok" row whose peak silently
+# left those bytes out (the tracker sees the thread it runs on; a step already said so):
+# the row says how many threads the kernel started and that their memory is not counted.
+THREADED = (
+    "import threading, torch\nfrom memprobe.kernels import get_kernel\n"
+    "_u = get_kernel('unchunked')\nkept = []\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    {start}\n"
+    "    return _u(logits, targets)\n"
+)
+THREAD_STARTS = {
+    "one thread allocating": (
+        "t = threading.Thread(target=lambda: kept.append(torch.empty(1 << 20, "
+        "device=logits.device))); t.start(); t.join()",
+        1,
+    ),
+    "two threads doing nothing": (
+        "ts = [threading.Thread(target=lambda: None) for _ in range(2)]; "
+        "[t.start() for t in ts]; [t.join() for t in ts]",
+        2,
+    ),
+    "no thread": ("pass", 0),
+}
+
+
+@pytest.mark.parametrize("what", THREAD_STARTS)
+def test_a_kernels_threads_are_named_in_its_row(run_cli: Any, here: Path, what: str) -> None:
+    start, threads = THREAD_STARTS[what]
+    kernel = user_module(here, "r23_threads", THREADED.format(start=start)) + ":k"
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    mine, reference = json.loads(out)["results"]
+    assert mine["status"] == "ok" and mine["peak_bytes"] == reference["peak_bytes"]
+    said = f"the kernel started {threads:,} thread(s): memory allocated on them is not"
+    assert (said in (mine["note"] or "")) == bool(threads), mine["note"]
+    assert "thread" not in (reference["note"] or "")
