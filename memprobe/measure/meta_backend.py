@@ -15,7 +15,7 @@ from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Case, Run
 
 
-def simulate_step(case: Case, *, capture_frames: bool = True) -> StepTrace:
+def simulate_step(case: Case, *, capture_frames: bool = True, memo: bool = True) -> StepTrace:
     """One representative rank: a vocabulary-parallel kernel runs under a fake
     process group of ``case.tp`` ranks whose collectives do nothing."""
     if unavailable_reason(case.kernel, "meta") is not None:
@@ -26,12 +26,14 @@ def simulate_step(case: Case, *, capture_frames: bool = True) -> StepTrace:
         )
     with process_group_for(case):
         inputs = protocol_for(case.kernel).make_inputs(case, "meta")
-        return traced_step(case, inputs, capture_frames=capture_frames)
+        return traced_step(case, inputs, capture_frames=capture_frames, memo=memo)
 
 
-def simulate_tracker(case: Case, *, capture_frames: bool = True) -> AllocationTracker:
+def simulate_tracker(
+    case: Case, *, capture_frames: bool = True, memo: bool = True
+) -> AllocationTracker:
     """The exact tracker of one step, whichever inputs the kernel takes."""
-    return simulate_step(case, capture_frames=capture_frames).tracker
+    return simulate_step(case, capture_frames=capture_frames, memo=memo).tracker
 
 
 def measure_meta(case: Case) -> Run:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memprobe.measure.memo import MetaMemo
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
 from memprobe.measure.step import describe_filters
@@ -28,18 +29,22 @@ def traced_step(
     inputs: Any,
     *,
     capture_frames: bool = True,
+    memo: bool = True,
     layout: RankLayout | None = None,
 ) -> StepTrace:
     """Forward and backward once, every storage and collective recorded.
 
     ``inputs`` are the case's protocol's (:mod:`memprobe.measure.protocol`); the ones
     backward differentiates are counted from the start. Inputs are released by the
-    caller; the step's own tensors are dropped before returning.
+    caller; the step's own tensors are dropped before returning. ``memo``: repeated meta
+    ops answered from memory (the same events, faster).
     """
     protocol = protocol_for(case.kernel)
     call = protocol.forward(case, layout=layout)
     backward = protocol.backward_of(case)
-    tracker = AllocationTracker(capture_frames=capture_frames)
+    # On meta a chunk loop asks each op the same question every chunk: answered from
+    # memory where that is exact (measure.memo; ops on other devices just run).
+    tracker = AllocationTracker(capture_frames=capture_frames, memo=MetaMemo() if memo else None)
     for label, tensor in protocol.leaves(inputs):
         tracker.track(tensor, op=f"input: {label}")
     with tracker, threads_started() as started:

@@ -16,13 +16,20 @@ import time
 import weakref
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memprobe.measure import meta_ops
 from memprobe.records import Event, Frame
+
+
+class OpMemo(Protocol):
+    """What answers an op in place of running it (:class:`memprobe.measure.memo.MetaMemo`,
+    which imports this module)."""
+
+    def call(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
 
 _MAX_FRAMES = 24
 # Namespaces of the c10d collective ops (eager and functional), and the ops in them that
@@ -108,8 +115,16 @@ class AllocationTracker(TorchDispatchMode):
 
     skip_files: frozenset[str] = frozenset()
 
-    def __init__(self, *, capture_frames: bool = True, device: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        capture_frames: bool = True,
+        device: str | None = None,
+        memo: OpMemo | None = None,
+    ) -> None:
         super().__init__()
+        # Meta ops answered from memory where that is exact (measure.memo).
+        self.memo = memo
         self.capture_frames = capture_frames
         self.device = device
         self.stop_code: object = None
@@ -239,7 +254,7 @@ class AllocationTracker(TorchDispatchMode):
         kwargs = kwargs or {}
         if collective_name(func) is not None:
             self.collectives[self.phase] = self.collectives.get(self.phase, 0) + 1
-        out = meta_ops.call(func, args, kwargs)
+        out = func(*args, **kwargs) if self.memo is None else self.memo.call(func, args, kwargs)
         if func is _LIFT_FRESH:
             # torch.tensor(data)'s storage was made before dispatch (on the cpu, outside
             # any device): a real lift returns it as is. Under FakeTensorMode the lift

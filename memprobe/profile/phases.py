@@ -28,11 +28,11 @@ import torch
 
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text
+from memprobe.measure import memo as memo_module
+from memprobe.measure.memo import MetaMemo
 from memprobe.measure.tracker import AllocationTracker, tensors_in
 from memprobe.profile import attention
-from memprobe.profile import memo as memo_module
 from memprobe.profile.flash_workspace import FLASH_BACKWARD, flash_backward_workspace, free_order
-from memprobe.profile.memo import MetaMemo, RememberedOp
 
 
 class StepTracker(AllocationTracker):
@@ -47,9 +47,7 @@ class StepTracker(AllocationTracker):
         device: str | None = None,
         memo: MetaMemo | None = None,
     ) -> None:
-        super().__init__(capture_frames=capture_frames, device=device)
-        # Meta ops answered from memory where that is exact (profile.memo).
-        self.memo = memo
+        super().__init__(capture_frames=capture_frames, device=device, memo=memo)
         self._handles: list[Any] = []
         self.failed_op: str | None = None
         self.failure: BaseException | None = None
@@ -105,11 +103,10 @@ class StepTracker(AllocationTracker):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         self.follow_phase(args, kwargs)
-        op = func if self.memo is None else RememberedOp(func, self.memo)
         try:
             if func is FLASH_BACKWARD and self.device == "meta":
-                return self._flash_backward(op, types, args, kwargs)
-            return super().__torch_dispatch__(op, types, args, kwargs)
+                return self._flash_backward(func, types, args, kwargs)
+            return super().__torch_dispatch__(func, types, args, kwargs)
         except Exception as exc:
             # The op that raised: what a failure on meta is reported by.
             self.failed_op, self.failure = str(func), exc

@@ -21,10 +21,10 @@ import torch
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels.user import UserCodeExit, user_code
+from memprobe.measure.memo import MetaMemo
 from memprobe.measure.tracker import threads_started
 from memprobe.profile.attention import sdpa_on_meta
 from memprobe.profile.load import Step, check_returned, step_exited
-from memprobe.profile.memo import MetaMemo
 from memprobe.profile.phases import StepTracker, step_failed
 from memprobe.records import Event
 from memprobe.snapshot.synthesize import synthesize_snapshot
@@ -101,7 +101,7 @@ def trace_step(
     pick (:func:`memprobe.profile.attention.sdpa_on_meta`: ``cpu``, ``cuda`` or ``math``).
 
     ``memo``: on meta, answer repeated ops from memory where that is exact
-    (:mod:`memprobe.profile.memo`): the same events, faster for a model whose layers
+    (:mod:`memprobe.measure.memo`): the same events, faster for a model whose layers
     repeat.
 
     Raises :class:`UserError` when the step fails: on meta, one line naming the op that

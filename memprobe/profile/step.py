@@ -170,7 +170,7 @@ def trace_hf_step(
     ``attention``: the meta routing target; by default what ``step.attn`` asks
     (``cuda``'s choice for ``auto``). ``cpu`` makes a meta trace equal a real cpu run.
     ``memo``: a layer's repeated meta ops answered from memory (exact; see
-    :mod:`memprobe.profile.memo`).
+    :mod:`memprobe.measure.memo`).
     """
     owners = _Owners()
     target = attention or attention_target(step.attn)

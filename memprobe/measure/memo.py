@@ -1,12 +1,13 @@
-"""Meta ops answered from memory: a step's repeated ops skip torch's meta kernels.
+"""Meta ops answered from memory: repeated ops skip torch's meta kernels.
 
 On meta an op computes nothing but its outputs' metadata, and many of torch's meta
 kernels are Python (``torch._refs``, ``torch._meta_registrations``): a whole training
 step of an 8B model spends most of its simulation there. Yet a transformer runs the
-same ops on the same shapes in every layer, so the answer to an op is already known
-from the first layer. :class:`MetaMemo` remembers, per op and exact input metadata,
-what the op returned, and afterwards makes fresh tensors of that metadata instead of
-running the kernel again.
+same ops on the same shapes in every layer, and a chunked kernel in every chunk, so the
+answer to an op is already known from the first layer or chunk (``_log_softmax``'s
+meta kernel alone is 0.7 ms of CPU). :class:`MetaMemo` remembers, per op and exact input
+metadata, what the op returned, and afterwards makes fresh tensors of that metadata
+instead of running the kernel again.
 
 Only ops where that is exactly what the kernel would do are remembered:
 
@@ -151,6 +152,9 @@ class MetaMemo:
         self.hits = 0
 
     def call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if torch._C._len_torch_dispatch_stack():
+            # A dispatch mode below the caller's (a user's) would miss an op answered here.
+            return func(*args, **kwargs)
         functional = self._functional.get(func)
         if functional is None:
             functional = self._functional[func] = _functional(func)
@@ -173,18 +177,3 @@ class MetaMemo:
             return func(*args, **kwargs)
         self.hits += 1
         return _make(answer)
-
-
-class RememberedOp:
-    """``func`` answered through ``memo``; named as ``func`` is (the events' op)."""
-
-    __slots__ = ("func", "memo")
-
-    def __init__(self, func: Any, memo: MetaMemo) -> None:
-        self.func, self.memo = func, memo
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.memo.call(self.func, args, kwargs)
-
-    def __str__(self) -> str:
-        return str(self.func)
