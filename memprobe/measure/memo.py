@@ -11,16 +11,25 @@ instead of running the kernel again.
 
 Only ops where that is exactly what the kernel would do are remembered:
 
-- the op mutates nothing and none of its outputs aliases an input (its schema says so);
-- every tensor it returned was a plain, dense-from-zero meta tensor of its own storage:
-  storage offset 0 and the storage exactly as large as its shape and strides need, so
+- the op's first run left every tensor input as it was: same shape, strides, storage
+  offset, dtype and storage of the same size (``resize_``, ``t_``, ``set_``, an ``out=``
+  that is resized always run again);
+- each tensor it returned was either one of its tensor inputs, the same object (an
+  in-place op returns the tensor it wrote into: answered with the input at that
+  position), or a plain, dense-from-zero meta tensor of its own storage: storage offset
+  0 and the storage exactly as large as its shape and strides need, so
   ``torch.empty_strided`` with the same shape, strides and dtype makes the same
-  allocation (same bytes, same shape, same dtype, a new storage);
+  allocation (same bytes, same shape, same dtype, a new storage); a view (a new tensor
+  on an input's storage) is never remembered;
 - every tensor input is on meta, and the key holds its shape, strides, storage offset,
   dtype, layout and conjugate/negative bits,
   and every other argument by type and value (``1`` and ``1.0`` and ``True`` promote
   differently), and the default dtype (a factory op without a dtype uses it); an argument
   of any other type is never remembered.
+
+A meta op writes no values, so an in-place op answered from memory skips nothing but
+its meta kernel: the version counter it bumps is bumped above the dispatch mode that
+calls the memo, whether or not the kernel runs.
 
 Anything else runs the real kernel. Meta tensors hold no values, so a meta kernel's
 answer depends on nothing else; the tests compare a remembered trace with a plain one
@@ -39,7 +48,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from memprobe.measure.tracker import tensors_in
 
 # A remembered answer: the output's tree and, per leaf, ("t", shape, stride, dtype) for a
-# tensor to make afresh, or ("v", value) for a value to return as it was.
+# tensor to make afresh, ("a", i) for the op's i-th tensor input (what an in-place op
+# returns), or ("v", value) for a value to return as it was.
 _Recipe = tuple[Any, tuple[tuple[Any, ...], ...]]
 _NOT_REMEMBERED = object()
 _SCALARS = (
@@ -95,13 +105,33 @@ def _dense_nbytes(t: torch.Tensor) -> int:
     return span * t.element_size()
 
 
-def _recipe(out: Any, inputs: set[int]) -> _Recipe | None:
-    """How to make ``out`` again, or None when fresh tensors would not be the same."""
+def _state(t: torch.Tensor) -> tuple[Any, ...]:
+    """What an op that changes a tensor's metadata or storage changes."""
+    storage = t.untyped_storage()
+    return (
+        tuple(t.shape),
+        t.stride(),
+        t.storage_offset(),
+        t.dtype,
+        storage._cdata,
+        storage.nbytes(),
+    )
+
+
+def _recipe(out: Any, inputs: list[torch.Tensor]) -> _Recipe | None:
+    """How to make ``out`` again, or None when fresh tensors (or the inputs at the same
+    positions) would not be the same."""
     leaves, spec = tree_flatten(out)
     made: list[tuple[Any, ...]] = []
-    storages: set[int] = set()
+    storages = {t.untyped_storage()._cdata for t in inputs}
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
+            same = [i for i, t in enumerate(inputs) if t is leaf]
+            if same:
+                if len(same) > 1:
+                    return None  # one tensor given twice: which position it stands for is unknown
+                made.append(("a", same[0]))
+                continue
             if (
                 type(leaf) is not torch.Tensor
                 or leaf.device.type != "meta"
@@ -113,7 +143,7 @@ def _recipe(out: Any, inputs: set[int]) -> _Recipe | None:
                 return None
             storage = leaf.untyped_storage()
             key = storage._cdata
-            if key in inputs or key in storages or storage.nbytes() != _dense_nbytes(leaf):
+            if key in storages or storage.nbytes() != _dense_nbytes(leaf):
                 return None
             storages.add(key)
             made.append(("t", tuple(leaf.shape), leaf.stride(), leaf.dtype))
@@ -124,21 +154,27 @@ def _recipe(out: Any, inputs: set[int]) -> _Recipe | None:
     return spec, tuple(made)
 
 
-def _make(recipe: _Recipe) -> Any:
+def _make(recipe: _Recipe, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     spec, made = recipe
-    leaves = [
-        torch.empty_strided(m[1], m[2], dtype=m[3], device="meta") if m[0] == "t" else m[1]
-        for m in made
-    ]
+    inputs: list[torch.Tensor] | None = None
+    leaves = []
+    for m in made:
+        if m[0] == "t":
+            leaves.append(torch.empty_strided(m[1], m[2], dtype=m[3], device="meta"))
+        elif m[0] == "a":
+            if inputs is None:
+                inputs = list(tensors_in((args, kwargs)))
+            leaves.append(inputs[m[1]])
+        else:
+            leaves.append(m[1])
     return tree_unflatten(leaves, spec)
 
 
-def _functional(func: Any) -> bool:
+def _may_remember(func: Any) -> bool:
+    """An aten op that returns no view: what it returns is fresh or an input it wrote."""
     schema = getattr(func, "_schema", None)
-    return (
-        schema is not None
-        and not schema.is_mutable
-        and all(r.alias_info is None for r in schema.returns)
+    return schema is not None and all(
+        r.alias_info is None or r.alias_info.is_write for r in schema.returns
     )
 
 
@@ -148,17 +184,17 @@ class MetaMemo:
 
     def __init__(self) -> None:
         self._answers: dict[Any, Any] = {}
-        self._functional: dict[Any, bool] = {}
+        self._rememberable: dict[Any, bool] = {}
         self.hits = 0
 
     def call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if torch._C._len_torch_dispatch_stack():
             # A dispatch mode below the caller's (a user's) would miss an op answered here.
             return func(*args, **kwargs)
-        functional = self._functional.get(func)
-        if functional is None:
-            functional = self._functional[func] = _functional(func)
-        if not functional:
+        rememberable = self._rememberable.get(func)
+        if rememberable is None:
+            rememberable = self._rememberable[func] = _may_remember(func)
+        if not rememberable:
             return func(*args, **kwargs)
         try:
             # The default dtype decides a factory op's dtype when none is given, and
@@ -168,12 +204,13 @@ class MetaMemo:
             return func(*args, **kwargs)
         answer = self._answers.get(key)
         if answer is None:
+            inputs = list(tensors_in((args, kwargs)))
+            before = [_state(t) for t in inputs]
             out = func(*args, **kwargs)
-            inputs = {t.untyped_storage()._cdata for t in tensors_in((args, kwargs))}
-            recipe = _recipe(out, inputs)
+            recipe = _recipe(out, inputs) if [_state(t) for t in inputs] == before else None
             self._answers[key] = recipe if recipe is not None else _NOT_REMEMBERED
             return out
         if answer is _NOT_REMEMBERED:
             return func(*args, **kwargs)
         self.hits += 1
-        return _make(answer)
+        return _make(answer, args, kwargs)

@@ -62,7 +62,7 @@ def remembered_op(func: Any, memo: MetaMemo) -> Any:
     return lambda *args, **kwargs: memo.call(func, args, kwargs)
 
 
-def test_only_fresh_outputs_of_functional_ops_are_remembered() -> None:
+def test_only_fresh_outputs_or_written_inputs_are_remembered() -> None:
     memo = MetaMemo()
     x = torch.empty(4, 6, dtype=torch.bfloat16, device="meta")
     add = remembered_op(torch.ops.aten.add.Tensor, memo)
@@ -82,10 +82,19 @@ def test_only_fresh_outputs_of_functional_ops_are_remembered() -> None:
         out = view(x, [24])
         assert out.untyped_storage()._cdata == x.untyped_storage()._cdata
     assert memo.hits == hits
-    # In place: mutates its input, never remembered.
+    # In place: answered with the very input it wrote into, at its position.
     add_ = remembered_op(torch.ops.aten.add_.Tensor, memo)
-    assert add_(x, x) is x and add_(x, x) is x
-    assert memo.hits == hits
+    y, z = (torch.empty(4, 6, dtype=torch.bfloat16, device="meta") for _ in range(2))
+    assert add_(y, z) is y and add_(z, y) is z
+    assert memo.hits == hits + 1
+    assert add_(x, x) is x
+    assert memo.hits == hits + 2
+    # One tensor given twice at the first run: which position it stands for is unknown,
+    # so that question always runs.
+    fresh = MetaMemo()
+    add_twice = remembered_op(torch.ops.aten.add_.Tensor, fresh)
+    assert add_twice(x, x) is x and add_twice(y, z) is y and add_twice(z, y) is z
+    assert fresh.hits == 0
 
 
 def test_a_factory_op_follows_the_default_dtype() -> None:
