@@ -18,6 +18,35 @@ def _snapshot(made_run: Path) -> str:
     return str(next((made_run / "snapshots").glob("*.pickle")))
 
 
+# -- a negative memory budget was told "give a size of zero or more", and the zero it then
+# gave was refused ("must be more than 0 bytes"): every command that takes a budget.
+
+BUDGETS = {
+    "plan": ["plan", "--vocab", "4096", "--kernel", "unchunked", "--no-reserved"],
+    "sweep": [*SWEEP, "--out", "{tmp}/run"],
+    "report": ["report", "{run}", "--out", "{tmp}/page.html"],
+    "attribute --what-if": ["attribute", "{snap}", "--what-if", "local_chunked"],
+}
+
+
+@pytest.mark.parametrize("value", ["-1GiB", "-0.5", "-80 GB", "-1"])
+@pytest.mark.parametrize("args", BUDGETS.values(), ids=list(BUDGETS))
+def test_a_negative_budget_asks_for_more_than_zero(
+    run_cli: Any, made_run: Path, tmp_path: Path, args: list[str], value: str
+) -> None:
+    given = [a.format(tmp=tmp_path, run=made_run, snap=_snapshot(made_run)) for a in args]
+    err = one_line(*run_cli(*given, f"--budget={value}"))
+    assert "is negative" in err and "more than 0 bytes" in err and "zero or more" not in err
+
+
+# ... while a negative --other, which may be zero, still says so.
+
+
+def test_a_negative_other_still_takes_zero(run_cli: Any) -> None:
+    err = one_line(*run_cli(*BUDGETS["plan"], "--budget", "1GiB", "--other=-1GiB"))
+    assert "is negative" in err and "zero or more" in err
+
+
 # -- `sweep --out` a folder that is not empty but holds no run (notes, a snapshots folder,
 # /proc/self): the refusal ended "or continue it with --resume DIR", and that resume
 # failed in turn ("is not a memprobe run (no readable run.json)"). --resume is offered
