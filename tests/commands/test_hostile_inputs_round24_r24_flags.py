@@ -4,11 +4,15 @@ pass found. One line and exit 2, or a sane answer."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostile import one_line
+
+from memprobe.gate import Verdict
+from memprobe.render.markdown import append_step_summary
 
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
          "--device", "meta", "--no-verify", "--no-report", "-q"]  # fmt: skip
@@ -16,6 +20,47 @@ SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel",
 
 def _snapshot(made_run: Path) -> str:
     return str(next((made_run / "snapshots").glob("*.pickle")))
+
+
+# -- GITHUB_STEP_SUMMARY naming the file the gate prints into (`/dev/stdout` or
+# `/proc/self/fd/1` with the output redirected to a log, as a local try of a CI script may
+# set it): the Markdown was appended at the file's end while the gate's lines still waited
+# in their buffer, which then wrote over it; no word, exit 0. It is now a warning.
+
+GATE_TOML = '[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1TiB"}]\n'
+STREAMS = {"standard output": 1, "standard error": 2}
+
+
+@pytest.mark.parametrize("spelled", ["/proc/self/fd/{fd}", "/dev/fd/{fd}", "{file}"])
+@pytest.mark.parametrize("stream", list(STREAMS))
+def test_a_step_summary_that_is_the_commands_own_output_is_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream: str, spelled: str
+) -> None:
+    fd = STREAMS[stream]
+    log = tmp_path / "log.txt"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", spelled.format(fd=fd, file=log))
+    kept = os.dup(fd)
+    target = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(target, fd)  # the stream redirected to the log, as `> log.txt` does
+    try:
+        warning = append_step_summary(Verdict(checks=(), results="run", cases=0))
+    finally:
+        os.dup2(kept, fd)
+        os.close(kept)
+        os.close(target)
+    assert warning is not None and f"it is this command's {stream}" in warning, warning
+    assert log.read_text() == ""
+
+
+def test_a_step_summary_of_its_own_is_still_appended_beside_a_redirected_output(
+    run_cli: Any, made_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "g.toml").write_text(GATE_TOML)
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, err = run_cli("gate", str(made_run), "--config", str(tmp_path / "g.toml"))
+    assert code == 0 and "passed" in out and not err, (out, err)
+    assert "memprobe gate" in summary.read_text()
 
 
 # -- a negative memory budget was told "give a size of zero or more", and the zero it then
