@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line
+from hostile import one_line, user_module
 
 from memprobe.gate import Verdict
+from memprobe.io.text import lookalikes_shown
 from memprobe.render.markdown import append_step_summary
 
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
@@ -124,3 +125,60 @@ def test_a_full_folder_that_is_no_run_is_not_offered_to_resume(
 def test_a_run_folder_is_still_offered_to_resume(run_cli: Any, made_run: Path) -> None:
     err = one_line(*run_cli(*SWEEP, "--out", str(made_run)))
     assert f"continue it with --resume {made_run}" in err
+
+
+# -- a Cyrillic or Greek letter inside a Latin word (pasted from a page, or typed on another
+# keyboard layout) looks like the letter it stands in for, so the one line contradicted
+# itself: "unknown kernel 'unсhunked' (did you mean 'unchunked'?)", "expandable_segments
+# takes True or False, not 'Truе'". The letter is now shown as its escape.
+
+LOOKALIKES = {
+    "a Cyrillic c in a kernel": (["sweep", "--kernel", "un\u0441hunked", "--device", "meta"],
+                                 "'un\\u0441hunked'"),
+    "a Greek o in a kernel": (["plan", "--vocab", "4096", "--budget", "1GiB", "--kernel",
+                               "l\u03bfcal_chunked"], "'l\\u03bfcal_chunked'"),
+    "a Cyrillic i in a unit": (["plan", "--vocab", "4096", "--budget", "1G\u0456B"],
+                               "'1G\\u0456B'"),
+    "a Cyrillic e in an option": (["sweep", "--tok\u0435ns", "64"], "--tok\\u0435ns"),
+    "a Cyrillic e in a setting": (["plan", "--vocab", "4096", "--budget", "1GiB", "--kernel",
+                                   "unchunked", "--alloc-conf", "expandable_segments:Tru\u0435"],
+                                  "not 'Tru\\u0435'"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "shown"), LOOKALIKES.values(), ids=list(LOOKALIKES))
+def test_a_lookalike_letter_is_shown_as_its_escape(
+    run_cli: Any, args: list[str], shown: str
+) -> None:
+    err = one_line(*run_cli(*args))
+    assert shown in err, err
+
+
+# ... while a word all in one script, and Latin letters with accents, are their own.
+
+OWN_WORDS = {
+    "a Cyrillic folder": "/tmp/\u0438\u0432\u0430\u043d/s.pickle",
+    "accented Latin": "r\u00e9sum\u00e9",
+    "a Greek word": "\u03bb\u03cc\u03b3\u03bf\u03c2",
+    "a micro sign": "12 \u00b5s",
+    "ASCII": "unchunked",
+}
+
+
+@pytest.mark.parametrize("text", OWN_WORDS.values(), ids=list(OWN_WORDS))
+def test_a_word_in_one_script_is_shown_as_written(text: str) -> None:
+    assert lookalikes_shown(text) == text
+
+
+def test_a_missing_file_in_a_cyrillic_folder_is_named_as_written(
+    run_cli: Any, tmp_path: Path
+) -> None:
+    missing = tmp_path / "\u0438\u0432\u0430\u043d" / "s.pickle"
+    err = one_line(*run_cli("attribute", str(missing)))
+    assert str(missing) in err
+
+
+def test_a_user_step_named_with_a_lookalike_is_shown(run_cli: Any, here: Path) -> None:
+    name = user_module(here, "r24_step", "def step(device):\n    pass\n")
+    err = one_line(*run_cli("profile", f"{name}:st\u0435p", "--device", "meta"))
+    assert "st\\u0435p" in err, err
