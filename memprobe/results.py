@@ -1,13 +1,13 @@
 """The one owner of a run directory: ``run.json``, ``results.csv``/``results.json``, snapshots.
 
-A run directory holds ``run.json`` (versions, device, command, the planned
-cases), ``results.csv`` and ``results.json`` (one row per finished case) and
-``snapshots/<case_id>.pickle``. Rows are rewritten by atomic replace after every
-case, so an interrupt or a crash loses nothing finished.
+A run directory holds ``run.json`` (versions, device, command, the planned cases),
+``results.csv`` and ``results.json`` (one row per finished case) and
+``snapshots/<case_id>.pickle``. Rows are rewritten by atomic replace after every case, so
+an interrupt or a crash loses nothing finished.
 
-Everything that reads results goes through :func:`read_rows`, which validates
-each row: a tampered or foreign file is one :class:`UserError`, never a
-traceback further down. No torch import here: reading results must stay cheap.
+Everything that reads results goes through :func:`read_rows`, which validates each row: a
+tampered or foreign file is one :class:`UserError`, never a traceback further down. No
+torch import here: reading results must stay cheap.
 """
 
 from __future__ import annotations
@@ -410,15 +410,13 @@ def default_run_dir(root: Path = Path("reports")) -> Path:
 def create_run_dir(run_dir: Path, cases: Sequence[Case], environment: Mapping[str, Any]) -> Path:
     """Claim a new run directory and write its run.json; never reuse an existing run.
 
-    The claim is an exclusive create of ``run.json``: of two sweeps started
-    together into the same directory exactly one gets it, the other stops
-    before measuring anything.
+    The claim is an exclusive create of ``run.json``: of two sweeps started together into
+    the same directory exactly one gets it, the other stops before measuring anything.
     """
     refuse_non_folder(run_dir, "a run directory", "choose another --out")
-    taken = UserError(
-        f"{run_dir} already exists and is not empty",
-        f"choose another --out, or continue it with --resume {run_dir}",
-    )
+    # --resume is offered only for a run: a folder of notes has no run.json to resume
+    resume = f", or continue it with --resume {run_dir}" * (run_dir / RUN_META).exists()
+    taken = UserError(f"{run_dir} already exists and is not empty", f"choose another --out{resume}")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise taken
     try:

@@ -14,7 +14,7 @@ import typer
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.io.text import printable
+from memprobe.io.text import lookalikes_shown, printable
 from memprobe.records import MAX_COUNT
 
 P = ParamSpec("P")
@@ -40,7 +40,8 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
             command(*args, **kwargs)
         except UserError as exc:
             # printable: a message can quote a file's text (a TOML line, a frame name).
-            typer.echo(f"memprobe: error: {printable(exc.one_line())}", err=True)
+            line = lookalikes_shown(printable(exc.one_line()))
+            typer.echo(f"memprobe: error: {line}", err=True)
             raise typer.Exit(2) from None
         except OSError as exc:
             # A path the file system refuses to even look at: a name past 255 bytes

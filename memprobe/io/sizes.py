@@ -43,8 +43,12 @@ def _too_big(what: str, value: object) -> UserError:
     )
 
 
-def parse_size(value: str | int | float, *, what: str = "size") -> int:
-    """``"10.3 GiB"``, ``"11000 MB"``, ``"123"`` or a number → bytes (at most :data:`MAX_SIZE`)."""
+def parse_size(value: str | int | float, *, what: str = "size", least: str = "zero or more") -> int:
+    """``"10.3 GiB"``, ``"11000 MB"``, ``"123"`` or a number → bytes (at most :data:`MAX_SIZE`).
+    ``least`` names the sizes the caller takes in a negative size's hint (a budget: more
+    than 0 bytes)."""
+    # A budget refuses 0 too: its negative value was told "give a size of zero or more".
+    negative = f"give a size of {least}, e.g. 80GiB"
     if isinstance(value, bool):
         raise UserError(f"{what} {quoted(value)} is not a size", "write e.g. 10.3 GiB or 11000 MB")
     if isinstance(value, int) and value > MAX_SIZE:
@@ -55,11 +59,11 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
         if value > MAX_SIZE:
             raise _too_big(what, value)
         if value < 0:
-            raise UserError(f"{what} {quoted(value)} is negative", "give a size of zero or more")
+            raise UserError(f"{what} {quoted(value)} is negative", negative)
         return _whole_bytes(value, what, value, bare=True)
     text = str(value)
-    negative = text.strip().startswith("-")
-    if negative:
+    signed = text.strip().startswith("-")
+    if signed:
         # "-0" and "-0 GiB" are zero, not negative; "-x" is not a size at all.
         text = text.strip()[1:]
     if re.match(r"^\s*[0-9]+,[0-9]{1,2}(?![0-9])", text):
@@ -74,10 +78,8 @@ def parse_size(value: str | int | float, *, what: str = "size") -> int:
             "write bytes or a number with B, KB, MB, GB, TB, KiB, MiB, GiB, TiB",
         )
     number = float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit]
-    if negative and number:
-        raise UserError(
-            f"{what} {quoted(value)} is negative", "give a size of zero or more, e.g. 80GiB"
-        )
+    if signed and number:
+        raise UserError(f"{what} {quoted(value)} is negative", negative)
     if not number <= MAX_SIZE:  # a 400-digit number reads as inf
         raise _too_big(what, value)
     return _whole_bytes(number, what, value, bare=not unit) if _UNITS[unit] == 1 else int(number)
@@ -98,7 +100,7 @@ def _whole_bytes(number: float, what: str, value: object, *, bare: bool) -> int:
 def parse_budget(value: str | int | float, *, what: str = "--budget") -> int:
     """A memory budget: a size (:func:`parse_size`) of more than 0 bytes. Nothing fits
     in none, so a zero budget is a mistake in every command that takes one."""
-    budget = parse_size(value, what=what)
+    budget = parse_size(value, what=what, least="more than 0 bytes")
     if budget <= 0:
         raise UserError(
             f"{what} {quoted(value)} must be more than 0 bytes",

@@ -10,6 +10,8 @@ its Python escape instead (``\\x1b``, ``\\n``, ``\\ud800``): visible, inert, one
 from __future__ import annotations
 
 import codecs
+import re
+import unicodedata
 from typing import Any
 
 
@@ -26,6 +28,34 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+# Letters of the scripts whose letters look like Latin ones (Cyrillic 'е' and 'с', Greek
+# 'ο'), and a word: a run of letters.
+_LOOKALIKE_SCRIPTS = ("CYRILLIC ", "GREEK ")
+_WORD = re.compile(r"[^\W\d_]+")
+
+
+def lookalikes_shown(text: str) -> str:
+    """``text`` with each Cyrillic or Greek letter inside a word of Latin letters shown as
+    its escape. One pasted from a page or typed on another keyboard layout (the 'е' of
+    `Truе`, the 'с' of `unсhunked`) looks like the letter it stands in for, so a refusal
+    ("takes True or False, not 'Truе'", "unknown kernel 'unсhunked' (did you mean
+    'unchunked'?)") read as contradicting itself. A word in one script is its own."""
+    if text.isascii():
+        return text
+
+    def shown(match: re.Match[str]) -> str:
+        word = match.group()
+        if word.isascii() or not any(c.isascii() for c in word):
+            return word
+        return "".join(_escape(c) if _lookalike(c) else c for c in word)
+
+    return _WORD.sub(shown, text)
+
+
+def _lookalike(char: str) -> bool:
+    return unicodedata.name(char, "").startswith(_LOOKALIKE_SCRIPTS)
 
 
 def printable_lines(text: str) -> str:

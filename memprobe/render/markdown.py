@@ -92,6 +92,14 @@ def append_step_summary(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             return f"could not append to GITHUB_STEP_SUMMARY ({target}): not a regular file"
+        # The file this command prints into (`> log` with the summary at /dev/stdout, as a
+        # local try of a CI script may set it): appended at its end while the printed lines
+        # still waited in their buffer, the summary was then written over by them.
+        stream = _stream_among(info)
+        if stream is not None:
+            return (
+                f"did not append to GITHUB_STEP_SUMMARY ({target}): it is this command's {stream}"
+            )
         for files, role in ((inputs, "an input"), (outputs, "an output")):
             named = _file_among(info, files)
             if named is not None:
@@ -105,6 +113,18 @@ def append_step_summary(
         return f"could not append to GITHUB_STEP_SUMMARY ({target}): {exc.strerror or exc}"
     finally:
         os.close(fd)
+    return None
+
+
+def _stream_among(info: os.stat_result) -> str | None:
+    """Which of standard output and error (by descriptor) is the file ``info`` describes."""
+    for fd, name in ((1, "standard output"), (2, "standard error")):
+        try:
+            other = os.fstat(fd)
+        except OSError:  # closed
+            continue
+        if (other.st_dev, other.st_ino) == (info.st_dev, info.st_ino):
+            return name
     return None
 
 

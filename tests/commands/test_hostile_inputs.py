@@ -62,7 +62,8 @@ def test_a_negative_budget_reads_the_same_everywhere(run_cli, command: list[str]
     code, out, err = run_cli(*command, "--budget", "-1GiB")
     assert code == 2 and not out
     assert err.strip() == (
-        "memprobe: error: --budget '-1GiB' is negative (give a size of zero or more, e.g. 80GiB)"
+        "memprobe: error: --budget '-1GiB' is negative "
+        "(give a size of more than 0 bytes, e.g. 80GiB)"
     )
 
 
