@@ -1,0 +1,104 @@
+"""Hostile inputs, round 24 (r24_files), files a user hands memprobe: snapshot pickles
+whose segments or allocator settings hold values torch never writes, and model
+config.json files whose fields are not sizes but change how transformers builds or runs
+the model. Each table is a variant of a defect class the pass found: one line and exit 2
+that names what is wrong, or an answer whose every word the file supports."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+ADDR = 0x7F00_0000_0000
+MIB = 1 << 20
+
+
+def _segment(**fields: Any) -> dict[str, Any]:
+    """One 2 MiB segment as torch lists it: a live 1 MiB block and a free one."""
+    frames = [{"filename": "train.py", "line": 7, "name": "step"}]
+    blocks = [
+        {"address": ADDR, "size": MIB, "requested_size": MIB, "state": "active_allocated"},
+        {"address": ADDR + MIB, "size": MIB, "requested_size": 0, "state": "inactive"},
+    ]
+    seg = {
+        "device": 0, "address": ADDR, "total_size": 2 * MIB, "allocated_size": MIB,
+        "active_size": MIB, "requested_size": MIB, "stream": 0, "segment_type": "large",
+        "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames,
+        "blocks": [{**b, "frames": frames} for b in blocks],
+    }  # fmt: skip
+    return {**seg, **fields}
+
+
+def _trace() -> list[dict[str, Any]]:
+    """The segment made, its live block allocated, a second block made and freed."""
+    frames = [{"filename": "train.py", "line": 7, "name": "step"}]
+    steps = [
+        ("segment_alloc", ADDR, 2 * MIB),
+        ("alloc", ADDR, MIB),
+        ("alloc", ADDR + MIB, MIB // 2),
+        ("free_requested", ADDR + MIB, MIB // 2),
+        ("free_completed", ADDR + MIB, MIB // 2),
+    ]
+    return [
+        {"action": a, "addr": addr, "size": size, "stream": 0, "frames": frames}
+        for a, addr, size in steps
+    ]
+
+
+def _snapshot(tmp_path: Path, seg: dict[str, Any], settings: Any = None) -> str:
+    snap: dict[str, Any] = {"segments": [seg], "device_traces": [_trace()]}
+    if settings is not None:
+        snap["allocator_settings"] = settings
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    return str(path)
+
+
+# -- a segment whose pool or kind is not one torch writes (torch: a pair of pool ids, (0, 0)
+# for the default pools; "small" or "large"): a segment_pool_id of 5 ended `attribute
+# --replay` in a TypeError traceback, "ab" or three ids were replayed as a private pool (a
+# note said so), and a segment_type "huge" was counted as neither ("1 segment (0 large, 0
+# small, 0 expandable)"). Each is now refused as the block states torch never writes are.
+
+NOT_TORCHS = {
+    "a pool id that is a number": ({"segment_pool_id": 5}, "segment_pool_id 5"),
+    "a pool id that is text": ({"segment_pool_id": "ab"}, "segment_pool_id 'ab'"),
+    "three pool ids": ({"segment_pool_id": [1, 2, 3]}, "segment_pool_id [1, 2, 3]"),
+    "a pair holding a float": ({"segment_pool_id": (0, 0.5)}, "segment_pool_id (0, 0.5)"),
+    "a kind torch has not": ({"segment_type": "huge"}, "segment_type 'huge'"),
+    "a kind in capitals": ({"segment_type": "LARGE"}, "segment_type 'LARGE'"),
+}
+
+
+@pytest.mark.parametrize("flags", [[], ["--replay"]], ids=["attribute", "--replay"])
+@pytest.mark.parametrize("what", sorted(NOT_TORCHS))
+def test_a_segment_pool_or_kind_torch_never_writes_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, flags: list[str]
+) -> None:
+    fields, said = NOT_TORCHS[what]
+    err = one_line(*run_cli("attribute", _snapshot(tmp_path, _segment(**fields)), *flags))
+    assert f"segments[0] has {said}" in err and "not a valid CUDA memory snapshot" in err, err
+
+
+# What torch and other tools write is read as before: a private pool's pair (a note says
+# the model puts its requests in the default pools), a list pair from a JSON round trip, no
+# pool at all, and a segment without its kind (its size decides it).
+TORCHS = {
+    "a private pool": {"segment_pool_id": (1, 3)},
+    "a pool pair as a list": {"segment_pool_id": [0, 0]},
+    "no pool id": {"segment_pool_id": None},
+    "no kind": {"segment_type": None},
+    "a small segment": {"segment_type": "small"},
+}
+
+
+@pytest.mark.parametrize("what", sorted(TORCHS))
+def test_a_segment_pool_and_kind_torch_writes_replays(
+    run_cli: Any, tmp_path: Path, what: str
+) -> None:
+    code, out, err = run_cli("attribute", _snapshot(tmp_path, _segment(**TORCHS[what])), "--replay")
+    assert code == 0 and "replay on device 0" in out and "1 segment (" in out, (out, err)
