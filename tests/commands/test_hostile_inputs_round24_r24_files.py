@@ -102,3 +102,27 @@ def test_a_segment_pool_and_kind_torch_writes_replays(
 ) -> None:
     code, out, err = run_cli("attribute", _snapshot(tmp_path, _segment(**TORCHS[what])), "--replay")
     assert code == 0 and "replay on device 0" in out and "1 segment (" in out, (out, err)
+
+
+# -- a recorded max_split_size below what torch accepts (kLargeBuffer, 20 MiB; torch refuses
+# less, as --alloc-conf does): 1,000 bytes was replayed as "max_split_size_mb:0", a setting
+# no allocator runs with (and `--alloc-conf max_split_size_mb:0` is refused). Such a field
+# is no setting torch has: the defaults stand, as for an unknown divisions table.
+
+SPLITS = {"1,000 bytes": 1000, "1 MiB": MIB, "20 MiB less one byte": 20 * MIB - 1, "0": 0}
+
+
+@pytest.mark.parametrize("what", sorted(SPLITS))
+def test_a_recorded_split_limit_torch_refuses_is_not_modelled(
+    run_cli: Any, tmp_path: Path, what: str
+) -> None:
+    snap = _snapshot(tmp_path, _segment(), {"max_split_size": SPLITS[what]})
+    code, out, err = run_cli("attribute", snap, "--replay")
+    assert code == 0 and "max_split_size_mb" not in out, (out, err)
+    assert "caching-allocator model, default settings" in out, out
+
+
+def test_a_recorded_split_limit_torch_takes_is_modelled(run_cli: Any, tmp_path: Path) -> None:
+    snap = _snapshot(tmp_path, _segment(), {"max_split_size": 20 * MIB})
+    code, out, err = run_cli("attribute", snap, "--replay")
+    assert code == 0 and "caching-allocator model, max_split_size_mb:20" in out, (out, err)
