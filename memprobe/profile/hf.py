@@ -137,6 +137,10 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     except Exception as exc:  # its strict validators raise their own types
         raise load_error(model_type, exc) from None
     check_ratios(model_type, fields, aliases)  # what transformers' validators let through
+    # Outputs by name: a config's return_dict false (saved for TorchScript export) packed
+    # them in tuples that transformers' causal LMs read by name, and the step failed on meta
+    # ("'tuple' object has no attribute 'last_hidden_state'"). Packing allocates nothing.
+    config.return_dict = True
     check_architecture_sizes(model_type, fields, config)
     return config
 

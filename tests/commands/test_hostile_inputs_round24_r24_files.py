@@ -6,12 +6,14 @@ that names what is wrong, or an answer whose every word the file supports."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostile import one_line
+from small_config import SMALL
 
 ADDR = 0x7F00_0000_0000
 MIB = 1 << 20
@@ -126,3 +128,47 @@ def test_a_recorded_split_limit_torch_takes_is_modelled(run_cli: Any, tmp_path: 
     snap = _snapshot(tmp_path, _segment(), {"max_split_size": 20 * MIB})
     code, out, err = run_cli("attribute", snap, "--replay")
     assert code == 0 and "caching-allocator model, max_split_size_mb:20" in out, (out, err)
+
+
+def _config(tmp_path: Path, **extra: Any) -> str:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "config.json").write_text(json.dumps({**SMALL, **extra}))
+    return str(tmp_path)
+
+
+def _step_args(command: str, config: str, *kernel: str) -> list[str]:
+    return {
+        "step": ["step", "--config", config, "--tokens", "16", *kernel],
+        "plan --step": ["plan", "--step", "--config", config, "--budget", "1GiB", *kernel],
+    }[command]
+
+
+# -- a config saved with return_dict false (for TorchScript or ONNX export): transformers'
+# causal LMs read their base model's outputs by name, so the model could not run at all,
+# and the step failed on meta ("'tuple' object has no attribute 'last_hidden_state'") with
+# a hint to check the config's sizes. How outputs are packed allocates nothing: the step
+# runs as the same config without it.
+
+PACKED = {
+    "return_dict false": {"return_dict": False},
+    "return_dict false with torchscript": {"return_dict": False, "torchscript": True},
+    "return_dict false, tied embeddings": {"return_dict": False, "tie_word_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("kernel", [[], ["--kernel", "unchunked"]], ids=["hidden", "logits"])
+@pytest.mark.parametrize("what", sorted(PACKED))
+def test_a_config_returning_tuples_steps_as_without_it(
+    run_cli: Any, tmp_path: Path, what: str, kernel: list[str]
+) -> None:
+    packed = _config(tmp_path / "packed", **PACKED[what])
+    extra = {k: v for k, v in PACKED[what].items() if k != "return_dict"}
+    plain = _config(tmp_path / "plain", **extra)
+    code, out, err = run_cli(*_step_args("step", packed, *kernel))
+    assert code == 0, err
+    assert run_cli(*_step_args("step", plain, *kernel))[1] == out.replace(packed, plain)
+
+
+def test_plan_step_plans_a_config_returning_tuples(run_cli: Any, tmp_path: Path) -> None:
+    code, out, err = run_cli(*_step_args("plan --step", _config(tmp_path, return_dict=False)))
+    assert code == 0 and "tokens" in out, err
