@@ -172,3 +172,33 @@ def test_a_config_returning_tuples_steps_as_without_it(
 def test_plan_step_plans_a_config_returning_tuples(run_cli: Any, tmp_path: Path) -> None:
     code, out, err = run_cli(*_step_args("plan --step", _config(tmp_path, return_dict=False)))
     assert code == 0 and "tokens" in out, err
+
+
+# -- a classifier's label count in a causal LM's config.json: transformers names each
+# label as the config loads ({i: "LABEL_i"}), so num_labels 10^9 in a 200-byte file filled
+# every byte of memory (under a limit: "the llama config does not load ()", a MemoryError
+# with no message). It is refused before transformers sees it.
+
+LABELS = {"10^9": 10**9, "2^40": 2**40, "one past the cap": 2**20 + 1}
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(LABELS))
+def test_a_config_naming_too_many_labels_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    err = one_line(*run_cli(*_step_args(command, _config(tmp_path, num_labels=LABELS[what]))))
+    assert f"num_labels is {LABELS[what]:,}" in err and "drop num_labels" in err, err
+
+
+def test_a_config_naming_a_classifiers_labels_is_built(run_cli: Any, tmp_path: Path) -> None:
+    code, out, err = run_cli(*_step_args("step", _config(tmp_path, num_labels=21_841)))
+    assert code == 0 and "llama" in out, err
+
+
+def test_a_refusal_without_a_message_is_named_by_its_type() -> None:
+    from memprobe.profile.hf_config import load_error
+
+    assert "does not load (MemoryError)" in load_error("llama", MemoryError()).message
+    said = load_error("llama", ValueError("bad \x1b]0;title\x07 value")).message
+    assert "\x1b" not in said and "\x07" not in said and "bad" in said, said
