@@ -259,9 +259,10 @@ def check_ratios(model_type: str, fields: dict[str, Any], aliases: dict[str, str
 _SIZE_PREFIXES = ("num_", "n_")
 # "_embeddings" and "_positions": a table of learned positions (OPT's max_position_embeddings,
 # GPT-2's n_positions) of -5 failed on meta as "negative dimension -3", and Llama's, which
-# RoPE never builds, was taken as it was.
+# RoPE never builds, was taken as it was. "_window": the tokens a sliding-window layer sees
+# (mistral's, qwen2's sliding_window); -5 was taken, and its step printed as the model's.
 _SIZE_SUFFIXES = ("_size", "_dim", "_rank", "_heads", "_experts", "_tok", "_layers",
-                  "_embeddings", "_positions")  # fmt: skip
+                  "_embeddings", "_positions", "_window")  # fmt: skip
 
 
 def check_architecture_sizes(model_type: str, fields: dict[str, Any], config: Any) -> None:
@@ -318,13 +319,13 @@ def load_error(model_type: str, exc: BaseException) -> UserError:
     )
 
 
-# The heads a config's ``architectures`` may name whose model has an lm_head over the
 def error_text(exc: BaseException) -> str:
     """transformers' (or torch's) message for a config it refused, on one printable line;
     its type where it gave none (a MemoryError read "does not load ()")."""
     return exception_text(exc, name=False) or exception_text(exc)
 
 
+# The heads a config's ``architectures`` may name whose model has an lm_head over the
 # vocabulary (what the step's log-probs are taken from).
 _LM_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 

@@ -202,3 +202,31 @@ def test_a_refusal_without_a_message_is_named_by_its_type() -> None:
     assert "does not load (MemoryError)" in load_error("llama", MemoryError()).message
     said = load_error("llama", ValueError("bad \x1b]0;title\x07 value")).message
     assert "\x1b" not in said and "\x07" not in said and "bad" in said, said
+
+
+# -- a sliding window of fewer than 0 tokens (mistral's, qwen2's sliding_window): the sizes
+# of an architecture's own were known below 0 by their names (num_*, *_size, *_dim, ...),
+# and "_window" was none of them: -5 was built and the step printed as the model's.
+
+WINDOWS = {
+    "mistral's": {"model_type": "mistral", "sliding_window": -5},
+    "qwen2's, turned on": {"model_type": "qwen2", "use_sliding_window": True, "sliding_window": -1},
+    "cohere2's": {"model_type": "cohere2", "sliding_window": -4096, "head_dim": 16},
+}
+
+
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+@pytest.mark.parametrize("what", sorted(WINDOWS))
+def test_a_negative_sliding_window_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    window = WINDOWS[what]["sliding_window"]
+    err = one_line(*run_cli(*_step_args(command, _config(tmp_path, **WINDOWS[what]))))
+    assert f"config's 'sliding_window' is {window:,}: a size is 0 or more" in err, err
+
+
+def test_a_sliding_window_of_none_or_zero_is_built(run_cli: Any, tmp_path: Path) -> None:
+    for window in (None, 0, 16):
+        config = _config(tmp_path / str(window), model_type="mistral", sliding_window=window)
+        code, out, err = run_cli(*_step_args("step", config))
+        assert code == 0 and "mistral" in out, (window, err)
