@@ -230,3 +230,33 @@ def test_a_sliding_window_of_none_or_zero_is_built(run_cli: Any, tmp_path: Path)
         config = _config(tmp_path / str(window), model_type="mistral", sliding_window=window)
         code, out, err = run_cli(*_step_args("step", config))
         assert code == 0 and "mistral" in out, (window, err)
+
+
+# -- a gate rule's max_peak_over_floor under 1 (0.06 written for "6% above the floor"): a
+# peak holds its floor (a row whose floor is above its peak is refused), so no case could
+# meet it; every case failed ("peak/floor 2.006x > limit 0.060x", "+inf%" at 1e-320), after
+# the gate's own sweep had run them all. It is refused as the config is read.
+
+UNDER_ONE = {"6% written as 0.06": "0.06", "a half": "0.5", "1e-320": "1e-320", "0.999": "0.999"}
+
+
+@pytest.mark.parametrize("what", sorted(UNDER_ONE))
+def test_a_peak_over_floor_limit_under_one_is_one_line(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    ratio = UNDER_ONE[what]
+    config = tmp_path / "pyproject.toml"
+    rule = f'{{ kernel = "*", max_peak_over_floor = {ratio} }}'
+    config.write_text(f"[tool.memprobe.gate]\nrules = [{rule}]\n")
+    err = one_line(*run_cli("gate", str(made_run), "--config", str(config)))
+    assert f"max_peak_over_floor {float(ratio)!r} is below 1" in err and "e.g. 1.06" in err, err
+
+
+def test_a_peak_over_floor_limit_of_one_is_a_rule(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "pyproject.toml"
+    rule = '{ kernel = "*", max_peak_over_floor = 1 }'
+    config.write_text(f"[tool.memprobe.gate]\nrules = [{rule}]\n")
+    code, out, err = run_cli("gate", str(made_run), "--config", str(config))
+    assert code in (0, 1) and "peak/floor" in out, (code, err)
