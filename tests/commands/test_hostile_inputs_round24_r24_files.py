@@ -260,3 +260,39 @@ def test_a_peak_over_floor_limit_of_one_is_a_rule(
     config.write_text(f"[tool.memprobe.gate]\nrules = [{rule}]\n")
     code, out, err = run_cli("gate", str(made_run), "--config", str(config))
     assert code in (0, 1) and "peak/floor" in out, (code, err)
+
+
+# -- a trace that times some entries and not others (torch times every entry or none: two
+# traces merged, an edited file): the peak at an untimed entry was read beside "t=+0 us"
+# of a timed one, and a trace whose first entry had no time said its entries "carry no
+# time_us (older torch)" while others did. Its times are now left out, with a note why,
+# as a trace whose clock runs backwards has them left out.
+
+PARTLY = {
+    "the first entry alone": [0],
+    "all but the first": [1, 2, 3, 4],
+    "every other entry": [1, 3],
+    "all but the last": [0, 1, 2, 3],
+}
+
+
+def _timed(tmp_path: Path, which: list[int]) -> str:
+    trace = _trace()
+    for i in which:
+        trace[i]["time_us"] = 1_000 * (i + 1)
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": [_segment()], "device_traces": [trace]}))
+    return str(path)
+
+
+@pytest.mark.parametrize("what", sorted(PARTLY))
+def test_a_trace_timed_in_part_shows_no_time(run_cli: Any, tmp_path: Path, what: str) -> None:
+    code, out, err = run_cli("attribute", _timed(tmp_path, PARTLY[what]))
+    timed = len(PARTLY[what])
+    assert code == 0 and f"only {timed} of the trace's 5 entries carry a time_us" in out, err
+    assert "t=+" not in out and " us" not in out.replace("time_us", ""), out
+
+
+def test_a_trace_timed_whole_shows_its_times(run_cli: Any, tmp_path: Path) -> None:
+    code, out, err = run_cli("attribute", _timed(tmp_path, [0, 1, 2, 3, 4]))
+    assert code == 0 and "t=+" in out and "carry" not in out, (out, err)
