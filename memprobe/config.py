@@ -327,6 +327,15 @@ def _parse_rule(value: Any, where: str) -> Rule:
                 f"{where}: max_peak_over_floor {quoted(ratio)} is not a positive number",
                 "write a ratio such as 1.06 (peak may be 6% above the floor)",
             )
+        if ratio < 1:
+            # A peak holds its floor (a row whose floor is above its peak is refused), so
+            # no case can meet a ratio under 1: written as 0.06 for "6% above", every case
+            # failed, after the gate's own sweep had run them all (hours on a GPU).
+            raise UserError(
+                f"{where}: max_peak_over_floor {quoted(ratio)} is below 1, which no case can "
+                "meet (a peak holds its floor: peak / floor is 1 or more)",
+                "write the ratio itself, e.g. 1.06 for a peak up to 6% above its floor",
+            )
         kwargs["max_peak_over_floor"] = float(ratio)
     if "max_big_fp32_blocks" in table:
         count = table["max_big_fp32_blocks"]

@@ -39,6 +39,7 @@ from typing import Any
 from memprobe.allocator.config import (
     MALLOC_ASYNC,
     MIB,
+    MIN_SPLIT_MB,
     ROUNDUP_INTERVALS,
     AllocConf,
     parse_alloc_conf,
@@ -113,7 +114,9 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
                 break  # fall back to the parsed fields torch also writes
     fields: dict[str, Any] = {}
     split = settings.get("max_split_size")
-    if isinstance(split, int) and 0 < split < _NO_LIMIT:
+    # torch refuses a limit under kLargeBuffer (as --alloc-conf does): a recorded 1,000
+    # bytes was replayed as max_split_size_mb:0, a setting no allocator runs with.
+    if isinstance(split, int) and MIN_SPLIT_MB * MIB <= split < _NO_LIMIT:
         fields["max_split_size_mb"] = split // MIB
     gc = settings.get("garbage_collection_threshold")
     if isinstance(gc, (int, float)) and 0 < gc < 1:

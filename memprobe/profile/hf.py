@@ -36,6 +36,7 @@ from memprobe.profile.hf_config import (
     check_ratios,
     check_sizes,
     check_text_only,
+    error_text,
     has_attention_heads,
     load_error,
     logit_transform,
@@ -136,6 +137,10 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
             config = transformers.AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # its strict validators raise their own types
         raise load_error(model_type, exc) from None
+    # Outputs by name: a config's return_dict false (saved for TorchScript export) packed
+    # them in tuples that transformers' causal LMs read by name, and the step failed on meta
+    # ("'tuple' object has no attribute 'last_hidden_state'"). Packing allocates nothing.
+    config.return_dict = True
     check_ratios(model_type, fields, aliases)  # what transformers' validators let through
     check_architecture_sizes(model_type, fields, config)
     return config
@@ -366,9 +371,8 @@ class HFStep:
         # takes none, a multimodal config whose text sizes are nested) raises
         # AttributeError: said as the step failing "on meta", with a hint to try cpu.
         except (ValueError, TypeError, KeyError, AssertionError, AttributeError) as exc:
-            what = " ".join(str(exc).split())[:200]
             raise UserError(
-                f"transformers cannot build this model ({what})", "check the config"
+                f"transformers cannot build this model ({error_text(exc)})", "check the config"
             ) from None
         if self.checkpointing:
             # Non-reentrant: what transformers' Trainer and torch recommend.

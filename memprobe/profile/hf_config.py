@@ -21,6 +21,7 @@ from memprobe.io.files import read_regular
 from memprobe.io.text import (
     DuplicateKey,
     binary_kind,
+    exception_text,
     json_error,
     printable,
     quoted,
@@ -42,6 +43,9 @@ _MAX_DIGITS = 19
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 # Sizes checked when the config gives them (None means "as the attention heads").
 OPTIONAL = ("intermediate_size", "num_key_value_heads", "head_dim")
+# A classifier head's labels: thousands at most (ImageNet-21k's 21,841). transformers makes
+# a name for each as the config loads (about 100 bytes apiece), 2^20 of them ~100 MiB.
+MAX_LABELS = 2**20
 
 
 def read_config_json(file: Path) -> Any:
@@ -155,7 +159,16 @@ def check_sizes(
     """Every size in :data:`REQUIRED` present (a multimodal config, which nests them in
     ``text_config``, is refused before: :func:`check_text_only`; an attention-free one,
     ``heads`` false, has no attention heads to give) and each size given a whole number
-    within reach."""
+    within reach, and ``num_labels`` no more than a classifier names (a causal LM reads
+    none, but transformers names each as the config loads: num_labels 10^9 in a 200-byte
+    file filled every byte of memory, then read "the llama config does not load ()")."""
+    labels = fields.get("num_labels")
+    if isinstance(labels, int) and not isinstance(labels, bool) and labels > MAX_LABELS:
+        raise UserError(
+            f"the {printable(model_type)} config's num_labels is {labels:,}: a classifier's "
+            f"labels, at most {MAX_LABELS:,} (transformers names each one as it loads)",
+            "drop num_labels from config.json (a causal LM's head is over its vocab_size)",
+        )
     for name, alias in aliases.items():
         # Every name the config class maps, not the sizes checked below alone: Mixtral's
         # num_experts is its num_local_experts, and given 64 beside 4, transformers built
@@ -246,9 +259,10 @@ def check_ratios(model_type: str, fields: dict[str, Any], aliases: dict[str, str
 _SIZE_PREFIXES = ("num_", "n_")
 # "_embeddings" and "_positions": a table of learned positions (OPT's max_position_embeddings,
 # GPT-2's n_positions) of -5 failed on meta as "negative dimension -3", and Llama's, which
-# RoPE never builds, was taken as it was.
+# RoPE never builds, was taken as it was. "_window": the tokens a sliding-window layer sees
+# (mistral's, qwen2's sliding_window); -5 was taken, and its step printed as the model's.
 _SIZE_SUFFIXES = ("_size", "_dim", "_rank", "_heads", "_experts", "_tok", "_layers",
-                  "_embeddings", "_positions")  # fmt: skip
+                  "_embeddings", "_positions", "_window")  # fmt: skip
 
 
 def check_architecture_sizes(model_type: str, fields: dict[str, Any], config: Any) -> None:
@@ -300,11 +314,15 @@ def attention_implementation(model_type: str, attn: str) -> str:
 def load_error(model_type: str, exc: BaseException) -> UserError:
     """transformers' own refusal of a config (its strict validators raise their own
     error types), as one printable line of bounded length."""
-    what = printable(" ".join(str(exc).split()))
-    what = what if len(what) <= 200 else what[:197] + "..."
     return UserError(
-        f"the {printable(model_type)} config does not load ({what})", "fix config.json"
+        f"the {printable(model_type)} config does not load ({error_text(exc)})", "fix config.json"
     )
+
+
+def error_text(exc: BaseException) -> str:
+    """transformers' (or torch's) message for a config it refused, on one printable line;
+    its type where it gave none (a MemoryError read "does not load ()")."""
+    return exception_text(exc, name=False) or exception_text(exc)
 
 
 # The heads a config's ``architectures`` may name whose model has an lm_head over the

@@ -28,7 +28,7 @@ from memprobe.allocator.snapshot_format import (
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.snapshot.nesting import check_tuple_nesting
-from memprobe.snapshot.segments import reconcile_segment_allocs
+from memprobe.snapshot.segments import reconcile_segment_allocs, segment_kind
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 # What normalization and attribution will walk: trace entries, segments and blocks, and
@@ -434,8 +434,7 @@ def _segment(seg: Any, i: int, bad: _Bad) -> dict:
         # to the replay.
         is_expandable=seg.get("is_expandable") is True,
     )
-    if not isinstance(seg.get("segment_type"), str):
-        out["segment_type"] = "small" if size <= 2 << 20 else "large"
+    out["segment_type"] = segment_kind(seg, size, lambda problem: bad(where, problem))
     for key, value in (
         ("allocated_size", sum(b["size"] for b in blocks if b["state"] == ACTIVE_ALLOCATED)),
         ("active_size", sum(b["size"] for b in live)),

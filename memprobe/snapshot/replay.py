@@ -136,7 +136,12 @@ def _untimed_if_clock_goes_back(
     """The entries, without their times when the trace's clock runs backwards (an edited
     file, or another tool's clock): every moment and lifetime is a difference of two
     times, and such a trace printed "t=+-23 us" and "lived -46 us". Entry numbers still
-    order the trace; the note says why its times are not shown."""
+    order the trace; the note says why its times are not shown.
+
+    So are the times of a trace that gives some entries one and not others (torch times
+    every entry or none: two traces merged, or an edited file): the peak at an untimed
+    entry read beside "t=+0 us" of a timed one, under the note that the entries "carry
+    no time_us"."""
     last_pos = last = None
     for pos, e in enumerate(entries):
         t = e.get("time_us")
@@ -149,6 +154,13 @@ def _untimed_if_clock_goes_back(
             )
             return [{k: v for k, v in x.items() if k != "time_us"} for x in entries], note
         last_pos, last = pos, t
+    timed = sum("time_us" in e for e in entries)
+    if 0 < timed < len(entries):
+        note = (
+            f"only {timed:,} of the trace's {len(entries):,} entries carry a time_us: its "
+            "times are not shown; moments are entry numbers"
+        )
+        return [{k: v for k, v in x.items() if k != "time_us"} for x in entries], note
     return entries, None
 
 

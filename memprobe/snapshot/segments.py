@@ -17,10 +17,16 @@ the segment read 4 MiB reserved in one and "2 MiB recorded" in the other.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from memprobe.allocator.snapshot_format import LIVE_STATES, SEGMENT_ALLOC, SEGMENT_FREE
+from memprobe.io.text import quoted
+
+# The pools torch writes a segment as of: small (requests up to 1 MiB) and large.
+SEGMENT_TYPES = ("small", "large")
+# torch's small pool allocates 2 MiB segments; larger ones are the large pool's.
+_SMALL_SEGMENT = 2 << 20
 
 
 def reserved_bytes(segments: Iterable[dict[str, Any]]) -> int:
@@ -71,3 +77,24 @@ def reconcile_segment_allocs(segments: list[dict[str, Any]], traces: list[list[d
                 if e["size"] != held[addr]:
                     trace[pos] = {**e, "size": held[addr]}
             seen.add(addr)
+
+
+def segment_kind(seg: dict[str, Any], size: int, refuse: Callable[[str], Exception]) -> str:
+    """The segment's ``segment_type``, its ``segment_pool_id`` checked beside it; a file
+    without the type (other tools write none) gets it from the segment's size.
+
+    torch writes "small" or "large" and a pair of pool ids ((0, 0): the default pools).
+    Anything else is no segment torch has: a ``segment_pool_id`` of 5 ended ``attribute
+    --replay`` in a TypeError traceback, "ab" or a list of three ids read as a private
+    pool, and a type "huge" was counted as neither large nor small ("1 segment (0 large,
+    0 small)"). ``refuse`` makes the one-line error from what is wrong."""
+    pool = seg.get("segment_pool_id")
+    ids = pool if isinstance(pool, (tuple, list)) else ()
+    if pool is not None and not (len(ids) == 2 and all(type(i) is int for i in ids)):
+        raise refuse(f"has segment_pool_id {quoted(pool)}, not a pair of pool ids")
+    kind = seg.get("segment_type")
+    if not isinstance(kind, str):
+        return "small" if size <= _SMALL_SEGMENT else "large"
+    if kind not in SEGMENT_TYPES:
+        raise refuse(f"has segment_type {quoted(kind)}, which torch never writes")
+    return kind
