@@ -3,6 +3,7 @@ configured sweep, rules and baseline), write its reports, exit 0/1/2."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -86,12 +87,16 @@ def _percent(value: str | None) -> float | None:
     """--max-regression as a number of percent. "5%" is how a percentage is written (the
     flag's metavar is PCT), and was refused as "Input should be a valid number, unable to
     parse string as a number"; the sign is dropped, whatever else is no number is said so.
-    (A number that is no percentage, inf, nan or below 0, is the gate's to refuse.)"""
+    A number that is no percentage (inf, nan, below 0, or past a float: 1e400 read as
+    inf) is refused here, in the words it was typed in: the gate's own check could only
+    echo the float ("--max-regression inf")."""
     if value is None:
         return None
+    hint = "e.g. --max-regression 5 for 5%"
     try:
-        return float(value.strip().removesuffix("%"))
+        number = float(value.strip().removesuffix("%"))
     except ValueError:
-        raise UserError(
-            f"--max-regression {value!r} is not a percentage", "e.g. --max-regression 5 for 5%"
-        ) from None
+        raise UserError(f"--max-regression {value!r} is not a percentage", hint) from None
+    if not math.isfinite(number) or number < 0:
+        raise UserError(f"--max-regression {value!r} is not a percentage of zero or more", hint)
+    return number

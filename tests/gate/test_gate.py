@@ -270,7 +270,7 @@ def test_exit_1_prints_case_measured_limit_and_excess(project: Path, run_cli) ->
     [
         (["gate", "missing"], CONFIG, "no results at missing"),
         (["gate", "run", "--baseline", "nope.json"], CONFIG, "--baseline nope.json does not exist"),
-        (["gate", "run", "--max-regression", "-3"], CONFIG, "-3.0 is not a percentage"),
+        (["gate", "run", "--max-regression", "-3"], CONFIG, "'-3' is not a percentage of zero"),
         (
             ["gate", "run"],
             '[tool.memprobe.gate]\nrules = [{kernel="local_chunked", max_peek="1 GiB"}]',
