@@ -133,6 +133,8 @@ def validate_row(row: Any, index: int, file: Path) -> dict[str, Any]:
         raise _bad(file, index, f"has no {', '.join(absent)}")
     clean: dict[str, Any] = {}
     for key in RESULT_COLUMNS:
+        if isinstance(row.get(key), float) and math.isinf(row[key]):  # else read as empty
+            raise _bad(file, index, f"{key} is infinite (Infinity, or past a float: 1e400)")
         value = clean_value(key, row.get(key))
         if value is None:
             clean[key] = None

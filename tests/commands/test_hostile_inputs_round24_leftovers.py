@@ -4,6 +4,9 @@ or a sane answer."""
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,3 +32,51 @@ def test_a_percentage_of_zero_or_more_is_still_read(given: str, read: float) -> 
     from memprobe.commands.gate import _percent
 
     assert _percent(given) == read
+
+
+# -- an infinite number in results.json (Infinity, -Infinity, or 1e400, which json reads
+# as inf): read as an empty cell, so a gate said "not measured (peak_bytes is empty for
+# this case)" of a peak the file gives, and the page drew no bar. Refused as damage, as a
+# negative byte count already is; NaN stays the empty cell pandas writes.
+
+INFINITE = {
+    "peak_bytes Infinity": ("peak_bytes", "Infinity"),
+    "peak_bytes 1e400": ("peak_bytes", "1e400"),
+    "floor_bytes -Infinity": ("floor_bytes", "-Infinity"),
+    "fwd_time_s 1e999": ("fwd_time_s", "1e999"),
+    "max_abs_err_bwd -1e400": ("max_abs_err_bwd", "-1e400"),
+}
+
+
+@pytest.mark.parametrize("command", ["gate", "report"])
+@pytest.mark.parametrize(("key", "text"), INFINITE.values(), ids=list(INFINITE))
+def test_an_infinite_number_in_results_is_damage(
+    run_cli: Any,
+    made_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    key: str,
+    text: str,
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"][0][key] = "@"
+    (run / "results.json").write_text(json.dumps(payload).replace('"@"', text))
+    argv = ["report", str(run)] if command == "report" else ["gate", str(run), "--config", "g.toml"]
+    (tmp_path / "g.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1GiB"}]\n'
+    )
+    monkeypatch.chdir(tmp_path)
+    err = one_line(*run_cli(*argv))
+    assert f"row 0 {key} is infinite" in err and "re-run the sweep" in err, err
+
+
+def test_nan_is_still_an_empty_cell(run_cli: Any, made_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"][0]["fwd_time_s"] = "@"
+    (run / "results.json").write_text(json.dumps(payload).replace('"@"', "NaN"))
+    assert run_cli("report", str(run), "--out", str(tmp_path / "p.html"))[0] == 0
