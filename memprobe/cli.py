@@ -56,15 +56,17 @@ def _root(
         raise typer.Exit(2)
 
 
-app.command("kernels", cls=Command)(kernels.command)
-app.command("sweep", cls=Command)(sweep.command)
-app.command("gate", cls=Command)(gate.command)
-app.command("attribute", cls=Command)(attribute.command)
-app.command("diff", cls=Command)(diff.command)
-app.command("report", cls=Command)(report.command)
-app.command("plan", cls=Command)(plan.command)
-app.command("profile", cls=Command)(profile.command)
-app.command("step", cls=Command)(step.command)
+# Each command's help is its module's HELP constant, not the function's docstring:
+# python -OO (PYTHONOPTIMIZE=2) drops docstrings, and --help listed the commands bare.
+app.command("kernels", cls=Command, help=kernels.HELP)(kernels.command)
+app.command("sweep", cls=Command, help=sweep.HELP)(sweep.command)
+app.command("gate", cls=Command, help=gate.HELP)(gate.command)
+app.command("attribute", cls=Command, help=attribute.HELP)(attribute.command)
+app.command("diff", cls=Command, help=diff.HELP)(diff.command)
+app.command("report", cls=Command, help=report.HELP)(report.command)
+app.command("plan", cls=Command, help=plan.HELP)(plan.command)
+app.command("profile", cls=Command, help=profile.HELP)(profile.command)
+app.command("step", cls=Command, help=step.HELP)(step.command)
 
 
 @functools.cache

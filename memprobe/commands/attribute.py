@@ -231,6 +231,9 @@ def _replays(snapshot: dict, conf: object) -> dict[int, _Replay]:
     return {r.device: _Replay(r, by_device.get(r.device)) for r in faithful}
 
 
+HELP = """What the peak is made of: inferred shapes, categories, logits-family blocks, OOMs."""
+
+
 @user_errors
 def command(
     snapshot: Annotated[
@@ -297,7 +300,6 @@ def command(
         ),
     ] = None,
 ) -> None:
-    """What the peak is made of: inferred shapes, categories, logits-family blocks, OOMs."""
 
     text = attribute_command(
         snapshot,

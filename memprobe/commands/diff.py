@@ -121,6 +121,9 @@ def _lead(path: str | os.PathLike[str], device: int | None) -> tuple[Any, tuple[
         raise UserError(f"{path}: {exc.message}", exc.hint) from None
 
 
+HELP = """Attribute the difference between two snapshots' peaks, by category and source line."""
+
+
 @user_errors
 def command(
     a: Annotated[Path, typer.Argument(help="Snapshot A (before).")],
@@ -136,7 +139,6 @@ def command(
     ] = DEFAULT_SHOWN,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Attribute the difference between two snapshots' peaks, by category and source line."""
     d = diff_files(a, b, device=device)
     if as_json:
         typer.echo(json.dumps(to_json(d), indent=1))

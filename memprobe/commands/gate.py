@@ -16,6 +16,15 @@ from memprobe.render.gate_text import format_verdict
 from memprobe.render.junit import write_junit
 from memprobe.render.markdown import append_step_summary
 
+HELP = """Fail CI when a peak crosses a rule or regresses against a baseline.
+
+Rules live in tool.memprobe.gate of pyproject.toml: a kernel glob, optional
+filters (tokens, vocab, batch, dtype, chunk_size, tp, cp, device) and limits
+(max_peak, max_peak_over_floor, max_big_fp32_blocks). Exit 0 when every
+check passes, 1 on any violation, 2 on a config or usage error (a rule that
+matches no case is one).
+"""
+
 
 @user_errors
 def command(
@@ -48,14 +57,6 @@ def command(
         typer.Option(help="Run directory for the gate's own sweep (default: reports/gate/TIME)."),
     ] = None,
 ) -> None:
-    """Fail CI when a peak crosses a rule or regresses against a baseline.
-
-    Rules live in tool.memprobe.gate of pyproject.toml: a kernel glob, optional
-    filters (tokens, vocab, batch, dtype, chunk_size, tp, cp, device) and limits
-    (max_peak, max_peak_over_floor, max_big_fp32_blocks). Exit 0 when every
-    check passes, 1 on any violation, 2 on a config or usage error (a rule that
-    matches no case is one).
-    """
     from memprobe.render.console import Progress
 
     request = GateRequest(

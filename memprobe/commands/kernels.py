@@ -40,8 +40,10 @@ def kernel_parts() -> list[Part]:
     return parts
 
 
+HELP = """List the kernels memprobe ships: one row each, name and what it is."""
+
+
 def command() -> None:
-    """List the kernels memprobe ships: one row each, name and what it is."""
     from memprobe.render.console import show
 
     show(kernel_parts())

@@ -80,6 +80,14 @@ def _single(text: str, flag: str, example: str) -> int:
     return values[0]
 
 
+HELP = """The largest token count per GPU whose simulated peak fits BUDGET - OTHER.
+
+For every kernel x parallel layout, found by bisection on the exact meta
+simulation the sweep uses, seeded by the line peak = slope x tokens + fixed.
+Peaks are allocated bytes on one rank.
+"""
+
+
 @user_errors
 @runs_torch
 def command(
@@ -195,12 +203,6 @@ def command(
     mp_reduce: sharded.MpReduceOption = None,
     mp_output: sharded.MpOutputOption = None,
 ) -> None:
-    """The largest token count per GPU whose simulated peak fits BUDGET - OTHER.
-
-    For every kernel x parallel layout, found by bisection on the exact meta
-    simulation the sweep uses, seeded by the line peak = slope x tokens + fixed.
-    Peaks are allocated bytes on one rank.
-    """
     from memprobe.plan import PlanRequest, run_plan_job
     from memprobe.render.console import show
     from memprobe.render.plan_text import (

@@ -69,6 +69,10 @@ def profile_command(
     )
 
 
+HELP = """Run your training step under memprobe's tracker: the snapshot torch would write, and
+what its peak is made of."""
+
+
 @user_errors
 @runs_torch
 def command(
@@ -109,8 +113,6 @@ def command(
         ),
     ] = None,
 ) -> None:
-    """Run your training step under memprobe's tracker: the snapshot torch would write, and
-    what its peak is made of."""
     typer.echo(
         profile_command(
             step,

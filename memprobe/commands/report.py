@@ -12,6 +12,8 @@ from memprobe.commands.flags import user_errors, warn_on_size
 from memprobe.errors import UserError
 from memprobe.io.text import printable
 
+HELP = """Re-render a run's self-contained report.html and PNG plots from its results."""
+
 
 @user_errors
 def command(
@@ -30,7 +32,6 @@ def command(
         ),
     ] = None,
 ) -> None:
-    """Re-render a run's self-contained report.html and PNG plots from its results."""
     from memprobe.io.files import file_in_the_way, guard_outputs
     from memprobe.io.sizes import parse_budget
     from memprobe.render import REPORT_NAME, write_report

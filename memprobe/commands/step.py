@@ -211,6 +211,10 @@ def step_command(
     return "\n".join(lines)
 
 
+HELP = """A Hugging Face model's whole training step, simulated on meta from its config: the
+peak, what it is made of, and the log-prob step's share."""
+
+
 @user_errors
 @runs_torch
 def command(
@@ -273,8 +277,6 @@ def command(
     mp_reduce: sharded.MpReduceOption = None,
     mp_output: sharded.MpOutputOption = None,
 ) -> None:
-    """A Hugging Face model's whole training step, simulated on meta from its config: the
-    peak, what it is made of, and the log-prob step's share."""
     typer.echo(
         step_command(
             config,

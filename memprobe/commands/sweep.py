@@ -47,6 +47,14 @@ def check_resume_flags(given: list[str]) -> None:
 MIN_CASE_TIMEOUT, MAX_CASE_TIMEOUT = 0.001, 1e6
 
 
+HELP = """Peak memory of each kernel across sequence lengths and vocabularies.
+
+Simulated exactly with meta tensors where there is no GPU, measured on one
+where there is. Writes results.csv, results.json, run.json and a report
+into the run directory.
+"""
+
+
 @user_errors
 def command(
     ctx: typer.Context,
@@ -170,12 +178,6 @@ def command(
         ),
     ] = None,
 ) -> None:
-    """Peak memory of each kernel across sequence lengths and vocabularies.
-
-    Simulated exactly with meta tensors where there is no GPU, measured on one
-    where there is. Writes results.csv, results.json, run.json and a report
-    into the run directory.
-    """
     from memprobe.render import REPORT_NAME
     from memprobe.render.console import Progress, show
     from memprobe.render.terminal import answer_lines, json_summary, sweep_table

@@ -5,7 +5,10 @@ or a sane answer."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +83,34 @@ def test_nan_is_still_an_empty_cell(run_cli: Any, made_run: Path, tmp_path: Path
     payload["rows"][0]["fwd_time_s"] = "@"
     (run / "results.json").write_text(json.dumps(payload).replace('"@"', "NaN"))
     assert run_cli("report", str(run), "--out", str(tmp_path / "p.html"))[0] == 0
+
+
+# -- python -OO (or PYTHONOPTIMIZE=2) drops docstrings, which typer read each command's
+# help from: `memprobe --help` listed the nine commands bare and `memprobe plan --help`
+# had no description. The help is each command module's HELP constant now.
+
+
+# Both pages in one process: a second one would import memprobe again for nothing.
+SHOW_BOTH = (
+    "import sys\n"
+    "from memprobe.cli import main\n"
+    "for argv in (['--help'], ['plan', '--help']):\n"
+    "    sys.argv = ['memprobe', *argv]\n"
+    "    try:\n"
+    "        main()\n"
+    "    except SystemExit:\n"
+    "        pass\n"
+)
+
+
+def test_help_keeps_its_descriptions_when_docstrings_are_dropped() -> None:
+    from memprobe.commands import plan, step, sweep
+
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(Path(__file__).parents[2])}
+    shown = subprocess.run(
+        [sys.executable, "-OO", "-c", SHOW_BOTH], capture_output=True, text=True, env=env
+    )
+    assert shown.returncode == 0, shown.stderr
+    for module in (plan, step, sweep):
+        assert module.HELP.splitlines()[0] in shown.stdout, shown.stdout
+    assert "For every kernel x parallel layout" in shown.stdout, shown.stdout
