@@ -148,10 +148,13 @@ def run_plan_job(
     # a row that finished ok with both times counts (as the chunk choice reads them): a
     # run whose timed rows all failed, or that timed forward alone, changed nothing.
     if rows is not None and not any(step_seconds(r) is not None for r in rows):
+        # Meta is named only where the run holds meta rows: a cpu run whose times were
+        # lost was told of meta runs, which it is not.
+        on_meta = any(r["device"] == "meta" for r in rows)
         raise UserError(
             f"--from-run {request.from_run} has no measured times: none of its rows finished "
-            "ok on cpu or cuda with forward and backward timed (a --device meta run "
-            "simulates memory only)",
+            "ok on cpu or cuda with forward and backward timed"
+            + (" (a --device meta run simulates memory only)" if on_meta else ""),
             "give a --device cpu or cuda sweep, or drop --from-run",
         )
     chunk_sizes = request.chunk_sizes

@@ -114,3 +114,23 @@ def test_help_keeps_its_descriptions_when_docstrings_are_dropped() -> None:
     for module in (plan, step, sweep):
         assert module.HELP.splitlines()[0] in shown.stdout, shown.stdout
     assert "For every kernel x parallel layout" in shown.stdout, shown.stdout
+
+
+# -- plan --from-run of a cpu or cuda run with no usable time was told "(a --device meta
+# run simulates memory only)", of a run that is not on meta. Meta is named only where the
+# run holds meta rows.
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "meta"])
+def test_from_run_without_times_names_meta_only_for_a_meta_run(
+    run_cli: Any, made_run: Path, tmp_path: Path, device: str
+) -> None:
+    run = shutil.copytree(made_run, tmp_path / "run")
+    payload = json.loads((run / "results.json").read_text())
+    for row in payload["rows"]:
+        row.update(device=device, fwd_time_s=None, bwd_time_s=None)
+    (run / "results.json").write_text(json.dumps(payload))
+    args = ["plan", "--from-run", str(run), "--budget", "1MiB", "--vocab", "128"]
+    err = one_line(*run_cli(*args, "--kernel", "local_chunked", "--no-reserved"))
+    assert "has no measured times" in err and "drop --from-run" in err, err
+    assert ("meta" in err) == (device == "meta"), err
