@@ -31,7 +31,7 @@ from memprobe.plan.model import (
 from memprobe.plan.search import seed_tokens
 from memprobe.plan.step_search import Sample, StepSearch, search_step_tokens
 from memprobe.profile import hf
-from memprobe.profile.step import CONFIG_FAILED, trace_hf_step
+from memprobe.profile.step import trace_hf_step
 
 
 def step_kernels(*, vocab_parallel: bool = False, hidden: bool = True) -> list[str]:
@@ -83,8 +83,11 @@ def plan_step(
     except RuntimeError as exc:
         # This build is untracked (before any step): a size torch cannot hold (a weight
         # of hidden_size² elements past int64) fails here as it fails `step`'s traced one.
+        # Its hint is not the step's ("cannot run this op"): no op of the step ran yet.
         raise UserError(
-            f"the model failed to build on meta ({exception_text(exc)})", CONFIG_FAILED
+            f"the model failed to build on meta ({exception_text(exc)})",
+            "check the config's sizes: torch cannot make a model of them "
+            "(e.g. a weight of more than 2^63 bytes)",
         ) from None
     for kernel in kernels:
         # The search probes counts on either side of its answer: one past the positions

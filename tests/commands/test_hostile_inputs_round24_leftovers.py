@@ -134,3 +134,21 @@ def test_from_run_without_times_names_meta_only_for_a_meta_run(
     err = one_line(*run_cli(*args, "--kernel", "local_chunked", "--no-reserved"))
     assert "has no measured times" in err and "drop --from-run" in err, err
     assert ("meta" in err) == (device == "meta"), err
+
+
+# -- plan --step on a config torch cannot build a model of (a weight past int64 bytes)
+# said the model "cannot run this op", the step's hint, though no op of the step had run:
+# the build before the search failed. Its hint says so.
+
+
+@pytest.mark.parametrize("hidden", [2**40, 2**33])
+def test_a_model_that_cannot_be_built_is_not_said_to_fail_an_op(
+    run_cli: Any, tmp_path: Path, hidden: int
+) -> None:
+    config = {"model_type": "llama", "hidden_size": hidden, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 2**31}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    err = one_line(*run_cli("plan", "--step", "--config", str(tmp_path), "--budget", "1GiB"))
+    assert "failed to build" in err and "torch cannot make a model of them" in err, err
+    assert "this op" not in err
