@@ -353,6 +353,14 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
 # Python's builtins too: a module that replaced builtins.open (a sandbox, a file-access
 # tracer that raised for paths not its own) ended the sweep in its PermissionError as
 # memprobe wrote the report, after every case had run.
+# And the functions of torch.nn and torch.optim, and of the standard library modules
+# memprobe's own work calls (sys, os, time, json, shutil, tempfile): a kernel's module
+# that replaced torch.optim.AdamW or torch.nn.Linear had `memprobe step` build memprobe's
+# model with its class (a wrong peak, said as the model's); sys.exit = a no-op turned
+# every error line's exit 2 into 0 (a CI gate passed); time.perf_counter = None failed
+# memprobe's own kernels' rows; json.dumps replaced wrote its text as the sweep's --json
+# output. Only what was callable: these namespaces' data (sys.stdout, os.environ,
+# sys.path) have guards of their own.
 _REPLACED: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
 _ABSENT = object()
 
@@ -374,16 +382,23 @@ def differs(names: Mapping[str, Any], now: Mapping[str, Any], gone: object) -> b
 @contextlib.contextmanager
 def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
     """Swap in what user code replaced of torch, torch.Tensor, torch.nn.functional and
-    Python's builtins while it runs (``theirs``: the code is the user's, not one of
+    Python's builtins (and the functions of torch.nn, torch.optim and the standard library
+    modules memprobe calls) while it runs (``theirs``: the code is the user's, not one of
     memprobe's kernels), and the own back when it returns. Names the code adds to a module
     stay (torch adds its submodules as they are imported); on torch.Tensor a name added
     shadows the C base's method, and is a replacement."""
     import builtins
+    import json
+    import shutil
+    import tempfile
+    import time
 
     import torch
     import torch.nn.functional
+    import torch.optim
 
-    owners = (torch, torch.Tensor, torch.nn.functional, builtins)
+    functions = (torch.nn, torch.optim, sys, os, os.path, time, json, shutil, tempfile)
+    owners: tuple[Any, ...] = (torch, torch.Tensor, torch.nn.functional, builtins, *functions)
     if theirs:
         for owner, name, _, replacement in _REPLACED.values():
             setattr(owner, name, replacement)
@@ -398,6 +413,8 @@ def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
                 continue
             for name in names:
                 value = before.get(name, _ABSENT)
+                if owner in functions and not callable(value):
+                    continue
                 if name in now and now[name] is not value:
                     own = _REPLACED.get((id(owner), name), (owner, name, value))[2]
                     _REPLACED[id(owner), name] = (owner, name, own, now[name])

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from hostile import one_line, user_module
+from small_config import SMALL
 
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
          "--no-verify", "--no-report", "--json"]  # fmt: skip
@@ -101,3 +102,147 @@ def test_memprobes_own_step_keeps_its_own_user_errors() -> None:
 
     with pytest.raises(UserError, match="memprobe's"), user_code("the step", its_state=False):
         raise UserError("memprobe's")
+
+
+# -- functions a kernel's module replaced as it was imported, outside torch, torch.Tensor,
+# torch.nn.functional and the builtins (the namespaces kept so far): in the standard
+# library memprobe's own work calls, sys.exit replaced by a no-op turned plan's error line
+# into exit 0 (a CI job passed), time.perf_counter = None failed memprobe's own kernels'
+# rows on cpu, os.replace or tempfile.mkstemp raising failed the sweep's run.json
+# ("cannot write"), json.dumps replaced wrote its text as sweep --json's output; in
+# torch.nn and torch.optim, `memprobe step` built memprobe's model with the module's
+# torch.nn.Linear, or its torch.optim.AdamW, and reported that model's peak. Each is the
+# module's own, swapped in while its code runs.
+
+NO_OP_EXIT = "sys.exit = lambda *a: None"
+NO = "def _no(*a, **k):\n    raise PermissionError('not here')\n"
+STDLIB = {
+    "os.replace raising": NO + "os.replace = _no",
+    "tempfile.mkstemp raising": NO + "import tempfile\ntempfile.mkstemp = _no",
+    "json.dumps replaced": "import json\njson.dumps = lambda *a, **k: 'garbage'",
+    "os.path.exists always False": "os.path.exists = lambda p: False",
+    "shutil.move raising": NO + "import shutil\nshutil.move = _no",
+}
+
+
+@pytest.mark.parametrize("what", STDLIB)
+def test_a_modules_stdlib_replacements_are_not_memprobes(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    kernel = _kernel(here, "r24_stdlib", STDLIB[what])
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked", "--out", "run")
+    assert code == 0, err
+    rows = _rows(out)
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert json.loads((here / "run" / "results.json").read_text())
+
+
+def test_a_no_op_sys_exit_does_not_pass_an_error(run_cli: Any, here: Path) -> None:
+    kernel = _kernel(here, "r24_exit", NO_OP_EXIT, "raise ValueError('broken')")
+    assert "broken" in one_line(*run_cli(*PLAN, "--kernel", kernel))
+    step = user_module(
+        here, "r24_exitstep", f"import sys\n{NO_OP_EXIT}\ndef step(device):\n    1/0\n"
+    )
+    one_line(*run_cli("profile", f"{step}:step", "--out", "s.pickle"))
+
+
+def test_memprobes_own_kernel_is_timed_by_its_own_clock(run_cli: Any, here: Path) -> None:
+    kernel = _kernel(here, "r24_clock", "import time\ntime.perf_counter = None")
+    flags = ["--device", "cpu", "--no-report", "--json", "--no-ladder", "--out", "run"]
+    code, out, err = run_cli("sweep", "--tokens", "16", "--vocab", "32", *flags,
+                             "--kernel", f"{kernel},unchunked")  # fmt: skip
+    assert code == 0, err
+    assert _rows(out)[1]["status"] == "ok"
+
+
+def test_the_module_still_sees_its_own_replacement(run_cli: Any, here: Path) -> None:
+    pre = "import time\n_mine = lambda: 0.0\ntime.monotonic = _mine"
+    body = "assert time.monotonic is _mine\n    return _u(logits, targets)"
+    kernel = _kernel(here, "r24_sees", pre, body)
+    code, out, err = run_cli(*SWEEP, "--kernel", kernel)
+    assert code == 0, err
+    assert _rows(out)[0]["status"] == "ok", _rows(out)[0]["note"]
+
+
+# -- what a kernel's module left as it was imported, in `memprobe step`'s model: the model
+# is memprobe's own, yet its step ran as "the step", user code, with all the module left
+# lent to it: a global nn.Module hook (forward, forward pre, full backward, parameter or
+# buffer registration) or optimizer hook the module registered ran in the model, and
+# one that raised failed the step as "the model built from config.json cannot run this op:
+# check the config's sizes"; a replaced F.scaled_dot_product_attention, torch.nn.Linear or
+# torch.optim.AdamW ran in it, and its peak was reported as the model's. The model runs in
+# memprobe's state; the user's kernel in its module's.
+
+RAISE = "(_ for _ in ()).throw(RuntimeError('hook says no'))"
+MODULE_HOOKS = "from torch.nn.modules import module as M\n"
+LEFT_IN_STEP = {
+    "a forward pre-hook": f"M.register_module_forward_pre_hook(lambda m, a: {RAISE})",
+    "a forward hook": f"M.register_module_forward_hook(lambda m, a, o: {RAISE})",
+    "an always-called forward hook": (
+        f"M.register_module_forward_hook(lambda m, a, o: {RAISE}, always_call=True)"
+    ),
+    "a full backward hook": f"M.register_module_full_backward_hook(lambda m, i, o: {RAISE})",
+    "a parameter registration hook": (
+        f"M.register_module_parameter_registration_hook(lambda m, n, p: {RAISE})"
+    ),
+    "a buffer registration hook": (
+        f"M.register_module_buffer_registration_hook(lambda m, n, b: {RAISE})"
+    ),
+    "an optimizer step hook": (
+        "import torch.optim.optimizer as O\n"
+        f"O.register_optimizer_step_pre_hook(lambda o, a, k: {RAISE})"
+    ),
+    "F.scaled_dot_product_attention replaced": (
+        "import torch.nn.functional as F\n"
+        "def _no(*a, **k):\n    raise RuntimeError('no attention')\n"
+        "F.scaled_dot_product_attention = _no"
+    ),
+    "torch.nn.Linear replaced": (
+        "class L(torch.nn.Linear):\n"
+        "    def forward(self, x):\n"
+        "        torch.empty(1 << 22, device=x.device)\n"
+        "        return super().forward(x)\n"
+        "torch.nn.Linear = L"
+    ),
+    "torch.optim.AdamW replaced": "torch.optim.AdamW = torch.optim.SGD",
+}
+
+
+@pytest.fixture
+def baseline_step(run_cli: Any, here: Path) -> tuple[Path, dict[str, Any]]:
+    (here / "config.json").write_text(json.dumps(SMALL))
+    kernel = _kernel(here, "r24_plain")
+    code, out, err = run_cli("step", "--config", "config.json", "--tokens", "64",
+                             "--kernel", kernel, "--json")  # fmt: skip
+    assert code == 0, err
+    return here / "config.json", json.loads(out)
+
+
+@pytest.mark.parametrize("what", LEFT_IN_STEP)
+def test_what_a_kernels_module_left_is_not_in_memprobes_model(
+    run_cli: Any, here: Path, baseline_step: tuple[Path, dict[str, Any]], what: str
+) -> None:
+    config, expected = baseline_step
+    kernel = _kernel(here, "r24_left", MODULE_HOOKS + LEFT_IN_STEP[what])
+    code, out, err = run_cli("step", "--config", str(config), "--tokens", "64",
+                             "--kernel", kernel, "--json")  # fmt: skip
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["peak_allocated_bytes"] == expected["peak_allocated_bytes"]
+    assert got["peak_phase"] == expected["peak_phase"]
+
+
+def test_a_steps_module_hook_still_runs_in_its_step(run_cli: Any, here: Path) -> None:
+    body = (
+        "import torch\nfrom torch.nn.modules import module as M\nseen = []\n"
+        "M.register_module_forward_hook(lambda m, a, o: seen.append(m))\n"
+        "def step(device):\n"
+        "    torch.nn.Linear(4, 4, device=device)(torch.zeros(1, 4, device=device))\n"
+        "    assert seen, 'the module hook did not run'\n"
+    )
+    step = user_module(here, "r24_hookstep", body)
+    code, _, err = run_cli("profile", f"{step}:step", "--out", "s.pickle")
+    assert code == 0, err
+    from torch.nn.modules import module
+
+    assert not module._global_forward_hooks  # and it is not left for what comes after
