@@ -182,17 +182,26 @@ _TIMERS = tuple(
 )
 
 
-def _signal_handlers() -> tuple[dict[int, Any], set[int]]:
-    """The handlers of :data:`_KEPT_SIGNALS`, and which of :data:`_TIMERS` are idle."""
+# And the signals blocked: a kernel that blocked SIGINT and SIGTERM (pthread_sigmask, a
+# critical section it never left) left memprobe deaf to Ctrl-C and to torchrun's stop.
+_Signals = tuple[dict[int, Any], set[int], set[int]]
+
+
+def _signal_handlers() -> _Signals:
+    """The handlers of :data:`_KEPT_SIGNALS`, which of :data:`_TIMERS` are idle, and the
+    signals this thread blocks."""
     idle = {timer for timer in _TIMERS if signal.getitimer(timer) == (0.0, 0.0)}
-    return {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}, idle
+    handlers = {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}
+    return handlers, idle, set(signal.pthread_sigmask(signal.SIG_BLOCK, ()))
 
 
-def _put_back_signal_handlers(saved: tuple[dict[int, Any], set[int]]) -> None:
+def _put_back_signal_handlers(saved: _Signals) -> None:
     """The handlers of :data:`_KEPT_SIGNALS` user code replaced, put back (None: one set
     outside Python, which cannot be put back from here), and a timer it started where
     none ran, stopped (one that ran before is whoever started it's: left as it is)."""
-    handlers, idle = saved
+    handlers, idle, blocked = saved
+    if set(signal.pthread_sigmask(signal.SIG_BLOCK, ())) != blocked:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     for timer in idle:
         with contextlib.suppress(OSError, ValueError):
             signal.setitimer(timer, 0)

@@ -5,6 +5,9 @@ found. One line and exit 2, the case's error row, or a sane answer."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -246,3 +249,89 @@ def test_a_steps_module_hook_still_runs_in_its_step(run_cli: Any, here: Path) ->
     from torch.nn.modules import module
 
     assert not module._global_forward_hooks  # and it is not left for what comes after
+
+
+# -- sys.path_importer_cache, the finder Python keeps for each sys.path entry: a module
+# that set an entry to None ("no finder here") or to a finder that raised left memprobe
+# unable to import from site-packages after it, and the sweep ended in a traceback from
+# pandas writing results.csv (round 19 put back the finders and hooks it removed; this
+# cache was left as the module made it).
+
+CACHE = {
+    "every entry None": (
+        "for _p in list(sys.path_importer_cache):\n    sys.path_importer_cache[_p] = None"
+    ),
+    "a raising finder for site-packages": (
+        "class _F:\n"
+        "    def find_spec(self, *a, **k):\n        raise ImportError('blocked')\n"
+        "    def invalidate_caches(self): pass\n"
+        "for _p in list(sys.path_importer_cache):\n"
+        "    if 'site-packages' in _p: sys.path_importer_cache[_p] = _F()"
+    ),
+    "the cache replaced": "sys.path_importer_cache = {_p: None for _p in sys.path}",
+}
+
+
+@pytest.mark.parametrize("what", CACHE)
+def test_the_finders_python_cached_are_put_back(what: str) -> None:
+    from memprobe.kernels.user import user_code
+
+    before = dict(sys.path_importer_cache)
+    with user_code("mine:k"):
+        exec(CACHE[what], {"sys": sys})
+    assert sys.path_importer_cache is not None
+    for path, finder in before.items():
+        assert sys.path_importer_cache.get(path, finder) is finder, path
+
+
+def test_a_sweep_ends_well_after_a_poisoned_finder_cache(here: Path) -> None:
+    # In a process of its own: in this one, pandas' lazy imports were made by earlier tests.
+    name = _kernel(here, "r24_cache", CACHE["every entry None"])
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(here)])}
+    cli = [sys.executable, "-c", "from memprobe.cli import main; main()"]
+    flags = ["--kernel", f"{name},unchunked", "--device", "cpu", "--no-report", "--out", "o"]
+    argv = ["sweep", "--tokens", "16", "--vocab", "32", "--no-ladder", "-q", *flags]
+    done = subprocess.run([*cli, *argv], capture_output=True, text=True, env=env, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert (here / "o" / "results.csv").exists()
+
+
+# -- the signals user code blocked and left blocked (signal.pthread_sigmask, a critical
+# section it never left): its handlers were put back, but not the mask, so memprobe,
+# after a kernel that blocked SIGINT and SIGTERM, ignored Ctrl-C and torchrun's stop for
+# the rest of the run. The mask is put back as the handlers are.
+
+MASKS = {
+    "SIGINT and SIGTERM blocked": (
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})"
+    ),
+    "every signal blocked": "signal.pthread_sigmask(signal.SIG_SETMASK, signal.valid_signals())",
+    "SIGINT blocked, then a raise": (
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}); raise ValueError('x')"
+    ),
+}
+
+
+@pytest.mark.parametrize("what", MASKS)
+def test_the_signals_user_code_blocked_are_unblocked(what: str) -> None:
+    import contextlib
+    import signal
+
+    from memprobe.kernels.user import user_code
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    with contextlib.suppress(ValueError), user_code("mine:k"):
+        exec(MASKS[what], {"signal": signal})
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, ()) == before
+
+
+def test_a_plan_after_a_blocking_kernel_can_be_stopped(run_cli: Any, here: Path) -> None:
+    import signal
+
+    body = "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n    " + RETURNS
+    kernel = _kernel(here, "r24_mask", "import signal", body)
+    code, _, err = run_cli(*PLAN, "--kernel", kernel)
+    assert code == 0, err
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, ())
