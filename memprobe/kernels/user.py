@@ -76,6 +76,10 @@ class UserCodeExit(RuntimeError):
     its own. Uncaught, each would end memprobe with a traceback or the code's own status."""
 
 
+class UserCodeError(RuntimeError):
+    """User code raised memprobe's own :class:`~memprobe.errors.UserError`: its failure."""
+
+
 def how_it_left(exc: BaseException) -> str:
     """``exc``, a BaseException user code ended by, in words."""
     if isinstance(exc, SystemExit):
@@ -95,12 +99,21 @@ def user_code(who: str, *, part: str = "", its_state: bool = True) -> Iterator[N
     code's failure; KeyboardInterrupt (Ctrl-C) still ends the run, and memprobe's own
     :class:`~memprobe.errors.Unwind` (another rank's failure) passes as it is.
     """
+    users = is_import_path(who) or (who == "the step" and its_state)  # not a model's step
     try:
         # memprobe's own kernels run under these guards too (a sweep calls every kernel
         # alike); what user code replaced of torch is swapped in for the user's alone.
         with _guarded(theirs=its_state and (who == "the step" or is_import_path(who))):
             yield
-    except (KeyboardInterrupt, Exception, Unwind):
+    except UserError as exc:
+        if not users:  # memprobe's own; raised by user code, it ended a whole sweep as
+            raise  # memprobe's line, with the code's message and the other kernels unrun
+        raise UserCodeError(f"{who}{part} raised UserError: {exc.one_line()}") from None
+    except Unwind as exc:
+        if exc.is_issued():
+            raise
+        raise UserCodeExit(f"{who}{part} {how_it_left(exc)}") from None
+    except (KeyboardInterrupt, Exception):
         raise
     except BaseException as exc:
         raise UserCodeExit(f"{who}{part} {how_it_left(exc)}") from None

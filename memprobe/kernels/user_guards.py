@@ -182,17 +182,26 @@ _TIMERS = tuple(
 )
 
 
-def _signal_handlers() -> tuple[dict[int, Any], set[int]]:
-    """The handlers of :data:`_KEPT_SIGNALS`, and which of :data:`_TIMERS` are idle."""
+# And the signals blocked: a kernel that blocked SIGINT and SIGTERM (pthread_sigmask, a
+# critical section it never left) left memprobe deaf to Ctrl-C and to torchrun's stop.
+_Signals = tuple[dict[int, Any], set[int], set[int]]
+
+
+def _signal_handlers() -> _Signals:
+    """The handlers of :data:`_KEPT_SIGNALS`, which of :data:`_TIMERS` are idle, and the
+    signals this thread blocks."""
     idle = {timer for timer in _TIMERS if signal.getitimer(timer) == (0.0, 0.0)}
-    return {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}, idle
+    handlers = {sig: signal.getsignal(sig) for sig in _KEPT_SIGNALS}
+    return handlers, idle, set(signal.pthread_sigmask(signal.SIG_BLOCK, ()))
 
 
-def _put_back_signal_handlers(saved: tuple[dict[int, Any], set[int]]) -> None:
+def _put_back_signal_handlers(saved: _Signals) -> None:
     """The handlers of :data:`_KEPT_SIGNALS` user code replaced, put back (None: one set
     outside Python, which cannot be put back from here), and a timer it started where
     none ran, stopped (one that ran before is whoever started it's: left as it is)."""
-    handlers, idle = saved
+    handlers, idle, blocked = saved
+    if set(signal.pthread_sigmask(signal.SIG_BLOCK, ())) != blocked:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     for timer in idle:
         with contextlib.suppress(OSError, ValueError):
             signal.setitimer(timer, 0)
@@ -353,6 +362,14 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
 # Python's builtins too: a module that replaced builtins.open (a sandbox, a file-access
 # tracer that raised for paths not its own) ended the sweep in its PermissionError as
 # memprobe wrote the report, after every case had run.
+# And the functions of torch.nn and torch.optim, and of the standard library modules
+# memprobe's own work calls (sys, os, time, json, shutil, tempfile): a kernel's module
+# that replaced torch.optim.AdamW or torch.nn.Linear had `memprobe step` build memprobe's
+# model with its class (a wrong peak, said as the model's); sys.exit = a no-op turned
+# every error line's exit 2 into 0 (a CI gate passed); time.perf_counter = None failed
+# memprobe's own kernels' rows; json.dumps replaced wrote its text as the sweep's --json
+# output. Only what was callable: these namespaces' data (sys.stdout, os.environ,
+# sys.path) have guards of their own.
 _REPLACED: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
 _ABSENT = object()
 
@@ -374,16 +391,23 @@ def differs(names: Mapping[str, Any], now: Mapping[str, Any], gone: object) -> b
 @contextlib.contextmanager
 def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
     """Swap in what user code replaced of torch, torch.Tensor, torch.nn.functional and
-    Python's builtins while it runs (``theirs``: the code is the user's, not one of
+    Python's builtins (and the functions of torch.nn, torch.optim and the standard library
+    modules memprobe calls) while it runs (``theirs``: the code is the user's, not one of
     memprobe's kernels), and the own back when it returns. Names the code adds to a module
     stay (torch adds its submodules as they are imported); on torch.Tensor a name added
     shadows the C base's method, and is a replacement."""
     import builtins
+    import json
+    import shutil
+    import tempfile
+    import time
 
     import torch
     import torch.nn.functional
+    import torch.optim
 
-    owners = (torch, torch.Tensor, torch.nn.functional, builtins)
+    functions = (torch.nn, torch.optim, sys, os, os.path, time, json, shutil, tempfile)
+    owners: tuple[Any, ...] = (torch, torch.Tensor, torch.nn.functional, builtins, *functions)
     if theirs:
         for owner, name, _, replacement in _REPLACED.values():
             setattr(owner, name, replacement)
@@ -398,6 +422,8 @@ def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
                 continue
             for name in names:
                 value = before.get(name, _ABSENT)
+                if owner in functions and not callable(value):
+                    continue
                 if name in now and now[name] is not value:
                     own = _REPLACED.get((id(owner), name), (owner, name, value))[2]
                     _REPLACED[id(owner), name] = (owner, name, own, now[name])

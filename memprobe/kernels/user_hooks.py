@@ -255,6 +255,8 @@ def importers_kept(theirs: bool = True) -> Iterator[None]:
     left memprobe unable to import anything after it: the sweep ended in a
     ModuleNotFoundError from pandas writing results.csv, a traceback and no results."""
     before = {name: list(getattr(sys, name)) for name in _WRAPPER_OF}
+    cache = sys.path_importer_cache
+    cached = dict(cache)
     own: dict[str, list[Any]] = {}
     for name in _WRAPPER_OF:
         entries = getattr(sys, name)
@@ -275,7 +277,21 @@ def importers_kept(theirs: bool = True) -> Iterator[None]:
                     else _wrap(e, wrapper)
                     for e in entries
                 ]
+        _put_back_cached(cache, cached)
         _put_back_removed(before)
+
+
+def _put_back_cached(cache: dict[str, Any], cached: dict[str, Any]) -> None:
+    """The finders Python had cached for sys.path's entries, where user code put another
+    in one's place: a module that set them to None ("no finder here") or to a finder that
+    raised left memprobe unable to import from site-packages after it, and the sweep ended
+    in a traceback from pandas writing results.csv. Python adds an entry only for a path it
+    has not cached, so a changed one is the code's; one it removed is found again."""
+    if sys.path_importer_cache is not cache:
+        sys.path_importer_cache = cache
+    for path, finder in cached.items():
+        if cache.get(path, finder) is not finder:
+            cache[path] = finder
 
 
 def _put_back_removed(before: dict[str, list[Any]]) -> None:

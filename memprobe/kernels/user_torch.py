@@ -1,8 +1,9 @@
 """torch's process-wide state user code may change, kept around each call and import of it
 (:func:`memprobe.kernels.user.user_code`) and around a test body the pytest marker measures:
 its defaults (gradients, dtype, device), the settings that decide how it computes (threads,
-matmul precision, determinism, anomaly detection, autocast, cuDNN) and the contexts it keeps
-on stacks (function and dispatch modes, saved-tensor hooks).
+matmul precision, determinism, anomaly detection, autocast, cuDNN), the global hooks every
+nn.Module and optimizer runs, and the contexts it keeps on stacks (function and dispatch
+modes, saved-tensor hooks).
 
 What a call changes is undone as it returns. What a module sets as it is imported
 (``torch.set_default_dtype(torch.float64)``, a mode entered at module level) is the
@@ -101,7 +102,10 @@ def _lend(settings: dict[str, Setting]) -> None:
         _set_device_context(_LEFT.device_context)
     # After the hooks: pushing one fails where the module disabled them.
     for name, value in _LEFT.settings.items():
-        settings[name][1](value)
+        if name == _GLOBAL_HOOKS:
+            _add_global_hooks(value)  # beside memprobe's own (its step tracker's)
+        else:
+            settings[name][1](value)
 
 
 def _keep_left(
@@ -110,8 +114,11 @@ def _keep_left(
     """Keep what an imported module left (``popped``: what it pushed and left, taken off
     the stacks) as the module's own."""
     now = {name: read() for name, (read, _) in settings.items()}
+    changed = {name: value for name, value in now.items() if value != own[name]}
+    if _GLOBAL_HOOKS in changed:
+        changed[_GLOBAL_HOOKS] = now[_GLOBAL_HOOKS].added_to(own[_GLOBAL_HOOKS])
     left = _Left(
-        settings={name: value for name, value in now.items() if value != own[name]},
+        settings=changed,
         functions=[m for m in popped.functions if not any(m is o for o in stacks.functions)],
         dispatches=popped.dispatches,
         hooks=popped.hooks,
@@ -169,7 +176,97 @@ def _settings() -> dict[str, Setting]:
         "cudnn deterministic": flag(cudnn, "deterministic"),
         "fp16 reduction": flag(matmul, "allow_fp16_reduced_precision_reduction"),
         "bf16 reduction": flag(matmul, "allow_bf16_reduced_precision_reduction"),
+        _GLOBAL_HOOKS: (_global_hooks, _set_global_hooks),
     }
+
+
+# -- global hooks: every nn.Module's and every optimizer's --------------------------------
+# A kernel's module that registered a global hook as it was imported (a module forward
+# hook, a parameter registration hook, an optimizer step hook) had it run in the model of
+# `memprobe step`, memprobe's own: one that raised failed the step, blamed on config.json's
+# sizes ("check the config's sizes"); one that allocated changed the step's peak. A hook is
+# the code's own, as a mode it entered is: lent beside memprobe's while its code runs.
+_GLOBAL_HOOKS = "global hooks"
+_REGISTRIES = (
+    (
+        "torch.nn.modules.module",
+        (
+            "_global_backward_pre_hooks",
+            "_global_backward_hooks",
+            "_global_forward_pre_hooks",
+            "_global_forward_hooks",
+            "_global_forward_hooks_always_called",
+            "_global_forward_hooks_with_kwargs",
+            "_global_buffer_registration_hooks",
+            "_global_module_registration_hooks",
+            "_global_parameter_registration_hooks",
+        ),
+    ),
+    ("torch.optim.optimizer", ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks")),
+)
+_FULL_BACKWARD = "_global_is_full_backward_hook"  # set by a full backward hook's registration
+
+
+@dataclass(frozen=True, eq=False)
+class _Hooks:
+    """What each registry held (its (handle id, hook) pairs), and the full-backward flag;
+    equal by the hooks' identity (a hook's own ``__eq__`` is user code)."""
+
+    items: tuple[tuple[tuple[Any, Any], ...], ...]
+    full_backward: Any
+
+    def _ids(self) -> tuple[Any, ...]:
+        pairs = tuple(tuple((key, id(hook)) for key, hook in kept) for kept in self.items)
+        return pairs, id(self.full_backward)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Hooks) and self._ids() == other._ids()
+
+    def __hash__(self) -> int:
+        return hash(self._ids())
+
+    def added_to(self, own: _Hooks) -> _Hooks:
+        """The hooks of these that ``own`` lacks (what an import registered)."""
+        added = tuple(
+            tuple((key, hook) for key, hook in kept if key not in dict(before))
+            for kept, before in zip(self.items, own.items, strict=True)
+        )
+        return _Hooks(added, self.full_backward)
+
+
+def _registries() -> list[dict[Any, Any]]:
+    import importlib
+
+    found: list[dict[Any, Any]] = []
+    for module_name, names in _REGISTRIES:
+        module = importlib.import_module(module_name)
+        found.extend(getattr(module, name) for name in names if hasattr(module, name))
+    return found
+
+
+def _full_backward_owner() -> Any:
+    import torch.nn.modules.module
+
+    return torch.nn.modules.module
+
+
+def _global_hooks() -> _Hooks:
+    items = tuple(tuple(registry.items()) for registry in _registries())
+    return _Hooks(items, getattr(_full_backward_owner(), _FULL_BACKWARD, None))
+
+
+def _set_global_hooks(hooks: _Hooks) -> None:
+    for registry, kept in zip(_registries(), hooks.items, strict=True):
+        registry.clear()
+        registry.update(kept)
+    setattr(_full_backward_owner(), _FULL_BACKWARD, hooks.full_backward)
+
+
+def _add_global_hooks(hooks: _Hooks) -> None:
+    for registry, kept in zip(_registries(), hooks.items, strict=True):
+        registry.update(kept)
+    if hooks.full_backward is not None:
+        setattr(_full_backward_owner(), _FULL_BACKWARD, hooks.full_backward)
 
 
 def _hooks_disabled() -> str | None:

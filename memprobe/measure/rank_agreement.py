@@ -95,7 +95,7 @@ class _CheckIn(TorchDispatchMode):
         while True:
             failure = read_failure(self.store, self.prefix)
             if failure is not None:
-                raise PeerFailed(*failure)
+                raise PeerFailed(*failure).issued()
             if self.store.add(key, 0) >= self.world:
                 return
             if time.monotonic() > deadline:

@@ -91,6 +91,7 @@ def trace_step(
     attention: str = "cpu",
     memo: bool = False,
     failure_hint: str | None = None,
+    its_state: bool = True,
 ) -> TrackedStep:
     """Run ``step(torch.device(device))`` once under the tracker (``meta`` or ``cpu``).
 
@@ -103,6 +104,10 @@ def trace_step(
     ``memo``: on meta, answer repeated ops from memory where that is exact
     (:mod:`memprobe.measure.memo`): the same events, faster for a model whose layers
     repeat.
+
+    ``its_state``: the step is the user's, and runs with what its modules left of torch
+    as they were imported (False: memprobe's own step, a model built from a config, whose
+    user kernel alone runs in its module's state).
 
     Raises :class:`UserError` when the step fails: on meta, one line naming the op that
     raised and suggesting ``--device cpu`` at a smaller size (or ``failure_hint``).
@@ -131,7 +136,7 @@ def trace_step(
             caller_froze = gc.get_freeze_count() > 0
             gc.freeze()
             try:
-                _call(step, torch.device(device))
+                _call(step, torch.device(device), its_state)
                 # Reference cycles (autograd graphs held by closures) die now, as the
                 # step's end would free them in a training loop's next collection.
                 gc.collect()
@@ -220,10 +225,10 @@ def profile_step(
     return snapshot
 
 
-def _call(step: Step, device: torch.device) -> None:
+def _call(step: Step, device: torch.device, its_state: bool = True) -> None:
     # Frames end below this one: the user's stack starts at their step.
     try:
-        with user_code("the step"):
+        with user_code("the step", its_state=its_state):
             result = step(device)
     except UserCodeExit as exc:
         raise step_exited(exc) from None

@@ -183,6 +183,11 @@ def trace_hf_step(
             attention=target,
             memo=memo,
             failure_hint=CONFIG_FAILED,
+            # memprobe's model: what a kernel's module left of torch as it was imported
+            # (a function replaced, a global module hook) is its kernel's own. Lent to the
+            # whole step, a replaced F.scaled_dot_product_attention or torch.nn.Linear ran
+            # in the model, and its failure was blamed on config.json's sizes.
+            its_state=False,
         )
     return tracked, owners
 
