@@ -283,7 +283,7 @@ def test_a_negative_allowance_without_a_baseline_still_says_what_it_is(
     run_cli: Any, gated: Path
 ) -> None:
     err = one_line(*run_cli("gate", "run", "--config", "g.toml", "--max-regression", "-3"))
-    assert "-3.0 is not a percentage" in err
+    assert "'-3' is not a percentage of zero or more" in err
 
 
 # -- signal handlers and timers user code leaves: a kernel module that ignored SIGINT as it
