@@ -32,6 +32,54 @@ from memprobe.snapshot.synthesize import synthesize_snapshot
 PROFILE_DEVICES = ("meta", "cpu", "cuda")
 
 
+class _CallersFreeze:
+    """Whether objects were frozen (gc.freeze) by someone else when a step is traced.
+
+    CPython keeps no count of the frozen objects: gc.get_freeze_count walks them all (30 ms
+    in a process that froze a few million, paid by each of a plan's many traces: 14 s of
+    the test suite's CPU). So once a caller's freeze is seen, a marker is frozen with it:
+    while the marker is not back among the oldest generation's objects (where an unfreeze
+    puts everything), nothing was unfrozen since and the freeze need not be counted again.
+    """
+
+    def __init__(self) -> None:
+        self._marker: list[object] | None = None
+
+    def seen(self) -> bool:
+        if self._marker is not None:
+            marker = self._marker
+            if not any(obj is marker for obj in gc.get_objects(generation=2)):
+                return True
+            self._marker = None
+        return gc.get_freeze_count() > 0
+
+    def mark(self) -> None:
+        """Called before the freeze that keeps the caller's: the marker is frozen too."""
+        self._marker = []
+
+
+_callers_freeze = _CallersFreeze()
+
+
+@contextlib.contextmanager
+def _only_the_steps_garbage_collected() -> Iterator[None]:
+    """Reference cycles the step left (autograd graphs held by closures) die at its end,
+    as a training loop's next collection would free them. What was alive before is
+    frozen meanwhile, so that collection scans the step's objects only. A caller's own
+    freeze is kept: unfreezing would undo it (there is no partial unfreeze), so then
+    what was alive stays frozen too."""
+    caller_froze = _callers_freeze.seen()
+    if caller_froze:
+        _callers_freeze.mark()
+    gc.freeze()
+    try:
+        yield
+        gc.collect()
+    finally:
+        if not caller_froze:
+            gc.unfreeze()
+
+
 @dataclass(frozen=True)
 class TrackedStep:
     """The tracker's record of one step: every storage allocated and freed on the device.
@@ -130,19 +178,8 @@ def trace_step(
     quiet = _fake_tensor_logs_off() if faked else contextlib.nullcontext()
     try:
         with tracker, routing as chosen, threads_started() as started, quiet:
-            # Frozen, what was alive before the step is not scanned again by the
-            # collection below. A caller's own freeze is kept: unfreezing would undo it
-            # (there is no partial unfreeze), so then what was alive stays frozen too.
-            caller_froze = gc.get_freeze_count() > 0
-            gc.freeze()
-            try:
+            with _only_the_steps_garbage_collected():
                 _call(step, torch.device(device), its_state)
-                # Reference cycles (autograd graphs held by closures) die now, as the
-                # step's end would free them in a training loop's next collection.
-                gc.collect()
-            finally:
-                if not caller_froze:
-                    gc.unfreeze()
     except Exception as exc:
         raise step_failed(exc, tracker, device, failure_hint) from None
     finally:

@@ -234,8 +234,20 @@ def test_a_callers_gc_freeze_is_kept_and_none_is_left_behind() -> None:
     gc.freeze()  # the caller's (this suite's conftest froze too)
     trace_step(steps.gpt_step, "meta")
     assert gc.get_freeze_count() > 0  # an unfreeze would have emptied it
+    # Seen once, the freeze is not counted again while nothing was unfrozen: each of
+    # these orders (another trace, an unfreeze, a freeze again) is still read right.
+    trace_step(steps.gpt_step, "meta")
+    assert gc.get_freeze_count() > 0
     gc.unfreeze()
     try:
+        trace_step(steps.gpt_step, "meta")
+        assert gc.get_freeze_count() == 0
+        trace_step(steps.gpt_step, "meta")
+        assert gc.get_freeze_count() == 0
+        gc.freeze()
+        trace_step(steps.gpt_step, "meta")
+        assert gc.get_freeze_count() > 0
+        gc.unfreeze()
         trace_step(steps.gpt_step, "meta")
         assert gc.get_freeze_count() == 0
     finally:
