@@ -376,13 +376,14 @@ class FakeCuda:
         if hasattr(cuda_backend, "_sticky_error"):  # a fresh device, a fresh process
             monkeypatch.setattr(cuda_backend, "_sticky_error", None)
         # The backend collects garbage around each case; objects older than the fake
-        # (the test session's) are left out of those scans, which keeps tests fast.
+        # (the test session's) are left out of those scans, which keeps tests fast. Left
+        # frozen: an unfreeze would also undo the suite's own freeze (tests/conftest.py)
+        # for every later test of this process.
         gc.freeze()
         try:
             with self.tracker:
                 yield self
         finally:
-            gc.unfreeze()
             self._worker.shutdown()
             self.state.workspaces.clear()
 
