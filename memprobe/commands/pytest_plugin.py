@@ -146,7 +146,10 @@ def _measure_tracked(
     from memprobe.kernels.user_torch import ModesRemoved, torch_state_kept
     from memprobe.measure.tracker import AllocationTracker, threads_started
 
-    tracker = AllocationTracker()
+    # On meta only meta storages are counted: one made elsewhere (the body popped the meta
+    # default device, or named a device) is real memory this tracker would have read as
+    # a simulated one, so the test fails below instead of passing "on meta".
+    tracker = AllocationTracker(device="meta" if simulate else None)
     # On meta the body's own tensors must be meta too, or a full-scale example
     # allocates for real (tens of GiB) instead of simulating.
     default_device = torch.device("meta") if simulate else contextlib.nullcontext()
@@ -172,6 +175,14 @@ def _measure_tracked(
             f"{MARKER}: the test body started {started[0]:,} thread(s), and what a thread "
             "allocates is not tracked on device='meta' or 'cpu' (allocate in the test's "
             "own thread, or use device='cuda', which reads the allocator)",
+            pytrace=False,
+        )
+    if tracker.elsewhere:
+        made = ", ".join(f"{n:,} on {kind}" for kind, n in sorted(tracker.elsewhere.items()))
+        pytest.fail(
+            f"{MARKER}: device='meta' but the test body made tensors elsewhere ({made}): "
+            "those are real memory, not simulated (make every tensor on the default device, "
+            "or use device='cpu' to measure real tensors)",
             pytrace=False,
         )
     return result, tracker.peak_bytes, tracker.live_at_peak()

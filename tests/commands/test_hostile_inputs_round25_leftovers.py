@@ -1,0 +1,63 @@
+"""Round 24's left item, fixed at the next session's start (issue 21).
+
+A test under the pytest marker with device='meta' (the default) that made its tensors on
+the cpu after all (a device named, a device context of its own, the default device
+changed) allocated them for real, and the marker reported their bytes as a simulated
+peak "on meta": a 2 GiB real allocation passed, or failed, as a meta one. Only meta
+storages are counted on meta now, and one made elsewhere fails the test in one line.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from memprobe.measure.tracker import AllocationTracker
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_torch() -> None:
+    """What a tracked body imports lazily, imported before the in-process pytester runs
+    (modules first imported inside one are dropped at its end; torch's crash when
+    imported again)."""
+    import torch
+
+    with AllocationTracker():
+        torch.empty(2, 3, device="meta").float()
+
+
+# The body's way off meta -> the tensor it made there (each 4 KiB, on the cpu). Not
+# here: torch.tensor(data), whose storage torch makes before any mode sees it.
+OFF_META = {
+    "a device named": "torch.zeros(1024, device='cpu')",
+    "a device context": "with torch.device('cpu'):\n        torch.zeros(1024)",
+    "the default device changed": (
+        "torch.set_default_device('cpu')\n    try:\n        torch.zeros(1024)\n"
+        "    finally:\n        torch.set_default_device(None)"
+    ),
+    "a device object": "torch.randn(32, 32, device=torch.device('cpu'))",
+}
+
+
+def _body(name: str, line: str, device: str) -> str:
+    return (
+        f'@pytest.mark.limit_peak_memory("1 GiB", device={device!r})\n'
+        f"def test_{name.replace(' ', '_')}():\n    {line}\n\n\n"
+    )
+
+
+def test_a_meta_body_that_allocates_off_meta_fails_in_one_line(pytester: pytest.Pytester) -> None:
+    source = "import pytest\nimport torch\n\n\n" + "".join(
+        _body(name, line, "meta") for name, line in OFF_META.items()
+    )
+    # Beside them, what stays allowed: a meta body on meta, a cpu body on the cpu.
+    source += _body("meta on meta", "torch.zeros(1024)", "meta")
+    source += _body("cpu on cpu", "torch.zeros(1024, device='cpu')", "cpu")
+    pytester.makepyfile(test_marked=source)
+    result = pytester.runpytest("-q")  # the plugin: its pytest11 entry point
+    result.assert_outcomes(passed=2, failed=len(OFF_META))
+    lines = [line for line in result.stdout.lines if "made tensors elsewhere" in line]
+    assert len(lines) == len(OFF_META)
+    assert all("device='meta'" in line and "on cpu" in line for line in lines)
+    assert "Traceback" not in result.stdout.str()
