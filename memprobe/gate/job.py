@@ -5,15 +5,17 @@ the baseline update. Reports (terminal text, JUnit, step summary) are render/'s.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memprobe.config import MemprobeConfig, load_config
+from memprobe.config import ROOT, MemprobeConfig, load_config
 from memprobe.errors import UserError
 from memprobe.gate.rules import Row, Verdict, check_each_rule_matches, evaluate
 from memprobe.io.files import guard_outputs, resolved_path
+from memprobe.records import Grid
 from memprobe.results import (
     RESULTS_JSON,
     RUN_META,
@@ -292,6 +294,25 @@ def _largest_blocks_text(groups: Sequence[BlockGroup]) -> str:
     )
 
 
+# The sweep's checks speak the sweep command's flags ("--tp 2 shards the vocabulary"); a
+# gate's sweep was written as [tool.memprobe.sweep] keys, where no flag was given.
+_FLAG = re.compile(r"--([a-z][a-z-]*)")
+
+
+def _in_config_words(exc: UserError, source: Path | None) -> UserError:
+    keys = {f.name for f in fields(Grid)}
+
+    def spelled(text: str) -> str:
+        def key(match: re.Match[str]) -> str:
+            name = match.group(1).replace("-", "_")
+            return name if name in keys else match.group(0)
+
+        return _FLAG.sub(key, text)
+
+    where = f"{source}: " if source is not None else ""
+    return UserError(f"{where}{ROOT}.sweep: {spelled(exc.message)}", spelled(exc.hint))
+
+
 def _run_configured_sweep(
     cfg: MemprobeConfig, req: GateRequest
 ) -> tuple[list[dict[str, Any]], str] | None:
@@ -323,7 +344,10 @@ def _run_configured_sweep(
             )
     # A rule whose filters no planned case meets (tokens = [99] beside a sweep of 64) is
     # known now: it was refused only after the whole sweep had run, hours on a GPU.
-    planned = [asdict(case) for case in plan_cases(cfg.sweep)]
+    try:
+        planned = [asdict(case) for case in plan_cases(cfg.sweep)]
+    except UserError as exc:
+        raise _in_config_words(exc, cfg.source) from None
     check_each_rule_matches(planned, cfg.gate.rules, source="the cases [tool.memprobe.sweep] plans")
     root = cfg.source.parent if cfg.source else req.cwd
     out = req.out or default_run_dir(root / "reports" / "gate")

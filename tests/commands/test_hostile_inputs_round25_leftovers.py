@@ -1,4 +1,4 @@
-"""Round 24's left item, fixed at the next session's start (issue 21).
+"""Round 24's left items, fixed at the next session's start (issue 21).
 
 A test under the pytest marker with device='meta' (the default) that made its tensors on
 the cpu after all (a device named, a device context of its own, the default device
@@ -9,7 +9,11 @@ storages are counted on meta now, and one made elsewhere fails the test in one l
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+from hostile import one_line
 
 from memprobe.measure.tracker import AllocationTracker
 
@@ -61,3 +65,30 @@ def test_a_meta_body_that_allocates_off_meta_fails_in_one_line(pytester: pytest.
     assert len(lines) == len(OFF_META)
     assert all("device='meta'" in line and "on cpu" in line for line in lines)
     assert "Traceback" not in result.stdout.str()
+
+
+# -- a gate's configured sweep refused in the sweep command's flag words: `tp = [2]` in
+# [tool.memprobe.sweep] beside a logits kernel was "--tp 2 shards the vocabulary", a flag
+# the user never gave. The gate names the config and its keys.
+
+CONFIG_VALUES = {
+    "tp = [2]": "tp 2 shards the vocabulary",
+    "hidden = [64]": "hidden is for the hidden family",
+    "cp = [3]": "cp 3 does not divide the tokens 64",
+    "tp = [3]\nkernel = ['distributed']": "tp 3 does not divide the vocabulary 128",
+}
+
+
+@pytest.mark.parametrize("value", sorted(CONFIG_VALUES))
+def test_a_gates_sweep_is_refused_in_its_configs_words(
+    run_cli: Any, tmp_path: Path, value: str
+) -> None:
+    kernel = "" if "kernel" in value else "kernel = ['unchunked']\n"
+    (tmp_path / "gate.toml").write_text(
+        "[tool.memprobe.sweep]\ntokens = [64]\nvocab = [128]\ndevice = 'meta'\n"
+        f"{kernel}{value}\n\n[[tool.memprobe.gate.rules]]\nkernel = '*'\nmax_peak = '1GiB'\n"
+    )
+    config = str(tmp_path / "gate.toml")
+    line = one_line(*run_cli("gate", "--config", config, "--out", str(tmp_path / "o")))
+    assert f"{config}: tool.memprobe.sweep: " in line and CONFIG_VALUES[value] in line
+    assert "--" not in line.replace("memprobe kernels", "")
