@@ -1,0 +1,79 @@
+"""Hostile inputs, round 25 (r25_files), files a user hands memprobe: results and
+baselines whose rows are each well formed but lie (a finished case with no peak),
+snapshots whose trace contradicts itself or stops at an OOM outside the loss step, and
+model config.json files whose architecture's defaults do not fit their own sizes. Each
+table is a variant of a defect class the pass found: one line and exit 2 that names what
+is wrong, or an answer whose every word the file supports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+
+def _rows_edited(made_run: Path, to: Path, edit: Any) -> Path:
+    run = Path(shutil.copytree(made_run, to))
+    payload = json.loads((run / "results.json").read_text())
+    for row in payload["rows"]:
+        edit(row)
+    (run / "results.json").write_text(json.dumps(payload))
+    return run
+
+
+def _gate_config(here: Path) -> str:
+    (here / "pyproject.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{kernel = "*", max_peak = "1GiB"}]\n'
+    )
+    return str(here / "pyproject.toml")
+
+
+# -- a row that finished ("ok") with no peak: both backends write an ok case's peak, so
+# such a row is another tool's or version's (a renamed column) or a damaged file. As a
+# baseline, every regression check FAILed "no peak_bytes to compare", exit 1: the user's
+# run blamed for the baseline's gap. It is refused as the row's other contradictions are.
+
+NO_PEAK = {
+    "peak_bytes null": lambda r: r.update(peak_bytes=None, forward_peak_bytes=None),
+    "peak_bytes NaN": lambda r: r.update(peak_bytes=float("nan"), backward_peak_bytes=None),
+    "peak_bytes renamed (another version)": lambda r: r.update(
+        peak_allocated_bytes=r.pop("peak_bytes"), forward_peak_bytes=None
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(NO_PEAK))
+def test_a_finished_baseline_row_without_a_peak_is_one_line(
+    run_cli: Any, made_run: Path, here: Path, what: str
+) -> None:
+    base = _rows_edited(made_run, here / "base", NO_PEAK[what])
+    args = ["gate", str(made_run), "--baseline", str(base), "--config", _gate_config(here)]
+    err = one_line(*run_cli(*args))
+    assert "row 0 is ok but has no peak_bytes" in err and str(base / "results.json") in err, err
+
+
+@pytest.mark.parametrize("command", ["report", "gate"])
+def test_a_finished_row_without_a_peak_in_the_run_is_one_line(
+    run_cli: Any, made_run: Path, here: Path, command: str
+) -> None:
+    run = _rows_edited(made_run, here / "run", NO_PEAK["peak_bytes null"])
+    extra = ["--config", _gate_config(here)] if command == "gate" else []
+    err = one_line(*run_cli(command, str(run), *extra))
+    assert "is ok but has no peak_bytes" in err, err
+
+
+def test_a_row_without_a_peak_that_did_not_finish_is_still_read(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    def skipped(row: dict[str, Any]) -> None:
+        row.update(status="skipped", peak_bytes=None, forward_peak_bytes=None)
+        row.update(backward_peak_bytes=None, note="needs CUDA")
+
+    base = _rows_edited(made_run, here / "base", skipped)
+    args = ["gate", str(made_run), "--baseline", str(base), "--config", _gate_config(here)]
+    code, out, err = run_cli(*args)
+    assert code == 0 and "baseline status skipped, now ok" in out, (out, err)
