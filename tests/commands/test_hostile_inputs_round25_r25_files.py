@@ -8,6 +8,7 @@ is wrong, or an answer whose every word the file supports."""
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -77,3 +78,68 @@ def test_a_row_without_a_peak_that_did_not_finish_is_still_read(
     args = ["gate", str(made_run), "--baseline", str(base), "--config", _gate_config(here)]
     code, out, err = run_cli(*args)
     assert code == 0 and "baseline status skipped, now ok" in out, (out, err)
+
+
+def _snapshot_of(made_run: Path, kernel: str = "unchunked") -> dict[str, Any]:
+    (path,) = (made_run / "snapshots").glob(f"{kernel}-*.pickle")
+    return pickle.loads(path.read_bytes())
+
+
+def _written(snap: dict[str, Any], here: Path, name: str = "s.pickle") -> str:
+    (here / name).write_bytes(pickle.dumps(snap, protocol=4))
+    return str(here / name)
+
+
+# -- a snapshot that holds an OOM outside the loss step (torch dumps one at the OOM: a
+# request in the optimizer, before the step, or caught and retried): --what-if left the
+# failed request out of its prediction and said "fits", even of the capacity read off that
+# very OOM (reserved + the device's free bytes), where no logprob kernel changes the
+# request. The request now counts: "does not fit" when it cannot, said either way.
+
+GiB = 1 << 30
+OOM = {"action": "oom", "size": 100 * GiB, "device_free": GiB, "stream": 0, "frames": []}
+WHERE = {"after the step": -1, "before the step": 1}
+BUDGETS = {
+    "the OOM's capacity": ([], "does not fit 1.00 GiB (reserved + the device's free bytes"),
+    "a smaller --budget": (["--budget", "80GiB"], "does not fit 80.00 GiB (--budget)"),
+    "a larger --budget": (["--budget", "200GiB"], "fits 200.00 GiB (--budget)"),
+}
+
+
+@pytest.mark.parametrize("budget", sorted(BUDGETS))
+@pytest.mark.parametrize("where", sorted(WHERE))
+def test_what_if_counts_an_oom_outside_the_loss_step(
+    run_cli: Any, made_run: Path, here: Path, where: str, budget: str
+) -> None:
+    snap = _snapshot_of(made_run)
+    trace = snap["device_traces"][0]
+    at = len(trace) if WHERE[where] < 0 else WHERE[where]
+    trace.insert(at, dict(OOM))
+    flags, verdict = BUDGETS[budget]
+    code, out, err = run_cli(
+        "attribute", _written(snap, here), "--what-if", "local_chunked", *flags
+    )
+    (line,) = [x for x in out.splitlines() if x.startswith("  with local_chunked:")]
+    assert code == 0 and verdict in line, (line, err)
+    assert f"failed a request of 100.00 GiB at entry #{at}, outside the loss step" in line, line
+
+
+def test_what_if_json_names_the_oom_outside_the_loss_step(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    snap = _snapshot_of(made_run)
+    snap["device_traces"][0].append(dict(OOM))
+    code, out, err = run_cli(
+        "attribute", _written(snap, here), "--what-if", "local_chunked", "--json"
+    )
+    what_if = json.loads(out)["what_if"]
+    assert code == 0 and what_if["fits"] is False, err
+    assert what_if["unmet_request_bytes"] == 100 * GiB, what_if
+    assert what_if["unmet_needed_bytes"] >= 100 * GiB, what_if
+
+
+def test_what_if_without_an_oom_names_none(run_cli: Any, made_run: Path, here: Path) -> None:
+    snap = _written(_snapshot_of(made_run), here)
+    code, out, err = run_cli("attribute", snap, "--what-if", "local_chunked", "--json")
+    what_if = json.loads(out)["what_if"]
+    assert code == 0 and what_if["unmet_request_bytes"] is None, err
