@@ -143,3 +143,44 @@ def test_what_if_without_an_oom_names_none(run_cli: Any, made_run: Path, here: P
     code, out, err = run_cli("attribute", snap, "--what-if", "local_chunked", "--json")
     what_if = json.loads(out)["what_if"]
     assert code == 0 and what_if["unmet_request_bytes"] is None, err
+
+
+# -- a trace that allocates more than its segments reserve (an alloc's size edited, or
+# another device's entries mixed in): torch allocates inside segments, yet attribute read
+# "peak allocated 1.00 GiB ... peak reserved 2.00 MiB", "0 B of it not allocated", with no
+# word that the file contradicts itself. A note now says the sizes disagree.
+
+
+def _grown(snap: dict[str, Any], which: int, size: int) -> None:
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    targets = allocs if which < 0 else [allocs[which]]
+    for e in targets:
+        for same in snap["device_traces"][0]:
+            if same.get("addr") == e["addr"] and same["action"] != "segment_alloc":
+                same["size"] = size
+
+
+GROWN = {
+    "the input's alloc at 1 GiB": (0, GiB),
+    "a forward alloc at 3 MiB": (1, 3 << 20),
+    "every alloc at 1 MiB": (-1, 1 << 20),
+}
+
+
+@pytest.mark.parametrize("flags", [[], ["--replay"]], ids=["attribute", "--replay"])
+@pytest.mark.parametrize("what", sorted(GROWN))
+def test_a_trace_holding_more_than_its_segments_is_noted(
+    run_cli: Any, made_run: Path, here: Path, what: str, flags: list[str]
+) -> None:
+    snap = _snapshot_of(made_run)
+    _grown(snap, *GROWN[what])
+    code, out, err = run_cli("attribute", _written(snap, here), *flags)
+    assert code == 0, err
+    assert "allocation and segment sizes disagree, so reserved bytes are a lower bound" in out
+
+
+def test_a_trace_within_its_segments_has_no_such_note(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    code, out, err = run_cli("attribute", _written(_snapshot_of(made_run), here))
+    assert code == 0 and "sizes disagree" not in out, err
