@@ -184,3 +184,36 @@ def test_a_trace_within_its_segments_has_no_such_note(
 ) -> None:
     code, out, err = run_cli("attribute", _written(_snapshot_of(made_run), here))
     assert code == 0 and "sizes disagree" not in out, err
+
+
+# -- rows that record no device (a results file written without the column, or null):
+# the gate compared nothing and said so as "the baseline was measured on None", and a
+# rule's hint listed "device None": Python's word for a value the file does not give.
+
+NO_DEVICE = {
+    "no device column": lambda r: [r.pop("device"), r.update(case_id="")],
+    "device null": lambda r: r.update(device=None, case_id=""),
+}
+
+
+@pytest.mark.parametrize("side", ["baseline", "results"])
+@pytest.mark.parametrize("what", sorted(NO_DEVICE))
+def test_rows_without_a_device_are_said_so(
+    run_cli: Any, made_run: Path, here: Path, what: str, side: str
+) -> None:
+    edited = str(_rows_edited(made_run, here / "edited", NO_DEVICE[what]))
+    results, base = (made_run, edited) if side == "baseline" else (edited, made_run)
+    args = ["gate", str(results), "--baseline", str(base), "--config", _gate_config(here)]
+    err = one_line(*run_cli(*args))
+    said = "an unrecorded device (rows that name none)"
+    assert said in err and "None" not in err and "nothing to compare" in err, err
+
+
+def test_a_rule_hint_names_rows_without_a_device(run_cli: Any, made_run: Path, here: Path) -> None:
+    edited = _rows_edited(made_run, here / "edited", NO_DEVICE["device null"])
+    config = here / "pyproject.toml"
+    config.write_text(
+        '[tool.memprobe.gate]\nrules = [{kernel = "*", device = "meta", max_peak = "1GiB"}]\n'
+    )
+    err = one_line(*run_cli("gate", str(edited), "--config", str(config)))
+    assert "device (none recorded)" in err and "None" not in err, err
