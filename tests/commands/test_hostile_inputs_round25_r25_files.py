@@ -217,3 +217,21 @@ def test_a_rule_hint_names_rows_without_a_device(run_cli: Any, made_run: Path, h
     )
     err = one_line(*run_cli("gate", str(edited), "--config", str(config)))
     assert "device (none recorded)" in err and "None" not in err, err
+
+
+@pytest.mark.parametrize("how", ["null", "null in an unfinished row too"])
+def test_a_resume_of_a_case_without_a_device_is_one_line(
+    run_cli: Any, made_run: Path, here: Path, how: str
+) -> None:
+    # A run.json case with a null device was measured on "unknown device None".
+    run = Path(shutil.copytree(made_run, here / "run"))
+    meta = json.loads((run / "run.json").read_text())
+    meta["cases"][0]["device"] = None
+    (run / "run.json").write_text(json.dumps(meta))
+    payload = json.loads((run / "results.json").read_text())
+    payload["rows"] = [] if how == "null" else [{**payload["rows"][0], "status": "error"}]
+    if how != "null":
+        payload["rows"][0].update(device=None, case_id="", note="unfinished: rank 1 went silent")
+    (run / "results.json").write_text(json.dumps(payload))
+    err = one_line(*run_cli("sweep", "--resume", str(run), "-q", "--no-verify"))
+    assert "which no sweep runs (no device (meta, cpu or cuda))" in err, err
