@@ -391,6 +391,8 @@ def _check_resumed(todo: list[Case], out_dir: Path) -> None:
                         f"{name} {value:,} is beyond the largest count memprobe simulates "
                         f"({MAX_COUNT:,} = 2^40)"
                     )
+            if case.device is None:  # a results row may lack one; a case to run cannot
+                raise UserError("no device (meta, cpu or cuda)")
             spec = get_spec(case.kernel)
             check_inputs_match([case.kernel], case.hidden)
             if case.tp > 1 and not spec.distributed:

@@ -29,10 +29,10 @@ from memprobe.attribute.loss_step import find_loss_step, locate_loss_step
 from memprobe.attribute.loss_step_record import LossStep
 from memprobe.attribute.other_memory import OtherMemory, other_memory
 from memprobe.attribute.splice import SPLICE_ADDRESS, splice
-from memprobe.attribute.what_if_record import WhatIf
+from memprobe.attribute.what_if_record import UnmetRequest, WhatIf
 from memprobe.errors import UserError
 from memprobe.snapshot.load import normalize_snapshot
-from memprobe.snapshot.replay import Replay
+from memprobe.snapshot.replay import Replay, replay
 
 __all__ = [
     "SPLICE_ADDRESS",
@@ -116,6 +116,7 @@ def what_if(
     predicted = attribute(
         spliced, device=found.device, path=path, vocab=vocab, tokens=tokens, batch=batch
     )
+    unmet = _unmet_request(rep, replay(spliced, device=found.device), step)
     model = {r.device: r for r in replay_snapshot(snap)}[found.device]
     modelled = {r.device: r for r in replay_snapshot(spliced)}[found.device]
     capacity, source = budget_bytes, "--budget" if budget_bytes is not None else None
@@ -141,7 +142,24 @@ def what_if(
         capacity_bytes=capacity,
         capacity_source=source,
         device=found.device if len(devices_with_data(snap)) > 1 else None,
+        unmet=unmet,
     )
+
+
+def _unmet_request(recorded: Replay, spliced: Replay, step: LossStep) -> UnmetRequest | None:
+    """The recorded OOM outside the loss step that needs the most with the new kernel
+    (allocated then, in the spliced trace, plus its request), else None. The splice keeps
+    every OOM entry in order; one outside the step is a request the kernel does not change,
+    and a prediction that left it out said "fits" for a step that failed there (the
+    snapshot torch dumps at an OOM in the optimizer, the capacity read off that OOM)."""
+    if len(recorded.ooms) != len(spliced.ooms):
+        return None
+    outside = [
+        UnmetRequest(mine.pos, int(mine.entry["size"]), then.allocated_bytes)
+        for mine, then in zip(recorded.ooms, spliced.ooms, strict=True)
+        if not step.inside(mine.pos)
+    ]
+    return max(outside, key=lambda u: u.needed_bytes, default=None)
 
 
 def _refuse_sizes_that_hide_the_loss(

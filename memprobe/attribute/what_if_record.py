@@ -10,6 +10,20 @@ from memprobe.io.sizes import format_bytes
 
 
 @dataclass(frozen=True)
+class UnmetRequest:
+    """A request the recorded step failed (an OOM) outside the loss step: the new kernel
+    still makes it, with ``allocated_bytes`` (the spliced trace's) held then."""
+
+    entry: int  # its entry in the recorded trace
+    requested_bytes: int
+    allocated_bytes: int
+
+    @property
+    def needed_bytes(self) -> int:
+        return self.allocated_bytes + self.requested_bytes
+
+
+@dataclass(frozen=True)
 class WhatIf:
     """The prediction: the recorded step beside the same step with ``kernel``."""
 
@@ -32,6 +46,7 @@ class WhatIf:
     # The device whose step was predicted, where the snapshot has more than one: its
     # lines follow every device's findings, and the loss may be on any one of them.
     device: int | None = None
+    unmet: UnmetRequest | None = None  # the largest OOM outside the loss step, if any
 
     # The --json keys, in the order the schema has always had (io/codec.py): the
     # prediction's findings enter only as its peak's place and makeup.
@@ -41,6 +56,7 @@ class WhatIf:
         "predicted_reserved_peak_bytes", "saved_bytes", "fits", "capacity_bytes",
         "capacity_source", "predicted_peak_index", "predicted_peak_phase", "predicted_peak_op",
         "predicted_breakdown", "forward_entries", "backward_entries", "cut_blocks", "device",
+        "unmet_request_entry", "unmet_request_bytes", "unmet_needed_bytes",
     )  # fmt: skip
 
     @property
@@ -49,10 +65,25 @@ class WhatIf:
 
     @property
     def fits(self) -> bool | None:
-        """Whether the predicted reserved peak fits the capacity (None: none known)."""
+        """Whether the predicted reserved peak, and every request the recorded step failed
+        outside the loss step, fit the capacity (None: none known)."""
         if self.capacity_bytes is None:
             return None
+        if self.unmet is not None and self.unmet.needed_bytes > self.capacity_bytes:
+            return False
         return self.predicted_reserved_peak_bytes <= self.capacity_bytes
+
+    @property
+    def unmet_request_entry(self) -> int | None:
+        return None if self.unmet is None else self.unmet.entry
+
+    @property
+    def unmet_request_bytes(self) -> int | None:
+        return None if self.unmet is None else self.unmet.requested_bytes
+
+    @property
+    def unmet_needed_bytes(self) -> int | None:
+        return None if self.unmet is None else self.unmet.needed_bytes
 
     @property
     def predicted_peak_index(self) -> int | None:
@@ -114,6 +145,13 @@ class WhatIf:
         else:
             word = "fits" if self.fits else "does not fit"
             verdict += f": {word} {format_bytes(self.capacity_bytes)} ({self.capacity_source})"
+        if self.unmet is not None:
+            u = self.unmet
+            verdict += (
+                f"; the recorded step failed a request of {format_bytes(u.requested_bytes)} "
+                f"at entry #{u.entry}, outside the loss step, which {self.kernel} does not "
+                f"change ({format_bytes(u.needed_bytes)} with what is allocated then)"
+            )
         return [*out, verdict]
 
 

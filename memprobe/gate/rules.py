@@ -223,7 +223,8 @@ def check_each_rule_matches(rows: Sequence[Row], rules: Iterable[Rule], *, sourc
 
 def _no_match_error(rule: Rule, rows: Sequence[Row], source: str) -> UserError:
     def present(key: str) -> str:
-        values = sorted({str(r.get(key)) for r in rows})
+        # A row without the value (a device column an older file lacks) is no "None".
+        values = sorted({"(none recorded)" if r.get(key) is None else str(r[key]) for r in rows})
         return shortened(f"{key} {','.join(values) or 'none'}", 120)
 
     # The rule's kernel glob and the rows' names as the config and results hold them:
@@ -255,8 +256,8 @@ def check_baseline(
     devices = {r.get("device") for r in rows}
     if baseline and rows and not base_devices & devices:
         raise UserError(
-            f"the baseline was measured on {', '.join(sorted(map(str, base_devices)))} and these "
-            f"results on {', '.join(sorted(map(str, devices)))}: nothing to compare",
+            f"the baseline was measured on {_devices(base_devices)} and these "
+            f"results on {_devices(devices)}: nothing to compare",
             "compare like with like (set device in [tool.memprobe.sweep] or make a new baseline)",
         )
     allowed = 1.0 + max_regression / 100.0
@@ -315,6 +316,14 @@ def check_baseline(
     new = [r for r in rows if case_key(r) not in base_keys]
     notes = [f"{len(new)} case(s) not in the baseline, not compared"] if new else []
     return checks, notes
+
+
+def _devices(devices: set[Any]) -> str:
+    """The devices rows were measured on, in words: a row may record none (a results file
+    written without the column), which read "measured on None"."""
+    named = sorted(str(d) for d in devices if d is not None)
+    unnamed = ["an unrecorded device (rows that name none)"] if None in devices else []
+    return ", ".join(named + unnamed)
 
 
 def _chunk_free_matches(
