@@ -117,6 +117,25 @@ def unreadable_case(raw: Any, keys: tuple[str, ...]) -> str | None:
     return f"has no {_names(missing)}" if missing else None
 
 
+def mixed_versions(run_dir: Path, meta: Row, torch_version: str) -> UserError | None:
+    """A resume that would add this memprobe's and this torch's rows to a run another
+    version started, or None. A simulated peak is what torch's meta kernels allocate, so
+    the page showed rows of two versions under the first one's name. A build tag (2.13.0
+    and 2.13.0+cpu) is the same torch; a run that records no version is not refused."""
+    from memprobe import __version__
+
+    now = {"memprobe": __version__, "torch": torch_version}
+    for name, current in now.items():
+        then = meta.get(f"{name}_version")
+        if isinstance(then, str) and then.split("+")[0] != current.split("+")[0]:
+            return UserError(
+                f"cannot resume {run_dir}: {name} {quoted(then)} started it, this is "
+                f"{name} {current}, and the run would mix the two versions' measurements",
+                "start a new run, or resume it with the version that started it",
+            )
+    return None
+
+
 def _kind(value: Any) -> str:
     """What a JSON value is, in JSON's words."""
     kinds = {list: "array", dict: "object", str: "string", bool: "boolean", type(None): "null"}

@@ -40,6 +40,7 @@ from memprobe.measure.rank_agreement import run_agreed
 from memprobe.measure.step import failure_text
 from memprobe.measure.torchrun_env import under_torchrun
 from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype, too_large
+from memprobe.results_errors import mixed_versions
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -373,17 +374,18 @@ def open_run(
 
 
 def _check_resumed(todo: list[Case], out_dir: Path) -> None:
-    """The cases a resume is about to run, held to the rules :func:`plan_cases` plans by.
-
-    run.json is a file a user can edit or mix: a case no sweep makes (a logits kernel
-    with a hidden size, a --tp above 1 for a kernel that cannot shard, a tp or cp that
-    does not divide the shape) was measured as something else and written under its own
-    name (unchunked at tp 2 ran on half the vocabulary: half the peak, a wrong row). Only
-    the cases still to run are checked: a finished one imports nothing again."""
+    """The cases a resume is about to run, held to the rules :func:`plan_cases` plans by
+    and to the versions that started the run. run.json is a file a user can edit or mix:
+    a case no sweep makes (a logits kernel with a hidden size, a --tp above 1 for a kernel
+    that cannot shard, a tp or cp that does not divide the shape) was measured as something
+    else and written under its own name (unchunked at tp 2 ran on half the vocabulary: half
+    the peak, a wrong row). Only the cases still to run are checked: a finished one imports
+    nothing again."""
+    if mixed := mixed_versions(out_dir, results.read_run_meta(out_dir), torch.__version__):
+        raise mixed
     for case in todo:
         try:
-            # The bound every count flag and config is held to: past it a resumed case
-            # ran at 2^41 tokens, or failed on torch's int64 overflow as a row of its own.
+            # Every count flag's bound: past it a case ran at 2^41 tokens, or overflowed.
             for name in ("batch", "tokens", "vocab", "chunk_size", "tp", "cp", "hidden"):
                 value = getattr(case, name)
                 if value is not None and value > MAX_COUNT:

@@ -92,3 +92,49 @@ def test_a_gates_sweep_is_refused_in_its_configs_words(
     line = one_line(*run_cli("gate", "--config", config, "--out", str(tmp_path / "o")))
     assert f"{config}: tool.memprobe.sweep: " in line and CONFIG_VALUES[value] in line
     assert "--" not in line.replace("memprobe kernels", "")
+
+
+# -- a resume of a run another memprobe or torch started (round 25's r13): the rows
+# measured now joined the old ones, and the page went on naming the old versions. A
+# simulated peak is what torch's meta kernels allocate: the run is refused in one line.
+# A build tag is the same torch; a run.json that records no version still resumes.
+
+VERSIONS = {
+    "another memprobe": ({"memprobe_version": "0.0.1"}, "memprobe '0.0.1' started it"),
+    "another torch": ({"torch_version": "1.13.0"}, "torch '1.13.0' started it"),
+    "another torch's build": ({"torch_version": "1.13.0+cu117"}, "torch '1.13.0+cu117'"),
+    "the same torch, another build tag": ({"torch_version": "{base}+cu121"}, None),
+    "no versions recorded": ({"memprobe_version": None, "torch_version": None}, None),
+}
+
+
+@pytest.mark.parametrize("what", sorted(VERSIONS))
+def test_a_resume_never_mixes_two_versions_rows(run_cli: Any, tmp_path: Path, what: str) -> None:
+    import json
+
+    import torch
+
+    run = tmp_path / "run"
+    flags = ("--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta")
+    code, _, err = run_cli("sweep", *flags, "--kernel", "unchunked,local_chunked", "-q",
+                           "--no-verify", "--no-report", "--out", str(run))  # fmt: skip
+    assert code == 0, err
+    results = json.loads((run / "results.json").read_text())
+    results["rows"] = results["rows"][:1]  # one case left to run
+    (run / "results.json").write_text(json.dumps(results))
+    meta = json.loads((run / "run.json").read_text())
+    changed, refused = VERSIONS[what]
+    base = torch.__version__.split("+")[0]
+    for key, value in changed.items():
+        if value is None:
+            del meta[key]
+        else:
+            meta[key] = value.format(base=base)
+    (run / "run.json").write_text(json.dumps(meta))
+    code, out, err = run_cli("sweep", "--resume", str(run), "-q")
+    if refused is None:
+        assert code == 0, err
+        assert len(json.loads((run / "results.json").read_text())["rows"]) == 2
+    else:
+        assert refused in one_line(code, out, err) and "start a new run" in err
+        assert len(json.loads((run / "results.json").read_text())["rows"]) == 1
