@@ -115,3 +115,41 @@ def test_every_standard_library_module_memprobe_imports_is_kept() -> None:
     stdlib = {n for n in names if n.split(".")[0] in sys.stdlib_module_names}
     assert stdlib - {"__future__", "builtins"} <= set(STDLIB_CALLED)
 
+
+# -- a user kernel's backward ran without the guards that find what user code replaced or
+# blocked: memprobe's own code skips them where nothing was left before, and the backward
+# (run in memprobe's torch state, not its module's) was taken for memprobe's own. A
+# backward that set sys.modules["pandas"] = None ended the sweep in a traceback as it
+# wrote results.csv; one that set torch.log_softmax = None left it so for every case after.
+
+OWN_BACKWARD = (
+    "import sys, torch\n"
+    "class F(torch.autograd.Function):\n"
+    "    @staticmethod\n"
+    "    def forward(ctx, logits, targets):\n"
+    "        ctx.save_for_backward(logits, targets)\n"
+    "        return torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None])[..., 0]\n"
+    "    @staticmethod\n"
+    "    def backward(ctx, grad):\n"
+    "        {left}\n"
+    "        return torch.zeros_like(ctx.saved_tensors[0]), None\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    return F.apply(logits, targets)\n"
+)
+LEFT_BY_BACKWARD = {
+    "pandas blocked": "sys.modules['pandas'] = None",
+    "json blocked": "sys.modules['json'] = None",
+    "torch.log_softmax replaced": "torch.log_softmax = None",
+    "torch.Tensor.float replaced": "torch.Tensor.float = lambda self: None",
+}
+
+
+@pytest.mark.parametrize("what", LEFT_BY_BACKWARD)
+def test_what_a_kernels_backward_leaves_is_not_memprobes(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    body = OWN_BACKWARD.replace("{left}", LEFT_BY_BACKWARD[what])
+    kernel = user_module(here, "r25_backward", body) + ":k"
+    statuses = _statuses(run_cli, *SWEEP, "--kernel", f"{kernel},unchunked", "--out", "run")
+    assert statuses == ["ok", "ok"]
+    assert (here / "run" / "results.csv").is_file()
