@@ -370,6 +370,24 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
 # memprobe's own kernels' rows; json.dumps replaced wrote its text as the sweep's --json
 # output. Only what was callable: these namespaces' data (sys.stdout, os.environ,
 # sys.path) have guards of their own.
+# Every standard library module memprobe imports, not a hand-picked few: pickle.dumps,
+# platform.node, datetime.datetime or copy.deepcopy (dataclasses.asdict's) raising failed
+# a sweep after its last case in a traceback, io.open raising for writes as "cannot write
+# run/run.json", statistics.median raising failed memprobe's own rows on cpu; and
+# torch.autograd's functions and the methods of torch.nn.Module and torch.autograd.Function
+# (torch.autograd.grad raising failed every cpu row; nn.Module.__call__ raising failed
+# `memprobe step`, blamed on config.json's sizes). tests/commands/
+# test_hostile_inputs_round25_r25_code.py keeps this list complete.
+STDLIB_CALLED = (
+    "abc", "atexit", "base64", "bisect", "codecs", "collections", "collections.abc",
+    "concurrent.futures", "contextlib", "copy", "dataclasses", "datetime", "difflib", "enum",
+    "errno", "fnmatch", "fractions", "functools", "gc", "hashlib", "importlib",
+    "importlib.util", "inspect", "io", "itertools", "json", "logging", "math",
+    "multiprocessing", "numbers", "operator", "os", "os.path", "pathlib", "pickle",
+    "pickletools", "platform", "re", "resource", "shlex", "shutil", "signal", "socket",
+    "stat", "statistics", "struct", "sys", "tempfile", "threading", "time", "tomllib",
+    "types", "typing", "unicodedata", "warnings", "weakref", "xml.etree.ElementTree", "zlib",
+)  # fmt: skip
 _REPLACED: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
 _ABSENT = object()
 
@@ -397,16 +415,10 @@ def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
     stay (torch adds its submodules as they are imported); on torch.Tensor a name added
     shadows the C base's method, and is a replacement."""
     import builtins
-    import json
-    import shutil
-    import tempfile
-    import time
 
     import torch
-    import torch.nn.functional
-    import torch.optim
 
-    functions = (torch.nn, torch.optim, sys, os, os.path, time, json, shutil, tempfile)
+    functions = _function_owners()
     owners: tuple[Any, ...] = (torch, torch.Tensor, torch.nn.functional, builtins, *functions)
     if theirs:
         for owner, name, _, replacement in _REPLACED.values():
@@ -422,7 +434,7 @@ def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
                 continue
             for name in names:
                 value = before.get(name, _ABSENT)
-                if owner in functions and not callable(value):
+                if owner in functions and not _is_code(value):
                     continue
                 if name in now and now[name] is not value:
                     own = _REPLACED.get((id(owner), name), (owner, name, value))[2]
@@ -433,3 +445,23 @@ def torch_functions_kept(theirs: bool = True) -> Iterator[None]:
                     delattr(owner, name)
             else:
                 setattr(owner, name, own)
+
+
+@functools.cache
+def _function_owners() -> tuple[Any, ...]:
+    """The namespaces whose functions (and classes) only are kept: torch.nn's, torch.optim's,
+    torch.autograd's, two torch classes' methods and :data:`STDLIB_CALLED`'s."""
+    import importlib
+
+    import torch.nn.functional
+    import torch.optim
+
+    torch_owners = (torch.nn, torch.optim, torch.autograd, torch.autograd.Function)
+    stdlib = (importlib.import_module(name) for name in STDLIB_CALLED)
+    return (*torch_owners, torch.nn.Module, *stdlib)
+
+
+def _is_code(value: Any) -> bool:
+    """A function, class or method of a namespace, not its data (a classmethod object, as
+    torch.autograd.Function.apply is in the class's namespace, is not callable itself)."""
+    return callable(value) or isinstance(value, (classmethod, staticmethod))
