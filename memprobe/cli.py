@@ -17,7 +17,7 @@ import typer
 from memprobe import __version__
 from memprobe.commands import attribute, diff, gate, kernels, plan, profile, report, step, sweep
 from memprobe.commands.help import Command, Group
-from memprobe.io.text import lookalikes_shown, quoted
+from memprobe.io.text import long_words_clipped, lookalikes_shown, quoted
 
 app = typer.Typer(
     name="memprobe",
@@ -151,7 +151,8 @@ def _main() -> None:
         if _SPLIT_UNIT.search(message):
             # `--budget 80 GiB`: the shell split the size, and its unit became an argument.
             message += "; write a size without a space, e.g. --budget 80GiB"
-        typer.echo(f"memprobe: error: {lookalikes_shown(message)} (see `{where} --help`)", err=True)
+        line = long_words_clipped(lookalikes_shown(message))
+        typer.echo(f"memprobe: error: {line} (see `{where} --help`)", err=True)
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

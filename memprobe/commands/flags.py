@@ -14,7 +14,7 @@ import typer
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.io.text import lookalikes_shown, printable
+from memprobe.io.text import long_words_clipped, lookalikes_shown, printable
 from memprobe.records import MAX_COUNT
 
 P = ParamSpec("P")
@@ -40,7 +40,7 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
             command(*args, **kwargs)
         except UserError as exc:
             # printable: a message can quote a file's text (a TOML line, a frame name).
-            line = lookalikes_shown(printable(exc.one_line()))
+            line = long_words_clipped(lookalikes_shown(printable(exc.one_line())))
             typer.echo(f"memprobe: error: {line}", err=True)
             raise typer.Exit(2) from None
         except OSError as exc:
@@ -52,7 +52,8 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
                 raise
             reason = exc.strerror or type(exc).__name__
             typer.echo(
-                f"memprobe: error: cannot use {printable(str(exc.filename))}: {reason} "
+                f"memprobe: error: cannot use {long_words_clipped(printable(str(exc.filename)))}: "
+                f"{reason} "
                 "(give a path the file system accepts)",
                 err=True,
             )

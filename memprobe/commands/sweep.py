@@ -4,6 +4,7 @@ write the report, print."""
 from __future__ import annotations
 
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -153,16 +154,17 @@ def command(
         ),
     ] = False,
     case_timeout: Annotated[
-        float,
+        str,
         typer.Option(
             # Bounded (below, NaN too): a team's rendezvous waits twice this as a
             # timedelta, which overflows at inf or 1e300 (a traceback on every rank of a
-            # tp/cp team).
+            # tp/cp team). Text, read by _seconds: a float option handed on 1e400 as inf.
+            metavar="SECONDS",
             help="With --shard: seconds rank 0 waits for a case another rank took; a rank "
             "still silent then (hung) gets the case recorded as unfinished, and the job "
             "stops with a non-zero exit (--resume runs the case again).",
         ),
-    ] = 600.0,
+    ] = "600",
     budget: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
@@ -182,14 +184,7 @@ def command(
     from memprobe.render.console import Progress, show
     from memprobe.render.terminal import answer_lines, json_summary, sweep_table
 
-    if not MIN_CASE_TIMEOUT <= case_timeout <= MAX_CASE_TIMEOUT:
-        # Checked here, not by typer's min/max: NaN passed under theirs as "should be less
-        # than or equal to 1000000", which it is not more than.
-        raise UserError(
-            f"--case-timeout {case_timeout!r} is not a number of seconds from "
-            f"{MIN_CASE_TIMEOUT:g} to {MAX_CASE_TIMEOUT:,.0f} (11 days)",
-            "e.g. --case-timeout 600",
-        )
+    timeout_s = _seconds(case_timeout)
     if not shard and "--case-timeout" in given_flags(ctx):
         raise UserError(
             "--case-timeout is how long a --shard job waits for a rank; without --shard "
@@ -262,7 +257,7 @@ def command(
         verify=verify,
         alloc_conf=alloc_conf,
         command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-        case_timeout_s=case_timeout,
+        case_timeout_s=timeout_s,
     )
     try:
         outcome = run_job(request, Progress(enabled=not quiet and not as_json).case)
@@ -300,3 +295,21 @@ def command(
         if page is not None:
             typer.echo(f"report: {printable(str(page))}")
     typer.echo(f"run directory: {printable(str(outcome.run_dir))}")
+
+
+def _seconds(text: str) -> float:
+    """--case-timeout's seconds, refused in the words they were typed in. Checked here, not
+    by typer's float and min/max: NaN passed under those as "should be less than or equal
+    to 1000000", which it is not more than, and a number past a float (1e400) or below
+    one (1e-400) was echoed as the float it became, "--case-timeout inf" or "0.0"."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not MIN_CASE_TIMEOUT <= seconds <= MAX_CASE_TIMEOUT:
+        raise UserError(
+            f"--case-timeout {text!r} is not a number of seconds from "
+            f"{MIN_CASE_TIMEOUT:g} to {MAX_CASE_TIMEOUT:,.0f} (11 days)",
+            "e.g. --case-timeout 600",
+        )
+    return seconds

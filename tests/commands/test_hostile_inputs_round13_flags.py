@@ -329,19 +329,15 @@ def test_a_wide_columns_is_still_the_width(run_cli: Any, monkeypatch: pytest.Mon
 
 
 # -- --case-timeout nan: typer's bound check read it as "should be less than or equal to
-# 1000000", which NaN is not more than
+# 1000000", which NaN is not more than (since round 25 the value is echoed as typed)
 
 
 @pytest.mark.parametrize(
-    ("value", "shown"),
-    [("nan", "nan"), ("-nan", "nan"), ("NaN", "nan"), ("inf", "inf"), ("1e300", "1e+300"),
-     ("0", "0.0"), ("-1", "-1.0"), ("1000001", "1000001.0")],
+    "value", ["nan", "-nan", "NaN", "inf", "1e300", "0", "-1", "1000001"]
 )  # fmt: skip
-def test_a_case_timeout_out_of_bounds_says_what_it_is(
-    run_cli: Any, here: Path, value: str, shown: str
-) -> None:
+def test_a_case_timeout_out_of_bounds_says_what_it_is(run_cli: Any, here: Path, value: str) -> None:
     err = one_line(*run_cli(*SWEEP, "--shard", "--case-timeout", value))
-    assert f"--case-timeout {shown} is not a number of seconds from 0.001 to 1,000,000" in err
+    assert f"--case-timeout {value!r} is not a number of seconds from 0.001 to 1,000,000" in err
     assert "less than or equal" not in err and not (here / "run").exists()
 
 
