@@ -9,14 +9,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostile import user_module
+from launch import forked_torchrun
 
 SWEEP = ["sweep", "--vocab", "128", "--no-ladder", "--no-report", "-q"]
 ON_META = [*SWEEP, "--device", "meta", "--no-verify"]
@@ -239,7 +238,9 @@ def test_a_stop_inside_a_finder_still_stops(here: Path, error: type[BaseExceptio
 # End to end, in a process of its own (in this one, what memprobe imports lazily was
 # imported by earlier tests): sweep's report, profile's page and plan, with a finder that
 # raises for what memprobe imports after the code (memprobe's own modules, matplotlib,
-# pandas, jinja2).
+# pandas, jinja2). Forked from tests/launch.py's server: torch and memprobe's commands
+# are imported there, what a command imports as it runs (its pages, matplotlib, jinja2,
+# pandas' writers) is not.
 BLOCKING = (
     "import sys\n"
     "class Hostile:\n"
@@ -268,14 +269,12 @@ COMMANDS = {
 }
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("command", COMMANDS)
 def test_commands_end_well_after_a_raising_finder(here: Path, command: str) -> None:
     body, *flags = COMMANDS[command]
     name = user_module(here, "r19_blocking", body)
     argv = [flag.format(name=name) for part in flags for flag in part]
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(here)])}
-    cli = [sys.executable, "-c", "from memprobe.cli import main; main()"]
-    done = subprocess.run([*cli, *argv], capture_output=True, text=True, env=env, timeout=240)
+    done = forked_torchrun(argv, cwd=here, nproc=0, timeout=240)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr

@@ -5,14 +5,13 @@ found. One line and exit 2, the case's error row, or a sane answer."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostile import one_line, user_module
+from launch import forked_torchrun
 from small_config import SMALL
 
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
@@ -284,15 +283,15 @@ def test_the_finders_python_cached_are_put_back(what: str) -> None:
         assert sys.path_importer_cache.get(path, finder) is finder, path
 
 
+@pytest.mark.multiprocess
 def test_a_sweep_ends_well_after_a_poisoned_finder_cache(here: Path) -> None:
-    # In a process of its own: in this one, pandas' lazy imports were made by earlier tests.
+    # In a process of its own (forked from tests/launch.py's server, where pandas is
+    # imported but has written no CSV): in this one, pandas' lazy imports were made by
+    # earlier tests.
     name = _kernel(here, "r24_cache", CACHE["every entry None"])
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(here)])}
-    cli = [sys.executable, "-c", "from memprobe.cli import main; main()"]
     flags = ["--kernel", f"{name},unchunked", "--device", "cpu", "--no-report", "--out", "o"]
     argv = ["sweep", "--tokens", "16", "--vocab", "32", "--no-ladder", "-q", *flags]
-    done = subprocess.run([*cli, *argv], capture_output=True, text=True, env=env, timeout=240)
+    done = forked_torchrun(argv, cwd=here, nproc=0, timeout=240)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert (here / "o" / "results.csv").exists()
