@@ -7,13 +7,13 @@ the machine down.
 
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from typing import Any
 
 from memprobe.io.sizes import format_bytes
 from memprobe.measure.cpu_limits import REPEATS, SAFE_RAM_SHARE, available_ram_bytes
+from memprobe.measure.garbage import garbage_collected_after
 from memprobe.measure.meta_backend import simulate_tracker
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
@@ -46,12 +46,11 @@ def measure_cpu(
                 f"{format_bytes(budget)} of available RAM; simulate it with --device meta"
             ),
         )
-    with process_group_for(case):
+    with garbage_collected_after(), process_group_for(case):
         inputs = protocol_for(case.kernel).make_inputs(case, "cpu", layout=layout)
         trace = traced_step(case, inputs, layout=layout)
         fwd_times, bwd_times = timed_steps(case, inputs, repeats, layout)
         del inputs
-    gc.collect()
     return run_from_trace(
         case,
         trace,

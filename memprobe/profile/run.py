@@ -10,7 +10,6 @@ history is recorded instead of memprobe's tracker.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import torch
 from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels.user import UserCodeExit, user_code
+from memprobe.measure.garbage import garbage_collected_after
 from memprobe.measure.memo import MetaMemo
 from memprobe.measure.tracker import threads_started
 from memprobe.profile.attention import sdpa_on_meta
@@ -30,54 +30,6 @@ from memprobe.records import Event
 from memprobe.snapshot.synthesize import synthesize_snapshot
 
 PROFILE_DEVICES = ("meta", "cpu", "cuda")
-
-
-class _CallersFreeze:
-    """Whether objects were frozen (gc.freeze) by someone else when a step is traced.
-
-    CPython keeps no count of the frozen objects: gc.get_freeze_count walks them all (30 ms
-    in a process that froze a few million, paid by each of a plan's many traces: 14 s of
-    the test suite's CPU). So once a caller's freeze is seen, a marker is frozen with it:
-    while the marker is not back among the oldest generation's objects (where an unfreeze
-    puts everything), nothing was unfrozen since and the freeze need not be counted again.
-    """
-
-    def __init__(self) -> None:
-        self._marker: list[object] | None = None
-
-    def seen(self) -> bool:
-        if self._marker is not None:
-            marker = self._marker
-            if not any(obj is marker for obj in gc.get_objects(generation=2)):
-                return True
-            self._marker = None
-        return gc.get_freeze_count() > 0
-
-    def mark(self) -> None:
-        """Called before the freeze that keeps the caller's: the marker is frozen too."""
-        self._marker = []
-
-
-_callers_freeze = _CallersFreeze()
-
-
-@contextlib.contextmanager
-def _only_the_steps_garbage_collected() -> Iterator[None]:
-    """Reference cycles the step left (autograd graphs held by closures) die at its end,
-    as a training loop's next collection would free them. What was alive before is
-    frozen meanwhile, so that collection scans the step's objects only. A caller's own
-    freeze is kept: unfreezing would undo it (there is no partial unfreeze), so then
-    what was alive stays frozen too."""
-    caller_froze = _callers_freeze.seen()
-    if caller_froze:
-        _callers_freeze.mark()
-    gc.freeze()
-    try:
-        yield
-        gc.collect()
-    finally:
-        if not caller_froze:
-            gc.unfreeze()
 
 
 @dataclass(frozen=True)
@@ -178,7 +130,7 @@ def trace_step(
     quiet = _fake_tensor_logs_off() if faked else contextlib.nullcontext()
     try:
         with tracker, routing as chosen, threads_started() as started, quiet:
-            with _only_the_steps_garbage_collected():
+            with garbage_collected_after():
                 _call(step, torch.device(device), its_state)
     except Exception as exc:
         raise step_failed(exc, tracker, device, failure_hint) from None
