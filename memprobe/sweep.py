@@ -232,8 +232,7 @@ def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> Swee
     resumed = request.resume is not None and request.resume.is_dir()
     # A flag is checked either way; the environment only for a new run.
     conf = alloc_conf_to_model(request.alloc_conf, environ={} if resumed else None)
-    if resumed and request.resume is not None:
-        # A resumed run keeps the allocator settings it started with.
+    if resumed and request.resume is not None:  # it keeps the settings it started with
         conf = results.recorded_alloc_conf(request.resume)
     if conf is not None and request.resume is None:
         # The real allocator reads it at its first allocation: set before any CUDA call.
@@ -329,8 +328,9 @@ def open_run(
     """(every planned case, rows already finished, cases still to run) for a new or
     resumed run."""
     if resume:
-        if not out_dir.is_dir():
-            raise UserError(f"cannot resume {out_dir}: no such directory", "give a run directory")
+        if not out_dir.is_dir():  # e.g. the run's results.json, given for the run
+            said = "a file, not a run directory" if out_dir.exists() else "no such directory"
+            raise UserError(f"cannot resume {out_dir}: {said}", "give a run directory")
         cases = results.planned_cases(out_dir)
         results.check_snapshots_folder(out_dir)
         # A results.json that is a link leading nowhere is read (and named for what it

@@ -138,3 +138,14 @@ def test_a_resume_never_mixes_two_versions_rows(run_cli: Any, tmp_path: Path, wh
     else:
         assert refused in one_line(code, out, err) and "start a new run" in err
         assert len(json.loads((run / "results.json").read_text())["rows"]) == 1
+
+
+# -- `sweep --resume RUN/results.json` (a run's file for the run) was "no such directory",
+# of a path that exists: what it is, is said.
+
+
+@pytest.mark.parametrize("name", ["results.json", "run.json"])
+def test_a_resume_of_a_runs_file_says_it_is_a_file(run_cli: Any, made_run: Path, name: str) -> None:
+    line = one_line(*run_cli("sweep", "--resume", str(made_run / name)))
+    assert f"{made_run / name}: a file, not a run directory" in line
+    assert "no such directory" in one_line(*run_cli("sweep", "--resume", str(made_run / "x")))
