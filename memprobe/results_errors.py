@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from memprobe import __version__
 from memprobe.errors import UserError
 from memprobe.io.text import DuplicateKey, binary_kind, json_error, quoted
 
@@ -122,8 +123,6 @@ def mixed_versions(run_dir: Path, meta: Row, torch_version: str) -> UserError | 
     version started, or None. A simulated peak is what torch's meta kernels allocate, so
     the page showed rows of two versions under the first one's name. A build tag (2.13.0
     and 2.13.0+cpu) is the same torch; a run that records no version is not refused."""
-    from memprobe import __version__
-
     now = {"memprobe": __version__, "torch": torch_version}
     for name, current in now.items():
         then = meta.get(f"{name}_version")
