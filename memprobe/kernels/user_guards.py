@@ -352,25 +352,8 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
             os.close(saved)
 
 
-# Functions of torch's that user code replaces (``torch.Tensor.float = ...``, a library's
-# ``F.cross_entropy = fast_ce`` as it is imported): left in place, memprobe's own kernels
-# ran the replacement in every case after the code's and its peaks were reported as
-# theirs (unchunked read 64 KiB where it holds 112 KiB, ok). Each replacement is kept and
-# swapped in only while user code runs, so the code sees its own and memprobe torch's.
-# By (namespace, name): the namespace, torch's own value (_ABSENT: inherited, on
-# torch.Tensor, from torch's C base), the code's.
-# Python's builtins too: a module that replaced builtins.open (a sandbox, a file-access
-# tracer that raised for paths not its own) ended the sweep in its PermissionError as
-# memprobe wrote the report, after every case had run.
-# And the functions of torch.nn and torch.optim, and of the standard library modules
-# memprobe's own work calls (sys, os, time, json, shutil, tempfile): a kernel's module
-# that replaced torch.optim.AdamW or torch.nn.Linear had `memprobe step` build memprobe's
-# model with its class (a wrong peak, said as the model's); sys.exit = a no-op turned
-# every error line's exit 2 into 0 (a CI gate passed); time.perf_counter = None failed
-# memprobe's own kernels' rows; json.dumps replaced wrote its text as the sweep's --json
-# output. Only what was callable: these namespaces' data (sys.stdout, os.environ,
-# sys.path) have guards of their own.
-# Every standard library module memprobe imports, not a hand-picked few: pickle.dumps,
+# Every standard library module memprobe imports, whose functions user code may replace
+# (kept apart below), not a hand-picked few: pickle.dumps,
 # platform.node, datetime.datetime or copy.deepcopy (dataclasses.asdict's) raising failed
 # a sweep after its last case in a traceback, io.open raising for writes as "cannot write
 # run/run.json", statistics.median raising failed memprobe's own rows on cpu; and
@@ -388,6 +371,25 @@ STDLIB_CALLED = (
     "stat", "statistics", "struct", "sys", "tempfile", "threading", "time", "tomllib",
     "types", "typing", "unicodedata", "warnings", "weakref", "xml.etree.ElementTree", "zlib",
 )  # fmt: skip
+
+# Functions of torch's that user code replaces (``torch.Tensor.float = ...``, a library's
+# ``F.cross_entropy = fast_ce`` as it is imported): left in place, memprobe's own kernels
+# ran the replacement in every case after the code's and its peaks were reported as
+# theirs (unchunked read 64 KiB where it holds 112 KiB, ok). Each replacement is kept and
+# swapped in only while user code runs, so the code sees its own and memprobe torch's.
+# By (namespace, name): the namespace, torch's own value (_ABSENT: inherited, on
+# torch.Tensor, from torch's C base), the code's.
+# Python's builtins too: a module that replaced builtins.open (a sandbox, a file-access
+# tracer that raised for paths not its own) ended the sweep in its PermissionError as
+# memprobe wrote the report, after every case had run.
+# And the functions of torch.nn and torch.optim, and of the standard library modules
+# memprobe's own work calls (STDLIB_CALLED above): a kernel's module that replaced
+# torch.optim.AdamW or torch.nn.Linear had `memprobe step` build memprobe's
+# model with its class (a wrong peak, said as the model's); sys.exit = a no-op turned
+# every error line's exit 2 into 0 (a CI gate passed); time.perf_counter = None failed
+# memprobe's own kernels' rows; json.dumps replaced wrote its text as the sweep's --json
+# output. Only what was callable: these namespaces' data (sys.stdout, os.environ,
+# sys.path) have guards of their own.
 _REPLACED: dict[tuple[int, str], tuple[Any, str, Any, Any]] = {}
 _ABSENT = object()
 
