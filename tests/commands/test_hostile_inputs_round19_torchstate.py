@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from hostile import TINY_STEP, swept, user_module
+from launch import forked_pytest
 
 pytest_plugins = ["pytester"]
 
@@ -344,6 +345,7 @@ def _marked_tests() -> str:
     return "\n".join(body)
 
 
+@pytest.mark.multiprocess
 def test_the_marker_leaves_torchs_state_as_it_was(pytester: pytest.Pytester) -> None:
     from importlib.metadata import entry_points
 
@@ -353,7 +355,7 @@ def test_the_marker_leaves_torchs_state_as_it_was(pytester: pytest.Pytester) -> 
     pytester.makepyfile(test_marked=_marked_tests())
     args = () if installed else ("-p", "memprobe.commands.pytest_plugin")
     # In a process of its own: a mode left on here would be on for this session's tests.
-    result = pytester.runpytest_subprocess("--strict-markers", "-p", "no:cacheprovider", *args)
+    result = forked_pytest(pytester, "--strict-markers", "-p", "no:cacheprovider", *args)
     result.assert_outcomes(passed=2 * len(LEFT_BY_A_BODY), failed=1)
     result.stdout.fnmatch_lines(["*torch tensors peaked at 2.00 MiB on meta, over the limit*"])
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from hostile import one_line, user_module
+from launch import forked_pytest
 from small_config import SMALL
 
 pytest_plugins = ["pytester"]
@@ -227,6 +228,7 @@ def test_a_kernel_taking_off_memprobes_tracker_is_its_failure(
     assert "dispatch modes" in one_line(*run_cli(*PLAN, "--kernel", kernel))
 
 
+@pytest.mark.multiprocess
 def test_a_marked_body_taking_off_the_tracker_fails_in_one_message(
     pytester: pytest.Pytester,
 ) -> None:
@@ -243,7 +245,7 @@ def test_a_marked_body_taking_off_the_tracker_fails_in_one_message(
             "    assert _len_torch_dispatch_stack() == 0\n"
         )
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = forked_pytest(pytester, "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1, passed=1)
     text = result.stdout.str()
     assert "took off 1 of the torch dispatch modes" in text and "Traceback" not in text
