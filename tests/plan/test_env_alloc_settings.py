@@ -15,7 +15,7 @@ from hostile import one_line, user_module
 
 ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
 TEXT = "expandable_segments:True"
-PLAN = ("plan", "--vocab", "32000", "--budget", "2GiB", "--kernel", "local_chunked")
+PLAN = ("plan", "--vocab", "32000", "--budget", "256MiB", "--kernel", "local_chunked")
 SMALL = {
     "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
