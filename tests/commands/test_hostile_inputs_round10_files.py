@@ -403,7 +403,7 @@ def _echoes(made_run: Path, here: Path, odd: str) -> list[tuple[str, list[str]]]
     run = here / f"run{odd}"
     shutil.copytree(made_run, run)
     snap = str(_snapshot(run))
-    budget = ["--vocab", "256", "--budget", "8MiB", "--kernel", "local_chunked"]
+    budget = ["--vocab", "256", "--budget", "8MiB", "--kernel", "local_chunked", "--no-reserved"]
     return [
         ("attribute", ["attribute", snap, "--html", str(here / f"{odd}.html")]),
         ("diff", ["diff", snap, snap]),
