@@ -363,9 +363,9 @@ def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
 # test_hostile_inputs_round25_r25_code.py keeps this list complete.
 STDLIB_CALLED = (
     "abc", "atexit", "base64", "bisect", "codecs", "collections", "collections.abc",
-    "concurrent.futures", "contextlib", "copy", "dataclasses", "datetime", "difflib", "enum",
-    "errno", "fnmatch", "fractions", "functools", "gc", "hashlib", "importlib",
-    "importlib.util", "inspect", "io", "itertools", "json", "logging", "math",
+    "concurrent.futures", "contextlib", "contextvars", "copy", "dataclasses", "datetime",
+    "difflib", "enum", "errno", "fnmatch", "fractions", "functools", "gc", "hashlib",
+    "importlib", "importlib.util", "inspect", "io", "itertools", "json", "logging", "math",
     "multiprocessing", "numbers", "operator", "os", "os.path", "pathlib", "pickle",
     "pickletools", "platform", "re", "resource", "shlex", "shutil", "signal", "socket",
     "stat", "statistics", "struct", "sys", "tempfile", "threading", "time", "tomllib",

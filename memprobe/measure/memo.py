@@ -34,12 +34,18 @@ calls the memo, whether or not the kernel runs.
 Anything else runs the real kernel. Meta tensors hold no values, so a meta kernel's
 answer depends on nothing else; the tests compare a remembered trace with a plain one
 event by event.
+
+For the same reason one memory serves every trace of a command (:func:`one_memo`): a plan's
+search and a sweep's cases ask the same ops again from trace to trace (a chunk loop's chunk
+at every token count, each weight's update at every count), 10-20% of their CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -214,3 +220,22 @@ class MetaMemo:
             return func(*args, **kwargs)
         self.hits += 1
         return _make(answer, args, kwargs)
+
+
+_SHARED: ContextVar[MetaMemo | None] = ContextVar("memprobe_shared_memo", default=None)
+
+
+@contextlib.contextmanager
+def one_memo() -> Iterator[None]:
+    """The traces run inside answer from one memory (:func:`trace_memo`)."""
+    token = _SHARED.set(_SHARED.get() or MetaMemo())
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def trace_memo() -> MetaMemo:
+    """The memory a trace answers from: inside :func:`one_memo`, the one every trace there
+    shares; else one of its own."""
+    return _SHARED.get() or MetaMemo()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memprobe.measure.memo import MetaMemo
+from memprobe.measure.memo import trace_memo
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
 from memprobe.measure.step import describe_filters
@@ -44,7 +44,7 @@ def traced_step(
     backward = protocol.backward_of(case)
     # On meta a chunk loop asks each op the same question every chunk: answered from
     # memory where that is exact (measure.memo; ops on other devices just run).
-    tracker = AllocationTracker(capture_frames=capture_frames, memo=MetaMemo() if memo else None)
+    tracker = AllocationTracker(capture_frames=capture_frames, memo=trace_memo() if memo else None)
     for label, tensor in protocol.leaves(inputs):
         tracker.track(tensor, op=f"input: {label}")
     with tracker, threads_started() as started:

@@ -21,7 +21,7 @@ from memprobe.allocator import AllocConf
 from memprobe.errors import UserError
 from memprobe.kernels.user import UserCodeExit, user_code
 from memprobe.measure.garbage import garbage_collected_after
-from memprobe.measure.memo import MetaMemo
+from memprobe.measure.memo import trace_memo
 from memprobe.measure.tracker import threads_started
 from memprobe.profile.attention import sdpa_on_meta
 from memprobe.profile.load import Step, check_returned, step_exited
@@ -117,7 +117,7 @@ def trace_step(
         raise UserError(
             f"trace_step runs on meta or cpu, not {device!r}", "use profile_step for cuda"
         )
-    remembered = MetaMemo() if memo and device == "meta" else None
+    remembered = trace_memo() if memo and device == "meta" else None
     tracker = StepTracker(capture_frames=capture_frames, device=device, memo=remembered)
     tracker.stop_code = _call.__code__
     tracker.install_hooks()
