@@ -30,6 +30,10 @@ from memprobe.report.breakdown import CATEGORIES, Breakdown
 from memprobe.report.headline import Headline, vs_reference
 from memprobe.results import missing
 
+# The numerics plot's log axis spans whole decades a float holds as normal numbers (a
+# results file takes errors up to 1e100; a kernel's can be subnormal).
+_LOWEST_DECADE, _HIGHEST_DECADE = -307, 307
+
 
 def _bytes_axis_log(ax: Axes, low: float, high: float) -> None:
     ax.set_yscale("log", base=2)
@@ -261,8 +265,12 @@ def numerics(frame: pd.DataFrame, kernels: list[str]) -> bytes | None:
                     ax.text(v if v > 0 else 1e-12, y, f" {v:.1e}", va="center", fontsize=7)
         if values:
             # Whole decades, labelled only there: minor labels on a short log axis collide.
-            low = 10 ** math.floor(math.log10(min(values) / 2))
-            limits = (low, 10 ** math.ceil(math.log10(max(values) * 6)))
+            # Float decades, within a float's normal range: an int power (10 ** 19 past
+            # int64) is no limit numpy takes, and half a subnormal error is 0 (no log).
+            low = math.floor(math.log10(min(values)) - math.log10(2))
+            low = min(max(low, _LOWEST_DECADE), _HIGHEST_DECADE - 1)
+            high = math.ceil(math.log10(max(values)) + math.log10(6))
+            limits = (10.0**low, 10.0 ** min(max(high, low + 1), _HIGHEST_DECADE))
         else:
             # Every error exactly 0: the decades around where their labels are drawn (a log
             # axis has no 0, and autoscaling one with no positive value only warns).

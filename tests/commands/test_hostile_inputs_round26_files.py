@@ -1,0 +1,72 @@
+"""Hostile inputs, round 26 (r26_files), files a user hands memprobe: results whose
+numbers are each in range but draw nothing a plot can hold, snapshots whose frames name
+files with characters that are escaped when shown, run.json files whose device says
+one thing and whose cases another, and model config.json files of checkpoints memprobe
+would step as something else. Each table is a variant of a defect class the pass found:
+one line and exit 2 that names what is wrong, or an answer whose every word the file
+supports."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import user_module
+
+
+def _errors_set(made_run: Path, to: Path, errors: list[float]) -> Path:
+    """A copy of ``made_run`` whose rows carry these forward errors, one per row (the last
+    repeated), as a sweep with the float64 check writes them."""
+    run = Path(shutil.copytree(made_run, to))
+    payload = json.loads((run / "results.json").read_text())
+    for i, row in enumerate(payload["rows"]):
+        row["max_abs_err_fwd"] = errors[min(i, len(errors) - 1)]
+    (run / "results.json").write_text(json.dumps(payload))
+    return run
+
+
+# -- N1: a numerics error of 1e18 or more (a results file takes them up to 1e100), or a
+# subnormal one: the numerics plot's log axis limits were int powers of ten (10**19 is
+# past int64: numpy's isfinite refused it) or the log of half a subnormal (0: math domain
+# error), so `report` and the report at the end of a sweep ended in a traceback and wrote
+# no page. A user kernel that returns finite nonsense (log-probs x 1e30) did it too.
+
+ERRORS = {
+    "1e18": [1e18],
+    "1e99, the largest a results file takes": [9.9e99],
+    "subnormal 5e-324": [5e-324],
+    "1e-310 (subnormal)": [1e-310],
+    "the two ends in one run": [5e-324, 9.9e99],
+    "an ordinary error": [3e-3],
+}
+
+
+@pytest.mark.parametrize("what", sorted(ERRORS))
+def test_numerics_of_any_size_a_results_file_takes_draw(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    run = _errors_set(made_run, tmp_path / "run", ERRORS[what])
+    code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
+    assert code == 0 and "Traceback" not in err, (out, err)
+    assert (tmp_path / "page-numerics.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_kernel_whose_values_are_finite_nonsense_still_gets_its_page(
+    run_cli: Any, here: Path
+) -> None:
+    name = user_module(
+        here,
+        "huge",
+        "from memprobe.kernels import get_kernel\n"
+        "def k(logits, targets, *, chunk_size=None):\n"
+        "    return get_kernel('unchunked')(logits, targets) * 1e30\n",
+    )
+    args = ["sweep", "--tokens", "16", "--vocab", "32", "--no-ladder", "--device", "meta"]
+    code, out, err = run_cli(*args, "--kernel", f"{name}:k", "-q", "--out", str(here / "r"))
+    assert code == 0 and "Traceback" not in err, (out, err)
+    assert (here / "r" / "report.html").is_file()
+    row = json.loads((here / "r" / "results.json").read_text())["rows"][0]
+    assert row["max_abs_err_fwd"] > 1e18, row
