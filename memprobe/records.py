@@ -158,6 +158,9 @@ class Frame:
     name: str
     filename: str
     line: int
+    # The file's own name, when ``filename`` was escaped for printing (a snapshot's frames):
+    # split from the path before escaping, as an escape's backslash is no separator.
+    basename: str = field(default="", repr=False, compare=False, metadata=NOT_JSON)
 
 
 @dataclass(frozen=True)

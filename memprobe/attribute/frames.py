@@ -44,6 +44,9 @@ _GENERATED = re.compile(r"torchinductor_|/\.triton/|/_inductor/|^<eval_with_key|
 _LIBRARY_ROOT = re.compile(r"/(?:site|dist)-packages/([^/]+)")
 _WRAPPER_NAMES = frozenset({"forward", "new_forward", "wrapper", "inner", "decorate_context"})
 MAX_CHAIN = 3  # the user's line and at most two of its callers
+# A path's separators, whatever the OS's style: split before escaping (an escape such as
+# \u202e is a backslash too).
+_SEPARATOR = re.compile(r"[\\/]")
 
 
 # One Frame object per distinct (name, filename, line): real traces repeat the same few
@@ -66,7 +69,8 @@ def clean_frames(raw: Any) -> tuple[Frame, ...]:
         frame = _FRAMES.get(key)
         if frame is None:
             # Escaped once per distinct frame: a tampered name's escape codes never print.
-            frame = Frame(name=printable(key[0]), filename=printable(key[1]), line=key[2])
+            base = printable(_SEPARATOR.split(key[1])[-1])
+            frame = Frame(printable(key[0]), printable(key[1]), key[2], basename=base)
             _FRAMES[key] = frame
         out.append(frame)
     return tuple(out)
@@ -303,15 +307,20 @@ def _phase_facts(frame: Frame) -> tuple[str | None, str]:
     return None, ""
 
 
+def file_name(frame: Frame) -> str:
+    """The name of the frame's file, without its folders (either OS's separator)."""
+    return frame.basename or _SEPARATOR.split(frame.filename)[-1]
+
+
 def _short(frame: Frame) -> str:
-    return f"{normalized_path(frame.filename).rsplit('/', 1)[-1]}:{frame.line}"
+    return f"{file_name(frame)}:{frame.line}"
 
 
 def describe_frame(frame: Frame | None) -> str:
     """``autograd_reference.py:24 in unchunked_logprobs`` (file name only, any OS)."""
     if frame is None:
         return "-"
-    return f"{frame.filename.replace(chr(92), '/').rsplit('/', 1)[-1]}:{frame.line} in {frame.name}"
+    return f"{file_name(frame)}:{frame.line} in {frame.name}"
 
 
 def in_kernel(kernel: Frame | None) -> str:

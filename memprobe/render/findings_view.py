@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memprobe.attribute.findings import Findings
-from memprobe.attribute.frames import in_kernel
+from memprobe.attribute.frames import file_name, in_kernel
 from memprobe.attribute.records import BlockFinding
 from memprobe.io.sizes import format_bytes
 from memprobe.records import Frame
@@ -27,8 +27,7 @@ def shape_text(shape: Any) -> str:
 def frame_text(frame: Frame | None) -> str:
     if frame is None:
         return "-"
-    filename = str(frame.filename or "??").replace("\\", "/").rsplit("/", 1)[-1]
-    return f"{filename}:{frame.line} in {frame.name or '??'}"
+    return f"{file_name(frame) or '??'}:{frame.line} in {frame.name or '??'}"
 
 
 def op_text(op: Any, kernel: Frame | None = None) -> str:

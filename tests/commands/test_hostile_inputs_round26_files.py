@@ -9,6 +9,7 @@ supports."""
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -70,3 +71,44 @@ def test_a_kernel_whose_values_are_finite_nonsense_still_gets_its_page(
     assert (here / "r" / "report.html").is_file()
     row = json.loads((here / "r" / "results.json").read_text())["rows"][0]
     assert row["max_abs_err_fwd"] > 1e18, row
+
+
+# -- F1: a frame whose file name holds a character printed as its escape (a bidi override,
+# a control): the escape's backslash was taken for a Windows path separator, so the line
+# named a file that is not there ('/x/\u202eevil.py' read 'u202eevil.py:24 in ...', the
+# folder's 'a\x1bb' read 'x1bb/...'). The name is split from its folders before escaping.
+
+FILE_NAMES = {
+    "a bidi override": ("/x/\u202eevil.py", "\\u202eevil.py:"),
+    "an escape code": ("/x/a\x1b[2Jb.py", "a\\x1b[2Jb.py:"),
+    "a tab in a windows path": ("C:\\jobs\\tr\tain.py", "tr\\tain.py:"),
+    "a control in a folder's name": ("/x/d\x1bir/train.py", " train.py:"),
+    "a plain windows path": ("C:\\Users\\me\\new\\train.py", " train.py:"),
+    "a plain posix path": ("/home/me/rl/train.py", " train.py:"),
+}
+
+
+def _frames_in(path: str) -> Any:
+    import snapshot_fixtures as fx
+
+    def moved(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{**f, "filename": path} if f["filename"] == fx.KERNEL else f for f in frames]
+
+    return fx._map_frames(fx.unchunked_snapshot(), moved)
+
+
+@pytest.mark.parametrize("what", sorted(FILE_NAMES))
+@pytest.mark.parametrize("html", [False, True])
+def test_a_frames_file_is_named_by_its_own_name(
+    run_cli: Any, tmp_path: Path, what: str, html: bool
+) -> None:
+    path, shown = FILE_NAMES[what]
+    snap = tmp_path / "s.pickle"
+    snap.write_bytes(pickle.dumps(_frames_in(path), protocol=4))
+    page = tmp_path / "p.html"
+    code, out, err = run_cli("attribute", str(snap), "--top", "2", *(["--html", str(page)] * html))
+    assert code == 0, err
+    text = page.read_text() if html else out
+    assert shown in text, text
+    assert "u202eevil" not in text.replace("\\u202eevil", ""), text
+    assert "\x1b" not in text and "\u202e" not in text
