@@ -36,6 +36,7 @@ from memprobe.profile.hf_config import (
     check_ratios,
     check_sizes,
     check_text_only,
+    check_unquantized,
     error_text,
     has_attention_heads,
     load_error,
@@ -128,6 +129,7 @@ def config_from_dict(data: dict[str, Any], transformers: Any = None) -> Any:
     config_class = transformers.CONFIG_MAPPING[model_type]
     check_text_only(model_type, config_class, fields, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     check_lm_head(model_type, fields)
+    check_unquantized(model_type, fields)
     aliases = dict(getattr(config_class, "attribute_map", {}) or {})
     check_sizes(model_type, fields, aliases, heads=has_attention_heads(config_class))
     try:

@@ -350,6 +350,25 @@ def check_lm_head(model_type: str, fields: dict[str, Any]) -> None:
     )
 
 
+def check_unquantized(model_type: str, fields: dict[str, Any]) -> None:
+    """A quantized checkpoint's config (``quantization_config``: GPTQ, AWQ, bitsandbytes,
+    fp8) was stepped as the unquantized model of its sizes, every weight in --dtype and
+    trained with its gradient and optimizer state, and its peak printed as this model's.
+    Its weights are 4 or 8 bits and frozen (a QLoRA step trains adapters), which memprobe
+    does not build: a peak several times too high, without a word."""
+    quant = fields.get("quantization_config")
+    if quant is None:
+        return
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    how = f", quant_method {quoted(method)}" if isinstance(method, str) else ""
+    raise UserError(
+        f"the {printable(model_type)} config is a quantized checkpoint's "
+        f"(it gives a quantization_config{how}): memprobe step builds its weights in "
+        "--dtype and trains them all, which is not this model's memory",
+        "drop quantization_config from config.json to step the unquantized model of these sizes",
+    )
+
+
 # What a causal LM does to its logits between its lm_head and the loss, in transformers'
 # modeling code, by the config field that sets it and the values that leave them as they
 # are: gemma2/3's softcap (divide, tanh, multiply), granite's divisor, cohere's, falcon_h1's

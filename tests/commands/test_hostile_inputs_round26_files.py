@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import user_module
+from hostile import one_line, user_module
+from small_config import SMALL
 
 
 def _errors_set(made_run: Path, to: Path, errors: list[float]) -> Path:
@@ -112,3 +113,47 @@ def test_a_frames_file_is_named_by_its_own_name(
     assert shown in text, text
     assert "u202eevil" not in text.replace("\\u202eevil", ""), text
     assert "\x1b" not in text and "\u202e" not in text
+
+
+# -- Q1: a quantized checkpoint's config.json (it gives a quantization_config: GPTQ, AWQ,
+# bitsandbytes, fp8): `step` and `plan --step` built the unquantized model of its sizes,
+# every weight in --dtype and trained, and printed that peak as this model's, several
+# times what its 4- or 8-bit frozen weights hold, without a word. It is one line now.
+
+QUANTIZED = {
+    "bitsandbytes 4-bit": {"quant_method": "bitsandbytes", "load_in_4bit": True},
+    "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128},
+    "fp8": {"quant_method": "fp8", "activation_scheme": "dynamic"},
+    "a method that is not text": {"quant_method": 5},
+    "an empty table": {},
+}
+
+
+def _config(where: Path, **extra: Any) -> str:
+    where.mkdir(exist_ok=True)
+    (where / "config.json").write_text(json.dumps({**SMALL, **extra}))
+    return str(where)
+
+
+def _step_args(command: str, config: str) -> list[str]:
+    return {
+        "step": ["step", "--config", config, "--tokens", "16"],
+        "plan --step": ["plan", "--step", "--config", config, "--budget", "1GiB"],
+    }[command]
+
+
+@pytest.mark.parametrize("what", sorted(QUANTIZED))
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+def test_a_quantized_checkpoints_config_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    config = _config(tmp_path / "c", quantization_config=QUANTIZED[what])
+    err = one_line(*run_cli(*_step_args(command, config)))
+    assert "is a quantized checkpoint's" in err and "drop quantization_config" in err, err
+    method = QUANTIZED[what].get("quant_method")
+    assert (f"quant_method '{method}'" in err) == isinstance(method, str), err
+
+
+def test_a_config_without_quantization_is_stepped(run_cli: Any, tmp_path: Path) -> None:
+    code, out, err = run_cli(*_step_args("step", _config(tmp_path / "c", quantization_config=None)))
+    assert code == 0 and out.startswith("llama"), err
