@@ -12,6 +12,8 @@ from memprobe's label on that gradient (``[B, S, V]``), else from attribution's 
 
 from __future__ import annotations
 
+import math
+
 from memprobe.allocator.snapshot_format import ALLOC
 from memprobe.attribute.findings import Findings
 from memprobe.attribute.loss_step_record import LossStep, refuse_an_oom_inside
@@ -19,7 +21,7 @@ from memprobe.attribute.sites import Phases, SiteCache
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
 from memprobe.records import normalize_dtype
-from memprobe.snapshot.replay import BEFORE_TRACE, Replay
+from memprobe.snapshot.replay import BEFORE_TRACE, Replay, ReplayBlock
 
 _KERNELS_DIR = "memprobe/kernels/"
 _ITEMSIZE_NAMES = {4: "float32", 2: "bfloat16"}
@@ -114,7 +116,12 @@ def own_kernel_step(
             "gradient into the logits' buffer): nothing marks where its step ends",
             "profile the step with a kernel that makes the logits' gradient (e.g. local_chunked)",
         )
-    gradient = max(made, key=lambda b: b.size)
+    # The logits' gradient has the logits' dtype and shape. Where memprobe's labels say
+    # so, a block that only shares their size is not it: the float32 chunk of a bf16 step
+    # at S <= chunk is twice the logits, as large as an embedding [V, H=2S] live before
+    # the step, and was taken for the gradient of that weight ("logits" of float32).
+    fitting = [b for b in made if _labels_agree(sites, b, live_at_start[b.size])]
+    gradient = max(fitting or made, key=lambda b: b.size)
     logits = live_at_start[gradient.size]
     refuse_an_oom_inside(rep, bs, gradient, kernel)
     site = sites.site(gradient.alloc_entry) if gradient.alloc_entry is not None else None
@@ -154,3 +161,17 @@ def own_kernel_step(
         dtype=dtype,
         torch_dtype=torch_name or dtype,
     )
+
+
+def _labels_agree(sites: SiteCache, made: ReplayBlock, live: ReplayBlock) -> bool:
+    """Whether memprobe's labels (dtype and element count) of a block made in backward and of the
+    live block of its size agree, as a gradient's and its tensor's do; True where either
+    has no label (a real CUDA snapshot's blocks)."""
+    labels = []
+    for b in (made, live):
+        site = sites.site(b.alloc_entry) if b.alloc_entry is not None else None
+        if site is None or site.label_dtype is None or site.label_shape is None:
+            return True
+        # Elements, not the shape: the lm_head's [B·S, V] is viewed as [B, S, V].
+        labels.append((site.label_dtype, math.prod(site.label_shape)))
+    return labels[0] == labels[1]

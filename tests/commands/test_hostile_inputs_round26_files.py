@@ -157,3 +157,40 @@ def test_a_quantized_checkpoints_config_is_one_line(
 def test_a_config_without_quantization_is_stepped(run_cli: Any, tmp_path: Path) -> None:
     code, out, err = run_cli(*_step_args("step", _config(tmp_path / "c", quantization_config=None)))
     assert code == 0 and out.startswith("llama"), err
+
+
+# -- W1: `attribute --what-if` on a step memprobe profiled with one of its chunked kernels
+# (`step --out`, `profile --out`): the logits' gradient was the largest block made in the
+# kernel's backward whose size matched a block live before the step. At S <= chunk the
+# float32 chunk of a bf16 step is twice the logits, as large as an embedding [V, H = 2S]:
+# the chunk was taken for the gradient, the prediction ran at float32 logits, and
+# `--what-if local_chunked` on a local_chunked step predicted 605.24 KiB for its recorded
+# 590.87 KiB. memprobe's labels (dtype, elements) now tell the gradient from the chunk.
+
+ROUND_TRIPS = {
+    "local_chunked bf16, S = H/2 (the chunk as large as the embedding)": (
+        "local_chunked",
+        "bf16",
+        32,
+    ),
+    "local_tiled bf16, S = H/2": ("local_tiled", "bf16", 32),
+    "local_chunked fp16, S = H/2": ("local_chunked", "fp16", 32),
+    "local_chunked bf16, no block of the chunk's size": ("local_chunked", "bf16", 16),
+}
+
+
+@pytest.mark.parametrize("what", sorted(ROUND_TRIPS))
+def test_what_if_its_own_kernel_on_a_step_predicts_the_recorded_peak(
+    run_cli: Any, tmp_path: Path, what: str
+) -> None:
+    kernel, dtype, tokens = ROUND_TRIPS[what]
+    snap = tmp_path / "step.pickle"
+    args = ["step", "--config", _config(tmp_path / "c"), "--tokens", str(tokens)]
+    args += ["--kernel", kernel, "--dtype", dtype, "--optimizer", "none", "--out", str(snap)]
+    code, _, err = run_cli(*args)
+    assert code == 0, err
+    code, out, err = run_cli("attribute", str(snap), "--top", "1", "--what-if", kernel)
+    assert code == 0, err
+    torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
+    assert f"at [B=1, S={tokens}, V=512] {torch_dtype}" in out, out
+    assert "(saves 0 B)" in out, out
