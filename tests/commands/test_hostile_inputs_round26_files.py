@@ -194,3 +194,22 @@ def test_what_if_its_own_kernel_on_a_step_predicts_the_recorded_peak(
     torch_dtype = {"bf16": "bfloat16", "fp16": "float16"}[dtype]
     assert f"at [B=1, S={tokens}, V=512] {torch_dtype}" in out, out
     assert "(saves 0 B)" in out, out
+
+
+# The same reading fed `plan --other-from`: the 32-token step's "other" read 413.00 KiB
+# (its chunk cut as the gradient) against 512.87 KiB, off the line the 48- and 64-token
+# steps draw, and the plan's per-token cost of the rest of the step doubled.
+
+
+def test_other_from_steps_of_its_own_kernel_lie_on_one_line(run_cli: Any, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c")
+    snaps = []
+    for tokens in (32, 48, 64):
+        snaps.append(str(tmp_path / f"s{tokens}.pickle"))
+        args = ["step", "--config", config, "--tokens", str(tokens), "--optimizer", "none"]
+        code, _, err = run_cli(*args, "--out", snaps[-1])
+        assert code == 0, err
+    args = ["plan", "--vocab", "512", "--budget", "4MiB", "--kernel", "local_chunked"]
+    code, out, err = run_cli(*args, "--no-reserved", "--other-from", ",".join(snaps))
+    assert code == 0, err
+    assert "32 tokens: 512.87 KiB" in out and "residual 0 B" in out, out
