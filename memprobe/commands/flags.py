@@ -14,7 +14,7 @@ import typer
 
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
-from memprobe.io.text import long_words_clipped, lookalikes_shown, printable
+from memprobe.io.text import foreign_digit, long_words_clipped, lookalikes_shown, printable
 from memprobe.records import MAX_COUNT
 
 P = ParamSpec("P")
@@ -150,6 +150,12 @@ def int_list(
         if allow_none and item.lower() == "none":
             values.append(None)
             continue
+        digit = foreign_digit(item)
+        if digit:
+            raise UserError(
+                f"{flag} {text!r}: {item!r} is written with {digit}, not the digits 0-9",
+                f"e.g. {flag} {example}",
+            )
         try:
             value = int(item)
         except ValueError:

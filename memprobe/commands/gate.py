@@ -12,6 +12,7 @@ import typer
 from memprobe.commands.flags import user_errors
 from memprobe.errors import UserError
 from memprobe.gate import GateRequest, run_gate
+from memprobe.io.text import foreign_digit
 from memprobe.render.gate_text import format_verdict
 from memprobe.render.junit import write_junit
 from memprobe.render.markdown import append_step_summary
@@ -94,6 +95,9 @@ def _percent(value: str | None) -> float | None:
     if value is None:
         return None
     hint = "e.g. --max-regression 5 for 5%"
+    digit = foreign_digit(value)
+    if digit:
+        raise UserError(f"--max-regression {value!r} is written with {digit}, not 0-9", hint)
     try:
         number = float(value.strip().removesuffix("%"))
     except ValueError:

@@ -25,7 +25,7 @@ from memprobe.commands.flags import (
 )
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_budget
-from memprobe.io.text import printable
+from memprobe.io.text import foreign_digit, printable
 from memprobe.measure.torchrun_env import check_team
 from memprobe.records import Grid
 from memprobe.results import default_run_dir, read_run_meta
@@ -305,7 +305,8 @@ def _seconds(text: str) -> float:
     to 1000000", which it is not more than, and a number past a float (1e400) or below
     one (1e-400) was echoed as the float it became, "--case-timeout inf" or "0.0"."""
     try:
-        seconds = float(text)
+        # Only 0-9: float() reads any script's digits (see foreign_digit).
+        seconds = math.nan if foreign_digit(text) else float(text)
     except ValueError:
         seconds = math.nan
     if not MIN_CASE_TIMEOUT <= seconds <= MAX_CASE_TIMEOUT:

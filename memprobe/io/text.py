@@ -58,6 +58,19 @@ def _lookalike(char: str) -> bool:
     return unicodedata.name(char, "").startswith(_LOOKALIKE_SCRIPTS)
 
 
+def foreign_digit(text: str) -> str | None:
+    """The first digit of ``text`` outside 0-9, named (``'৪' (U+09EA BENGALI DIGIT
+    FOUR)``), or None. Python's int() and float() read any script's decimal digits, so
+    ``--tokens ৪096`` ran 4,096 tokens where the text reads 8096 to most eyes, while a
+    size (``--budget ৪0GiB``) is refused: a number is written in 0-9 everywhere."""
+    if text.isascii():
+        return None
+    for char in text:
+        if char.isdecimal() and not char.isascii():
+            return f"{char!r} (U+{ord(char):04X} {unicodedata.name(char, 'a digit')})"
+    return None
+
+
 def printable_lines(text: str) -> str:
     """Whole output text: the same escapes, except for the newlines that end its lines."""
     if text.isprintable():

@@ -213,3 +213,72 @@ def test_other_from_steps_of_its_own_kernel_lie_on_one_line(run_cli: Any, tmp_pa
     code, out, err = run_cli(*args, "--no-reserved", "--other-from", ",".join(snaps))
     assert code == 0, err
     assert "32 tokens: 512.87 KiB" in out and "residual 0 B" in out, out
+
+
+# -- D1: a count, list or percentage written in another script's digits. Python's int()
+# and float() read every script's decimal digits, so `--tokens ৪0` (the Bengali four,
+# which reads as an 8) ran 40 tokens, `--max-regression ৪` gated at 4%, `--vocab ١٢٨`
+# planned V = 128, while a size (`--budget ৪0GiB`) and typer's counts (`--top ৩`) were
+# refused. Every number is written in 0-9 now, and the digit that is not is named.
+
+FOREIGN_DIGITS = {
+    "sweep --tokens, a Bengali four": (
+        ["sweep", "--tokens", "৪0", "--vocab", "128", "--device", "meta", "--no-ladder"],
+        "'৪' (U+09EA BENGALI DIGIT FOUR)",
+    ),
+    "plan --vocab, Arabic-Indic digits": (
+        ["plan", "--vocab", "١٢٨", "--budget", "1MiB", "--no-reserved"],
+        "'١' (U+0661 ARABIC-INDIC DIGIT ONE)",
+    ),
+    "plan --chunk-size, fullwidth digits": (
+        ["plan", "--vocab", "128", "--budget", "1MiB", "--chunk-size", "256,１０２４"],
+        "'１' (U+FF11 FULLWIDTH DIGIT ONE)",
+    ),
+    "sweep --tp, a Devanagari two": (
+        ["sweep", "--tokens", "64", "--vocab", "128", "--device", "meta", "--tp", "1,२"],
+        "'२' (U+0968 DEVANAGARI DIGIT TWO)",
+    ),
+    "plan --batch, a Thai digit": (
+        ["plan", "--vocab", "128", "--budget", "1MiB", "--batch", "๒"],
+        "'๒' (U+0E52 THAI DIGIT TWO)",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", sorted(FOREIGN_DIGITS))
+def test_a_count_in_another_scripts_digits_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str
+) -> None:
+    args, named = FOREIGN_DIGITS[what]
+    err = one_line(*run_cli(*args))
+    assert named in err and "not the digits 0-9" in err, err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("value", ["৪", "٥%", "５"])
+def test_a_max_regression_in_another_scripts_digits_is_one_line(
+    run_cli: Any, made_run: Path, tmp_path: Path, value: str
+) -> None:
+    base = shutil.copytree(made_run, tmp_path / "base")
+    (tmp_path / "g.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{kernel = "*", max_peak = "1GiB"}]\n'
+    )
+    args = ["gate", str(made_run), "--config", str(tmp_path / "g.toml"), "--baseline", str(base)]
+    err = one_line(*run_cli(*args, "--max-regression", value))
+    assert f"--max-regression {value!r} is written with" in err and "not 0-9" in err, err
+
+
+@pytest.mark.parametrize("value", ["٦٠٠", "６00"])
+def test_a_case_timeout_in_another_scripts_digits_is_refused_as_typed(
+    run_cli: Any, value: str
+) -> None:
+    args = ["sweep", "--shard", "--case-timeout", value, "--tokens", "64", "--vocab", "128"]
+    err = one_line(*run_cli(*args, "--device", "meta"))
+    assert f"--case-timeout {value!r} is not a number of seconds" in err, err
+
+
+@pytest.mark.parametrize("value", ["64", "6_4", " 64 "])
+def test_a_count_in_0_to_9_is_still_read(run_cli: Any, tmp_path: Path, value: str) -> None:
+    args = ["plan", "--vocab", "128", "--budget", "1MiB", "--kernel", "unchunked", "--json"]
+    code, out, err = run_cli(*args, "--no-reserved", "--batch", value)
+    assert code == 0 and json.loads(out)[0]["max_tokens"] > 0, err
