@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from memprobe.errors import UserError
+from memprobe.io.text import foreign_digit
 
 MIB = 1 << 20
 # torch: sizes are grouped into 16 power-of-two intervals from 1 MiB to 64 GiB.
@@ -191,8 +192,17 @@ class _Tokens:
 _MAX_SETTING = 2**43
 
 
+def _ascii_number(tokens: _Tokens, key: str, value: str) -> None:
+    """torch's parser reads the digits 0-9 only; Python's int() and float() any script's
+    (``max_split_size_mb:٢٠٠`` was modelled as 200 MB, which torch refuses)."""
+    digit = foreign_digit(value)
+    if digit:
+        raise tokens.error(f"{key} {value!r} is written with {digit}, not the digits 0-9")
+
+
 def _int(tokens: _Tokens, key: str, value: str) -> int:
     shown = value if len(value) <= 24 else f"a number of {len(value)} digits"
+    _ascii_number(tokens, key, value)
     try:
         number = int(value) if len(value) <= 64 else None
     except ValueError:
@@ -203,6 +213,7 @@ def _int(tokens: _Tokens, key: str, value: str) -> int:
 
 
 def _float(tokens: _Tokens, key: str, value: str) -> float:
+    _ascii_number(tokens, key, value)
     try:
         return float(value)
     except ValueError:

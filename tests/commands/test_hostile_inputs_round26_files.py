@@ -282,3 +282,22 @@ def test_a_count_in_0_to_9_is_still_read(run_cli: Any, tmp_path: Path, value: st
     args = ["plan", "--vocab", "128", "--budget", "1MiB", "--kernel", "unchunked", "--json"]
     code, out, err = run_cli(*args, "--no-reserved", "--batch", value)
     assert code == 0 and json.loads(out)[0]["max_tokens"] > 0, err
+
+
+# The allocator settings' numbers too: `--alloc-conf max_split_size_mb:٢٠٠` was modelled
+# as 200 MB, a setting torch's own parser (0-9 only) refuses.
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        "max_split_size_mb:٢٠٠",
+        "garbage_collection_threshold:٠.٥",
+        "roundup_power2_divisions:[256:٤,>:2]",
+        "max_non_split_rounding_mb:５12",
+    ],
+)
+def test_allocator_settings_in_another_scripts_digits_are_one_line(run_cli: Any, conf: str) -> None:
+    args = ["plan", "--vocab", "128", "--budget", "1MiB", "--kernel", "unchunked"]
+    err = one_line(*run_cli(*args, "--alloc-conf", conf))
+    assert "is written with" in err and "not the digits 0-9" in err, err
