@@ -44,7 +44,7 @@ from memprobe.attribute.shapes import (
 )
 from memprobe.attribute.trace_context import TraceContext
 from memprobe.errors import UserError
-from memprobe.records import Frame
+from memprobe.records import MAX_COUNT, Frame
 from memprobe.snapshot.load import DEFAULT_MAX_BYTES, load_snapshot, normalize_snapshot
 from memprobe.snapshot.replay import BEFORE_TRACE, OomMoment, ReplayBlock, replay
 
@@ -348,9 +348,12 @@ def simulated_clock(snap: dict[str, Any]) -> bool:
     return isinstance(meta, dict) and meta.get("clock") == "simulation"
 
 
-# A case id's shapes: "-h4096" only for the hidden family.
+# A case id's shapes: "-h4096" only for the hidden family. Its numbers are the digits
+# 0-9, at most 13 of them (a count memprobe runs is below 2^40): \d read any script's
+# digits, and int() of a 5,000-digit one raised past Python's 4,300 (a traceback).
+_N = "([0-9]{1,13})"
 _CASE_SHAPE = re.compile(
-    r"(?:-h(\d+))?-b(\d+)-s(\d+)-v(\d+)-[a-z0-9]+-c(?:\d+|none)-tp(\d+)-cp(\d+)-"
+    rf"(?:-h{_N})?-b{_N}-s{_N}-v{_N}-[a-z0-9]+-c(?:[0-9]{{1,13}}|none)-tp{_N}-cp{_N}-"
 )
 
 
@@ -363,7 +366,7 @@ def recorded_case_hints(snap: dict[str, Any]) -> Hints:
     if match is None:
         return Hints()
     h, (b, s, v, tp, cp) = match.group(1), (int(g) for g in match.groups()[1:])
-    if tp < 1 or cp < 1:
+    if min(b, s, v, tp, cp) < 1 or max(b, s, v, tp, cp, int(h or 0)) > MAX_COUNT:
         return Hints()
     sizes = Hints(vocab=v // tp, tokens=s // cp, batch=b, hidden=int(h) if h else None)
     # memprobe never runs a case with a size of 0 (nor a shard of none: V < tp, S < cp):

@@ -301,3 +301,38 @@ def test_allocator_settings_in_another_scripts_digits_are_one_line(run_cli: Any,
     args = ["plan", "--vocab", "128", "--budget", "1MiB", "--kernel", "unchunked"]
     err = one_line(*run_cli(*args, "--alloc-conf", conf))
     assert "is written with" in err and "not the digits 0-9" in err, err
+
+
+# -- C2: the case id of memprobe's record in a snapshot (`memprobe.case`) read with \d+:
+# a number of 5,000 digits in it (an edited file) ended `attribute` and `--what-if` in
+# int()'s ValueError past Python's 4,300 digits, a traceback, and another script's digits
+# (`-s٦٤-`) were read as the record's shape. Its numbers are 0-9, a count memprobe runs.
+
+CASE_IDS = {
+    "tokens of 5,000 digits": "local_chunked-b1-s" + "9" * 5000 + "-v128-bf16-c1024-tp1-cp1-meta-x",
+    "tp of 5,000 digits": "local_chunked-b1-s64-v128-bf16-c1024-tp" + "9" * 5000 + "-cp1-meta-x",
+    "hidden of 5,000 digits": "k-h" + "7" * 5000 + "-b1-s64-v128-bf16-c1024-tp1-cp1-meta-x",
+    "tokens past 2^40": "local_chunked-b1-s99999999999999-v128-bf16-c1024-tp1-cp1-meta-x",
+    "Arabic-Indic tokens": "local_chunked-b1-s٦٤-v128-bf16-c1024-tp1-cp1-meta-x",
+}
+
+
+@pytest.mark.parametrize("what", sorted(CASE_IDS))
+@pytest.mark.parametrize("what_if", [False, True])
+def test_a_recorded_case_id_no_run_writes_is_no_record(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str, what_if: bool
+) -> None:
+    source = next((made_run / "snapshots").iterdir())
+    snap = pickle.loads(source.read_bytes())
+    snap["memprobe"]["case"] = CASE_IDS[what]
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    extra = ["--what-if", "local_chunked"] if what_if else []
+    code, out, err = run_cli("attribute", str(path), "--top", "1", *extra)
+    assert "Traceback" not in err and code in (0, 2), (code, err)
+
+
+def test_the_recorded_case_id_a_run_writes_is_still_read(run_cli: Any, made_run: Path) -> None:
+    snap = next((made_run / "snapshots").iterdir())
+    code, out, err = run_cli("attribute", str(snap), "--top", "1")
+    assert code == 0 and "[B=1, S=64, V=128]" in out and "confidence given" in out, err
