@@ -16,11 +16,11 @@ memory to the CUDA driver's own pool allocator, whose rules are not public.
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from memprobe.errors import UserError
-from memprobe.io.text import foreign_digit
 
 MIB = 1 << 20
 # torch: sizes are grouped into 16 power-of-two intervals from 1 MiB to 64 GiB.
@@ -194,10 +194,12 @@ _MAX_SETTING = 2**43
 
 def _ascii_number(tokens: _Tokens, key: str, value: str) -> None:
     """torch's parser reads the digits 0-9 only; Python's int() and float() any script's
-    (``max_split_size_mb:٢٠٠`` was modelled as 200 MB, which torch refuses)."""
-    digit = foreign_digit(value)
+    (``max_split_size_mb:٢٠٠`` was modelled as 200 MB, which torch refuses). As
+    memprobe.io.text.foreign_digit says it, here where the model imports only itself."""
+    digit = next((c for c in value if c.isdecimal() and not c.isascii()), None)
     if digit:
-        raise tokens.error(f"{key} {value!r} is written with {digit}, not the digits 0-9")
+        named = f"{digit!r} (U+{ord(digit):04X} {unicodedata.name(digit, 'a digit')})"
+        raise tokens.error(f"{key} {value!r} is written with {named}, not the digits 0-9")
 
 
 def _int(tokens: _Tokens, key: str, value: str) -> int:
