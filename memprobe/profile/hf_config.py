@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from memprobe.errors import UserError
+from memprobe.io.codec import nests_past
 from memprobe.io.files import read_regular
 from memprobe.io.text import (
     DuplicateKey,
@@ -38,6 +39,9 @@ MAX_SIZE = 2**40
 MAX_LAYERS = 1024
 # Digits of the largest integer a config may hold (int64: 19).
 _MAX_DIGITS = 19
+# How deep a config.json may nest objects and lists: a real one nests a few (a
+# quantization_config's groups, 5), as run.json's bound.
+MAX_CONFIG_DEPTH = 64
 # The sizes a step is built from, under transformers' standard names (a config may use
 # its architecture's own, e.g. GPT-2's n_embd: the config class's attribute_map says).
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -78,7 +82,7 @@ def read_config_json(file: Path) -> Any:
         return value
 
     try:
-        return json.loads(
+        parsed = json.loads(
             utf8_text(raw),
             parse_int=whole,
             parse_float=decimal,
@@ -110,6 +114,16 @@ def read_config_json(file: Path) -> Any:
             f"--config {file} is not readable JSON ({json_error(exc)})",
             "give a model's config.json",
         ) from None
+    if nests_past(parsed, MAX_CONFIG_DEPTH):
+        # JSON parses a few hundred levels; transformers copies the config recursively
+        # while the step is traced, so 500 levels of rope_scaling failed "on meta in its
+        # setup phase" with a RecursionError blamed on the step's own recursion limit.
+        raise UserError(
+            f"--config {file} nests deeper than {MAX_CONFIG_DEPTH} levels; a model's "
+            "config.json nests a few",
+            "fix config.json",
+        )
+    return parsed
 
 
 def check_text_only(

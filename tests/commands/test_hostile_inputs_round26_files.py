@@ -336,3 +336,40 @@ def test_the_recorded_case_id_a_run_writes_is_still_read(run_cli: Any, made_run:
     snap = next((made_run / "snapshots").iterdir())
     code, out, err = run_cli("attribute", str(snap), "--top", "1")
     assert code == 0 and "[B=1, S=64, V=128]" in out and "confidence given" in out, err
+
+
+# -- H1: a config.json nested a few hundred levels deep: JSON parsed it (its own limit is
+# near 1,000), then transformers copied the config recursively while the step was traced
+# and `step` said "the step failed on meta in its setup phase (RecursionError ...)",
+# with a hint to raise the recursion limit the *step* lowers. It is refused as it is read.
+
+
+def _nested(levels: int, kind: str) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = {"a": value} if kind == "dict" else [value]
+    return value
+
+
+NESTED = {
+    "rope_scaling 500 objects deep": ("rope_scaling", 500, "dict"),
+    "an extra key 500 lists deep": ("extra", 500, "list"),
+    "an extra key 100 objects deep": ("extra", 100, "dict"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(NESTED))
+@pytest.mark.parametrize("command", ["step", "plan --step"])
+def test_a_config_nested_past_any_model_is_one_line(
+    run_cli: Any, tmp_path: Path, what: str, command: str
+) -> None:
+    key, levels, kind = NESTED[what]
+    config = _config(tmp_path / "c", **{key: _nested(levels, kind)})
+    err = one_line(*run_cli(*_step_args(command, config)))
+    assert "nests deeper than 64 levels" in err and "RecursionError" not in err, err
+
+
+def test_a_config_nested_as_deep_as_a_real_one_is_stepped(run_cli: Any, tmp_path: Path) -> None:
+    config = _config(tmp_path / "c", quantization_note=_nested(8, "dict"))
+    code, out, err = run_cli(*_step_args("step", config))
+    assert code == 0 and out.startswith("llama"), err
