@@ -1,10 +1,11 @@
-"""Hostile inputs, round 26 (r26_files), files a user hands memprobe: results whose
-numbers are each in range but draw nothing a plot can hold, snapshots whose frames name
-files with characters that are escaped when shown, run.json files whose device says
-one thing and whose cases another, and model config.json files of checkpoints memprobe
-would step as something else. Each table is a variant of a defect class the pass found:
-one line and exit 2 that names what is wrong, or an answer whose every word the file
-supports."""
+"""Hostile inputs, round 26 (r26_files), files a user hands memprobe and the flag values
+that go with them: results whose numbers are each in range but draw nothing a plot can
+hold, snapshots whose frames name files with characters shown as escapes or whose
+memprobe record holds numbers no run writes, memprobe's own step snapshots read back by
+`--what-if` and `plan --other-from`, model config.json files of quantized checkpoints or
+nested past any model, and numbers written in another script's digits. Each table is a
+variant of a defect class the pass found: one line and exit 2 that names what is wrong,
+or an answer whose every word the file supports."""
 
 from __future__ import annotations
 
