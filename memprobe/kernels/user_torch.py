@@ -23,6 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from memprobe.kernels.user_dispatch import (
+    dispatch_state,
+    put_back_dispatch_state,
+    python_dispatch_turned_off,
+)
+
 _UNSET = object()
 Setting = tuple[Callable[[], Any], Callable[[Any], None]]  # how one setting is read, written
 
@@ -59,6 +65,7 @@ def torch_state_kept(theirs: bool = False, *, importing: bool = False) -> Iterat
     settings = _settings()
     own = {name: read() for name, (read, _) in settings.items()}
     stacks = _stacks()
+    keys = dispatch_state()
     failed = False
     try:
         if theirs:
@@ -68,6 +75,7 @@ def torch_state_kept(theirs: bool = False, *, importing: bool = False) -> Iterat
         failed = True  # its own failure says more than what it left
         raise
     finally:
+        left_keys = dispatch_state()
         popped = _put_back_stacks(stacks)
         if importing:
             _keep_left(settings, own, stacks, popped)
@@ -77,6 +85,14 @@ def torch_state_kept(theirs: bool = False, *, importing: bool = False) -> Iterat
                 write(own[name])
         if autocast != own["autocast"]:
             torch.clear_autocast_cache()  # casts made under the code's autocast are not ours
+        if dispatch_state() != keys:  # after the settings: autocast's are keys too
+            put_back_dispatch_state(keys)
+        if stacks.dispatches and python_dispatch_turned_off(keys, left_keys) and not failed:
+            raise ModesRemoved(
+                "the code left torch's Python dispatch turned off (a torch._C."
+                "_DisableTorchDispatch entered and never left), so memprobe's allocation "
+                "tracker saw nothing it did after that: leave every guard it enters"
+            )
         if popped.removed and not failed:
             raise ModesRemoved(
                 f"the code took off {popped.removed} of the torch dispatch modes it ran under "

@@ -1,0 +1,112 @@
+"""Hostile inputs, round 26 (user code memprobe imports and runs: a user's kernel and its
+backward, a user's step, the module each lives in, a test body under the pytest marker):
+each row is a variant of a defect class the pass found. One line and exit 2, the case's
+error row, or a sane answer, and memprobe's own work after the user code as it would be
+without it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hostile import TINY_STEP, user_module
+
+pytest_plugins = ["pytester"]
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
+         "--no-verify", "--no-report", "--json"]  # fmt: skip
+# A kernel module: ``{pre}`` at module level, then a kernel whose body is ``{body}``.
+KERNEL = (
+    "import sys, os, torch\nfrom memprobe.kernels import get_kernel\n"
+    "_u = get_kernel('unchunked')\n_KEPT = []\n{pre}\n"
+    "def k(logits, targets, *, chunk_size=None):\n    {body}\n"
+)
+RETURNS = "return _u(logits, targets)"
+OWN = ["ok", 114944, "ok", 66304]  # unchunked's and local_chunked's rows at 64 x 128
+
+
+def _kernel(here: Path, stem: str, pre: str = "", body: str = RETURNS) -> str:
+    return user_module(here, stem, KERNEL.format(pre=pre, body=body)) + ":k"
+
+
+def _rows(run_cli: Any, kernel: str, *more: str) -> list[dict[str, Any]]:
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked,local_chunked", *more)
+    assert code == 0, err
+    return json.loads(out)["results"]
+
+
+def _own(rows: list[dict[str, Any]]) -> list[Any]:
+    """memprobe's own two rows, after the user's: status and peak of each."""
+    return [v for row in rows[1:] for v in (row["status"], row["peak_bytes"])]
+
+
+# -- torch's thread-local dispatch state a guard user code entered and kept left for
+# everything after it (torch._C._DisableTorchDispatch, inference_mode, the autograd keys
+# excluded): kept on by a kernel's module as it was imported, every row of the sweep was an
+# error, memprobe's own kernels' too ("allocated where memprobe cannot see it", "does not
+# require grad", "Inference tensors cannot be saved"), and `profile` said the step "made
+# no tensor on meta"; kept on by a kernel as it ran, the rows after it failed alike; kept
+# on by a marked test body, what it allocated after was never seen, and it passed its limit.
+ENTERED = {
+    "torch dispatch off": "torch._C._DisableTorchDispatch()",
+    "inference mode": "torch.inference_mode()",
+    "autograd keys excluded": "torch._C._AutoDispatchBelowAutograd()",
+    "all three": "torch._C._DisableTorchDispatch(), torch.inference_mode(), "
+    "torch._C._AutoDispatchBelowAutograd()",
+}
+KEEP = "for _g in ({guards},): _g.__enter__(); _KEPT.append(_g)"
+
+
+@pytest.mark.parametrize("what", ENTERED)
+def test_a_guard_a_kernels_module_keeps_entered_is_put_back(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    pre = KEEP.format(guards=ENTERED[what])
+    rows = _rows(run_cli, _kernel(here, "r26_keys_import", pre))
+    assert _own(rows) == OWN  # the kernel's own row: as its module left gradients
+    assert not torch.is_inference_mode_enabled()
+
+
+@pytest.mark.parametrize("what", ENTERED)
+def test_a_guard_a_kernel_keeps_entered_is_its_own(run_cli: Any, here: Path, what: str) -> None:
+    body = KEEP.format(guards=ENTERED[what]) + "\n    " + RETURNS
+    rows = _rows(run_cli, _kernel(here, "r26_keys_call", body=body))
+    assert rows[0]["status"] == "error" and _own(rows) == OWN
+    if "dispatch" in ENTERED[what]:
+        assert "Python dispatch turned off" in rows[0]["note"]
+
+
+def test_a_steps_module_keeping_torch_dispatch_off_is_profiled(run_cli: Any, here: Path) -> None:
+    pre = "import torch\n_g = torch._C._DisableTorchDispatch()\n_g.__enter__()\n"
+    step = user_module(here, "r26_keys_step", pre + TINY_STEP) + ":step"
+    code, out, err = run_cli("profile", step, "--device", "meta", "--json")
+    assert code == 0, err
+    assert json.loads(out)["peak_allocated_bytes"] == 1032
+
+
+@pytest.mark.multiprocess
+def test_a_marked_body_keeping_torch_dispatch_off_fails(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_blind=(
+            "import pytest, torch\n"
+            "@pytest.mark.limit_peak_memory('1 KiB')\n"
+            "def test_blind():\n"
+            "    g = torch._C._DisableTorchDispatch(); g.__enter__(); globals()['_g'] = g\n"
+            "    torch.zeros(1 << 20)\n"
+            "@pytest.mark.limit_peak_memory('1 KiB')\n"
+            "def test_inference():\n"
+            "    g = torch.inference_mode(); g.__enter__(); globals()['_h'] = g\n"
+            "def test_next():\n"
+            "    assert not torch.is_inference_mode_enabled()\n"
+            "    x = torch.ones(2, requires_grad=True)\n"
+            "    (x * 2).sum().backward()\n"
+            "    assert x.grad is not None\n"
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=2)
+    text = result.stdout.str()
+    assert "Python dispatch turned off" in text and "Traceback" not in text
