@@ -23,8 +23,6 @@ tested resolves from the project root.
 
 Every failure (import error, missing attribute, not callable, wrong
 signature) raises :class:`memprobe.errors.UserError`: one line and a hint.
-This is the one module of :mod:`memprobe.kernels` that imports from the rest
-of memprobe, and only the torch-free error type.
 """
 
 from __future__ import annotations
@@ -57,6 +55,7 @@ from memprobe.kernels.user_hooks import (
     no_modules_left,
     tracing_kept,
 )
+from memprobe.kernels.user_process import StreamsLost
 from memprobe.kernels.user_torch import torch_state_kept
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
@@ -105,6 +104,8 @@ def user_code(who: str, *, part: str = "", its_state: bool = True) -> Iterator[N
         # alike); what user code replaced of torch is swapped in for the user's alone.
         with _guarded(theirs=its_state and users, users=users):
             yield
+    except StreamsLost as exc:  # what the code did to memprobe's process: ends the command
+        raise StreamsLost(f"{who}{part} {exc.message}", exc.hint) from None
     except UserError as exc:
         if not users:  # memprobe's own; raised by user code, it ended a whole sweep as
             raise  # memprobe's line, with the code's message and the other kernels unrun
@@ -300,9 +301,9 @@ def _guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> It
     # (sys.modules["matplotlib"] = None) ended the sweep's report in a traceback.
     own_alone = not users and nothing_replaced() and no_modules_left()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(cwd_kept())
-        stack.enter_context(streams_kept())
         for guard in (
+            cwd_kept(),
+            streams_kept(),
             torch_state_kept(theirs, importing=importing),
             None if own_alone else torch_functions_kept(theirs),
             process_kept(),

@@ -18,6 +18,7 @@ from itertools import repeat
 from typing import Any, TextIO, cast
 
 from memprobe.io.text import exception_text, printable
+from memprobe.kernels.user_process import stderr_fd_kept, stdout_fd_kept
 
 
 @contextlib.contextmanager
@@ -302,54 +303,10 @@ def streams_kept() -> Iterator[None]:
     if err is not None:
         sys.stdout = sys.stderr = cast(TextIO, _Shielded(err))
     try:
-        with _stderr_fd_kept(), _stdout_fd_kept(out):
+        with stderr_fd_kept(), stdout_fd_kept(out):
             yield
     finally:
         sys.stdout, sys.stderr = out, err
-
-
-@contextlib.contextmanager
-def _stderr_fd_kept() -> Iterator[None]:
-    """File descriptor 2 as memprobe had it: a kernel that closed it (``os.close(2)``) or
-    pointed it elsewhere (``os.dup2(log, 2)``) took memprobe's standard error with it, and
-    the progress and warnings of every case after its own went nowhere."""
-    try:
-        saved = os.dup(2)
-    except OSError:  # closed before the code ran: left as it is
-        yield
-        return
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.dup2(saved, 2)
-        os.close(saved)
-
-
-@contextlib.contextmanager
-def _stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
-    """File descriptor 1 points at standard error while user code runs: what it writes
-    below ``sys.stdout`` (``os.write(1, ...)``, a subprocess it starts, a C library's
-    printf) went into ``--json``'s object. Where either descriptor is closed, as it is."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        if out is not None:
-            out.flush()  # memprobe's own output so far goes where it was meant to
-    try:
-        saved = os.dup(1)
-    except OSError:
-        yield
-        return
-    try:
-        try:
-            os.dup2(2, 1)
-        except OSError:
-            os.close(saved)
-            saved = -1
-        yield
-    finally:
-        if saved >= 0:
-            os.dup2(saved, 1)
-            os.close(saved)
 
 
 # Every standard library module memprobe imports, whose functions user code may replace

@@ -7,12 +7,17 @@ without it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from hostile import TINY_STEP, user_module
+from hostile import TINY_STEP, one_line, user_module
+
+from memprobe.kernels.user_process import StreamsLost, stderr_fd_kept, stdout_fd_kept
 
 pytest_plugins = ["pytester"]
 
@@ -110,3 +115,65 @@ def test_a_marked_body_keeping_torch_dispatch_off_fails(pytester: pytest.Pyteste
     result.assert_outcomes(failed=1, passed=2)
     text = result.stdout.str()
     assert "Python dispatch turned off" in text and "Traceback" not in text
+
+
+# -- the copy of standard output memprobe keeps while user code runs (its descriptor 1 then
+# points at standard error) is a descriptor too: a kernel that ran os.closerange(3, 4096)
+# closed it, and the sweep's --json answer went to standard error, exit 0, nothing on
+# standard output; a descriptor the code then opened got its number, where memprobe would
+# have written the answer.
+def _lowest_free() -> int:
+    fd = os.dup(0)
+    os.close(fd)
+    return fd
+
+
+LOSSES = {
+    "closed": "os.close(fd)",
+    "closed and reused by a file": "os.close(fd); os.open(victim, os.O_WRONLY | os.O_CREAT)",
+}
+
+
+@pytest.mark.parametrize("what", LOSSES)
+def test_a_closed_copy_of_standard_output_is_said_so(tmp_path: Path, what: str) -> None:
+    victim = str(tmp_path / "victim")
+    stdout = os.dup(1)
+    try:
+        fd = _lowest_free()  # the copy stdout_fd_kept makes first
+        with pytest.raises(StreamsLost, match=f"descriptor {fd}"), stdout_fd_kept(None):
+            exec(LOSSES[what], {"os": os, "fd": fd, "victim": victim})
+    finally:
+        os.dup2(stdout, 1)
+        os.close(stdout)
+    assert not os.path.exists(victim) or os.path.getsize(victim) == 0
+
+
+def test_a_copy_left_alone_puts_standard_output_back() -> None:
+    before = os.fstat(1)
+    with stdout_fd_kept(None), stderr_fd_kept():
+        assert os.path.sameopenfile(1, 2)
+    assert os.fstat(1).st_ino == before.st_ino
+
+
+def test_a_closed_copy_of_standard_error_is_no_traceback() -> None:
+    stderr = os.dup(2)
+    try:
+        fd = _lowest_free()
+        with stderr_fd_kept():
+            os.close(fd)
+    finally:
+        os.dup2(stderr, 2)
+        os.close(stderr)
+
+
+@pytest.mark.multiprocess
+def test_a_kernel_closing_every_descriptor_is_one_line(here: Path) -> None:
+    kernel = _kernel(here, "r26_closerange", body="os.closerange(3, 4096)\n    " + RETURNS)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), *sys.path]))
+    done = subprocess.run(
+        [sys.executable, "-m", "memprobe", *SWEEP, "--kernel", f"{kernel},unchunked"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert "closed memprobe's own file descriptor" in one_line(
+        done.returncode, done.stdout, done.stderr
+    )
