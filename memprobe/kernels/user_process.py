@@ -1,10 +1,12 @@
 """What user code may do to memprobe's process below Python's objects, and memprobe puts
 back (or, where it cannot, says) after each call and import of it
-(:func:`memprobe.kernels.user.user_code`): the file descriptors of its standard streams."""
+(:func:`memprobe.kernels.user.user_code`): the file descriptors of its standard streams,
+and faulthandler's timer."""
 
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 from collections.abc import Iterator
 from typing import TextIO
@@ -91,3 +93,16 @@ def stdout_fd_kept(out: TextIO | None) -> Iterator[None]:
                 )
             os.dup2(saved, 1)
             os.close(saved)
+
+
+@contextlib.contextmanager
+def faults_kept() -> Iterator[None]:
+    """faulthandler's timer user code set (``faulthandler.dump_traceback_later(1)``, a
+    watchdog it forgot to cancel) is cancelled as the code returns: left running, it went
+    off in memprobe's own work after the code, a thread dump on standard error, and with
+    ``exit=True`` ended the sweep mid-case, exit 1, in a 27-line traceback. memprobe sets
+    none of its own, and faulthandler cannot say whether one is set: cancelled always."""
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

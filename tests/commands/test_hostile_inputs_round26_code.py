@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,26 @@ def test_a_kernel_closing_every_descriptor_is_one_line(here: Path) -> None:
     assert "closed memprobe's own file descriptor" in one_line(
         done.returncode, done.stdout, done.stderr
     )
+
+
+# -- faulthandler's timer user code set and left running (faulthandler.dump_traceback_later,
+# a watchdog it forgot to cancel) went off in memprobe's own work after the code: a thread
+# dump on standard error ("Timeout (0:00:01)!"), and with exit=True the sweep ended mid-case,
+# exit 1, in a 27-line traceback.
+TIMERS = {
+    "set by the module": ("faulthandler.dump_traceback_later(0.05, file=_F)", RETURNS),
+    "set by the kernel": ("", "faulthandler.dump_traceback_later(0.05, file=_F)\n    " + RETURNS),
+    "repeating": ("faulthandler.dump_traceback_later(0.05, repeat=True, file=_F)", RETURNS),
+}
+
+
+@pytest.mark.parametrize("what", TIMERS)
+def test_a_faulthandler_timer_user_code_left_is_cancelled(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    pre, body = TIMERS[what]
+    dump = here / "dump.txt"
+    pre = f"import faulthandler\n_F = open({str(dump)!r}, 'w')\n{pre}"
+    rows = _rows(run_cli, _kernel(here, "r26_faults", pre, body))
+    time.sleep(0.1)
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"] and not dump.read_text()
