@@ -55,7 +55,7 @@ from memprobe.kernels.user_hooks import (
     no_modules_left,
     tracing_kept,
 )
-from memprobe.kernels.user_process import StreamsLost, faults_kept
+from memprobe.kernels.user_process import StreamsLost, audit_hooks_switched, faults_kept
 from memprobe.kernels.user_torch import torch_state_kept
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
@@ -313,6 +313,7 @@ def _guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> It
             None if own_alone else modules_kept(theirs),
             importers_kept(theirs),
             faults_kept(),
+            audit_hooks_switched() if users else None,
         ):
             if guard is not None:
                 stack.enter_context(guard)

@@ -1,15 +1,16 @@
 """What user code may do to memprobe's process below Python's objects, and memprobe puts
 back (or, where it cannot, says) after each call and import of it
 (:func:`memprobe.kernels.user.user_code`): the file descriptors of its standard streams,
-and faulthandler's timer."""
+faulthandler's timer, and the audit hooks the code adds."""
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
 import os
-from collections.abc import Iterator
-from typing import TextIO
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
 
 from memprobe.errors import UserError
 
@@ -106,3 +107,33 @@ def faults_kept() -> Iterator[None]:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+# The audit hooks user code adds (``sys.addaudithook``) cannot be taken off again: a
+# kernel's module that added one raising for every file opened for writing failed the
+# sweep as "cannot write run/run.json: ... (choose another path)", blaming the path.
+# While user code runs, sys.addaudithook adds the hook behind a switch: it sees what the
+# user code does, and nothing memprobe does after it.
+_USER_DEPTH = [0]
+_ADD_AUDIT_HOOK = sys.addaudithook
+
+
+def _add_switched_hook(hook: Callable[[str, tuple[Any, ...]], Any], /) -> None:
+    def switched(event: str, args: tuple[Any, ...]) -> None:
+        if _USER_DEPTH[0]:
+            hook(event, args)
+
+    _ADD_AUDIT_HOOK(switched)
+
+
+@contextlib.contextmanager
+def audit_hooks_switched() -> Iterator[None]:
+    """Around user code: the audit hooks it adds see only user code."""
+    before = sys.addaudithook
+    sys.addaudithook = _add_switched_hook
+    _USER_DEPTH[0] += 1
+    try:
+        yield
+    finally:
+        _USER_DEPTH[0] -= 1
+        sys.addaudithook = before

@@ -201,3 +201,32 @@ def test_a_faulthandler_timer_user_code_left_is_cancelled(
     rows = _rows(run_cli, _kernel(here, "r26_faults", pre, body))
     time.sleep(0.1)
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"] and not dump.read_text()
+
+
+# -- an audit hook a kernel's module added (sys.addaudithook: it can never be taken off)
+# ran in memprobe's own work after the code: one raising for every file opened for writing
+# failed the sweep as "cannot write run/run.json: audit says no (choose another path)",
+# blaming the path. Each raises only for this test's folder (the hook stays for the test
+# process), and still sees what the user code does.
+AUDITS = {
+    "open for writing": "ev == 'open' and MARK in str(a[0]) and a[2] & 3",
+    "a rename (an atomic write)": "ev == 'os.rename' and MARK in str(a[1])",
+    "a folder made": "ev == 'os.mkdir' and MARK in str(a[0])",
+}
+HOOK = (
+    "MARK = {mark!r}\nSEEN = []\n"
+    "def _hook(ev, a):\n"
+    "    if ev == 'r26.user': SEEN.append(ev)\n"
+    "    if {when}: raise PermissionError('audit says no')\n"
+    "sys.addaudithook(_hook)"
+)
+
+
+@pytest.mark.parametrize("what", AUDITS)
+def test_an_audit_hook_sees_only_user_code(run_cli: Any, here: Path, what: str) -> None:
+    pre = HOOK.format(mark=f"r26_audit_{abs(hash(what))}", when=AUDITS[what])
+    body = "sys.audit('r26.user')\n    " + RETURNS
+    kernel = _kernel(here, "r26_audit", pre, body)
+    rows = _rows(run_cli, kernel, "--out", f"r26_audit_{abs(hash(what))}")
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
+    assert sys.modules[kernel.partition(":")[0]].SEEN == ["r26.user"]  # once per call: one case
