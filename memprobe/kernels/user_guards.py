@@ -321,8 +321,9 @@ def streams_kept() -> Iterator[None]:
 STDLIB_CALLED = (
     "abc", "atexit", "base64", "bisect", "codecs", "collections", "collections.abc",
     "concurrent.futures", "contextlib", "contextvars", "copy", "dataclasses", "datetime",
-    "difflib", "enum", "errno", "fnmatch", "fractions", "functools", "gc", "hashlib",
-    "importlib", "importlib.util", "inspect", "io", "itertools", "json", "logging", "math",
+    "difflib", "enum", "errno", "faulthandler", "fnmatch", "fractions", "functools", "gc",
+    "hashlib", "importlib", "importlib.util", "inspect", "io", "itertools", "json", "logging",
+    "math",
     "multiprocessing", "numbers", "operator", "os", "os.path", "pathlib", "pickle",
     "pickletools", "platform", "re", "resource", "shlex", "shutil", "signal", "socket",
     "stat", "statistics", "struct", "sys", "tempfile", "threading", "time", "tomllib",
