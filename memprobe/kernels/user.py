@@ -55,6 +55,7 @@ from memprobe.kernels.user_hooks import (
     no_modules_left,
     tracing_kept,
 )
+from memprobe.kernels.user_memprobe import memprobe_kept
 from memprobe.kernels.user_process import StreamsLost, audit_hooks_switched, faults_kept
 from memprobe.kernels.user_torch import torch_state_kept
 
@@ -314,6 +315,7 @@ def _guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> It
             importers_kept(theirs),
             faults_kept(),
             audit_hooks_switched() if users else None,
+            memprobe_kept() if users else None,  # last: put back before the others record
         ):
             if guard is not None:
                 stack.enter_context(guard)

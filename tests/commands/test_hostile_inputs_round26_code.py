@@ -230,3 +230,43 @@ def test_an_audit_hook_sees_only_user_code(run_cli: Any, here: Path, what: str) 
     rows = _rows(run_cli, kernel, "--out", f"r26_audit_{abs(hash(what))}")
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
     assert sys.modules[kernel.partition(":")[0]].SEEN == ["r26.user"]  # once per call: one case
+
+
+# -- memprobe's own modules, which a user's kernel imports and from there can change: a
+# kernel's module that set registry.KERNELS["unchunked"] to local_chunked's spec had the
+# sweep's unchunked row read 66,304 B, ok (it holds 114,944 B); one that emptied KERNELS
+# ended the sweep as "unknown kernel 'unchunked'"; a property put on AllocationTracker, or
+# another __code__ given to memprobe's kernel, failed every row. Done at import and in the
+# kernel's own call alike.
+OURS = (
+    "import dataclasses, memprobe.kernels.registry as R, memprobe.measure.tracker as T\n"
+    "import memprobe.kernels.autograd_reference as A\n"
+)
+CHANGES = {
+    "a registry entry replaced": "R.KERNELS['unchunked'] = R.KERNELS['local_chunked']",
+    "the registry emptied": "R.KERNELS.clear()",
+    "a frozen spec's function replaced": "object.__setattr__(R.KERNELS['unchunked'], 'fn', "
+    "R.KERNELS['local_chunked'].fn)",
+    "a function's code replaced": "A.unchunked_logprobs.__code__ = (lambda *a, **k: 1).__code__",
+    "a class's method replaced": "T.AllocationTracker.__torch_dispatch__ = None",
+    "a property added to a class": "T.AllocationTracker.peak_bytes = property(lambda s: 1)",
+    "a module's function rebound": "R.get_spec = lambda name: R.KERNELS['local_chunked']",
+}
+
+
+@pytest.mark.parametrize("where", ["module", "kernel"])
+@pytest.mark.parametrize("what", CHANGES)
+def test_what_user_code_changes_of_memprobe_is_put_back(
+    run_cli: Any, here: Path, what: str, where: str
+) -> None:
+    pre = OURS + CHANGES[what] if where == "module" else OURS
+    body = RETURNS if where == "module" else CHANGES[what] + "\n    " + RETURNS
+    rows = _rows(run_cli, _kernel(here, "r26_ours", pre, body))
+    assert _own(rows) == OWN
+
+
+def test_a_sweep_setting_memprobes_own_filters_is_put_back(run_cli: Any, here: Path) -> None:
+    pre = "import memprobe.measure.step as St\nSt.SWEEP_FILTERS['filtered']['top_k'] = 1"
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{_kernel(here, 'r26_filters', pre)},filtered")
+    assert code == 0, err
+    assert json.loads(out)["results"][1]["note"] == "top_k=50, top_p=0.9"
