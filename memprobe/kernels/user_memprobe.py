@@ -133,7 +133,7 @@ def _put_back_names(owner: Any, saved: dict[str, Any], *, added: bool) -> None:
 
 def _spaces(found: _Holders) -> tuple[list[Any], list[Any]]:
     """The namespaces and dicts of ``found`` (read by key), and its lists and sets."""
-    spaces = [*map(vars, found.modules), *map(vars, found.objects)]
+    spaces: list[Any] = [*map(vars, found.modules), *map(vars, found.objects)]
     spaces += [c for c in found.containers if isinstance(c, dict)]
     return spaces, [c for c in found.containers if not isinstance(c, dict)]
 

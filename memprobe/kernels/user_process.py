@@ -118,7 +118,7 @@ _USER_DEPTH = [0]
 _ADD_AUDIT_HOOK = sys.addaudithook
 
 
-def _add_switched_hook(hook: Callable[[str, tuple[Any, ...]], Any], /) -> None:
+def _add_switched_hook(hook: Callable[[str, tuple[Any, ...]], Any]) -> None:
     def switched(event: str, args: tuple[Any, ...]) -> None:
         if _USER_DEPTH[0]:
             hook(event, args)
