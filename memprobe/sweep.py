@@ -416,10 +416,13 @@ def measure_one(case: Case, *, verify: bool, layout: RankLayout | None) -> Run:
     # The check runs on CPU, where a Triton peer cannot: benchmarks/gpu_check.py
     # measures the peers' error against float64 on the GPU instead.
     if verify and run.status == "ok" and every_rank_ok and case.kernel not in PEERS:
-        from memprobe.measure.numerics import verify as verify_numerics
+        from memprobe.measure.numerics import verify_or_failure
 
         # Both gradients for the hidden family; one rank's whole vocabulary under torchrun.
-        err_fwd, err_bwd = verify_numerics(case.kernel, case.dtype, layout=layout)
+        checked = verify_or_failure(case.kernel, case.dtype, layout=layout)
+        if isinstance(checked, str):
+            return replace(run, status="error", note=checked)
+        err_fwd, err_bwd = checked
         run = replace(run, max_abs_err_fwd=err_fwd, max_abs_err_bwd=err_bwd)
         if not (math.isfinite(err_fwd) and math.isfinite(err_bwd)):
             # NaN or inf is stored as "no value": left as it is, the row would read as

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from functools import cache
 
+from memprobe.errors import UserError
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import protocol_for
-from memprobe.measure.step import process_group_for
+from memprobe.measure.step import failure_text, process_group_for
 
 # Small enough to run in milliseconds, odd sizes so chunks do not divide S,
 # and a chunk of 7 so every chunked kernel really loops.
@@ -50,3 +51,23 @@ def verify(
     pairs = zip(grads, ref_grads, strict=True)
     err_bwd = max((g.double() - r).abs().max().item() for g, r in pairs)
     return err_fwd, err_bwd
+
+
+def verify_or_failure(
+    kernel: str, dtype: str, *, layout: RankLayout | None = None
+) -> tuple[float, float] | str:
+    """:func:`verify`'s figures, or why the check failed (the case's note): the kernel
+    runs again there, at a shape of its own. One that failed only there (a chunk that must
+    divide the tokens, which 67 do not; an exit; a result it cannot give at that shape)
+    ended the whole sweep in its traceback, exit 1, after its own case had measured."""
+    try:
+        return verify(kernel, dtype, layout=layout)
+    except UserError:
+        raise
+    except Exception as exc:
+        b, s, v = VERIFY_SHAPE
+        return (
+            f"numerics check failed: the kernel failed at the CPU check shape ({b} x {s} x {v}, "
+            f"chunk {VERIFY_CHUNK}): {failure_text(exc, limit=500, first_line=True)}; its peak "
+            "is measured but its values are unchecked"
+        )

@@ -270,3 +270,31 @@ def test_a_sweep_setting_memprobes_own_filters_is_put_back(run_cli: Any, here: P
     code, out, err = run_cli(*SWEEP, "--kernel", f"{_kernel(here, 'r26_filters', pre)},filtered")
     assert code == 0, err
     assert json.loads(out)["results"][1]["note"] == "top_k=50, top_p=0.9"
+
+
+# -- a kernel that failed only in the numerics check (run again on CPU at its own shape,
+# 2 x 67 x 263, chunk 7, after the case measured) ended the whole sweep in its traceback,
+# exit 1, no results printed: a kernel whose chunk must divide the tokens is such a one.
+CPU_SWEEP = ["sweep", "--tokens", "16", "--vocab", "32", "--no-ladder", "--device", "cpu",
+             "--no-report", "--json"]  # fmt: skip
+AT_CHECK = "if logits.shape[1] == 67:\n        "
+ONLY_IN_CHECK = {
+    "a chunk that must divide the tokens": "assert logits.shape[1] % 8 == 0, 'tokens % 8'",
+    "an exit": "sys.exit(3)",
+    "a result of another shape": "return _u(logits, targets)[:, :1]",
+    "a detached result": "return _u(logits, targets).detach()",
+    "a memory error": "raise MemoryError('no room at the check')",
+}
+
+
+@pytest.mark.parametrize("what", ONLY_IN_CHECK)
+def test_a_kernel_failing_only_in_the_numerics_check_is_its_row(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    kernel = _kernel(here, "r26_check", body=AT_CHECK + ONLY_IN_CHECK[what] + "\n    " + RETURNS)
+    code, out, err = run_cli(*CPU_SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    mine, own = json.loads(out)["results"]
+    assert mine["status"] == "error" and mine["peak_bytes"] == own["peak_bytes"]
+    assert mine["note"].startswith("numerics check failed: the kernel failed at the CPU check")
+    assert own["status"] == "ok" and own["max_abs_err_fwd"] is not None
