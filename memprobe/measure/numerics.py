@@ -10,7 +10,7 @@ from functools import cache
 from memprobe.errors import UserError
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import protocol_for
-from memprobe.measure.step import failure_text, process_group_for
+from memprobe.measure.step import failure_text, process_group_for, refuse_answering_subclass
 
 # Small enough to run in milliseconds, odd sizes so chunks do not divide S,
 # and a chunk of 7 so every chunked kernel really loops.
@@ -46,6 +46,8 @@ def verify(
     with process_group_for(case):  # one rank: the whole vocabulary
         out = protocol.forward(case, whole_vocab=True, layout=layout)(inputs)
         grads = protocol.backward_of(case)(out, inputs)
+    for grad in grads:
+        refuse_answering_subclass(grad, "the kernel's backward gave its gradient as")
     err_fwd = (out.double() - ref_out).abs().max().item()
     # The worst of the gradients (the hidden family has two: hidden and weight).
     pairs = zip(grads, ref_grads, strict=True)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from memprobe.errors import UserError
-from memprobe.io.text import exception_text
+from memprobe.io.text import exception_text, printable
 from memprobe.kernels import get_spec
 from memprobe.kernels.user import is_import_path, user_code
 from memprobe.measure.parallel import RankLayout, fake_process_group
@@ -114,6 +114,7 @@ def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = Fals
     want = list(targets.shape)
     if not isinstance(out, torch.Tensor):
         raise BadResult(f"the kernel returned {type(out).__name__}, not a tensor of shape {want}")
+    refuse_answering_subclass(out, "the kernel returned")
     try:
         _check_result(out, targets, want, grad_from)
     except (BadResult, UnseenResult):
@@ -127,6 +128,28 @@ def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = Fals
             f"({exception_text(exc, limit=200)}); a kernel returns a plain tensor of shape {want}"
         ) from None
     return out
+
+
+def refuse_answering_subclass(tensor: torch.Tensor, what: str) -> None:
+    """Refuse a tensor of a subclass that answers torch's calls itself (its own
+    ``__torch_function__`` or ``__torch_dispatch__``): memprobe reads a result's shape, and
+    its values and its gradient's against float64, through those calls. A kernel that
+    returned zeros as such a subclass, ``.item()`` answering 0.0, had its row read ok with
+    max |error| 0.0 forward and backward; so did one whose backward gave its gradient so."""
+    answering = [
+        cls.__name__
+        for cls in type(tensor).__mro__
+        if issubclass(cls, torch.Tensor)
+        and not cls.__module__.startswith("torch")  # torch's own (a Parameter, a DTensor)
+        and ("__torch_function__" in vars(cls) or "__torch_dispatch__" in vars(cls))
+    ]
+    if answering:
+        raise BadResult(
+            f"{what} a {printable(type(tensor).__name__)[:100]}, a torch.Tensor subclass with "
+            "its own __torch_function__ or __torch_dispatch__: memprobe cannot read its shape "
+            "or its values (against float64) but through that code, which answers for it: "
+            "return a plain tensor (t.as_subclass(torch.Tensor))"
+        )
 
 
 def _check_result(

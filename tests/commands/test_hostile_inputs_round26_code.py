@@ -298,3 +298,52 @@ def test_a_kernel_failing_only_in_the_numerics_check_is_its_row(
     assert mine["status"] == "error" and mine["peak_bytes"] == own["peak_bytes"]
     assert mine["note"].startswith("numerics check failed: the kernel failed at the CPU check")
     assert own["status"] == "ok" and own["max_abs_err_fwd"] is not None
+
+
+# -- a result (or a gradient) of a torch.Tensor subclass with its own __torch_function__ or
+# __torch_dispatch__: memprobe reads its shape, and its values against float64, through
+# that code. A kernel returning zeros as such a subclass, .item() answering 0.0, had its row
+# read ok with max |error| 0.0 forward and backward; one whose backward gave its gradient
+# so read 0.0 backward.
+SUBCLASS = (
+    "class Liar(torch.Tensor):\n"
+    "    @classmethod\n"
+    "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+    "        out = super().__torch_function__(func, types, args, kwargs or {})\n"
+    "        return 0.0 if getattr(func, '__name__', '') == 'item' else out\n"
+    "class Quiet(torch.Tensor):\n"
+    "    __torch_dispatch__ = torch._C._disabled_torch_dispatch_impl\n"
+    "class Child(Liar):\n    pass\n"
+    "class Plain(torch.Tensor):\n    pass\n"
+    "class F(torch.autograd.Function):\n"
+    "    @staticmethod\n"
+    "    def forward(ctx, logits, targets):\n"
+    "        ctx.save_for_backward(logits)\n"
+    "        return _u(logits.detach(), targets).detach()\n"
+    "    @staticmethod\n"
+    "    def backward(ctx, g):\n"
+    "        return torch.zeros_like(ctx.saved_tensors[0]).as_subclass(Liar), None\n"
+)
+RESULTS = {
+    "a lying result": ("return (_u(logits, targets) * 0).as_subclass(Liar)", "kernel returned"),
+    "a dispatching result": ("return _u(logits, targets).as_subclass(Quiet)", "kernel returned"),
+    "a lying subclass's subclass": ("return _u(logits, targets).as_subclass(Child)", "returned"),
+    "a lying gradient": ("return F.apply(logits, targets)", "gave its gradient as a Liar"),
+}
+
+
+@pytest.mark.parametrize("what", RESULTS)
+def test_a_subclass_answering_for_a_result_is_refused(run_cli: Any, here: Path, what: str) -> None:
+    body, said = RESULTS[what]
+    code, out, err = run_cli(*CPU_SWEEP, "--kernel", _kernel(here, "r26_liar", SUBCLASS, body))
+    assert code == 0, err
+    (row,) = json.loads(out)["results"]
+    assert row["status"] == "error" and said in row["note"] and row["max_abs_err_fwd"] is None
+
+
+def test_a_plain_subclass_result_is_still_measured(run_cli: Any, here: Path) -> None:
+    body = "return _u(logits, targets).as_subclass(Plain)"
+    code, out, err = run_cli(*CPU_SWEEP, "--kernel", _kernel(here, "r26_plain", SUBCLASS, body))
+    assert code == 0, err
+    (row,) = json.loads(out)["results"]
+    assert row["status"] == "ok" and 0 < row["max_abs_err_fwd"] < 1e-5
