@@ -56,7 +56,12 @@ from memprobe.kernels.user_hooks import (
     tracing_kept,
 )
 from memprobe.kernels.user_memprobe import memprobe_kept
-from memprobe.kernels.user_process import StreamsLost, audit_hooks_switched, faults_kept
+from memprobe.kernels.user_process import (
+    StreamsLost,
+    audit_hooks_switched,
+    faults_kept,
+    gc_kept,
+)
 from memprobe.kernels.user_torch import torch_state_kept
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
@@ -314,6 +319,7 @@ def _guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> It
             None if own_alone else modules_kept(theirs),
             importers_kept(theirs),
             faults_kept(),
+            gc_kept(),
             audit_hooks_switched() if users else None,
             memprobe_kept() if users else None,  # last: put back before the others record
         ):

@@ -1,12 +1,13 @@
 """What user code may do to memprobe's process below Python's objects, and memprobe puts
 back (or, where it cannot, says) after each call and import of it
 (:func:`memprobe.kernels.user.user_code`): the file descriptors of its standard streams,
-faulthandler's timer, and the audit hooks the code adds."""
+faulthandler's timer, the audit hooks the code adds and the garbage collector's settings."""
 
 from __future__ import annotations
 
 import contextlib
 import faulthandler
+import gc
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -137,3 +138,24 @@ def audit_hooks_switched() -> Iterator[None]:
     finally:
         _USER_DEPTH[0] -= 1
         sys.addaudithook = before
+
+
+@contextlib.contextmanager
+def gc_kept() -> Iterator[None]:
+    """The garbage collector's settings as memprobe had them, around user code: its debug
+    flags, whether it runs, its thresholds. A kernel's module that set
+    ``gc.set_debug(gc.DEBUG_STATS)`` had every collection of memprobe's after it print its
+    statistics on standard error (a bad --kernel name's one line came in 30 lines); with
+    ``gc.DEBUG_LEAK``, 150,000 lines, and every object collected kept in gc.garbage."""
+    debug, enabled, threshold = gc.get_debug(), gc.isenabled(), gc.get_threshold()
+    try:
+        yield
+    finally:
+        if gc.get_debug() != debug:
+            gc.set_debug(debug)
+            if not debug & gc.DEBUG_SAVEALL:
+                gc.garbage.clear()  # what the code's DEBUG_SAVEALL kept: memprobe's garbage
+        if gc.get_threshold() != threshold:
+            gc.set_threshold(*threshold)
+        if gc.isenabled() != enabled:
+            (gc.enable if enabled else gc.disable)()

@@ -347,3 +347,30 @@ def test_a_plain_subclass_result_is_still_measured(run_cli: Any, here: Path) -> 
     assert code == 0, err
     (row,) = json.loads(out)["results"]
     assert row["status"] == "ok" and 0 < row["max_abs_err_fwd"] < 1e-5
+
+
+# -- the garbage collector's settings user code changed: a kernel's module that set
+# gc.set_debug(gc.DEBUG_STATS) had every collection after it print its statistics on
+# standard error (a bad --kernel name's one line came with 30 more); gc.DEBUG_LEAK printed
+# 150,000 lines in a two-case sweep and kept every object collected in gc.garbage.
+GC = {
+    "statistics printed": "gc.set_debug(gc.DEBUG_STATS)",
+    "everything leaked": "gc.set_debug(gc.DEBUG_LEAK)",
+    "collection off": "gc.disable()",
+    "a collection at every allocation": "gc.set_threshold(1, 1, 1)",
+}
+
+
+@pytest.mark.parametrize("what", GC)
+def test_the_collectors_settings_user_code_changes_are_put_back(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    import gc
+
+    before = gc.get_debug(), gc.isenabled(), gc.get_threshold()
+    kernel = _kernel(here, "r26_gc", "import gc\n" + GC[what])
+    line = one_line(*run_cli(*SWEEP, "--kernel", f"{kernel},unchunked", "--chunk-size", "0"))
+    assert "chunk" in line
+    assert (gc.get_debug(), gc.isenabled(), gc.get_threshold()) == before and not gc.garbage
+    rows = _rows(run_cli, kernel)
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
