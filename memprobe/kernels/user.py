@@ -39,6 +39,7 @@ from typing import Any
 
 from memprobe.errors import Unwind, UserError
 from memprobe.io.text import exception_text, quoted
+from memprobe.kernels import user_process as process
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
 from memprobe.kernels.user_guards import (
     cwd_kept,
@@ -56,12 +57,6 @@ from memprobe.kernels.user_hooks import (
     tracing_kept,
 )
 from memprobe.kernels.user_memprobe import memprobe_kept
-from memprobe.kernels.user_process import (
-    StreamsLost,
-    audit_hooks_switched,
-    faults_kept,
-    gc_kept,
-)
 from memprobe.kernels.user_torch import torch_state_kept
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
@@ -110,8 +105,8 @@ def user_code(who: str, *, part: str = "", its_state: bool = True) -> Iterator[N
         # alike); what user code replaced of torch is swapped in for the user's alone.
         with _guarded(theirs=its_state and users, users=users):
             yield
-    except StreamsLost as exc:  # what the code did to memprobe's process: ends the command
-        raise StreamsLost(f"{who}{part} {exc.message}", exc.hint) from None
+    except process.StreamsLost as exc:  # what the code did to memprobe's process: ends it
+        raise process.StreamsLost(f"{who}{part} {exc.message}", exc.hint) from None
     except UserError as exc:
         if not users:  # memprobe's own; raised by user code, it ended a whole sweep as
             raise  # memprobe's line, with the code's message and the other kernels unrun
@@ -318,9 +313,9 @@ def _guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> It
             tracing_kept(),
             None if own_alone else modules_kept(theirs),
             importers_kept(theirs),
-            faults_kept(),
-            gc_kept(),
-            audit_hooks_switched() if users else None,
+            process.faults_kept(),
+            process.gc_kept(),
+            process.audit_hooks_switched() if users else None,
             memprobe_kept() if users else None,  # last: put back before the others record
         ):
             if guard is not None:
