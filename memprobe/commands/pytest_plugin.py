@@ -143,6 +143,7 @@ def _measure_tracked(
 
     import torch
 
+    from memprobe.kernels.user_memprobe import MemprobeChanged, memprobe_kept
     from memprobe.kernels.user_torch import ModesRemoved, torch_state_kept
     from memprobe.measure.tracker import AllocationTracker, threads_started
 
@@ -160,9 +161,11 @@ def _measure_tracked(
         # mode or torch.device(...): the meta default device stayed for every later test).
         removed = None
         try:
-            with torch_state_kept():
+            # memprobe's own modules too: a body that put a property on the tracker's class
+            # (its peak answered 0) passed its limit, and failed every marked test after it.
+            with torch_state_kept(), memprobe_kept():
                 result = yield
-        except ModesRemoved as exc:
+        except (ModesRemoved, MemprobeChanged) as exc:
             removed = str(exc)
     if removed is not None:  # failed out here: torch's traceback is not the body's fault
         pytest.fail(f"{MARKER}: the test body failed: {removed}", pytrace=False)

@@ -316,7 +316,7 @@ def _guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> It
             process.faults_kept(),
             process.gc_kept(),
             process.audit_hooks_switched() if users else None,
-            memprobe_kept() if users else None,  # last: put back before the others record
+            memprobe_kept(importing) if users else None,  # last: put back before the others record
         ):
             if guard is not None:
                 stack.enter_context(guard)

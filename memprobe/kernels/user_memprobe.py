@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import Any
 
+from memprobe.io.text import printable
+
 _GONE = object()
 _GUARDS = ("memprobe.kernels.user",)  # user.py and its user_*.py guard modules
 
@@ -162,21 +164,48 @@ _CODE, _DEFAULTS = operator.attrgetter("__code__"), operator.attrgetter("__defau
 _KWDEFAULTS = operator.attrgetter("__kwdefaults__")
 
 
+class MemprobeChanged(RuntimeError):
+    """A call of user code changed memprobe's own state (put back as it returned): what
+    memprobe measured of it while changed was not measured by memprobe's own code."""
+
+
 @contextlib.contextmanager
-def memprobe_kept() -> Iterator[None]:
-    """memprobe's own state as it was, around user code."""
+def memprobe_kept(importing: bool = False) -> Iterator[None]:
+    """memprobe's own state as it was, around user code. What a module changes as it is
+    imported is undone before anything is measured; what a call changes may have changed
+    its own figures (a property that answers the tracker's peak, a class's dispatch made
+    to record nothing): that call fails, with what it changed."""
     found = _holders()
     before = _fingerprint(found)
+    failed = False
     try:
         yield
+    except BaseException:
+        failed = True  # its own failure says more
+        raise
     finally:
         after = _fingerprint(found)
         if after[1] != before[1] or any(map(operator.is_not, before[0], after[0])):
-            _put_back(found, *before)
+            changed = _put_back(found, *before)
+            if not (importing or failed):
+                raise MemprobeChanged(
+                    f"the code changed memprobe's own {changed} (put back as it returned), "
+                    "so what memprobe measured of it was not measured by memprobe's own code: "
+                    "leave memprobe's modules as they are"
+                )
 
 
-def _put_back(found: _Holders, held: list[Any], sizes: list[int]) -> None:
-    """What user code changed of ``found``, put back from its fingerprint."""
+def _name(owner: Any) -> str:
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__
+    cls = owner if isinstance(owner, type) else type(owner)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _put_back(found: _Holders, held: list[Any], sizes: list[int]) -> str:
+    """What user code changed of ``found``, put back from its fingerprint; the first thing
+    changed, named."""
+    changed: list[str] = []
     spaces, sequences = _spaces(found)
     owners = [*found.modules, *found.objects, *spaces[len(found.modules) + len(found.objects) :]]
     total = sum(sizes[: len(spaces)])
@@ -184,17 +213,22 @@ def _put_back(found: _Holders, held: list[Any], sizes: list[int]) -> None:
     for owner, space, size in zip(owners, spaces, sizes, strict=False):
         saved = dict(zip(held[at : at + size], held[total + at : total + at + size], strict=True))
         at += size
+        if not _changed(space, saved):
+            continue
         if owner is space:  # a dict of memprobe's
-            if _changed(space, saved):
-                space.clear()
-                space.update(saved)
+            changed.append(f"dict of {', '.join(map(repr, list(saved)[:3]))}")
+            space.clear()
+            space.update(saved)
         else:  # a module keeps the names added (its submodules); a class or object not
+            names = [n for n in {*saved, *space} if saved.get(n, _GONE) is not space.get(n, _GONE)]
+            changed.append(f"{_name(owner)}.{sorted(names)[0]}")
             _put_back_names(owner, saved, added=not isinstance(owner, types.ModuleType))
     at = 2 * total
     for sequence, size in zip(sequences, sizes[len(spaces) :], strict=True):
         saved_items = held[at : at + size]
         at += size
         if len(sequence) != size or any(map(operator.is_not, sequence, saved_items)):
+            changed.append(f"{type(sequence).__name__} of {len(saved_items)} items")
             if isinstance(sequence, list):
                 sequence[:] = saved_items
             else:
@@ -204,6 +238,8 @@ def _put_back(found: _Holders, held: list[Any], sizes: list[int]) -> None:
     for i, fn in enumerate(found.functions):
         body, defaults, keywords = held[at + i], held[at + count + i], held[at + 2 * count + i]
         if fn.__code__ is not body or fn.__defaults__ is not defaults:
+            changed.append(f"{fn.__module__}.{fn.__qualname__}")
             fn.__code__, fn.__defaults__ = body, defaults
         if fn.__kwdefaults__ is not keywords:
             fn.__kwdefaults__ = keywords
+    return printable(changed[0] if changed else "state")[:200]

@@ -263,6 +263,30 @@ def test_what_user_code_changes_of_memprobe_is_put_back(
     body = RETURNS if where == "module" else CHANGES[what] + "\n    " + RETURNS
     rows = _rows(run_cli, _kernel(here, "r26_ours", pre, body))
     assert _own(rows) == OWN
+    if where == "kernel":  # what it measured while memprobe was changed is not memprobe's
+        assert rows[0]["status"] == "error"  # (or the change failed the call itself)
+        assert "changed memprobe's own" in rows[0]["note"] or "class" in what
+
+
+@pytest.mark.multiprocess
+def test_a_marked_body_changing_memprobe_fails_alone(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_ours=(
+            "import pytest, torch\n"
+            "import memprobe.measure.tracker as T\n"
+            "@pytest.mark.limit_peak_memory('1 KiB')\n"
+            "def test_blinds():\n"
+            "    T.AllocationTracker.__torch_dispatch__ = (\n"
+            "        lambda self, f, types, args=(), kwargs=None: f(*args, **(kwargs or {})))\n"
+            "    torch.zeros(1 << 20)\n"
+            "@pytest.mark.limit_peak_memory('8 MiB')\n"
+            "def test_next():\n"
+            "    torch.zeros(1 << 20)\n"
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1, passed=1)
+    assert "changed memprobe's own memprobe.measure.tracker" in result.stdout.str()
 
 
 def test_a_sweep_setting_memprobes_own_filters_is_put_back(run_cli: Any, here: Path) -> None:
