@@ -25,6 +25,8 @@ every pytest start-up in such an environment imports this file.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,10 +129,17 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     limit = item.stash.get(_LIMIT, None)
     if limit is None:
         return (yield)
-    if limit.device == "cuda":
-        result, peak, blocks = yield from _measure_cuda()
-    else:
-        result, peak, blocks = yield from _measure_tracked(simulate=limit.device == "meta")
+    pid = os.getpid()
+    try:
+        if limit.device == "cuda":
+            result, peak, blocks = yield from _measure_cuda()
+        else:
+            result, peak, blocks = yield from _measure_tracked(simulate=limit.device == "meta")
+    finally:
+        if os.getpid() != pid:
+            # A child the body forked (os.fork()) ends with the body, as a forking kernel's
+            # does: it ran the rest of the session too, every later test twice.
+            os._exit(0 if sys.exc_info()[0] is None else 1)
     item.user_properties.append(("peak_tensor_bytes", peak))
     if peak > limit.limit:
         pytest.fail(failure_message(peak, limit, blocks, item.path), pytrace=False)

@@ -398,3 +398,22 @@ def test_the_collectors_settings_user_code_changes_are_put_back(
     assert (gc.get_debug(), gc.isenabled(), gc.get_threshold()) == before and not gc.garbage
     rows = _rows(run_cli, kernel)
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
+
+
+# -- a marked test body that forked (os.fork()): the child ran the rest of the session too,
+# every later test twice, as a forking kernel's child once ran the rest of a sweep.
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("body", ["os.fork()", "os.fork()\n    raise ValueError('both')"])
+def test_a_marked_body_that_forks_runs_the_session_once(
+    pytester: pytest.Pytester, body: str
+) -> None:
+    pytester.makepyfile(
+        test_fork=(
+            "import os, pytest, torch\n"
+            "@pytest.mark.limit_peak_memory('1 MiB')\n"
+            f"def test_forks():\n    {body}\n"
+            "def test_after():\n    print('AFTER', os.getpid())\n"
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    assert result.stdout.str().count("AFTER") == 1
