@@ -417,3 +417,43 @@ def test_a_marked_body_that_forks_runs_the_session_once(
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
     assert result.stdout.str().count("AFTER") == 1
+
+
+# -- os._exit in a function user code registered with atexit (registered itself, or called
+# by one) ended memprobe's process there with the code's status: a sweep's exit 0 read 7,
+# and a failed gate's 1 could read 0.
+def _bye_direct() -> Any:
+    return os._exit, (7,)
+
+
+def _bye_called() -> Any:
+    return (lambda: os._exit(9)), ()
+
+
+@pytest.mark.parametrize("registered", [_bye_direct, _bye_called])
+def test_an_exit_registered_with_atexit_is_not_memprobes_status(
+    registered: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from memprobe.kernels import user_guards
+
+    fn, args = registered()
+    user_guards._register_shielded(fn, *args)
+    try:
+        for shielded in user_guards._SHIELDED[id(fn)]:
+            shielded()  # as the process ends: it returns, the process goes on
+    finally:
+        user_guards._unregister_shielded(fn)
+    assert "not run: memprobe's exit status is its own" in capsys.readouterr().err
+    assert os._exit is user_guards._OS_EXIT
+
+
+@pytest.mark.multiprocess
+def test_a_sweep_whose_kernel_registered_an_exit_exits_0(here: Path) -> None:
+    kernel = _kernel(here, "r26_bye", "import atexit\natexit.register(os._exit, 7)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), *sys.path]))
+    done = subprocess.run(
+        [sys.executable, "-m", "memprobe", *SWEEP, "--kernel", kernel],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0 and json.loads(done.stdout)["results"][0]["status"] == "ok"
+    assert "os._exit(7), not run" in done.stderr
