@@ -85,8 +85,10 @@ def environment_kept() -> Iterator[None]:
     sys.path too: entries the code removed (``sys.path[:] = [...]``) are put back at its
     end, so that what memprobe imports later (torch._dynamo at the first autograd op,
     matplotlib to draw) is found: a sweep's report lost its plots without a word, and
-    attribute --html ended in a ModuleNotFoundError. Entries it added stay, where it put
-    them (a kernel may import from them later). sys.meta_path and sys.path_hooks: see
+    attribute --html ended in a ModuleNotFoundError. Entries it added stay, after memprobe's
+    own (a kernel may import from them later): first, a module there named like one
+    memprobe imports later (a matplotlib.py) was imported in its place, and the sweep's
+    report ended in its traceback. sys.meta_path and sys.path_hooks: see
     :func:`memprobe.kernels.user_hooks.importers_kept`."""
     saved = {name: os.environ.get(name) for name in MEMPROBE_READS}
     handlers = _signal_handlers()
@@ -104,6 +106,9 @@ def environment_kept() -> Iterator[None]:
         if not isinstance(sys.path, list):  # replaced by something else altogether
             sys.path = []
         sys.path.extend(entry for entry in path if entry not in sys.path)
+        added = [entry for entry in sys.path if entry not in path]
+        if added and sys.path[-len(added) :] != added:
+            sys.path[:] = [entry for entry in sys.path if entry in path] + added
         for name, value in saved.items():
             if os.environ.get(name) != value:
                 if value is None:

@@ -457,3 +457,32 @@ def test_a_sweep_whose_kernel_registered_an_exit_exits_0(here: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0 and json.loads(done.stdout)["results"][0]["status"] == "ok"
     assert "os._exit(7), not run" in done.stderr
+
+
+# -- sys.path entries user code added before memprobe's own: a module there named like one
+# memprobe imports later (a matplotlib.py raising ImportError) was imported in its place,
+# and the sweep's report ended in its traceback, exit 1. They stay, after memprobe's own:
+# the code still imports its own modules from them.
+ADDED = {
+    "inserted first": "sys.path.insert(0, SHADOW)",
+    "several put first": "sys.path[:0] = [SHADOW, SHADOW + '_too']",
+    "the whole list replaced": "sys.path = [SHADOW, *sys.path]",
+}
+
+
+@pytest.mark.parametrize("where", ["module", "kernel"])
+@pytest.mark.parametrize("what", ADDED)
+def test_path_entries_user_code_adds_come_after_memprobes(
+    run_cli: Any, here: Path, what: str, where: str
+) -> None:
+    shadow = here / "shadow"
+    shadow.mkdir()
+    (shadow / "r26_sibling.py").write_text("VALUE = 1\n")
+    pre = f"SHADOW = {str(shadow)!r}\n" + (ADDED[what] if where == "module" else "")
+    body = (ADDED[what] + "\n    " if where == "kernel" else "") + (
+        "import r26_sibling\n    " + RETURNS
+    )
+    rows = _rows(run_cli, _kernel(here, "r26_path", pre, body))
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"]  # its sibling imported late
+    first_added = sys.path.index(str(shadow))
+    assert all(sys.path.index(e) < first_added for e in sys.path if "shadow" not in e)
