@@ -41,6 +41,7 @@ from memprobe.errors import Unwind, UserError
 from memprobe.io.text import exception_text, quoted
 from memprobe.kernels import user_process as process
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
+from memprobe.kernels.user_dispatch import torch_ops_kept
 from memprobe.kernels.user_guards import (
     cwd_kept,
     environment_kept,
@@ -316,6 +317,7 @@ def _guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> It
             process.faults_kept(),
             process.gc_kept(),
             process.audit_hooks_switched() if users else None,
+            torch_ops_kept() if users else None,
             memprobe_kept(importing) if users else None,  # last: put back before the others record
         ):
             if guard is not None:

@@ -1,6 +1,7 @@
 """torch's thread-local dispatch state user code may leave behind: the dispatch keys it
-includes and excludes, and inference mode. :func:`memprobe.kernels.user_torch.torch_state_kept`
-reads it before user code runs and puts it back as the code returns.
+includes and excludes, and inference mode (and torch's operators it replaces, below).
+:func:`memprobe.kernels.user_torch.torch_state_kept` reads it before user code runs and
+puts it back as the code returns.
 
 Each is a guard torch enters and leaves in pairs (``torch._C._DisableTorchDispatch()``,
 ``torch.inference_mode()``, ``torch._C._AutoDispatchBelowAutograd()``); one user code
@@ -15,7 +16,9 @@ cannot be saved for backward". Not lent back to the code's later calls as the se
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 # (included keys, excluded keys: DispatchKeySet.raw_repr(), inference mode on)
@@ -71,3 +74,68 @@ def _keys() -> tuple[Any, ...]:
 
     c: Any = torch._C
     return tuple(c.DispatchKey.__members__.values())
+
+
+# -- torch's operators: a kernel's module that registered its own implementation of one
+# of torch's (``torch.library.Library("aten", "IMPL").impl("_log_softmax", fn, "Meta")``)
+# replaced it for every kernel in the process, memprobe's own too: its unchunked row failed
+# in the replacement, and one that allocated differently would have changed its peak.
+_TORCHS = ("aten", "prims")
+
+
+class OpsReplaced(RuntimeError):
+    """User code replaced an implementation of one of torch's operators (taken off again)."""
+
+
+@contextlib.contextmanager
+def torch_ops_kept() -> Iterator[None]:
+    """Refuse, and take off, what user code registered in place of torch's own operators
+    (an implementation for an operator and dispatch key torch already had one for; one that
+    adds a key torch lacked, a meta kernel for an operator without one, is the code's).
+    Seen as the code registers it: torch.library.Library.impl is wrapped while it runs."""
+    import torch.library
+
+    library: Any = torch.library.Library
+    own = library.impl
+    registered: list[tuple[Any, str, str]] = []
+
+    def impl(self: Any, op_name: Any, fn: Any, dispatch_key: str = "", *a: Any, **k: Any) -> Any:
+        done = own(self, op_name, fn, dispatch_key, *a, **k)
+        name = op_name if isinstance(op_name, str) else getattr(op_name, "_name", "")
+        registered.append((self, str(name), dispatch_key or "CompositeImplicitAutograd"))
+        return done
+
+    library.impl = impl
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        library.impl = own
+        replaced = [(lib, op, key) for lib, op, key in registered if _replaces(lib.ns, op, key)]
+        for lib in {id(lib): lib for lib, _, _ in replaced}.values():
+            lib._destroy()  # all it registered: torch's own are active again
+        if replaced and not failed:
+            _, op, key = replaced[0]
+            raise OpsReplaced(
+                f"the code registered its own {replaced[0][0].ns}::{op.split('::')[-1]} for "
+                f"{key} (torch.library), replacing torch's for every kernel here, memprobe's "
+                "too: register yours in a namespace of your own (torch.library.custom_op)"
+            )
+
+
+def _replaces(ns: str, op: str, dispatch_key: str) -> bool:
+    """Whether ``op`` of namespace ``ns`` now has an implementation for ``dispatch_key``
+    in place of one torch had (the dispatcher lists the one replaced as inactive)."""
+    import torch
+
+    if ns not in _TORCHS:
+        return False
+    c: Any = torch._C
+    try:
+        dump = c._dispatch_dump(op if "::" in op else f"{ns}::{op}")
+    except RuntimeError:
+        return False
+    return any(line.startswith(f"{dispatch_key} (inactive):") for line in dump.splitlines())

@@ -486,3 +486,41 @@ def test_path_entries_user_code_adds_come_after_memprobes(
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"]  # its sibling imported late
     first_added = sys.path.index(str(shadow))
     assert all(sys.path.index(e) < first_added for e in sys.path if "shadow" not in e)
+
+
+# -- an implementation of one of torch's operators a kernel's module registered
+# (torch.library): it replaced torch's for every kernel in the process, memprobe's own too,
+# whose unchunked row failed in it ("Index tensor must have the same number of dimensions").
+SMALL_META = "lambda x, d, h: torch.empty((1,), dtype=x.dtype, device=x.device)"
+OPS = {
+    "a Library's impl": "_L = torch.library.Library('aten', 'IMPL')\n"
+    f"_L.impl('_log_softmax', {SMALL_META}, 'Meta')",
+    "torch.library.impl": f"torch.library.impl('aten::_log_softmax', 'Meta')({SMALL_META})",
+}
+
+
+@pytest.mark.parametrize("what", OPS)
+def test_a_module_replacing_torchs_operator_is_refused(run_cli: Any, here: Path, what: str) -> None:
+    kernel = _kernel(here, "r26_ops", OPS[what])
+    line = one_line(*run_cli(*SWEEP, "--kernel", f"{kernel},unchunked"))
+    assert "registered its own aten::_log_softmax for Meta" in line
+    rows = _rows(run_cli, _kernel(here, "r26_ops_after"))  # taken off again
+    assert _own(rows) == OWN
+
+
+def test_a_kernel_replacing_torchs_operator_is_its_row(run_cli: Any, here: Path) -> None:
+    same = "lambda x, d, h: torch.empty_like(x, dtype=torch.float32 if h else x.dtype)"
+    body = OPS["a Library's impl"].replace(SMALL_META, same).replace("\n", "\n    ")
+    body += "\n    " + RETURNS
+    rows = _rows(run_cli, _kernel(here, "r26_ops_call", "", body))
+    assert rows[0]["status"] == "error" and "registered its own aten::" in rows[0]["note"]
+    assert _own(rows) == OWN
+
+
+def test_an_operator_of_the_codes_own_is_its_own(run_cli: Any, here: Path) -> None:
+    pre = (
+        "_L = torch.library.Library('r26own', 'DEF')\n_L.define('twice(Tensor x) -> Tensor')\n"
+        "_L.impl('twice', lambda x: x * 2, 'CompositeExplicitAutograd')"
+    )
+    rows = _rows(run_cli, _kernel(here, "r26_ops_own", pre))
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
