@@ -47,6 +47,12 @@ def cwd_kept() -> Iterator[None]:
 # user code left them.
 MEMPROBE_READS = (
     "MPLBACKEND",
+    # Where matplotlib keeps its config and font cache: set by a kernel to a path that cannot
+    # be one, the report's first import of matplotlib printed its warnings on stderr.
+    "MPLCONFIGDIR",
+    "HOME",
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
     "COLUMNS",
     "TMPDIR",
     "WORLD_SIZE",

@@ -524,3 +524,15 @@ def test_an_operator_of_the_codes_own_is_its_own(run_cli: Any, here: Path) -> No
     )
     rows = _rows(run_cli, _kernel(here, "r26_ops_own", pre))
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
+
+
+# -- (round 13's class, more variables) where matplotlib keeps its config and cache, set by
+# a kernel's module to a path that cannot be one: the report's first matplotlib import
+# printed "mkdir -p failed" and "Matplotlib created a temporary cache directory" on stderr.
+@pytest.mark.parametrize("name", ["MPLCONFIGDIR", "HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"])
+def test_where_matplotlib_keeps_its_files_is_the_users(run_cli: Any, here: Path, name: str) -> None:
+    before = os.environ.get(name)
+    pre = f"os.environ[{name!r}] = '/dev/null/r26'"
+    rows = _rows(run_cli, _kernel(here, "r26_mpl", pre))
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
+    assert os.environ.get(name) == before
