@@ -182,10 +182,14 @@ def step_failed(
     any device, where the step is not the user's, e.g. a model built from a config)."""
     if isinstance(exc, UserError):
         return exc
+    from memprobe.kernels.user_dispatch import OpsReplaced
+    from memprobe.kernels.user_memprobe import MemprobeChanged
     from memprobe.kernels.user_torch import ModesRemoved
     from memprobe.measure.step import BadResult, UnseenResult
 
-    if isinstance(exc, ModesRemoved):  # what the step did to memprobe: no meta hint helps
+    # What the step did to memprobe (its modes, its modules, torch's operators): no meta
+    # hint helps ("meta tensors hold no values ... try --device cpu" said of a changed one).
+    if isinstance(exc, (ModesRemoved, MemprobeChanged, OpsReplaced)):
         return UserError(f"the step failed: {exc}")
 
     # The kernel's fault, not meta's nor the config's: --device cpu would not help.

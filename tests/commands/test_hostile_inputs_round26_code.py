@@ -536,3 +536,25 @@ def test_where_matplotlib_keeps_its_files_is_the_users(run_cli: Any, here: Path,
     rows = _rows(run_cli, _kernel(here, "r26_mpl", pre))
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
     assert os.environ.get(name) == before
+
+
+# -- a step that changed memprobe's own modules or replaced one of torch's operators was
+# told of meta's limits ("meta tensors hold no values ... try --device cpu").
+STEP_CHANGES = {
+    "memprobe's registry emptied": "import memprobe.kernels.registry as R\nR.KERNELS.clear()",
+    "torch's operator replaced": "L = torch.library.Library('aten', 'IMPL')\n"
+    "L.impl('_log_softmax', lambda x, d, h: torch.empty_like(x), 'Meta')\n_KEEP = [L]",
+}
+
+
+@pytest.mark.parametrize("what", STEP_CHANGES)
+def test_a_step_changing_memprobe_or_torch_is_told_what_it_did(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    body = "import torch\ndef step(device):\n    " + STEP_CHANGES[what].replace("\n", "\n    ")
+    body += "\n    w = torch.zeros(8, 8, device=device, requires_grad=True)\n"
+    body += "    (w @ w).sum().backward()\n"
+    step = user_module(here, "r26_step_changes", body) + ":step"
+    line = one_line(*run_cli("profile", step, "--device", "meta"))
+    assert line.startswith("memprobe: error: the step failed: the code ")
+    assert "meta tensors" not in line
