@@ -10,7 +10,6 @@ torchrun ranks, resume), and the one ``memprobe gate`` runs for its configured s
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import platform
 from collections.abc import Callable
@@ -416,28 +415,11 @@ def measure_one(case: Case, *, verify: bool, layout: RankLayout | None) -> Run:
     # The check runs on CPU, where a Triton peer cannot: benchmarks/gpu_check.py
     # measures the peers' error against float64 on the GPU instead.
     if verify and run.status == "ok" and every_rank_ok and case.kernel not in PEERS:
-        from memprobe.measure.numerics import verify_or_failure
+        from memprobe.measure.numerics import checked_run
 
         # Both gradients for the hidden family; one rank's whole vocabulary under torchrun.
-        checked = verify_or_failure(case.kernel, case.dtype, layout=layout)
-        if isinstance(checked, str):
-            return replace(run, status="error", note=checked)
-        err_fwd, err_bwd = checked
-        run = replace(run, max_abs_err_fwd=err_fwd, max_abs_err_bwd=err_bwd)
-        if not (math.isfinite(err_fwd) and math.isfinite(err_bwd)):
-            # NaN or inf is stored as "no value": left as it is, the row would read as
-            # a kernel that was never checked, not one whose values are wrong.
-            run = replace(run, status="error", note=_not_finite(err_fwd, err_bwd))
+        run = checked_run(run, layout=layout)
     return run
-
-
-def _not_finite(err_fwd: float, err_bwd: float) -> str:
-    wrong = [f"{what} {err:g}" for what, err in (("forward", err_fwd), ("backward", err_bwd))]
-    return (
-        "numerics check failed: the kernel's output or gradient is not finite against "
-        f"float64 at the CPU check shape (max |err| {', '.join(wrong)}); its peak is measured "
-        "but its values are wrong"
-    )
 
 
 def _measure_or_error(case: Case, layout: RankLayout | None) -> Run:

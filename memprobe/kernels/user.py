@@ -41,24 +41,7 @@ from memprobe.errors import Unwind, UserError
 from memprobe.io.text import exception_text, quoted
 from memprobe.kernels import user_process as process
 from memprobe.kernels.spec import INPUT_PROTOCOLS, KernelSpec
-from memprobe.kernels.user_dispatch import torch_ops_kept
-from memprobe.kernels.user_guards import (
-    cwd_kept,
-    environment_kept,
-    nothing_replaced,
-    process_kept,
-    streams_kept,
-    torch_functions_kept,
-)
-from memprobe.kernels.user_hooks import (
-    importers_kept,
-    logging_kept,
-    modules_kept,
-    no_modules_left,
-    tracing_kept,
-)
-from memprobe.kernels.user_memprobe import memprobe_kept
-from memprobe.kernels.user_torch import torch_state_kept
+from memprobe.kernels.user_guarded import guarded as _guarded
 
 _PROTOCOL_ARITY = {2: "logits", 3: "hidden"}
 _SIGNATURES = {
@@ -290,39 +273,6 @@ def meant_import_path(path: str) -> tuple[str, str] | None:
     if not all(n.isidentifier() for n in dotted):
         return None
     return lead, f"{'.'.join(dotted)}:{attr}"
-
-
-@contextlib.contextmanager
-def _guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> Iterator[None]:
-    """Every guard around user code, in one list: a call (:func:`user_code`) and an import
-    (:func:`_importing`) are guarded alike; what a module leaves of torch's state as it is
-    imported is its own (:func:`torch_state_kept`), swapped in for its later code."""
-    # memprobe's own code where no user code left a replaced torch function or module:
-    # those two guards swap in and find nothing, at 0.8 ms a call (4 a simulated case).
-    # Not a user kernel's backward (theirs False): skipped, what it blocked
-    # (sys.modules["matplotlib"] = None) ended the sweep's report in a traceback.
-    own_alone = not users and nothing_replaced() and no_modules_left()
-    with contextlib.ExitStack() as stack:
-        for guard in (
-            cwd_kept(),
-            streams_kept(),
-            torch_state_kept(theirs, importing=importing),
-            None if own_alone else torch_functions_kept(theirs),
-            process_kept(),
-            environment_kept(),
-            logging_kept(theirs),
-            tracing_kept(),
-            None if own_alone else modules_kept(theirs),
-            importers_kept(theirs),
-            process.faults_kept(),
-            process.gc_kept(),
-            process.audit_hooks_switched() if users else None,
-            torch_ops_kept() if users else None,
-            memprobe_kept(importing) if users else None,  # last: put back before the others record
-        ):
-            if guard is not None:
-                stack.enter_context(guard)
-        yield
 
 
 def _importing() -> contextlib.AbstractContextManager[None]:

@@ -5,12 +5,15 @@ The inputs, the step and the reference are the kernel's input protocol's
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from functools import cache
 
 from memprobe.errors import UserError
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import protocol_for
 from memprobe.measure.step import failure_text, process_group_for, refuse_answering_subclass
+from memprobe.records import Run
 
 # Small enough to run in milliseconds, odd sizes so chunks do not divide S,
 # and a chunk of 7 so every chunked kernel really loops.
@@ -55,21 +58,36 @@ def verify(
     return err_fwd, err_bwd
 
 
-def verify_or_failure(
-    kernel: str, dtype: str, *, layout: RankLayout | None = None
-) -> tuple[float, float] | str:
-    """:func:`verify`'s figures, or why the check failed (the case's note): the kernel
-    runs again there, at a shape of its own. One that failed only there (a chunk that must
-    divide the tokens, which 67 do not; an exit; a result it cannot give at that shape)
-    ended the whole sweep in its traceback, exit 1, after its own case had measured."""
+def checked_run(run: Run, *, layout: RankLayout | None = None) -> Run:
+    """``run`` with its errors against float64 (:func:`verify`), or an error row saying
+    why the check failed: the kernel runs again there, at a shape of its own. One that
+    failed only there (a chunk that must divide the tokens, which 67 do not; an exit; a
+    result it cannot give at that shape) ended the whole sweep in its traceback, exit 1,
+    after its own case had measured."""
+    case = run.case
     try:
-        return verify(kernel, dtype, layout=layout)
+        err_fwd, err_bwd = verify(case.kernel, case.dtype, layout=layout)
     except UserError:
         raise
     except Exception as exc:
         b, s, v = VERIFY_SHAPE
-        return (
-            f"numerics check failed: the kernel failed at the CPU check shape ({b} x {s} x {v}, "
-            f"chunk {VERIFY_CHUNK}): {failure_text(exc, limit=500, first_line=True)}; its peak "
-            "is measured but its values are unchecked"
+        return replace(
+            run,
+            status="error",
+            note=f"numerics check failed: the kernel failed at the CPU check shape ({b} x {s} "
+            f"x {v}, chunk {VERIFY_CHUNK}): {failure_text(exc, limit=500, first_line=True)}; "
+            "its peak is measured but its values are unchecked",
         )
+    run = replace(run, max_abs_err_fwd=err_fwd, max_abs_err_bwd=err_bwd)
+    if math.isfinite(err_fwd) and math.isfinite(err_bwd):
+        return run
+    # NaN or inf is stored as "no value": left as it is, the row would read as a kernel
+    # that was never checked, not one whose values are wrong.
+    wrong = [f"{what} {err:g}" for what, err in (("forward", err_fwd), ("backward", err_bwd))]
+    return replace(
+        run,
+        status="error",
+        note="numerics check failed: the kernel's output or gradient is not finite against "
+        f"float64 at the CPU check shape (max |err| {', '.join(wrong)}); its peak is measured "
+        "but its values are wrong",
+    )
