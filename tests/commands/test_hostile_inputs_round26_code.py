@@ -2,7 +2,12 @@
 backward, a user's step, the module each lives in, a test body under the pytest marker):
 each row is a variant of a defect class the pass found. One line and exit 2, the case's
 error row, or a sane answer, and memprobe's own work after the user code as it would be
-without it."""
+without it. The classes, in order: torch's thread-local dispatch state a guard left
+entered; the copy of standard output closed; faulthandler's timer; audit hooks; memprobe's
+own modules changed; a kernel failing only in the numerics check; a result answering for
+itself (a Tensor subclass); the garbage collector's settings; a marked body that forks;
+os._exit in an atexit function; sys.path entries put first; torch's operators replaced;
+where matplotlib keeps its files; a step told meta's hint for what it did to memprobe."""
 
 from __future__ import annotations
 
