@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import torch
 from hostile import TINY_STEP, one_line, user_module
+from launch import forked_pytest
 
 from memprobe.kernels.user_process import StreamsLost, stderr_fd_kept, stdout_fd_kept
 
@@ -117,7 +118,7 @@ def test_a_marked_body_keeping_torch_dispatch_off_fails(pytester: pytest.Pyteste
             "    assert x.grad is not None\n"
         )
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = forked_pytest(pytester, "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1, passed=2)
     text = result.stdout.str()
     assert "Python dispatch turned off" in text and "Traceback" not in text
@@ -289,7 +290,7 @@ def test_a_marked_body_changing_memprobe_fails_alone(pytester: pytest.Pytester) 
             "    torch.zeros(1 << 20)\n"
         )
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = forked_pytest(pytester, "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1, passed=1)
     assert "changed memprobe's own memprobe.measure.tracker" in result.stdout.str()
 
@@ -420,7 +421,7 @@ def test_a_marked_body_that_forks_runs_the_session_once(
             "def test_after():\n    print('AFTER', os.getpid())\n"
         )
     )
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    result = forked_pytest(pytester, "-p", "no:cacheprovider", "-s")
     assert result.stdout.str().count("AFTER") == 1
 
 
