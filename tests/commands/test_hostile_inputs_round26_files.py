@@ -48,10 +48,25 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("what", sorted(ERRORS))
-def test_numerics_of_any_size_a_results_file_takes_draw(
-    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+def test_numerics_of_any_size_a_results_file_takes_draw(what: str) -> None:
+    import pandas as pd
+
+    from memprobe.render.plots import numerics
+
+    errors = ERRORS[what]
+    kernels = [f"k{i}" for i in range(len(errors))]
+    frame = pd.DataFrame(
+        {"kernel": kernels, "dtype": "bf16", "max_abs_err_fwd": errors, "max_abs_err_bwd": errors}
+    )
+    png = numerics(frame, kernels)
+    assert png is not None and png.startswith(b"\x89PNG")
+
+
+def test_a_report_of_the_largest_and_smallest_errors_is_written(
+    run_cli: Any, made_run: Path, tmp_path: Path
 ) -> None:
-    run = _errors_set(made_run, tmp_path / "run", ERRORS[what])
+    """The same, as `report` reads them from a run's results.json."""
+    run = _errors_set(made_run, tmp_path / "run", ERRORS["the two ends in one run"])
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and "Traceback" not in err, (out, err)
     assert (tmp_path / "page-numerics.png").read_bytes().startswith(b"\x89PNG")
