@@ -83,26 +83,40 @@ def _frozen(value: Any) -> bool:
     return bool(getattr(params, "frozen", False)) and hasattr(value, "__dict__")
 
 
-_FOUND: dict[int, _Holders] = {}  # by the number of modules imported
+# The holders found last: by memprobe's modules (their names, looked up again only when
+# the count of all imported modules changed). Keyed by that count alone, every user module
+# a test or a kernel imported, and each module torch imports lazily as a command runs,
+# walked all of memprobe's objects again: half the calls, most of the guard's cost.
+_FOUND: dict[str, Any] = {"count": -1, "names": (), "holders": None}
 
 
 def _holders() -> _Holders:
     count = len(sys.modules)
-    if count not in _FOUND:
-        holders = _Holders()
-        for name, module in list(sys.modules.items()):
-            if not (name == "memprobe" or name.startswith("memprobe.")) or module is None:
-                continue
-            if name.startswith(_GUARDS) or not isinstance(module, types.ModuleType):
-                continue
-            holders.modules.append(module)
-            for key, value in list(vars(module).items()):
-                # Not a module's own dunders: __builtins__ is Python's builtins dict.
-                if not key.startswith("__") and not isinstance(value, types.ModuleType):
-                    holders.add(value)
-        _FOUND.clear()
-        _FOUND[count] = holders
-    return _FOUND[count]
+    if count != _FOUND["count"]:
+        names = tuple(
+            name
+            for name, module in list(sys.modules.items())
+            if (name == "memprobe" or name.startswith("memprobe."))
+            and not name.startswith(_GUARDS)
+            and isinstance(module, types.ModuleType)
+        )
+        if names != _FOUND["names"] or _FOUND["holders"] is None:
+            _FOUND.update(names=names, holders=_collect(names))
+        _FOUND["count"] = count
+    holders: _Holders = _FOUND["holders"]
+    return holders
+
+
+def _collect(names: tuple[str, ...]) -> _Holders:
+    holders = _Holders()
+    for name in names:
+        module = sys.modules[name]
+        holders.modules.append(module)
+        for key, value in list(vars(module).items()):
+            # Not a module's own dunders: __builtins__ is Python's builtins dict.
+            if not key.startswith("__") and not isinstance(value, types.ModuleType):
+                holders.add(value)
+    return holders
 
 
 def _changed(space: Any, saved: dict[str, Any]) -> bool:
