@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 from hostile import TINY_STEP, one_line, user_module
-from launch import forked_pytest
+from launch import forked_pytest, forked_torchrun
 
 from memprobe.kernels.user_process import StreamsLost, stderr_fd_kept, stdout_fd_kept
 
@@ -176,11 +176,7 @@ def test_a_closed_copy_of_standard_error_is_no_traceback() -> None:
 @pytest.mark.multiprocess
 def test_a_kernel_closing_every_descriptor_is_one_line(here: Path) -> None:
     kernel = _kernel(here, "r26_closerange", body="os.closerange(3, 4096)\n    " + RETURNS)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), *sys.path]))
-    done = subprocess.run(
-        [sys.executable, "-m", "memprobe", *SWEEP, "--kernel", f"{kernel},unchunked"],
-        capture_output=True, text=True, env=env, timeout=120,
-    )  # fmt: skip
+    done = forked_torchrun([*SWEEP, "--kernel", f"{kernel},unchunked"], cwd=here, nproc=0)
     assert "closed memprobe's own file descriptor" in one_line(
         done.returncode, done.stdout, done.stderr
     )
@@ -456,6 +452,7 @@ def test_an_exit_registered_with_atexit_is_not_memprobes_status(
 @pytest.mark.multiprocess
 def test_a_sweep_whose_kernel_registered_an_exit_exits_0(here: Path) -> None:
     kernel = _kernel(here, "r26_bye", "import atexit\natexit.register(os._exit, 7)")
+    # A process started afresh: one forked from the preloaded server never runs atexit's.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), *sys.path]))
     done = subprocess.run(
         [sys.executable, "-m", "memprobe", *SWEEP, "--kernel", kernel],
