@@ -83,16 +83,24 @@ def _frozen(value: Any) -> bool:
     return bool(getattr(params, "frozen", False)) and hasattr(value, "__dict__")
 
 
-# The holders found last: by memprobe's modules (their names, looked up again only when
-# the count of all imported modules changed). Keyed by that count alone, every user module
-# a test or a kernel imported, and each module torch imports lazily as a command runs,
-# walked all of memprobe's objects again: half the calls, most of the guard's cost.
-_FOUND: dict[str, Any] = {"count": -1, "names": (), "holders": None}
+@dataclass
+class _Found:
+    """The holders found last, for memprobe's modules of those names (looked up again only
+    when the count of all imported modules changed). Keyed by that count alone, every user
+    module a test or a kernel imported, and each module torch imports lazily as a command
+    runs, walked all of memprobe's objects again: half the calls, most of the guard's cost."""
+
+    count: int = -1
+    names: tuple[str, ...] = ()
+    holders: _Holders | None = None
+
+
+_FOUND = _Found()
 
 
 def _holders() -> _Holders:
     count = len(sys.modules)
-    if count != _FOUND["count"]:
+    if count != _FOUND.count or _FOUND.holders is None:
         names = tuple(
             name
             for name, module in list(sys.modules.items())
@@ -100,11 +108,10 @@ def _holders() -> _Holders:
             and not name.startswith(_GUARDS)
             and isinstance(module, types.ModuleType)
         )
-        if names != _FOUND["names"] or _FOUND["holders"] is None:
-            _FOUND.update(names=names, holders=_collect(names))
-        _FOUND["count"] = count
-    holders: _Holders = _FOUND["holders"]
-    return holders
+        if names != _FOUND.names or _FOUND.holders is None:
+            _FOUND.names, _FOUND.holders = names, _collect(names)
+        _FOUND.count = count
+    return _FOUND.holders
 
 
 def _collect(names: tuple[str, ...]) -> _Holders:
