@@ -183,7 +183,8 @@ def test_a_count_written_with_thousands_separators_is_not_a_list(
 
 
 @pytest.mark.parametrize("tokens", ["64,128", "1,2", "8, 32", "64,128,256"])
-def test_a_list_is_still_a_list(run_cli: Any, tokens: str) -> None:
+def test_a_list_is_still_a_list(run_cli: Any, here: Path, tokens: str) -> None:
+    # (here: the run's default folder, reports/, goes under the test's own directory)
     code, out, err = run_cli(*SWEEP, "--tokens", tokens)
     assert code == 0, err
     assert [r["tokens"] for r in json.loads(out)["results"]] == [int(t) for t in tokens.split(",")]
