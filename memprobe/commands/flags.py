@@ -69,12 +69,7 @@ def runs_torch(command: Callable[P, None]) -> Callable[P, None]:
     @functools.wraps(command)
     def run(*args: P.args, **kwargs: P.kwargs) -> None:
         check_temp_dir()
-        from memprobe.measure.memo import one_memo  # (imports torch, which the command runs)
-
-        # The command's meta traces share their remembered ops (a plan's search and a
-        # sweep's cases ask the same ones again): 10-20% of their CPU.
-        with one_memo():
-            command(*args, **kwargs)
+        command(*args, **kwargs)
 
     return run
 

@@ -231,7 +231,6 @@ def command(
     # What runs_torch checks, here: after the checks above, which need no torch (the
     # check imports it, seconds a refused rank or typo need not pay).
     check_temp_dir()
-    from memprobe.measure.memo import one_memo
     from memprobe.sweep import SweepRequest, run_sweep_job
 
     if shard:
@@ -261,8 +260,7 @@ def command(
         case_timeout_s=timeout_s,
     )
     try:
-        with one_memo():  # the cases' meta traces share their remembered ops
-            outcome = run_job(request, Progress(enabled=not quiet and not as_json).case)
+        outcome = run_job(request, Progress(enabled=not quiet and not as_json).case)
     except KeyboardInterrupt:
         where = resume or out
         typer.echo(

@@ -324,7 +324,6 @@ def _run_configured_sweep(
     """
     # torch comes with the sweep: reading results and judging them must not pay for it.
     from memprobe.measure import resolve_device
-    from memprobe.measure.memo import one_memo
     from memprobe.results import default_run_dir, rows_of
     from memprobe.sweep import SweepRequest, plan_cases, run_sweep_job
 
@@ -354,8 +353,7 @@ def _run_configured_sweep(
     out = req.out or default_run_dir(root / "reports" / "gate")
     # With snapshots: a failing case's is what to look at (its path is in the report).
     request = SweepRequest(grid=cfg.sweep, out=out, verify=False, command="memprobe gate")
-    with one_memo():  # the cases' meta traces share their remembered ops
-        outcome = run_sweep_job(request, req.progress)
+    outcome = run_sweep_job(request, req.progress)
     if not outcome.lead:
         return None
     return rows_of(outcome.frame), str(outcome.run_dir)

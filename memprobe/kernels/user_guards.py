@@ -350,7 +350,7 @@ def streams_kept() -> Iterator[None]:
 # test_hostile_inputs_round25_r25_code.py keeps this list complete.
 STDLIB_CALLED = (
     "abc", "atexit", "base64", "bisect", "codecs", "collections", "collections.abc",
-    "concurrent.futures", "contextlib", "contextvars", "copy", "dataclasses", "datetime",
+    "concurrent.futures", "contextlib", "copy", "dataclasses", "datetime",
     "difflib", "enum", "errno", "faulthandler", "fnmatch", "fractions", "functools", "gc",
     "hashlib", "importlib", "importlib.util", "inspect", "io", "itertools", "json", "logging",
     "math", "multiprocessing", "numbers", "operator", "os", "os.path", "pathlib", "pickle",

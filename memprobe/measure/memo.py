@@ -35,17 +35,18 @@ Anything else runs the real kernel. Meta tensors hold no values, so a meta kerne
 answer depends on nothing else; the tests compare a remembered trace with a plain one
 event by event.
 
-For the same reason one memory serves every trace of a command (:func:`one_memo`): a plan's
-search and a sweep's cases ask the same ops again from trace to trace (a chunk loop's chunk
-at every token count, each weight's update at every count), 10-20% of their CPU.
+For the same reason one memory serves every trace in the process (:func:`trace_memo`): a
+plan's search and a sweep's cases ask the same ops again from trace to trace (a chunk
+loop's chunk at every token count, each weight's update at every count), 10-20% of their
+CPU, and a program that calls memprobe's library again (a notebook, a test suite) asks
+them again from call to call. It holds at most ``MetaMemo.LIMIT`` answers, then starts
+afresh: a few hundred bytes each, and a whole 8B step asks a few thousand.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -188,6 +189,8 @@ class MetaMemo:
     """Remembered meta ops (see the module notes). :meth:`call` runs ``func`` or makes
     its outputs afresh; ``hits`` counts the ops answered from memory."""
 
+    LIMIT = 1 << 16  # answers held; the next one starts the memory afresh
+
     def __init__(self) -> None:
         self._answers: dict[Any, Any] = {}
         self._rememberable: dict[Any, bool] = {}
@@ -214,6 +217,8 @@ class MetaMemo:
             before = [_state(t) for t in inputs]
             out = func(*args, **kwargs)
             recipe = _recipe(out, inputs) if [_state(t) for t in inputs] == before else None
+            if len(self._answers) >= self.LIMIT:
+                self._answers.clear()
             self._answers[key] = recipe if recipe is not None else _NOT_REMEMBERED
             return out
         if answer is _NOT_REMEMBERED:
@@ -222,20 +227,9 @@ class MetaMemo:
         return _make(answer, args, kwargs)
 
 
-_SHARED: ContextVar[MetaMemo | None] = ContextVar("memprobe_shared_memo", default=None)
-
-
-@contextlib.contextmanager
-def one_memo() -> Iterator[None]:
-    """The traces run inside answer from one memory (:func:`trace_memo`)."""
-    token = _SHARED.set(_SHARED.get() or MetaMemo())
-    try:
-        yield
-    finally:
-        _SHARED.reset(token)
+_PROCESS = MetaMemo()
 
 
 def trace_memo() -> MetaMemo:
-    """The memory a trace answers from: inside :func:`one_memo`, the one every trace there
-    shares; else one of its own."""
-    return _SHARED.get() or MetaMemo()
+    """The memory every remembering trace in the process answers from."""
+    return _PROCESS

@@ -109,27 +109,35 @@ def test_a_factory_op_follows_the_default_dtype() -> None:
     assert empty([3], device="meta").dtype == before
 
 
-def test_the_traces_of_one_command_share_a_memo_and_stay_exact() -> None:
-    """Inside one_memo (each command's run), every trace answers from one memory: a step at
-    another token count asks the layers' weight ops again, answered without their kernels,
-    and each trace still equals a plain one."""
-    from memprobe.measure.memo import one_memo, trace_memo
+def test_the_traces_of_a_process_share_a_memo_and_stay_exact() -> None:
+    """Every remembering trace answers from one memory: a step at another token count
+    asks the layers' weight ops again, answered without their kernels, and each trace
+    still equals a plain one."""
+    from memprobe.measure.memo import trace_memo
 
     steps = [HFStep(config_from_dict(dict(LLAMA)), tokens=t, chunk_size=16) for t in (48, 32)]
-    with one_memo():
-        shared = trace_memo()
-        assert trace_memo() is shared
-        first, _ = trace_hf_step(steps[0], memo=True)
-        before = shared.hits
-        second, _ = trace_hf_step(steps[1], memo=True)
-        # Alone, the second step's memory would start empty: its own first layer misses.
-        alone = MetaMemo()
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("memprobe.profile.run.trace_memo", lambda: alone)
-            trace_hf_step(steps[1], memo=True)
-        assert shared.hits - before > alone.hits
-    assert trace_memo() is not shared  # outside, each trace has its own again
+    shared = trace_memo()
+    assert trace_memo() is shared
+    first, _ = trace_hf_step(steps[0], memo=True)
+    before = shared.hits
+    second, _ = trace_hf_step(steps[1], memo=True)
+    # Alone, the second step's memory would start empty: its own first layer misses.
+    alone = MetaMemo()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("memprobe.profile.run.trace_memo", lambda: alone)
+        trace_hf_step(steps[1], memo=True)
+    assert shared.hits - before > alone.hits
     for step, remembered in zip(steps, (first, second), strict=True):
         plain, _ = trace_hf_step(step, memo=False)
         assert _signature(remembered) == _signature(plain)
         assert remembered.peak_bytes == plain.peak_bytes
+
+
+def test_a_full_memo_starts_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process's memory is bounded: at its limit the next answer starts it afresh."""
+    memo = MetaMemo()
+    monkeypatch.setattr(MetaMemo, "LIMIT", 2)
+    x = torch.empty(4, device="meta")
+    for n in (1, 2, 3):
+        memo.call(torch.ops.aten.add.Tensor, (x, torch.empty(4, device="meta")), {"alpha": n})
+    assert len(memo._answers) == 1
