@@ -207,7 +207,10 @@ def make_headline(
     table = frame if has_ratios(frame) else with_ratios(frame)
     rows = rows_of(headline_slice(table, layout))
     source = "--budget" if budget_bytes is not None else ""
-    if budget_bytes is None:
+    if budget_bytes is None and all(str(r["device"]) == "cuda" for r in rows):
+        # Only rows measured on the GPU meet its capacity: a run.json that says cuda over
+        # meta rows (edited, or two runs' files mixed) drew "the GPU's capacity" over a
+        # simulation.
         budget_bytes, source = gpu_capacity(meta), "GPU capacity"
         source = source if budget_bytes is not None else ""
     summaries = meta.get("kernel_summaries")

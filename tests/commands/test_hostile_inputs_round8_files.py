@@ -189,21 +189,35 @@ def test_run_json_text_reaches_the_page_without_control_characters(
     assert "\r\nFAKE" not in page
 
 
+def _cuda_run(made_run: Path, to: Path, capacity: object, *, rows: str = "cuda") -> Path:
+    """``made_run`` as a cuda run would record it: its rows on ``rows``, run.json's GPU of
+    ``capacity`` bytes."""
+    run = _tamper(made_run, to, lambda row: row.update(device=rows))
+    meta = json.loads((run / "run.json").read_text())
+    meta.update(device="cuda", device_memory_bytes=capacity)
+    for case in meta["cases"]:
+        case["device"] = rows
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
 @pytest.mark.parametrize(
     "capacity",
     [-1, 0, 0.5, 10**400, "80GiB", True, float("nan")],
     ids=["-1", "0", "0.5", "10**400", "text", "true", "nan"],
 )
-def test_a_cuda_runs_capacity_that_is_no_size_draws_no_budget(
-    run_cli, made_run: Path, tmp_path: Path, capacity: object
-) -> None:
+def test_a_cuda_runs_capacity_that_is_no_size_draws_no_budget(capacity: object) -> None:
     """10**400 was a traceback (OverflowError in the plot's label); -1 drew a budget of
     -1 B that every kernel was 'over'."""
-    run = tmp_path / "run"
-    shutil.copytree(made_run, run)
-    meta = json.loads((run / "run.json").read_text())
-    meta.update(device="cuda", device_memory_bytes=capacity)
-    (run / "run.json").write_text(json.dumps(meta))
+    from memprobe.report.headline import gpu_capacity
+
+    assert gpu_capacity({"device": "cuda", "device_memory_bytes": capacity}) is None
+
+
+def test_a_cuda_runs_capacity_past_any_size_renders(
+    run_cli, made_run: Path, tmp_path: Path
+) -> None:
+    run = _cuda_run(made_run, tmp_path, 10**400)
     code, out, err = run_cli("report", str(run), "--out", str(tmp_path / "page.html"))
     assert code == 0 and "Traceback" not in err, err
     page = (tmp_path / "page.html").read_text()
@@ -211,13 +225,21 @@ def test_a_cuda_runs_capacity_that_is_no_size_draws_no_budget(
 
 
 def test_a_cuda_runs_real_capacity_is_still_drawn(run_cli, made_run: Path, tmp_path: Path):
-    run = tmp_path / "run"
-    shutil.copytree(made_run, run)
-    meta = json.loads((run / "run.json").read_text())
-    meta.update(device="cuda", device_memory_bytes=80 * 2**30)
-    (run / "run.json").write_text(json.dumps(meta))
+    run = _cuda_run(made_run, tmp_path, 80 * 2**30)
     assert run_cli("report", str(run), "--out", str(tmp_path / "page.html"))[0] == 0
     assert "80.00 GiB" in (tmp_path / "page.html").read_text()
+
+
+# -- a run.json that says cuda, with a GPU's capacity, over rows simulated on meta (edited,
+# or two runs' files mixed): the page drew "the GPU's capacity" as the budget of a
+# simulation. Only rows measured on cuda meet a GPU's capacity.
+def test_a_gpu_capacity_over_meta_rows_draws_no_budget(
+    run_cli, made_run: Path, tmp_path: Path
+) -> None:
+    run = _cuda_run(made_run, tmp_path, 80 * 2**30, rows="meta")
+    assert run_cli("report", str(run), "--out", str(tmp_path / "page.html"))[0] == 0
+    page = (tmp_path / "page.html").read_text()
+    assert "80.00 GiB" not in page and "GPU&#39;s capacity" not in page
 
 
 # -- gate: a case that is not ok is named for what happened to it ----------------------

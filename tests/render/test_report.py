@@ -379,9 +379,13 @@ def test_a_cuda_style_snapshot_reads_like_the_simulation(kernel: str) -> None:
 def test_a_cuda_run_uses_the_recorded_gpu_capacity_as_its_budget(run: Path) -> None:
     frame, meta = read_results(run), read_run_meta(run)
     capacity = 80 * 2**30
-    h = make_headline(frame, {**meta, "device": "cuda", "device_memory_bytes": capacity})
+    cuda = {**meta, "device": "cuda", "device_memory_bytes": capacity}
+    h = make_headline(frame.assign(device="cuda"), cuda)
     assert (h.budget_bytes, h.budget_source) == (capacity, "GPU capacity")
-    given = make_headline(frame, {**meta, "device": "cuda"}, budget_bytes=2**30)
+    # A run.json that says cuda over rows simulated on meta: no GPU's capacity to draw.
+    simulated = make_headline(frame, cuda)
+    assert (simulated.budget_bytes, simulated.budget_source) == (None, "")
+    given = make_headline(frame.assign(device="cuda"), cuda, budget_bytes=2**30)
     assert (given.budget_bytes, given.budget_source) == (2**30, "--budget")
 
 
