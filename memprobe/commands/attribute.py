@@ -14,7 +14,13 @@ from memprobe.allocator import DeviceReplay, modelled_alloc_conf, replay_snapsho
 from memprobe.attribute import DEFAULT_TOP, attribute_devices
 from memprobe.attribute.what_if import WhatIf, check_what_if_kernel
 from memprobe.attribute.what_if import what_if as predict_with
-from memprobe.commands.flags import MAX_COUNT, check_temp_dir, user_errors, warn_on_size
+from memprobe.commands.flags import (
+    MAX_COUNT,
+    answer,
+    check_temp_dir,
+    user_errors,
+    warn_on_size,
+)
 from memprobe.errors import UserError
 from memprobe.io.codec import to_json
 from memprobe.io.files import guard_outputs
@@ -316,6 +322,6 @@ def command(
         budget=budget,
         chunk_size=chunk_size,
     )
-    typer.echo(text)
+    answer(text)
     if html is not None:  # on stderr: stdout stays the reading (or the --json object)
         typer.echo(f"page: {printable(str(html))}", err=True)

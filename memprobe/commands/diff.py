@@ -13,7 +13,7 @@ import typer
 from memprobe.attribute import attribute_file_devices
 from memprobe.attribute.diff import Difference, PeakDiff, diff_findings
 from memprobe.attribute.frames import describe_frame
-from memprobe.commands.flags import MAX_COUNT, user_errors
+from memprobe.commands.flags import MAX_COUNT, answer, user_errors
 from memprobe.errors import UserError
 from memprobe.io.codec import to_json
 from memprobe.io.sizes import format_bytes
@@ -141,6 +141,6 @@ def command(
 ) -> None:
     d = diff_files(a, b, device=device)
     if as_json:
-        typer.echo(json.dumps(to_json(d), indent=1))
+        answer(json.dumps(to_json(d), indent=1))
     else:
         show(render_diff(d, top=top))

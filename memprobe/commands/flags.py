@@ -3,12 +3,14 @@ mistakes turned into one line and exit 2."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
+import sys
 import tempfile
-from collections.abc import Callable
-from typing import Annotated, ParamSpec
+from collections.abc import Callable, Iterator
+from typing import Annotated, ParamSpec, TextIO
 
 import typer
 
@@ -37,7 +39,8 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
     def run(*args: P.args, **kwargs: P.kwargs) -> None:
         try:
             _check_mplbackend()
-            command(*args, **kwargs)
+            with answer_alone() if kwargs.get("as_json") else contextlib.nullcontext():
+                command(*args, **kwargs)
         except UserError as exc:
             # printable: a message can quote a file's text (a TOML line, a frame name).
             line = long_words_clipped(lookalikes_shown(printable(exc.one_line())))
@@ -60,6 +63,30 @@ def user_errors(command: Callable[P, None]) -> Callable[P, None]:
             raise typer.Exit(2) from None
 
     return run
+
+
+# Where the command's answer goes while answer_alone() holds standard output for it.
+_ANSWER: list[TextIO] = []
+
+
+@contextlib.contextmanager
+def answer_alone() -> Iterator[None]:
+    """With ``--json``, standard output holds the JSON object alone: whatever else prints
+    while the command runs goes to standard error, and the command writes its object with
+    :func:`answer`. Not only user code prints (its calls are guarded): a finalizer it left
+    on a tensor (``weakref.finalize(logits, print, ...)``), or an object's ``__del__``, ran
+    in memprobe's own work after the call and printed into the object a program reads."""
+    _ANSWER.append(sys.stdout)
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        sys.stdout = _ANSWER.pop()
+
+
+def answer(text: str) -> None:
+    """The command's answer, on standard output (see :func:`answer_alone`)."""
+    typer.echo(text, file=_ANSWER[-1] if _ANSWER else None)
 
 
 def runs_torch(command: Callable[P, None]) -> Callable[P, None]:

@@ -17,6 +17,7 @@ from memprobe.commands.flags import (
     MAX_COUNT,
     CpOption,
     TpOption,
+    answer,
     grouped_number,
     int_list,
     name_list,
@@ -270,7 +271,7 @@ def command(
             chunk_size=chunk_size, checkpointing=checkpointing, optimizer=optimizer,
             alloc_conf=alloc_conf, reserved=reserved, as_json=as_json, step=step, **sharding,
         ):  # fmt: skip
-            typer.echo(line)
+            answer(line)
         return
     if fsdp != 1 or any(v not in (None, "true") for v in fsdp_flags.values()):
         raise UserError(
@@ -323,7 +324,7 @@ def command(
 
         written = write_plan_page(out, outcome.plans, outcome.budget, outcome.rows())
     if as_json:
-        typer.echo(json.dumps(outcome.rows(), indent=1))
+        answer(json.dumps(outcome.rows(), indent=1))
         return
     typer.echo(budget_line(outcome.budget))
     show([plan_table(outcome.plans)])

@@ -12,7 +12,7 @@ import typer
 
 from memprobe.allocator import alloc_conf_to_model
 from memprobe.commands.attribute import attribution_output
-from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors
+from memprobe.commands.flags import MAX_COUNT, answer, runs_torch, user_errors
 from memprobe.errors import UserError
 from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.text import printable
@@ -113,7 +113,7 @@ def command(
         ),
     ] = None,
 ) -> None:
-    typer.echo(
+    answer(
         profile_command(
             step,
             device=device,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from memprobe.commands import sharded_flags as sharded
-from memprobe.commands.flags import MAX_COUNT, runs_torch, user_errors, warn_on_size
+from memprobe.commands.flags import MAX_COUNT, answer, runs_torch, user_errors, warn_on_size
 from memprobe.errors import UserError
 from memprobe.io.files import check_output_file, guard_outputs
 from memprobe.io.sizes import format_bytes, parse_budget
@@ -277,7 +277,7 @@ def command(
     mp_reduce: sharded.MpReduceOption = None,
     mp_output: sharded.MpOutputOption = None,
 ) -> None:
-    typer.echo(
+    answer(
         step_command(
             config,
             tokens=tokens,

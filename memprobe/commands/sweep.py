@@ -15,6 +15,7 @@ import typer
 from memprobe.commands.flags import (
     CpOption,
     TpOption,
+    answer,
     check_temp_dir,
     given_flags,
     int_list,
@@ -282,7 +283,7 @@ def command(
             err=True,
         )
     if as_json:
-        typer.echo(json.dumps(json_summary(outcome.frame, str(outcome.run_dir)), indent=1))
+        answer(json.dumps(json_summary(outcome.frame, str(outcome.run_dir)), indent=1))
         return
     if not quiet:
         show(sweep_table(outcome.frame, budget_bytes=budget_bytes))

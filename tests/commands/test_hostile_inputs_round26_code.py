@@ -561,3 +561,33 @@ def test_a_step_changing_memprobe_or_torch_is_told_what_it_did(
     line = one_line(*run_cli("profile", step, "--device", "meta"))
     assert line.startswith("memprobe: error: the step failed: the code ")
     assert "meta tensors" not in line
+
+
+# -- what user code left to run later printed into --json's object: a finalizer on the
+# logits (weakref.finalize(logits, print, ...)) or an object with a printing __del__
+# attached to them ran in memprobe's own work after the call, where standard output was
+# the answer's again ("FINALIZED logits" ahead of the JSON). With --json, standard output
+# holds the object alone for the whole command; the rest goes to standard error.
+LATER = {
+    "finalizer": "weakref.finalize(logits, print, 'LATER: finalized'); return _u(logits, targets)",
+    "__del__": "logits._later = _Later(); return _u(logits, targets)",
+}
+LATER_PRE = "import weakref\nclass _Later:\n    def __del__(self): print('LATER: del')\n"
+
+
+@pytest.mark.parametrize("what", LATER)
+def test_what_user_code_prints_later_is_not_in_the_json(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    kernel = _kernel(here, "r26_later", LATER_PRE, LATER[what])
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0 and "LATER" in err, err
+    assert [r["status"] for r in json.loads(out)["results"]] == ["ok", "ok"]
+
+
+def test_a_steps_later_print_is_not_in_profiles_json(run_cli: Any, here: Path) -> None:
+    body = TINY_STEP + "    import weakref; weakref.finalize(w, print, 'LATER'); return w\n"
+    step = user_module(here, "r26_later_step", body) + ":step"
+    code, out, err = run_cli("profile", step, "--device", "meta", "--json")
+    assert code == 0 and "LATER" in err, err
+    assert json.loads(out)["peak_allocated_bytes"] == 1032
