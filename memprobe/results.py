@@ -61,9 +61,7 @@ CaseKey = tuple[Any, ...]
 Row = Mapping[str, Any]
 
 # Whole-number columns: pandas turns them into floats when a value is missing.
-INT_COLUMNS = frozenset(
-    f.name for f in (*fields(Case), *fields(Run)) if f.type in ("int", "int | None")
-)
+INT_COLUMNS = frozenset(f.name for f in (*fields(Case), *fields(Run)) if str(f.type)[:3] == "int")
 _FLOAT_COLUMNS = frozenset(f.name for f in fields(Run) if f.type == "float | None")
 _POSITIVE = ("batch", "tokens", "vocab", "tp", "cp")
 # What the sweep writes in a row's snapshot column; anything else (a URL, "..") is tampering.
@@ -390,8 +388,11 @@ def results_payload(rows: Sequence[Row]) -> str:
 
 
 def write_results(run_dir: Path, rows: Sequence[Row]) -> None:
-    """Both results files, each replaced whole."""
-    write_atomic(run_dir / RESULTS_CSV, frame_of(rows).to_csv(index=False))
+    """Both results files, each replaced whole. Whole-number columns go into the CSV as
+    Int64 (rows are the sweep's or validated): an error row's empty cell made pandas hold
+    them as floats, "114944.0" bytes."""
+    whole = frame_of(rows).astype(dict.fromkeys(INT_COLUMNS, "Int64"))
+    write_atomic(run_dir / RESULTS_CSV, whole.to_csv(index=False))
     write_atomic(run_dir / RESULTS_JSON, results_payload(rows))
 
 
@@ -402,8 +403,7 @@ def write_baseline(path: Path, rows: Sequence[Row]) -> None:
 
 def default_run_dir(root: Path = Path("reports")) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    candidate = root / stamp
-    n = 1
+    n, candidate = 1, root / stamp
     while candidate.exists():
         n += 1
         candidate = root / f"{stamp}-{n}"
@@ -456,10 +456,9 @@ def run_inputs(path: Path) -> list[Path]:
 
 
 def check_snapshots_folder(run_dir: Path) -> None:
-    """A run being resumed writes its cases' snapshots into ``snapshots/``: that must be
-    the run's own folder (or not there yet). A link sends them wherever it points (a
-    ``snapshots -> /`` wrote pickles into the root); a file there would stop the run
-    after its first case."""
+    """A run being resumed writes its cases' snapshots into ``snapshots/``, the run's own
+    folder (or not there yet): a link sends them where it points (``snapshots -> /`` wrote
+    pickles into the root); a file there would stop the run after its first case."""
     folder = run_dir / SNAPSHOTS
     if folder.is_symlink():
         raise UserError(

@@ -11,7 +11,7 @@ import pandas as pd
 from memprobe.io.sizes import format_bytes
 from memprobe.render.console import Part, table
 from memprobe.report.ratios import with_ratios
-from memprobe.results import missing
+from memprobe.results import missing, rows_of
 
 
 def _num(value: Any, fmt: str) -> str:
@@ -144,6 +144,7 @@ def answer_lines(
 
 
 def json_summary(frame: pd.DataFrame, run_dir: str) -> dict[str, Any]:
-    rows = with_ratios(frame)
-    records = rows.astype(object).where(rows.notna(), None).to_dict(orient="records")
+    # As results.json writes them: a byte count whole though an error row left its column
+    # with a missing value (pandas then holds the column as floats: 114944.0).
+    records = rows_of(with_ratios(frame))
     return {"run_dir": run_dir, "cases": len(records), "results": records}

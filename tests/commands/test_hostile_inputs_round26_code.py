@@ -591,3 +591,17 @@ def test_a_steps_later_print_is_not_in_profiles_json(run_cli: Any, here: Path) -
     code, out, err = run_cli("profile", step, "--device", "meta", "--json")
     assert code == 0 and "LATER" in err, err
     assert json.loads(out)["peak_allocated_bytes"] == 1032
+
+
+# -- a kernel's error row beside ok rows: pandas held each byte column as floats (the error
+# row's cell is empty), and results.csv and --json printed the other rows' bytes as
+# "114944.0". results.json wrote them whole; now all three do.
+def test_byte_counts_stay_whole_beside_an_error_row(run_cli: Any, here: Path) -> None:
+    kernel = _kernel(here, "r26_whole", body="raise ValueError('no')")
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked", "--out", "run")
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    assert rows[1]["peak_bytes"] == 114944 and isinstance(rows[1]["peak_bytes"], int)
+    csv = (here / "run" / "results.csv").read_text().splitlines()
+    assert ",ok,114944,81920,114944," in csv[2] and ".0," not in csv[2]
