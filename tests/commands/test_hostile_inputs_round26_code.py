@@ -208,30 +208,36 @@ def test_a_faulthandler_timer_user_code_left_is_cancelled(
 # -- an audit hook a kernel's module added (sys.addaudithook: it can never be taken off)
 # ran in memprobe's own work after the code: one raising for every file opened for writing
 # failed the sweep as "cannot write run/run.json: audit says no (choose another path)",
-# blaming the path. Each raises only for this test's folder (the hook stays for the test
-# process), and still sees what the user code does.
+# blaming the path. Each sweep runs in a process of its own (forked from tests/launch.py's
+# server): a hook added in a test worker stays for the rest of its tests, and every audited
+# act there (an open, an import, a function's __code__ read) calls it, which made memprobe's
+# guard around user code 9x slower for the worker's remaining tests.
 AUDITS = {
     "open for writing": "ev == 'open' and MARK in str(a[0]) and a[2] & 3",
     "a rename (an atomic write)": "ev == 'os.rename' and MARK in str(a[1])",
     "a folder made": "ev == 'os.mkdir' and MARK in str(a[0])",
 }
 HOOK = (
-    "MARK = {mark!r}\nSEEN = []\n"
+    "MARK = {mark!r}\n"
     "def _hook(ev, a):\n"
-    "    if ev == 'r26.user': SEEN.append(ev)\n"
+    "    if ev == 'r26.user': sys.stderr.write('SEEN r26.user\\n')\n"
     "    if {when}: raise PermissionError('audit says no')\n"
     "sys.addaudithook(_hook)"
 )
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("what", AUDITS)
-def test_an_audit_hook_sees_only_user_code(run_cli: Any, here: Path, what: str) -> None:
-    pre = HOOK.format(mark=f"r26_audit_{abs(hash(what))}", when=AUDITS[what])
+def test_an_audit_hook_sees_only_user_code(here: Path, what: str) -> None:
+    pre = HOOK.format(mark="r26_audit", when=AUDITS[what])
     body = "sys.audit('r26.user')\n    " + RETURNS
     kernel = _kernel(here, "r26_audit", pre, body)
-    rows = _rows(run_cli, kernel, "--out", f"r26_audit_{abs(hash(what))}")
+    argv = [*SWEEP, "--kernel", f"{kernel},unchunked,local_chunked", "--out", "r26_audit"]
+    done = forked_torchrun(argv, cwd=here, nproc=0, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["results"]
     assert [r["status"] for r in rows] == ["ok", "ok", "ok"]
-    assert sys.modules[kernel.partition(":")[0]].SEEN == ["r26.user"]  # once per call: one case
+    assert done.stderr.count("SEEN r26.user") == 1  # once per call: one case
 
 
 # -- memprobe's own modules, which a user's kernel imports and from there can change: a
