@@ -335,12 +335,11 @@ def write_report(
             f"cannot write {target}: {target.parent} does not exist",
             "create it or choose another --out",
         )
+    own = run_dir if out is None else None
+    refuse_foreign([target], run_dir=own)  # the page first: drawing the plots takes seconds
     plots = render_plots(model)
     paths = _plot_paths(target)
-    refuse_foreign(
-        [target, *(p for n, p in paths.items() if plots.images[n] is not None)],
-        run_dir=run_dir if out is None else None,
-    )
+    refuse_foreign([p for n, p in paths.items() if plots.images[n] is not None], run_dir=own)
     for name, path in _plot_paths(target).items():
         png = plots.images[name]
         if png is not None:
