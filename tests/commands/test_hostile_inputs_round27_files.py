@@ -1,0 +1,94 @@
+"""Hostile inputs, round 27 (files): every file a user hands memprobe and the flags that go
+with it, tried two at a time — two files each valid alone that disagree (snapshots of two
+jobs given as one), numbers each valid alone that contradict each other, and paths the
+file system takes that memprobe's own handling did not. Each table is a variant of a
+defect class the pass found: one line and exit 2 that names what is wrong, or an answer
+whose every word the files support."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+# A profiled LM step at T tokens with X extra [256, 32] weights beside its lm_head: X sets
+# what "the rest of the job" holds, T the activations that grow with the tokens.
+STEP = """\
+import torch
+import torch.nn.functional as F
+def step(device):
+    w = torch.randn(256, 32, device=device, requires_grad=True)
+    extra = [torch.randn(256, 32, device=device, requires_grad=True) for _ in range({x})]
+    h = torch.randn(1, {t}, 32, device=device)
+    ids = torch.randint(0, 256, (1, {t}), device=device)
+    logits = h @ w.t()
+    F.cross_entropy(logits.float().view(-1, 256), ids.view(-1)).backward()
+"""
+
+# (tokens, extra weights) of each profiled step: "big" and "small" are two models.
+STEPS = {"big64": (64, 8), "big128": (128, 8), "big192": (192, 8), "small128": (128, 0),
+         "small192": (192, 0), "mid96": (96, 6)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from memprobe import cli
+
+    here = tmp_path_factory.mktemp("r27_steps")
+    made = {}
+    argv, path = sys.argv, list(sys.path)
+    sys.path.insert(0, str(here))
+    try:
+        for name, (tokens, extra) in STEPS.items():
+            (here / f"r27_{name}.py").write_text(STEP.format(t=tokens, x=extra))
+            out = here / f"{name}.pickle"
+            sys.argv = ["memprobe", "profile", f"r27_{name}:step", "--out", str(out), "--top", "1"]
+            try:
+                cli.main()
+            except SystemExit as exc:
+                assert not exc.code
+            made[name] = out
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    return made
+
+
+PLAN = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "local_chunked", "--no-reserved"]
+
+# -- O1: plan --other-from snapshots of two jobs whose "other" falls as tokens grow (a
+# bigger model profiled at fewer tokens). The least-squares line had a negative per-token
+# part and the plan took it: "other 833.49 KiB (+ -722 B per token)", and at the answer
+# other was clamped to 0 B (the bigger model's weights gone), 5,646 tokens where 3,674
+# fit; with a steeper fall the kernel was blamed ("the peak stops growing with tokens
+# beyond 1,099,511,627,776"). It is one line naming each reading.
+
+FALLING = {
+    "bigger model at fewer tokens": ["big64", "small128"],
+    "bigger model at fewer tokens, given second": ["small192", "big128"],
+    "three readings, the line falls": ["big64", "small128", "small192"],
+    "a mid-size model beside a small one": ["mid96", "small192"],
+}
+
+
+@pytest.mark.parametrize("names", list(FALLING.values()), ids=list(FALLING))
+def test_other_that_falls_with_tokens_is_one_line(
+    run_cli: Any, steps: dict[str, Path], names: list[str]
+) -> None:
+    paths = ",".join(str(steps[n]) for n in names)
+    err = one_line(*run_cli(*PLAN, "--other-from", paths))
+    assert "--other-from: the rest of the job holds less at more tokens (" in err, err
+    assert "not one job at different token counts" in err and "stops growing" not in err
+
+
+@pytest.mark.parametrize("names", [["big64", "big128"], ["big64", "big128", "big192"],
+                                   ["small128", "small192"], ["big128", "small128"]])  # fmt: skip
+def test_other_of_one_job_at_several_token_counts_still_plans(
+    run_cli: Any, steps: dict[str, Path], names: list[str]
+) -> None:
+    """One model at growing counts fits a line that grows; two models at one count are
+    planned on the larger, as before."""
+    code, out, err = run_cli(*PLAN, "--other-from", ",".join(str(steps[n]) for n in names))
+    assert code == 0 and "other: " in out and "-" not in out.split("other: ")[-1][:20], err
