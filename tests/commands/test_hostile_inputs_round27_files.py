@@ -92,3 +92,50 @@ def test_other_of_one_job_at_several_token_counts_still_plans(
     planned on the larger, as before."""
     code, out, err = run_cli(*PLAN, "--other-from", ",".join(str(steps[n]) for n in names))
     assert code == 0 and "other: " in out and "-" not in out.split("other: ")[-1][:20], err
+
+
+# -- P1: a current directory deeper than PATH_MAX (4,096 bytes; a CI checkout nested in
+# long job folders): every file memprobe wrote there through its atomic write was refused,
+# "cannot write run/peak_breakdown.png: File name too long", a path of 22 characters the
+# file system takes (tempfile.mkstemp names its file by an absolute path). Written now.
+
+
+@pytest.fixture
+def deep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A current directory whose absolute path is longer than PATH_MAX, entered one folder
+    at a time (no absolute path reaches it); monkeypatch returns to the first one after."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    for _ in range(22):
+        os.mkdir("d" * 200)
+        os.chdir("d" * 200)
+    assert len(os.getcwd()) > 4096
+    return Path(".")
+
+
+@pytest.mark.parametrize("name", ["out.txt", "sub/out.txt", "./out.txt", "a/b/../out.txt"])
+def test_a_file_is_written_in_a_folder_deeper_than_path_max(deep: Path, name: str) -> None:
+    import os
+
+    from memprobe.io.files import write_atomic
+
+    write_atomic(name, "whole\n")
+    assert Path(name).read_text() == "whole\n"
+    assert not [f for f in os.listdir(Path(name).parent) if f.endswith(".tmp")]
+    write_atomic(name, b"again")  # replaced, not refused as existing
+    assert Path(name).read_bytes() == b"again"
+
+
+def test_gate_writes_its_outputs_deeper_than_path_max(
+    run_cli: Any, made_run: Path, deep: Path
+) -> None:
+    import shutil
+
+    shutil.copytree(made_run, "run")
+    Path("g.toml").write_text('[tool.memprobe.gate]\nrules = [{kernel="*", max_peak="1TiB"}]\n')
+    code, out, err = run_cli(
+        "gate", "run", "--config", "g.toml", "--junit-xml", "j.xml", "--update-baseline", "b.json"
+    )
+    assert code == 0 and not err, err
+    assert Path("j.xml").read_text().startswith("<?xml") and '"rows"' in Path("b.json").read_text()
