@@ -165,6 +165,15 @@ def run_gate(req: GateRequest) -> GateOutcome:
                         "remake it from a finished run with "
                         f"`memprobe gate RUN --update-baseline {baseline_path}`",
                     )
+    if req.baseline is None and cfg.gate.baseline is None and cfg.gate.max_regression:
+        # The config allows growth over a baseline that neither it nor --baseline names:
+        # the gate passed on its rules alone, and no word said growth went unchecked
+        # (--max-regression typed without a baseline is refused above; the config's may
+        # stand for CI jobs that pass --baseline, so it is said, not refused).
+        notes.append(
+            f"max_regression {cfg.gate.max_regression:g}% ({config_name}) not applied: no "
+            "baseline to compare with (pass --baseline, or set baseline in [tool.memprobe.gate])"
+        )
     rules = cfg.gate.rules
     if not rules and baseline_path is None and req.update_baseline is None:
         where = config_name or f"no pyproject.toml at or above {req.cwd}"

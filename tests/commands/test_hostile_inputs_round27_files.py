@@ -139,3 +139,40 @@ def test_gate_writes_its_outputs_deeper_than_path_max(
     )
     assert code == 0 and not err, err
     assert Path("j.xml").read_text().startswith("<?xml") and '"rows"' in Path("b.json").read_text()
+
+
+# -- G1: a config's max_regression with no baseline anywhere (neither `baseline =` in
+# [tool.memprobe.gate] nor --baseline): the gate passed on its rules alone, "passed: all
+# 2 check(s)", with no word that the growth it allows was never checked (--max-regression
+# typed without a baseline is refused). A note says so; the verdict stands.
+
+RULE = 'rules = [{kernel="*", max_peak="1TiB"}]\n'
+
+
+@pytest.mark.parametrize("allowed", ["5", "0.5", "100", "1e-3"])
+def test_a_configs_max_regression_without_a_baseline_is_said(
+    run_cli: Any, made_run: Path, tmp_path: Path, allowed: str
+) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text(f"[tool.memprobe.gate]\nmax_regression = {allowed}\n{RULE}")
+    code, out, err = run_cli("gate", str(made_run), "--config", str(config))
+    assert code == 0 and not err, err
+    note = f"note: max_regression {float(allowed):g}% ({config}) not applied: no baseline"
+    assert note in out and out.rstrip().endswith("check(s)"), out
+
+
+@pytest.mark.parametrize("how", ["--baseline", "config baseline", "max_regression 0"])
+def test_a_configs_max_regression_with_a_baseline_is_applied(
+    run_cli: Any, made_run: Path, tmp_path: Path, how: str
+) -> None:
+    import shutil
+
+    base = tmp_path / "base.json"
+    shutil.copy(made_run / "results.json", base)
+    gate = f"[tool.memprobe.gate]\nmax_regression = {0 if how == 'max_regression 0' else 5}\n"
+    gate += 'baseline = "base.json"\n' if how == "config baseline" else ""
+    (tmp_path / "g.toml").write_text(gate + RULE)
+    extra = ["--baseline", str(base)] if how == "--baseline" else []
+    code, out, err = run_cli("gate", str(made_run), "--config", str(tmp_path / "g.toml"), *extra)
+    assert code == 0 and "not applied" not in out, (out, err)
+    assert ("max regression 5%" in out) == (how != "max_regression 0"), out
