@@ -315,6 +315,15 @@ def _given_over_recorded(
     two that make another N contradict it (taken as given, they read a B=1 record at
     --batch 2 as a chunked loop over twice its tokens)."""
     hidden = recorded.hidden
+    if vocab is not None and recorded.vocab is not None and vocab != recorded.vocab:
+        # The record's V is as exact as its N: taken as given, --vocab 256 on a V=128 case
+        # read its float32 [64, 128] loss blocks as bfloat16 [64, 256] logits and its
+        # logits as [V, H] weights, "confidence given".
+        raise UserError(
+            f"--vocab {vocab:,}, but this snapshot's case has V={recorded.vocab:,} "
+            "(memprobe recorded it)",
+            "drop --vocab (the record gives it)",
+        )
     vocab = vocab if vocab is not None else recorded.vocab
     if recorded.tokens is None or recorded.batch is None or (tokens is None and batch is None):
         return Hints(vocab, tokens or recorded.tokens, batch or recorded.batch, hidden)

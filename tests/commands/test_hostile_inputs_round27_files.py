@@ -176,3 +176,31 @@ def test_a_configs_max_regression_with_a_baseline_is_applied(
     code, out, err = run_cli("gate", str(made_run), "--config", str(tmp_path / "g.toml"), *extra)
     assert code == 0 and "not applied" not in out, (out, err)
     assert ("max regression 5%" in out) == (how != "max_regression 0"), out
+
+
+# -- V1: --vocab against the V that memprobe recorded for the snapshot's case (a sweep's
+# snapshot names its case): taken as given, `attribute CASE.pickle --vocab 256` on a
+# V=128 case read its float32 [64, 128] loss blocks as bfloat16 [64, 256] logits, and
+# --vocab 64 its logits as five [V, H] weights ("embedding / lm_head weight"), each
+# "confidence given"; --tokens/--batch against the record were already refused.
+
+
+def _case_snapshot(made_run: Path) -> str:
+    return str(next((made_run / "snapshots").glob("unchunked-*.pickle")))
+
+
+WITH = [[], ["--json"], ["--what-if", "local_chunked"], ["--tokens", "64"]]
+
+
+@pytest.mark.parametrize("vocab", ["256", "64", "100", "1", "129"])
+@pytest.mark.parametrize("more", WITH)
+def test_a_vocab_against_the_record_is_one_line(
+    run_cli: Any, made_run: Path, vocab: str, more: list[str]
+) -> None:
+    err = one_line(*run_cli("attribute", _case_snapshot(made_run), "--vocab", vocab, *more))
+    assert f"--vocab {vocab}, but this snapshot's case has V=128 (memprobe recorded it)" in err
+
+
+def test_the_records_own_vocab_is_still_read(run_cli: Any, made_run: Path) -> None:
+    code, out, err = run_cli("attribute", _case_snapshot(made_run), "--vocab", "128", "--top", "1")
+    assert code == 0 and "logits [B=1, S=64, V=128]" in out, err
