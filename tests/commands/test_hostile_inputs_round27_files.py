@@ -204,3 +204,68 @@ def test_a_vocab_against_the_record_is_one_line(
 def test_the_records_own_vocab_is_still_read(run_cli: Any, made_run: Path) -> None:
     code, out, err = run_cli("attribute", _case_snapshot(made_run), "--vocab", "128", "--top", "1")
     assert code == 0 and "logits [B=1, S=64, V=128]" in out, err
+
+
+# -- R1: a run whose run.json planned a kernel at the page's size that has no row (an
+# interrupted sweep, before --resume): the page led with "Lowest peak: unchunked, 112.25
+# KiB (the reference)" as the answer, and only the metadata at its end said "1 finished
+# of 2 planned". The headline now names what did not finish.
+
+
+def _planned(made_run: Path, tmp_path: Path, *extra: dict[str, Any]) -> Path:
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["cases"] += [{**meta["cases"][0], **change} for change in extra]
+    (run / "run.json").write_text(json.dumps(meta))
+    return run
+
+
+def _page_text(run: Path) -> str:
+    import html
+    import re
+
+    page = (run / "report.html").read_text()
+    page = re.sub(r"<(script|style)\b.*?</\1>", " ", page, flags=re.S)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
+
+
+UNFINISHED = {
+    "one kernel": ([{"kernel": "local_chunked"}], "local_chunked"),
+    "two kernels": (
+        [{"kernel": "local_chunked"}, {"kernel": "naive_chunked"}],
+        "local_chunked, naive_chunked",
+    ),
+    "a kernel at two chunk sizes": (
+        [{"kernel": "local_chunked", "chunk_size": 16}, {"kernel": "local_chunked"}],
+        "local_chunked",
+    ),
+}
+
+
+@pytest.mark.parametrize(("extra", "named"), list(UNFINISHED.values()), ids=list(UNFINISHED))
+def test_a_kernel_planned_at_the_pages_size_without_a_row_is_named(
+    run_cli: Any, made_run: Path, tmp_path: Path, extra: list[dict[str, Any]], named: str
+) -> None:
+    run = _planned(made_run, tmp_path, *extra)
+    code, out, err = run_cli("report", str(run))
+    assert code == 0, err
+    text = _page_text(run)
+    said = f"Not finished at this size: {named} (planned, no result; finish the run with"
+    assert said in text and "Lowest peak: unchunked" in text, text[:600]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [[], [{"kernel": "local_chunked", "tokens": 128}], [{"kernel": "unchunked", "chunk_size": 16}]],
+    ids=["complete", "at another size", "the same kernel at another chunk size"],
+)
+def test_a_run_whose_kernels_finished_at_the_pages_size_says_nothing_more(
+    run_cli: Any, made_run: Path, tmp_path: Path, extra: list[dict[str, Any]]
+) -> None:
+    run = _planned(made_run, tmp_path, *extra)
+    code, out, err = run_cli("report", str(run))
+    assert code == 0 and "Not finished" not in _page_text(run), err
