@@ -269,3 +269,35 @@ def test_a_run_whose_kernels_finished_at_the_pages_size_says_nothing_more(
     run = _planned(made_run, tmp_path, *extra)
     code, out, err = run_cli("report", str(run))
     assert code == 0 and "Not finished" not in _page_text(run), err
+
+
+# -- K1: the gate's own sweep into an --out that is already a run (a CI job re-run into
+# its fixed folder): refused in the sweep command's words, "choose another --out, or
+# continue it with --resume g1", a flag the gate does not have (followed, it was "No such
+# option: --resume"). The gate's line offers what the gate and the sweep do take.
+
+SWEPT = (
+    "[tool.memprobe.sweep]\ntokens = [64]\nvocab = [128]\nkernel = ['unchunked']\ndevice = 'meta'\n"
+)
+
+
+@pytest.mark.parametrize("what", ["a run", "a run's results.json gone", "a folder of notes"])
+def test_a_gates_out_that_is_taken_is_refused_in_the_gates_words(
+    run_cli: Any, made_run: Path, tmp_path: Path, what: str
+) -> None:
+    import shutil
+
+    out = tmp_path / "taken"
+    if what == "a folder of notes":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine\n")
+    else:
+        shutil.copytree(made_run, out)
+        if what != "a run":
+            (out / "results.json").unlink()
+    config = tmp_path / "g.toml"
+    config.write_text(SWEPT + "[tool.memprobe.gate]\n" + RULE)
+    line = one_line(*run_cli("gate", "--config", str(config), "--out", str(out)))
+    assert f"--out {out} already exists and is not empty" in line
+    assert "--resume" not in line.replace("memprobe sweep --resume", "")
+    assert (f"`memprobe gate {out}`" in line) == (what != "a folder of notes"), line
