@@ -301,3 +301,80 @@ def test_a_gates_out_that_is_taken_is_refused_in_the_gates_words(
     assert f"--out {out} already exists and is not empty" in line
     assert "--resume" not in line.replace("memprobe sweep --resume", "")
     assert (f"`memprobe gate {out}`" in line) == (what != "a folder of notes"), line
+
+
+# -- X1: a snapshot whose settings text asks for expandable segments and whose allocator
+# recorded running without them: torch keeps "expandable_segments:True" in
+# PYTORCH_CUDA_ALLOC_CONF where the platform has none (Windows, ROCm builds), warns
+# "expandable_segments not supported on this platform", and writes expandable_segments
+# False. memprobe read the text: --replay and --what-if modelled segments the job never
+# had, and a fragmentation OOM was told "expandable segments are already on".
+
+MIB = 1 << 20
+ADDR = 0x7F00_0000_0000
+
+
+def _fragmented(tmp_path: Path, settings: dict[str, Any]) -> str:
+    """A 20 MiB segment holding 12 MiB in two live blocks, 8 MiB free in two 4 MiB
+    blocks, and a failed 6 MiB request: fragmentation."""
+    import pickle
+
+    frames = [{"filename": "train.py", "line": 7, "name": "step"}]
+
+    def entry(action: str, offset: int, size: int, **more: Any) -> dict[str, Any]:
+        return {"action": action, "addr": ADDR + offset * MIB, "size": size * MIB,
+                "stream": 0, "frames": frames, **more}  # fmt: skip
+
+    trace = [entry("segment_alloc", 0, 20)] + [entry("alloc", o, s) for o, s in
+             ((0, 8), (8, 4), (12, 4), (16, 4))]  # fmt: skip
+    for offset in (8, 16):
+        trace += [entry("free_requested", offset, 4), entry("free_completed", offset, 4)]
+    trace.append(entry("oom", 0, 6, device_free=0) | {"addr": 0})
+    blocks = [
+        {"address": ADDR + o * MIB, "size": s * MIB, "requested_size": s * MIB * live,
+         "state": "active_allocated" if live else "inactive", "frames": frames}
+        for o, s, live in ((0, 8, 1), (8, 4, 0), (12, 4, 1), (16, 4, 0))
+    ]  # fmt: skip
+    segment = {
+        "device": 0, "address": ADDR, "total_size": 20 * MIB, "allocated_size": 12 * MIB,
+        "active_size": 12 * MIB, "requested_size": 12 * MIB, "stream": 0,
+        "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+        "frames": frames, "blocks": blocks,
+    }  # fmt: skip
+    path = tmp_path / "oom.pickle"
+    snapshot = {"segments": [segment], "device_traces": [trace], "allocator_settings": settings}
+    path.write_bytes(pickle.dumps(snapshot, protocol=4))
+    return str(path)
+
+
+ASKED = "expandable_segments:True"
+SETTINGS = {  # settings -> (expandable segments modelled, the verdict's advice)
+    "asked, not run": ({"PYTORCH_CUDA_ALLOC_CONF": ASKED, "expandable_segments": False},
+                       False, "were asked for but not run"),
+    "asked under the new name, not run": (
+        {"PYTORCH_ALLOC_CONF": f"max_split_size_mb:20,{ASKED}", "expandable_segments": False},
+        False, "were asked for but not run"),
+    "asked and run": ({"PYTORCH_CUDA_ALLOC_CONF": ASKED, "expandable_segments": True},
+                      True, "are already on"),
+    "asked, no field (an older torch)": ({"PYTORCH_CUDA_ALLOC_CONF": ASKED},
+                                         True, "are already on"),
+    "not asked": ({"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": False},
+                  False, "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("what", list(SETTINGS))
+def test_expandable_segments_are_what_the_allocator_ran(
+    run_cli: Any, tmp_path: Path, what: str
+) -> None:
+    from memprobe.allocator import conf_from_snapshot
+
+    settings, modelled, advice = SETTINGS[what]
+    assert conf_from_snapshot({"allocator_settings": settings}).expandable_segments is modelled
+    snapshot = _fragmented(tmp_path, settings)
+    code, out, err = run_cli("attribute", snapshot, "--replay", "--top", "1")
+    assert code == 0, err
+    verdict = next(line for line in out.splitlines() if "verdict:" in line)
+    assert "verdict: fragmentation" in verdict and advice in verdict, verdict
+    replay = next(line for line in out.splitlines() if line.startswith("replay on"))
+    assert (ASKED in replay) is modelled, replay
