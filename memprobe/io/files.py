@@ -4,7 +4,6 @@ files, and no more of them than a cap."""
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -67,7 +66,7 @@ def _new_beside(target: Path) -> tuple[int, str]:
     22 characters that the file system takes."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     for _ in range(100):
-        tmp = str(target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp")
+        tmp = str(target.parent / f".{target.name}.{os.urandom(4).hex()}.tmp")
         try:
             return os.open(tmp, flags | getattr(os, "O_CLOEXEC", 0), 0o600), tmp
         except FileExistsError:
