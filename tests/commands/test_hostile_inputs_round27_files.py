@@ -378,3 +378,40 @@ def test_expandable_segments_are_what_the_allocator_ran(
     assert "verdict: fragmentation" in verdict and advice in verdict, verdict
     replay = next(line for line in out.splitlines() if line.startswith("replay on"))
     assert (ASKED in replay) is modelled, replay
+
+
+# -- D2: a TOML date or time where a size, count, ratio or name was meant (TOML parses
+# `max_peak = 1979-05-27` as a date): refused in Python's words, "max_peak
+# datetime.date(1979, 5, 27) is not a size", "unknown device datetime.datetime(1979, 5,
+# 27, 7, 32, tzinfo=datetime.tim...", and a count as "'1979-05-27'", a string the user
+# never wrote. Each is shown as the file spells it.
+
+TOML_TIMES = {
+    "max_peak = 1979-05-27": "max_peak 1979-05-27 is not a size",
+    "max_peak = 07:32:00": "max_peak 07:32:00 is not a size",
+    'max_peak = "1TiB", max_peak_over_floor = 07:32:00': "max_peak_over_floor 07:32:00 is not",
+    'max_peak = "1TiB", tokens = 1979-05-27': "'tokens' value 1979-05-27 is not a positive",
+    'max_peak = "1TiB", dtype = 07:32:00.5': "unknown dtype 07:32:00.500000",
+    'max_peak = "1TiB", device = 1979-05-27T07:32:00Z': "unknown device 1979-05-27T07:32:00+00:00",
+    "max_big_fp32_blocks = 1979-05-27": "max_big_fp32_blocks 1979-05-27 is not a count",
+    "max_big_fp32_blocks = -1": "max_big_fp32_blocks -1 is not a count",
+}
+
+
+@pytest.mark.parametrize("rule", list(TOML_TIMES))
+def test_a_toml_date_or_time_is_shown_as_the_file_spells_it(
+    run_cli: Any, made_run: Path, tmp_path: Path, rule: str
+) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text(f'[tool.memprobe.gate]\nrules = [{{ kernel = "*", {rule} }}]\n')
+    line = one_line(*run_cli("gate", str(made_run), "--config", str(config)))
+    assert TOML_TIMES[rule] in line and "datetime" not in line, line
+
+
+def test_a_toml_time_as_max_regression_is_shown_as_written(
+    run_cli: Any, made_run: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text(f"[tool.memprobe.gate]\nmax_regression = 07:32:00\n{RULE}")
+    line = one_line(*run_cli("gate", str(made_run), "--config", str(config)))
+    assert "max_regression 07:32:00 is not a percentage" in line, line
