@@ -216,6 +216,7 @@ def _attribute_normalized(
     for name, value in (("vocab", vocab), ("tokens", tokens), ("batch", batch), ("top", top)):
         _check_positive(name, value)
     rep = replay(snap, device=device)
+    _check_vocab_against_record(snap, vocab)
     hints = _given_over_recorded(recorded_case_hints(snap), vocab, tokens, batch)
     ctx = TraceContext(rep, hints, simulated=simulated_clock(snap))
     live_peak = largest_first(rep.live_at(rep.peak_pos))
@@ -315,15 +316,6 @@ def _given_over_recorded(
     two that make another N contradict it (taken as given, they read a B=1 record at
     --batch 2 as a chunked loop over twice its tokens)."""
     hidden = recorded.hidden
-    if vocab is not None and recorded.vocab is not None and vocab != recorded.vocab:
-        # The record's V is as exact as its N: taken as given, --vocab 256 on a V=128 case
-        # read its float32 [64, 128] loss blocks as bfloat16 [64, 256] logits and its
-        # logits as [V, H] weights, "confidence given".
-        raise UserError(
-            f"--vocab {vocab:,}, but this snapshot's case has V={recorded.vocab:,} "
-            "(memprobe recorded it)",
-            "drop --vocab (the record gives it)",
-        )
     vocab = vocab if vocab is not None else recorded.vocab
     if recorded.tokens is None or recorded.batch is None or (tokens is None and batch is None):
         return Hints(vocab, tokens or recorded.tokens, batch or recorded.batch, hidden)
@@ -348,6 +340,26 @@ def _given_over_recorded(
     if batch is not None:
         return Hints(vocab, other, batch, hidden)
     return Hints(vocab, tokens, other, hidden)
+
+
+def _check_vocab_against_record(snap: dict[str, Any], vocab: int | None) -> None:
+    """--vocab against the V a memprobe run recorded for its snapshot's case: the case's V
+    (or, vocabulary-parallel, a rank's V/tp), as exact as its N. Taken as given, --vocab
+    256 on a V=128 case read its float32 [64, 128] loss blocks as bfloat16 [64, 256] logits
+    and --vocab 64 its logits as [V, H] weights, "confidence given"."""
+    recorded = recorded_case_hints(snap)
+    if vocab is None or recorded.vocab is None:
+        return
+    meta = snap.get("memprobe")
+    match = _CASE_SHAPE.search(str(meta.get("case") if isinstance(meta, dict) else ""))
+    whole = int(match.group(4)) if match else recorded.vocab
+    if vocab not in (whole, recorded.vocab):
+        per_rank = f", {recorded.vocab:,} per rank" if whole != recorded.vocab else ""
+        raise UserError(
+            f"--vocab {vocab:,}, but this snapshot's case has V={whole:,}{per_rank} "
+            "(memprobe recorded it)",
+            "drop --vocab (the record gives it)",
+        )
 
 
 def simulated_clock(snap: dict[str, Any]) -> bool:

@@ -415,3 +415,26 @@ def test_a_toml_time_as_max_regression_is_shown_as_written(
     config.write_text(f"[tool.memprobe.gate]\nmax_regression = 07:32:00\n{RULE}")
     line = one_line(*run_cli("gate", str(made_run), "--config", str(config)))
     assert "max_regression 07:32:00 is not a percentage" in line, line
+
+
+# V1, vocabulary-parallel: a tp=2 case records V=256 for the case and 128 per rank; either
+# is the record's, any other --vocab is refused naming both.
+
+
+@pytest.mark.parametrize(("vocab", "refused"), [("256", False), ("128", False), ("512", True),
+                                                ("64", True)])  # fmt: skip
+def test_a_vocab_parallel_record_takes_its_whole_or_its_ranks_vocab(
+    run_cli: Any, made_run: Path, tmp_path: Path, vocab: str, refused: bool
+) -> None:
+    import pickle
+
+    data = pickle.loads(Path(_case_snapshot(made_run)).read_bytes())
+    data["memprobe"]["case"] = "unchunked-b1-s64-v256-bf16-c1024-tp2-cp1-meta-00000000"
+    snapshot = tmp_path / "rank.pickle"
+    snapshot.write_bytes(pickle.dumps(data, protocol=4))
+    code, out, err = run_cli("attribute", str(snapshot), "--vocab", vocab, "--top", "1")
+    if refused:
+        line = one_line(code, out, err)
+        assert f"--vocab {vocab}, but this snapshot's case has V=256, 128 per rank" in line
+    else:
+        assert code == 0 and "memprobe recorded it" not in err, err
