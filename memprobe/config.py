@@ -341,7 +341,7 @@ def _parse_rule(value: Any, where: str) -> Rule:
         count = table["max_big_fp32_blocks"]
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
             raise UserError(
-                f"{where}: max_big_fp32_blocks {str(count)[:40]!r} is not a count",
+                f"{where}: max_big_fp32_blocks {quoted(count, 40)} is not a count",
                 "write a whole number of zero or more",
             )
         kwargs["max_big_fp32_blocks"] = count

@@ -32,6 +32,7 @@ run in that order, so they stay in one class.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -109,9 +110,17 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
         text = settings.get(key)
         if isinstance(text, str) and text.strip():
             try:
-                return parse_alloc_conf(text)
+                conf = parse_alloc_conf(text)
             except UserError:
                 break  # fall back to the parsed fields torch also writes
+            # The text is what the job asked for, the field what its allocator ran: where
+            # the platform has no expandable segments (Windows, ROCm builds), torch keeps
+            # "expandable_segments:True" in the text, warns, and records False. Replayed
+            # from the text, such a file was modelled with segments it never had.
+            ran = settings.get("expandable_segments")
+            if isinstance(ran, bool) and ran != conf.expandable_segments:
+                conf = dataclasses.replace(conf, expandable_segments=ran)
+            return conf
     fields: dict[str, Any] = {}
     split = settings.get("max_split_size")
     # torch refuses a limit under kLargeBuffer (as --alloc-conf does): a recorded 1,000
@@ -135,6 +144,22 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
     elif any(s.get("is_expandable") for s in snapshot.get("segments") or []):
         fields["expandable_segments"] = True
     return AllocConf(**fields)
+
+
+def expandable_asked_not_run(snapshot: dict) -> bool:
+    """Whether the snapshot's settings text asks for expandable segments while its
+    allocator recorded running without them (a platform that has none ignores the ask)."""
+    settings = snapshot.get("allocator_settings") or {}
+    if settings.get("expandable_segments") is not False:
+        return False
+    for key in SETTINGS_CONF_KEYS:
+        text = settings.get(key)
+        if isinstance(text, str) and text.strip():
+            try:
+                return parse_alloc_conf(text).expandable_segments
+            except UserError:
+                return False
+    return False
 
 
 def _division(item: tuple[Any, Any]) -> bool:

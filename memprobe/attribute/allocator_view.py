@@ -158,6 +158,8 @@ def oom_verdict(
     device_free: int | None,
     largest_free_block: int | None,
     expandable: bool,
+    *,
+    expandable_ignored: bool = False,
 ) -> OomVerdict:
     """Would the failed request have fit in memory the allocator already held?"""
     if reserved is None:
@@ -169,11 +171,16 @@ def oom_verdict(
     free_reserved = max(0, reserved - allocated)
     headroom = free_reserved + (device_free or 0)
     if requested <= free_reserved or requested <= headroom and free_reserved >= requested / 2:
-        hint = (
-            "expandable segments are already on: try max_split_size_mb or freeing earlier"
-            if expandable
-            else "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
-        )
+        if expandable:
+            hint = "expandable segments are already on: try max_split_size_mb or freeing earlier"
+        elif expandable_ignored:
+            hint = (
+                "expandable segments were asked for but not run (the file records "
+                "expandable_segments False: torch ignores them where the platform has none, "
+                "e.g. Windows or ROCm): try max_split_size_mb or freeing earlier"
+            )
+        else:
+            hint = "try PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
         text = (
             "fragmentation: the request would have fit in reserved-but-free memory, but no "
             f"single free block was large enough; {hint}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from memprobe.allocator.snapshot_replay import conf_from_snapshot, expandable_asked_not_run
 from memprobe.attribute.allocator_view import (
     AllocatorView,
     block_bytes,
@@ -265,8 +266,11 @@ def oom_finding(
         reserved,
         e.get("device_free"),
         largest,
-        bool(view.expandable_segments)
-        or "expandable_segments:True" in str(snap.get("allocator_settings")),
+        # What the allocator ran, not the text asked for ("expandable_segments:True"
+        # is kept where the platform ignored it: "already on" was said of segments that
+        # were never made).
+        bool(view.expandable_segments) or conf_from_snapshot(snap).expandable_segments,
+        expandable_ignored=expandable_asked_not_run(snap),
     )
     return OomFinding(
         number=number,

@@ -216,6 +216,7 @@ def _attribute_normalized(
     for name, value in (("vocab", vocab), ("tokens", tokens), ("batch", batch), ("top", top)):
         _check_positive(name, value)
     rep = replay(snap, device=device)
+    _check_vocab_against_record(snap, vocab)
     hints = _given_over_recorded(recorded_case_hints(snap), vocab, tokens, batch)
     ctx = TraceContext(rep, hints, simulated=simulated_clock(snap))
     live_peak = largest_first(rep.live_at(rep.peak_pos))
@@ -339,6 +340,26 @@ def _given_over_recorded(
     if batch is not None:
         return Hints(vocab, other, batch, hidden)
     return Hints(vocab, tokens, other, hidden)
+
+
+def _check_vocab_against_record(snap: dict[str, Any], vocab: int | None) -> None:
+    """--vocab against the V a memprobe run recorded for its snapshot's case: the case's V
+    (or, vocabulary-parallel, a rank's V/tp), as exact as its N. Taken as given, --vocab
+    256 on a V=128 case read its float32 [64, 128] loss blocks as bfloat16 [64, 256] logits
+    and --vocab 64 its logits as [V, H] weights, "confidence given"."""
+    recorded = recorded_case_hints(snap)
+    if vocab is None or recorded.vocab is None:
+        return
+    meta = snap.get("memprobe")
+    match = _CASE_SHAPE.search(str(meta.get("case") if isinstance(meta, dict) else ""))
+    whole = int(match.group(4)) if match else recorded.vocab
+    if vocab not in (whole, recorded.vocab):
+        per_rank = f", {recorded.vocab:,} per rank" if whole != recorded.vocab else ""
+        raise UserError(
+            f"--vocab {vocab:,}, but this snapshot's case has V={whole:,}{per_rank} "
+            "(memprobe recorded it)",
+            "drop --vocab (the record gives it)",
+        )
 
 
 def simulated_clock(snap: dict[str, Any]) -> bool:

@@ -165,6 +165,15 @@ def run_gate(req: GateRequest) -> GateOutcome:
                         "remake it from a finished run with "
                         f"`memprobe gate RUN --update-baseline {baseline_path}`",
                     )
+    if req.baseline is None and cfg.gate.baseline is None and cfg.gate.max_regression:
+        # The config allows growth over a baseline that neither it nor --baseline names:
+        # the gate passed on its rules alone, and no word said growth went unchecked
+        # (--max-regression typed without a baseline is refused above; the config's may
+        # stand for CI jobs that pass --baseline, so it is said, not refused).
+        notes.append(
+            f"max_regression {cfg.gate.max_regression:g}% ({config_name}) not applied: no "
+            "baseline to compare with (pass --baseline, or set baseline in [tool.memprobe.gate])"
+        )
     rules = cfg.gate.rules
     if not rules and baseline_path is None and req.update_baseline is None:
         where = config_name or f"no pyproject.toml at or above {req.cwd}"
@@ -350,6 +359,16 @@ def _run_configured_sweep(
         raise _in_config_words(exc, cfg.source) from None
     check_each_rule_matches(planned, cfg.gate.rules, source="the cases [tool.memprobe.sweep] plans")
     root = cfg.source.parent if cfg.source else req.cwd
+    if req.out is not None and req.out.is_dir() and any(req.out.iterdir()):
+        # The sweep's own refusal offered "continue it with --resume OUT", a flag the gate
+        # does not have: the user who followed it got "No such option: --resume".
+        hint = "choose another --out (the gate's sweep makes a new run)"
+        if (req.out / RUN_META).exists():
+            hint += (
+                f", or gate that run: `memprobe gate {req.out}` (finish it first, if it "
+                f"stopped, with `memprobe sweep --resume {req.out}`)"
+            )
+        raise UserError(f"--out {req.out} already exists and is not empty", hint)
     out = req.out or default_run_dir(root / "reports" / "gate")
     # With snapshots: a failing case's is what to look at (its path is in the report).
     request = SweepRequest(grid=cfg.sweep, out=out, verify=False, command="memprobe gate")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import stat
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -35,7 +34,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
         target = Path(os.path.realpath(target))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        fd, tmp = _new_beside(target)
     except OSError as exc:
         raise UserError(
             f"cannot write {label}: {exc.strerror or exc}", "choose another path"
@@ -46,7 +45,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
             # LC_ALL=C) holds lone surrogates: written as their escapes, the page stays
             # UTF-8 (strict encoding raised, a traceback after the run was made).
             fh.write(data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data)
-        # mkstemp makes the file private (0600); give it the usual permissions.
+        # Made private (0600) until whole; give it the usual permissions.
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException as exc:
@@ -57,6 +56,22 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, *, what: str =
             ) from None
         raise
     return target
+
+
+def _new_beside(target: Path) -> tuple[int, str]:
+    """A new, private file in ``target``'s folder, open for writing, and its path, named
+    as relatively as ``target`` is. tempfile.mkstemp names its file by an absolute path,
+    which a current directory deeper than PATH_MAX (4,096 bytes) cannot open: `report run`
+    there was refused "cannot write run/peak_breakdown.png: File name too long", a path of
+    22 characters that the file system takes."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        tmp = str(target.parent / f".{target.name}.{os.urandom(4).hex()}.tmp")
+        try:
+            return os.open(tmp, flags | getattr(os, "O_CLOEXEC", 0), 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {target}")
 
 
 def leads_out(file: Path, home: Path) -> bool:

@@ -10,6 +10,7 @@ its Python escape instead (``\\x1b``, ``\\n``, ``\\ud800``): visible, inert, one
 from __future__ import annotations
 
 import codecs
+import datetime
 import re
 import unicodedata
 from typing import Any
@@ -106,6 +107,10 @@ def quoted(value: Any, limit: int = 60) -> str:
     """A value read from a file as a one-line message quotes it: its ``repr``, printable,
     at most ``limit`` characters. Quoted whole, a key or value of a megabyte (a TOML
     string, a kernel name) made the one line a megabyte long."""
+    if isinstance(value, (datetime.date, datetime.time)):  # a datetime is a date
+        # A TOML date or time (`max_peak = 1979-05-27`, a value TOML parses where a size
+        # was meant) as the file spells it, not as Python's datetime.date(1979, 5, 27).
+        return shortened(value.isoformat(), limit)
     try:
         text = repr(value)
     except ValueError:  # an int past Python's 4,300 digits has no repr

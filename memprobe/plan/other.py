@@ -88,7 +88,21 @@ def other_from_snapshots(
                 "profile the job you plan (its model at its vocabulary), or give --other",
             )
         points.append((reading.tokens, reading.other_bytes))
-    return fit_other(points)
+    fit = fit_other(points)
+    if fit.per_token_bytes < 0:
+        # Weights and optimizer state stay, activations grow: one job's other memory never
+        # falls as its tokens grow. Snapshots of two jobs (another model, layout or
+        # checkpointing) fitted a negative per-token part, and the plan took it: "other"
+        # fell to 0 B at the answer (a 4-layer model's weights gone), or the kernel was
+        # blamed for a peak that "stops growing with tokens".
+        read = ", ".join(f"{t:,} tokens: {format_bytes(b)}" for t, b in fit.points)
+        raise UserError(
+            f"--other-from: the rest of the job holds less at more tokens ({read}), "
+            "so these snapshots are not one job at different token counts (another model, "
+            "batch layout or checkpointing?)",
+            "give snapshots of the job you plan, profiled at each token count, or one snapshot",
+        )
+    return fit
 
 
 # The loss step is found as --what-if finds it, and its refusals say what --what-if does

@@ -72,6 +72,8 @@ class Headline:
     budget_source: str  # "--budget", "GPU capacity" or ""
     kernels: tuple[KernelResult, ...]
     case: Case  # the largest case (its first kernel): the one place its shapes are computed
+    # Kernels run.json planned at this shape that have no row yet (an interrupted run).
+    unfinished: tuple[str, ...] = ()
 
     @property
     def fp32_bsv_bytes(self) -> int:
@@ -247,6 +249,8 @@ def make_headline(
             )
         )
     first = rows[0]
+    ran = {k.kernel for k in results}
+    unfinished = tuple(k for k in _planned_at(meta, first) if k not in ran)
     return Headline(
         batch=first["batch"],
         tokens=first["tokens"],
@@ -259,6 +263,20 @@ def make_headline(
         budget_source=source,
         kernels=tuple(results),
         case=case_of(first),
+        unfinished=unfinished,
+    )
+
+
+def _planned_at(meta: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    """The kernels run.json planned at ``row``'s shape and layout, in its order."""
+    cases = meta.get("cases")
+    shape = ("batch", "tokens", "vocab", "dtype", "tp", "cp")
+    return list(
+        dict.fromkeys(
+            str(c.get("kernel"))
+            for c in (cases if isinstance(cases, list) else [])
+            if isinstance(c, dict) and all(c.get(k) == row[k] for k in shape)
+        )
     )
 
 
@@ -371,6 +389,14 @@ def recommendation(h: Headline) -> list[str]:
             )
     if fused is not None:
         out.append(fused)
+    if h.unfinished:
+        # An interrupted run: "lowest" is among the kernels that finished, and the page led
+        # with it as the answer while a kernel planned at this size had no row (only the
+        # metadata's "1 finished of 2 planned" said so, at the page's end).
+        out.append(
+            f"Not finished at this size: {', '.join(h.unfinished)} (planned, no result; "
+            "finish the run with `memprobe sweep --resume RUN_DIR`)."
+        )
     return out
 
 
