@@ -1,0 +1,100 @@
+"""Hostile inputs, round 27 (user code memprobe imports and runs: a user's kernel and its
+backward, a test body under the pytest marker and the marker's own arguments): each row is
+a variant of a defect class the pass found. One line and exit 2, the case's error row, or
+a sane answer. The classes, in order: a kernel writing into the inputs it is given without
+saying so; several limits on one test; a str subclass read through its own ``__str__``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line, user_module
+
+pytest_plugins = ["pytester"]
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--device", "meta",
+         "--no-verify", "--no-report", "--json"]  # fmt: skip
+# A kernel module: the kernel ``{fn}``'s result, then ``{after}`` (run under no_grad).
+KERNEL = (
+    "import torch\nfrom memprobe.kernels import get_kernel\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    out = get_kernel({fn!r})(logits, targets, chunk_size=chunk_size)\n"
+    "    with torch.no_grad():\n        {after}\n"
+    "    return out\n"
+    "k.memprobe_consumes_logits = {consumes}\n"
+)
+HIDDEN = (
+    "import torch\nfrom memprobe.kernels import get_kernel\n"
+    "def k(hidden, weight, targets, *, chunk_size=None):\n"
+    "    out = get_kernel('linear_unchunked')(hidden, weight, targets)\n"
+    "    with torch.no_grad():\n        {after}\n"
+    "    return out\n"
+)
+
+
+# -- a kernel writing into the inputs memprobe gives it without saying so
+# (memprobe_consumes_logits): one that wrote its gradient into the logits in backward (as
+# local_chunked_inplace does), or zeroed them after its forward, was measured as a kernel
+# that keeps its logits. Its floor counted a gradient it never holds, and the answer named
+# it the lowest peak with no word that it consumes them, or "Keeping the logits intact:"
+# beside local_chunked_inplace; `plan` recommended it with no such note either.
+WRITES = {
+    "gradient into the logits in backward": ("local_chunked_inplace", "pass"),
+    "tiled gradient into the logits": ("local_tiled_inplace", "pass"),
+    "zeroes the logits after forward": ("unchunked", "logits.zero_()"),
+    "copies into the logits": ("local_chunked", "logits.copy_(logits * 2)"),
+    "a view of the logits": ("unchunked", "logits[0, :1].fill_(0)"),
+}
+
+
+@pytest.mark.parametrize("what", WRITES)
+def test_a_kernel_writing_into_its_logits_unsaid_is_its_row(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    fn, after = WRITES[what]
+    body = KERNEL.format(fn=fn, after=after, consumes=False)
+    kernel = user_module(here, "r27_writes", body) + ":k"
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},local_chunked")
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    assert "wrote into its logits" in rows[0]["note"]
+    assert "memprobe_consumes_logits" in rows[0]["note"]
+
+
+@pytest.mark.parametrize("fn", ["local_chunked_inplace", "local_tiled_inplace", "unchunked"])
+def test_a_kernel_that_says_it_consumes_its_logits_is_measured(
+    run_cli: Any, here: Path, fn: str
+) -> None:
+    kernel = user_module(here, "r27_says", KERNEL.format(fn=fn, after="pass", consumes=True))
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel}:k,{fn}")
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    # Its floor is the logits alone (no gradient of their own), as the built-in's.
+    assert rows[0]["floor_bytes"] == 64 * 128 * 2
+
+
+@pytest.mark.parametrize(
+    "after", ["weight.mul_(0.5)", "hidden.zero_()", "hidden.add_(1); weight.add_(1)"]
+)
+def test_a_hidden_kernel_writing_into_its_inputs_is_its_row(
+    run_cli: Any, here: Path, after: str
+) -> None:
+    kernel = user_module(here, "r27_hidden_writes", HIDDEN.format(after=after)) + ":k"
+    code, out, err = run_cli(*SWEEP, "--hidden", "32", "--kernel", f"{kernel},linear_unchunked")
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    assert "the kernel wrote into its" in rows[0]["note"]
+
+
+def test_plan_refuses_a_kernel_writing_into_its_logits_unsaid(run_cli: Any, here: Path) -> None:
+    body = KERNEL.format(fn="local_chunked_inplace", after="pass", consumes=False)
+    kernel = user_module(here, "r27_plan_writes", body) + ":k"
+    err = one_line(*run_cli("plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved",
+                            "--kernel", kernel))  # fmt: skip
+    assert "wrote into its logits" in err
