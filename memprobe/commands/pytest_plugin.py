@@ -83,7 +83,7 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> PeakLimit:
         raise UserError(f"unknown argument {unknown[0]!r}", "use limit and device")
     if "limit" not in kwargs:
         raise UserError("no limit given", f'write @pytest.mark.{MARKER}("10.5 GiB")')
-    device = kwargs.get("device", "meta")
+    device = _plain(kwargs.get("device", "meta"))
     # torch.device("meta") names a device as well as "meta" does (it was "unknown device
     # device(type='meta')"); torch.device("cuda:1") still is not one of DEVICES.
     if not isinstance(device, str):
@@ -92,7 +92,42 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> PeakLimit:
         device = str(device) if isinstance(device, torch.device) else device
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}", f"use {', '.join(DEVICES)}")
-    return PeakLimit(parse_size(kwargs["limit"], what="limit"), device)
+    return PeakLimit(parse_size(_plain(kwargs["limit"]), what="limit"), device)
+
+
+def _plain(value: Any) -> Any:
+    """A str subclass as the characters it holds: parse_size and the messages read a value
+    through str(), and a subclass whose __str__ said "1 TiB" over "1 KiB" set the limit to
+    1 TiB (a 1 MiB body passed), its device named as that text in the failure."""
+    return str.__str__(value) if isinstance(value, str) else value
+
+
+def _stacked(item: pytest.Item) -> list[pytest.Mark]:
+    """The markers on the test itself: the function's own decorators and its
+    ``pytest.param(..., marks=...)``. A class's or module's marker is one a test's own
+    overrides; two on the test itself are not an override."""
+    function = getattr(item, "function", None)
+    own = list(getattr(function, "pytestmark", []))
+    own += list(getattr(getattr(item, "callspec", None), "marks", []))
+    return [m for m in own if getattr(m, "name", None) == MARKER]
+
+
+def _several(marks: list[pytest.Mark]) -> str | None:
+    """Why several markers on one test are refused, or None for one or none. pytest's
+    nearest marker is the decorator just above the def: a "1 KiB" above a "1 GiB" was
+    ignored (a 1 MiB body passed), a device='cpu' limit beside a meta one was never
+    measured, and a pytest.param's own limit gave way to the function's decorator."""
+    if len(marks) < 2:
+        return None
+    shown = "; ".join(
+        ", ".join([*map(repr, m.args), *(f"{k}={v!r}" for k, v in m.kwargs.items())])[:60]
+        for m in marks
+    )
+    return (
+        f"{len(marks)} markers on this one test ({shown}): memprobe applies one limit per "
+        "test, so the others would be ignored (keep one; a pytest.param's marks= and the "
+        "function's decorators all mark it)"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -101,12 +136,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_LIMIT] = None
     if marker is None:
         return
+    wrong = _several(_stacked(item))
     try:
         limit = parse_marker(marker.args, marker.kwargs)
     except UserError as exc:
-        wrong: str | None = exc.one_line()
-    else:
-        wrong = None
+        wrong = wrong or exc.one_line()
     if wrong is not None:
         # Failed outside the except: inside it, pytest showed the UserError's words, then
         # "During handling of the above exception, another exception occurred:", then them

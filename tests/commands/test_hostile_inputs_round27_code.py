@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from hostile import one_line, user_module
+from launch import forked_pytest
 
 pytest_plugins = ["pytester"]
 
@@ -98,3 +99,73 @@ def test_plan_refuses_a_kernel_writing_into_its_logits_unsaid(run_cli: Any, here
     err = one_line(*run_cli("plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved",
                             "--kernel", kernel))  # fmt: skip
     assert "wrote into its logits" in err
+
+
+# -- several limits on one test: pytest's nearest marker is the decorator just above the
+# def, and memprobe applied that one alone. A "1 KiB" decorator above a "1 GiB" one was
+# ignored and a 1 MiB body passed; a device='cpu' limit beside a meta one was never
+# measured; a pytest.param's own limit gave way to the function's decorator. A class's or
+# a module's marker is still one the test's own overrides.
+LIM = "@pytest.mark.limit_peak_memory"
+STACKED = {
+    "strict_above_loose": f"{LIM}('1 KiB')\n{LIM}('1 GiB')\ndef test_{{}}():\n",
+    "loose_above_strict": f"{LIM}('1 GiB')\n{LIM}('1 KiB')\ndef test_{{}}():\n",
+    "one_per_device": f"{LIM}('1 KiB', device='cpu')\n{LIM}('1 KiB')\ndef test_{{}}():\n",
+    "the_same_twice": f"{LIM}('1 GiB')\n{LIM}('1 GiB')\ndef test_{{}}():\n",
+    "params_and_functions": (
+        "@pytest.mark.parametrize('n', [pytest.param(1, marks=pytest.mark.limit_peak_memory"
+        f"('1 KiB'))])\n{LIM}('1 GiB')\ndef test_{{}}(n):\n"
+    ),
+}
+BODY = "    torch.empty(1 << 20, dtype=torch.uint8)\n"
+
+
+def _tests(table: dict[str, str], head: str = "") -> str:
+    """One test file: ``head``, then a test per row (its name the row's)."""
+    return "import pytest, torch\n" + head + "".join(t.format(n) + BODY for n, t in table.items())
+
+
+def test_several_limits_on_one_test_are_refused(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_stacked=_tests(STACKED))
+    result = forked_pytest(pytester, "-p", "no:cacheprovider", "-rE")
+    result.assert_outcomes(errors=len(STACKED))
+    text = result.stdout.str()
+    assert text.count("2 markers on this one test") == len(STACKED) and "Traceback" not in text
+
+
+OVERRIDES = {
+    "function_over_module": f"{LIM}('4 MiB')\ndef test_{{}}():\n",
+    "method_over_class": f"{LIM}('1 KiB')\nclass Test{{}}:\n    {LIM}('4 MiB')\n"
+    "    def test_it(self):\n    ",
+    "a_params_own_alone": "@pytest.mark.parametrize('n', [pytest.param(1, marks=pytest.mark"
+    ".limit_peak_memory('4 MiB'))])\ndef test_{}(n):\n",
+}
+
+
+def test_a_limit_overriding_an_outer_one_still_applies(pytester: pytest.Pytester) -> None:
+    head = f"pytestmark = {LIM[1:]}('1 KiB')\n"
+    pytester.makepyfile(test_override=_tests(OVERRIDES, head))
+    result = forked_pytest(pytester, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=len(OVERRIDES))
+
+
+# -- a str subclass given to the marker was read through its own __str__: a limit
+# S('1 KiB') whose __str__ said '1 TiB' was a 1 TiB limit (a 1 MiB body passed), and a
+# device whose __str__ said something else was named so in the failure.
+SUBCLASSED = {
+    "saying_a_larger_limit": f"{LIM}(S('1 KiB'))\ndef test_{{}}():\n",
+    "saying_nothing": f"{LIM}(E('1 KiB'))\ndef test_{{}}():\n",
+    "a_device_saying_another": f"{LIM}(S('1 KiB'), device=S('meta'))\ndef test_{{}}():\n",
+}
+
+
+def test_a_str_subclass_is_read_as_its_characters(pytester: pytest.Pytester) -> None:
+    head = (
+        "class S(str):\n    def __str__(self): return '1 TiB'\n"
+        "class E(str):\n    def __str__(self): return ''\n"
+    )
+    pytester.makepyfile(test_sub=_tests(SUBCLASSED, head))
+    result = forked_pytest(pytester, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=len(SUBCLASSED))
+    said = "peaked at 1.00 MiB on meta, over the limit 1.00 KiB"
+    assert result.stdout.str().count(said) == len(SUBCLASSED)
