@@ -2,7 +2,8 @@
 backward, a test body under the pytest marker and the marker's own arguments): each row is
 a variant of a defect class the pass found. One line and exit 2, the case's error row, or
 a sane answer. The classes, in order: a kernel writing into the inputs it is given without
-saying so; several limits on one test; a str subclass read through its own ``__str__``."""
+saying so; several limits on one test; a str subclass read through its own ``__str__``;
+a user's torch.library op answered from memprobe's memory of meta ops."""
 
 from __future__ import annotations
 
@@ -169,3 +170,55 @@ def test_a_str_subclass_is_read_as_its_characters(pytester: pytest.Pytester) -> 
     result.assert_outcomes(failed=len(SUBCLASSED))
     said = "peaked at 1.00 MiB on meta, over the limit 1.00 KiB"
     assert result.stdout.str().count(said) == len(SUBCLASSED)
+
+
+# -- a user's torch.library op answered from the memory of meta ops (measure.memo), which
+# assumes an op's meta kernel computes from its arguments alone: torch's own do, a user's
+# fake impl may read anything. A kernel whose op's workspace (or dtype) came from a
+# global it set per chunk size was answered with the first case's: its 1.08 MiB peak at
+# chunk 256 read as chunk 16's 144 KiB, status ok.
+CUSTOM = (
+    "import torch\nfrom memprobe.kernels import get_kernel\nSIZE = [0]\n"
+    "@torch.library.custom_op('{lib}::scratch', mutates_args=())\n"
+    "def scratch(x: torch.Tensor) -> torch.Tensor:\n"
+    "    return torch.zeros(SIZE[0], device=x.device)\n"
+    "@scratch.register_fake\ndef _(x):\n    return x.new_empty({fake})\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    SIZE[0] = chunk_size * 1024\n"
+    "    buf = scratch({arg})\n"
+    "    return get_kernel('unchunked')(logits, targets) + buf[:1].sum() * 0\n"
+)
+OPS = {
+    "its size from a global": ("SIZE[0], dtype=torch.float32", "targets"),
+    "its dtype from a global": (
+        "1 << 16, dtype=torch.float64 if SIZE[0] > 1 << 16 else torch.float16",
+        "targets",
+    ),
+    "fed the logits": ("SIZE[0], dtype=torch.float32", "logits.detach()"),
+}
+
+
+@pytest.mark.parametrize("what", OPS)
+def test_a_users_op_is_never_answered_from_memory(run_cli: Any, here: Path, what: str) -> None:
+    fake, arg = OPS[what]
+    lib = f"r27memo{abs(hash(what)) % 10**6}"
+    kernel = user_module(here, "r27_memo", CUSTOM.format(lib=lib, fake=fake, arg=arg)) + ":k"
+    peaks = []
+    for chunks in ("16,256", "256"):
+        code, out, err = run_cli(*SWEEP, "--kernel", kernel, "--chunk-size", chunks)
+        assert code == 0, err
+        peaks.append([r["peak_bytes"] for r in json.loads(out)["results"]])
+    # chunk 256 swept after chunk 16 reads as chunk 256 alone, and above chunk 16.
+    assert peaks[0][1] == peaks[1][0] > peaks[0][0]
+
+
+def test_torchs_own_ops_are_still_answered_from_memory() -> None:
+    import torch
+
+    from memprobe.measure.memo import MetaMemo
+
+    memo = MetaMemo()
+    x = torch.empty(4, 8, device="meta")
+    for _ in range(3):
+        memo.call(torch.ops.aten.exp.default, (x,), {})
+    assert memo.hits == 2
