@@ -3,7 +3,8 @@ backward, a test body under the pytest marker and the marker's own arguments): e
 a variant of a defect class the pass found. One line and exit 2, the case's error row, or
 a sane answer. The classes, in order: a kernel writing into the inputs it is given without
 saying so; several limits on one test; a str subclass read through its own ``__str__``;
-a user's torch.library op answered from memprobe's memory of meta ops."""
+a user's torch.library op answered from memprobe's memory of meta ops; an output
+replacing a module the user's code imported."""
 
 from __future__ import annotations
 
@@ -222,3 +223,67 @@ def test_torchs_own_ops_are_still_answered_from_memory() -> None:
     for _ in range(3):
         memo.call(torch.ops.aten.exp.default, (x,), {})
     assert memo.hits == 2
+
+
+# -- an output replacing a module the user's code imported: only the step's (or kernel's)
+# own file was an input, so `profile step:fn --out helper.py` replaced the helper module
+# the step imported with a pickle (at its import, or lazily as it ran), as did `step
+# --kernel mine:k --out helper.py` and `attribute --what-if mine:k --html helper.py`.
+HELPED_STEP = (
+    "import torch\n{top}\ndef step(device):\n    {lazy}\n"
+    "    w = {helper}.make(device)\n    (w @ w).sum().backward()\n"
+)
+HELPER = (
+    "import torch\ndef make(device):\n"
+    "    return torch.zeros(8, 8, device=device, requires_grad=True)\n"
+)
+
+
+@pytest.mark.parametrize("when", ["imported with the step", "imported as it ran"])
+@pytest.mark.parametrize("flag", ["--out", "--html"])
+def test_an_output_never_replaces_a_module_the_step_imported(
+    run_cli: Any, here: Path, when: str, flag: str
+) -> None:
+    helper = user_module(here, "r27_helper", HELPER + f"# {when} {flag}\n")
+    line = f"import {helper}"
+    top, lazy = (line, "pass") if when == "imported with the step" else ("", line)
+    step = user_module(here, "r27_helped", HELPED_STEP.format(top=top, lazy=lazy, helper=helper))
+    code, out, err = run_cli("profile", f"{step}:step", flag, f"{helper}.py")
+    assert "would overwrite" in one_line(code, out, err)
+    assert (here / f"{helper}.py").read_text().startswith("import torch")
+
+
+HELPED_KERNEL = "import {helper}\ndef k(logits, targets, *, chunk_size=None):\n" + (
+    "    return {helper}.u()(logits, targets)\n"
+)
+KERNEL_HELPER = (
+    "from memprobe.kernels import get_kernel\ndef u():\n    return get_kernel('unchunked')\n"
+)
+
+
+def test_an_output_never_replaces_a_module_the_kernel_imported(run_cli: Any, here: Path) -> None:
+    from small_config import SMALL
+
+    (here / "config.json").write_text(json.dumps(SMALL))
+    helper = user_module(here, "r27_khelper", KERNEL_HELPER)
+    kernel = user_module(here, "r27_helped_k", HELPED_KERNEL.format(helper=helper)) + ":k"
+    step = ["step", "--config", "config.json", "--tokens", "16"]
+    code, out, err = run_cli(*step, "--kernel", kernel, "--out", f"{helper}.py")
+    assert "would overwrite" in one_line(code, out, err)
+    code, out, err = run_cli(*step, "--out", "snap.pickle")
+    assert code == 0, err
+    code, out, err = run_cli(
+        "attribute", "snap.pickle", "--what-if", kernel, "--html", f"{helper}.py"
+    )
+    assert "would overwrite" in one_line(code, out, err)
+    assert (here / f"{helper}.py").read_text() == KERNEL_HELPER
+
+
+def test_an_output_named_as_a_module_elsewhere_is_written(run_cli: Any, here: Path) -> None:
+    step_body = "import torch\ndef step(device):\n    torch.zeros(8, device=device)\n"
+    step = user_module(here, "r27_plain", step_body)
+    # os.py and json.py are loaded, from the standard library: these are new files.
+    for name in ("os.py", "json.py"):
+        code, out, err = run_cli("profile", f"{step}:step", "--out", name, "--json")
+        assert code == 0, err
+        assert (here / name).stat().st_size
