@@ -117,6 +117,12 @@ def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = Fals
     if not isinstance(out, torch.Tensor):
         raise BadResult(f"the kernel returned {type(out).__name__}, not a tensor of shape {want}")
     refuse_answering_subclass(out, "the kernel returned")
+    if _users_subclass(out):
+        # Its properties and methods are the kernel's code: a shape, device, grad_fn or
+        # untyped_storage() that lied passed a result computed in another thread (its
+        # forward never counted: 80 KiB, status ok, where unchunked's is 112 KiB), or blamed
+        # the wrong fault. Read it as torch's own (the same storage and graph).
+        out = torch.Tensor.as_subclass(out, torch.Tensor)
     try:
         _check_result(out, targets, want, grad_from)
     except (BadResult, UnseenResult):
@@ -130,6 +136,15 @@ def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = Fals
             f"({exception_text(exc, limit=200)}); a kernel returns a plain tensor of shape {want}"
         ) from None
     return out
+
+
+def _users_subclass(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s type is a torch.Tensor subclass of the user's (not torch's
+    own: a Parameter, a DTensor)."""
+    return any(
+        issubclass(cls, torch.Tensor) and not cls.__module__.startswith("torch")
+        for cls in type(tensor).__mro__
+    )
 
 
 def refuse_answering_subclass(tensor: torch.Tensor, what: str) -> None:

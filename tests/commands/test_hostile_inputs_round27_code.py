@@ -4,7 +4,8 @@ a variant of a defect class the pass found. One line and exit 2, the case's erro
 a sane answer. The classes, in order: a kernel writing into the inputs it is given without
 saying so; several limits on one test; a str subclass read through its own ``__str__``;
 a user's torch.library op answered from memprobe's memory of meta ops; an output
-replacing a module the user's code imported."""
+replacing a module the user's code imported; a result whose Tensor subclass lies about
+itself in plain properties."""
 
 from __future__ import annotations
 
@@ -287,3 +288,55 @@ def test_an_output_named_as_a_module_elsewhere_is_written(run_cli: Any, here: Pa
         code, out, err = run_cli("profile", f"{step}:step", "--out", name, "--json")
         assert code == 0, err
         assert (here / name).stat().st_size
+
+
+# -- a result of a Tensor subclass (without __torch_function__, so not refused as one that
+# answers for itself) whose plain properties and methods lie: memprobe read the result's
+# shape, device, grad_fn and storage through them. A result computed in another thread
+# whose untyped_storage() said it held nothing passed (its forward uncounted: 80 KiB, status
+# ok, unchunked's being 112 KiB); the others failed with torch's words or the wrong reason.
+LIARS = {
+    "its storage, computed in a thread": (
+        "    def untyped_storage(self): return torch.UntypedStorage(0, device=self.device)\n",
+        "box = []; t = threading.Thread(target=lambda: box.append(U(logits, targets)))\n"
+        "    t.start(); t.join(); out = box[0]",
+        "allocated where memprobe cannot see it",
+    ),
+    "its shape": (
+        "    shape = property(lambda self: torch.Size([1, 64]))\n",
+        "out = U(logits, targets).unsqueeze(-1).expand(1, 64, 3)",
+        "of shape [1, 64, 3]",
+    ),
+    "its dtype's kind": (
+        "    def is_floating_point(self): return True\n",
+        "out = (U(logits, targets) * 0).long()",
+        "a int64 tensor",
+    ),
+    "its device": (
+        "    device = property(lambda self: torch.device('meta'))\n",
+        "out = torch.zeros(targets.shape)",
+        "a tensor on cpu",
+    ),
+    "its graph": (
+        "    requires_grad = property(lambda self: True)\n    grad_fn = property(lambda self: 1)\n",
+        "out = U(logits, targets).detach()",
+        "does not require grad",
+    ),
+}
+LIAR = (
+    "import threading, torch\nfrom memprobe.kernels import get_kernel\n"
+    "U = get_kernel('unchunked')\n"
+    "class Liar(torch.Tensor):\n{lie}"
+    "def k(logits, targets, *, chunk_size=None):\n    {body}\n    return out.as_subclass(Liar)\n"
+)
+
+
+@pytest.mark.parametrize("what", LIARS)
+def test_a_result_is_read_as_torch_reads_it(run_cli: Any, here: Path, what: str) -> None:
+    lie, body, said = LIARS[what]
+    kernel = user_module(here, "r27_liar", LIAR.format(lie=lie, body=body)) + ":k"
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert [r["status"] for r in rows] == ["error", "ok"]
+    assert said in rows[0]["note"] and "RuntimeError" not in rows[0]["note"]
