@@ -193,7 +193,9 @@ def _measure_tracked(
     # On meta only meta storages are counted: one made elsewhere (the body popped the meta
     # default device, or named a device) is real memory this tracker would have read as
     # a simulated one, so the test fails below instead of passing "on meta".
-    tracker = AllocationTracker(device="meta" if simulate else None)
+    # On cpu only cpu storages: a meta tensor holds no memory (a shape probe of 1 TiB failed
+    # a 1 MiB limit "at 1.00 TiB on cpu"), and one on a GPU is not CPU memory.
+    tracker = AllocationTracker(device="meta" if simulate else "cpu")
     # On meta the body's own tensors must be meta too, or a full-scale example
     # allocates for real (tens of GiB) instead of simulating.
     default_device = torch.device("meta") if simulate else contextlib.nullcontext()
@@ -223,12 +225,21 @@ def _measure_tracked(
             "own thread, or use device='cuda', which reads the allocator)",
             pytrace=False,
         )
-    if tracker.elsewhere:
+    if tracker.elsewhere and simulate:
         made = ", ".join(f"{n:,} on {kind}" for kind, n in sorted(tracker.elsewhere.items()))
         pytest.fail(
             f"{MARKER}: device='meta' but the test body made tensors elsewhere ({made}): "
             "those are real memory, not simulated (make every tensor on the default device, "
             "or use device='cpu' to measure real tensors)",
+            pytrace=False,
+        )
+    real = {kind: n for kind, n in tracker.elsewhere.items() if kind != "meta"}
+    if real and not simulate:
+        made = ", ".join(f"{n:,} on {kind}" for kind, n in sorted(real.items()))
+        pytest.fail(
+            f"{MARKER}: device='cpu' but the test body made tensors on another device "
+            f"({made}): their memory is not the CPU's, and is not counted (use "
+            "device='cuda' for a GPU's)",
             pytrace=False,
         )
     return result, tracker.peak_bytes, tracker.live_at_peak()

@@ -5,7 +5,7 @@ a sane answer. The classes, in order: a kernel writing into the inputs it is giv
 saying so; several limits on one test; a str subclass read through its own ``__str__``;
 a user's torch.library op answered from memprobe's memory of meta ops; an output
 replacing a module the user's code imported; a result whose Tensor subclass lies about
-itself in plain properties."""
+itself in plain properties; meta tensors counted as a device='cpu' test's memory."""
 
 from __future__ import annotations
 
@@ -340,3 +340,36 @@ def test_a_result_is_read_as_torch_reads_it(run_cli: Any, here: Path, what: str)
     rows = json.loads(out)["results"]
     assert [r["status"] for r in rows] == ["error", "ok"]
     assert said in rows[0]["note"] and "RuntimeError" not in rows[0]["note"]
+
+
+# -- a device='cpu' marked body's meta tensors counted as CPU memory: the cpu tracker
+# counted every device's storages, so a test that probed a shape on meta (a 1 TiB meta
+# tensor, a model built under torch.device('meta')) failed a 1 MiB limit "peaked at 1.00
+# TiB on cpu". Only cpu storages count; the cpu ones beside meta ones still do.
+CPU_BODIES = {
+    "probes_a_shape_on_meta": (
+        "    big = torch.empty(1 << 40, dtype=torch.uint8, device='meta')\n"
+        "    small = torch.zeros(1024)\n"
+    ),
+    "builds_a_module_on_meta": (
+        "    with torch.device('meta'):\n        m = torch.nn.Linear(1 << 14, 1 << 14)\n"
+    ),
+    "meta_beside_cpu_over": (
+        "    big = torch.empty(1 << 40, dtype=torch.uint8, device='meta')\n"
+        "    x = torch.zeros(1 << 19)\n"
+    ),
+    "cpu_over": "    x = torch.zeros(1 << 19)\n",
+}
+
+
+def test_a_cpu_tests_meta_tensors_are_no_memory(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_cpu="import pytest, torch\n"
+        + "".join(
+            f"{LIM}('1 MiB', device='cpu')\ndef test_{name}():\n{body}"
+            for name, body in CPU_BODIES.items()
+        )
+    )
+    result = forked_pytest(pytester, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=2)
+    assert result.stdout.str().count("peaked at 2.00 MiB on cpu, over the limit 1.00 MiB") == 2
