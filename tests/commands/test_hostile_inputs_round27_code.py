@@ -331,6 +331,17 @@ LIAR = (
 )
 
 
+@pytest.mark.parametrize("lie", ["    shape = property(lambda self: 1 / 0)\n", "    pass\n"])
+def test_a_true_result_of_a_subclass_is_measured(run_cli: Any, here: Path, lie: str) -> None:
+    # A shape that raises (round 21 read it as the kernel's failure) is no lie about the
+    # log-probs themselves: the result is torch's tensor underneath, measured as one.
+    kernel = user_module(here, "r27_truth", LIAR.format(lie=lie, body="out = U(logits, targets)"))
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel}:k,unchunked")
+    assert code == 0, err
+    rows = json.loads(out)["results"]
+    assert [(r["status"], r["peak_bytes"]) for r in rows] == [("ok", 114944)] * 2
+
+
 @pytest.mark.parametrize("what", LIARS)
 def test_a_result_is_read_as_torch_reads_it(run_cli: Any, here: Path, what: str) -> None:
     lie, body, said = LIARS[what]
