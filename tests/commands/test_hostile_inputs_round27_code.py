@@ -1,11 +1,13 @@
 """Hostile inputs, round 27 (user code memprobe imports and runs: a user's kernel and its
-backward, a test body under the pytest marker and the marker's own arguments): each row is
-a variant of a defect class the pass found. One line and exit 2, the case's error row, or
-a sane answer. The classes, in order: a kernel writing into the inputs it is given without
-saying so; several limits on one test; a str subclass read through its own ``__str__``;
-a user's torch.library op answered from memprobe's memory of meta ops; an output
-replacing a module the user's code imported; a result whose Tensor subclass lies about
-itself in plain properties; meta tensors counted as a device='cpu' test's memory."""
+backward, a user's step, a test body under the pytest marker and the marker's own
+arguments): each row is a variant of a defect class the pass found. One line and exit 2,
+the case's error row, or a sane answer. The classes, in order: a kernel writing into the
+inputs it is given without saying so; several limits on one test; a str subclass read
+through its own ``__str__``; a user's torch.library op answered from memprobe's memory of
+meta ops; an output replacing a module the user's code imported; a result (or gradient)
+whose Tensor subclass lies about itself in plain properties; meta tensors counted as a
+device='cpu' test's memory; the marker's verdict given through a pytest.fail the test
+body replaced."""
 
 from __future__ import annotations
 
@@ -421,3 +423,26 @@ def test_a_gradient_is_checked_as_torch_reads_it(run_cli: Any, here: Path, what:
     assert code == 0, err
     (row,) = json.loads(out)["results"]
     assert row["max_abs_err_bwd"] > 0.1 and row["max_abs_err_fwd"] < 1e-3
+
+
+# -- the marker's verdict went through pytest.fail as the test body left it: a body that
+# replaced it (monkeypatch.setattr(pytest, "fail", ...), undone only at teardown) made the
+# verdict a no-op, and a 1 MiB body passed a 1 KiB limit.
+REPLACED_FAIL = {
+    "monkeypatched": "def test_{}(monkeypatch):\n"
+    "    monkeypatch.setattr(pytest, 'fail', lambda *a, **k: None)\n",
+    "replaced_for_good": "def test_{}():\n    pytest.fail = lambda *a, **k: None\n",
+    "raising_something_else": "def test_{}(monkeypatch):\n"
+    "    monkeypatch.setattr(pytest, 'fail', lambda *a, **k: pytest.skip('no'))\n",
+}
+
+
+def test_the_verdict_is_not_the_bodys_pytest_fail(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_fail="import pytest, torch\n"
+        + "".join(f"{LIM}('1 KiB')\n" + t.format(n) + BODY for n, t in REPLACED_FAIL.items())
+    )
+    result = forked_pytest(pytester, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=len(REPLACED_FAIL))
+    said = "peaked at 1.00 MiB on meta, over the limit 1.00 KiB"
+    assert result.stdout.str().count(said) == len(REPLACED_FAIL)
