@@ -7,7 +7,7 @@ through its own ``__str__``; a user's torch.library op answered from memprobe's 
 meta ops; an output replacing a module the user's code imported; a result (or gradient)
 whose Tensor subclass lies about itself in plain properties; meta tensors counted as a
 device='cpu' test's memory; the marker's verdict given through a pytest.fail the test
-body replaced."""
+body replaced; a resume adding rows of a user kernel edited since the run began."""
 
 from __future__ import annotations
 
@@ -446,3 +446,64 @@ def test_the_verdict_is_not_the_bodys_pytest_fail(pytester: pytest.Pytester) -> 
     result.assert_outcomes(failed=len(REPLACED_FAIL))
     said = "peaked at 1.00 MiB on meta, over the limit 1.00 KiB"
     assert result.stdout.str().count(said) == len(REPLACED_FAIL)
+
+
+# -- a resume of a run whose user kernel was edited since it began: the finished rows
+# measured the old code, the new rows the new one, all under one name (unchunked's code
+# at 64 tokens, 3.51x its floor; local_chunked's at 128, 2.02x). run.json records each
+# user kernel's source fingerprint; a resume that would mix two is one line.
+EDITS = {
+    "another kernel": ("local_chunked", "", True),
+    "a comment": ("unchunked", "# edited\n", True),
+    "nothing": ("unchunked", "", False),
+}
+VERSIONED = (
+    "from memprobe.kernels import get_kernel\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    return get_kernel('{fn}')(logits, targets, chunk_size=chunk_size)\n"
+)
+
+
+def _interrupted(run_cli: Any, here: Path, fn: str, stem: str) -> tuple[str, Path]:
+    """A user kernel's run of two cases with the second one's row gone (as an interrupted
+    run leaves it); the kernel's name and the run directory."""
+    from memprobe import results
+
+    # A name of its own per test: a module stays imported (and its kernel resolved) in
+    # this process, where each command line is a process of its own.
+    name = user_module(here, stem, VERSIONED.format(fn=fn))
+    run = here / "run"
+    flags = [a for a in SWEEP if a not in ("--tokens", "64", "--json")]
+    code, out, err = run_cli(
+        *flags, "--tokens", "64,128", "--kernel", f"{name}:k", "--out", str(run)
+    )
+    assert code == 0, err
+    results.write_results(run, results.read_rows(run)[:1])
+    return name, run
+
+
+@pytest.mark.parametrize("what", EDITS)
+def test_a_resume_never_mixes_two_versions_of_a_users_kernel(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    after, comment, refused = EDITS[what]
+    stem = "r27_versioned_" + what.replace(" ", "_")
+    name, run = _interrupted(run_cli, here, "unchunked", stem)
+    (here / f"{name}.py").write_text(VERSIONED.format(fn=after) + comment)
+    code, out, err = run_cli("sweep", "--resume", str(run), "--json")
+    if refused:
+        assert f"kernel '{name}:k' changed since the run began" in one_line(code, out, err)
+        assert len(json.loads((run / "results.json").read_text())["rows"]) == 1
+    else:
+        assert code == 0, err
+        assert [r["peak_bytes"] for r in json.loads(out)["results"]] == [114944, 229888]
+
+
+def test_a_run_recording_no_sources_still_resumes(run_cli: Any, here: Path) -> None:
+    name, run = _interrupted(run_cli, here, "unchunked", "r27_unrecorded")
+    meta = json.loads((run / "run.json").read_text())
+    del meta["kernel_sources"]  # a run made before memprobe recorded them
+    (run / "run.json").write_text(json.dumps(meta))
+    (here / f"{name}.py").write_text(VERSIONED.format(fn="local_chunked"))
+    code, out, err = run_cli("sweep", "--resume", str(run), "--json")
+    assert code == 0, err
