@@ -7,17 +7,20 @@ through its own ``__str__``; a user's torch.library op answered from memprobe's 
 meta ops; an output replacing a module the user's code imported; a result (or gradient)
 whose Tensor subclass lies about itself in plain properties; meta tensors counted as a
 device='cpu' test's memory; the marker's verdict given through a pytest.fail the test
-body replaced; a resume adding rows of a user kernel edited since the run began."""
+body replaced; a resume adding rows of a user kernel edited since the run began; os._exit
+in a thread user code started, as memprobe went on."""
 
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hostile import one_line, user_module
-from launch import forked_pytest
+from launch import forked_pytest, forked_torchrun
 
 pytest_plugins = ["pytester"]
 
@@ -507,3 +510,57 @@ def test_a_run_recording_no_sources_still_resumes(run_cli: Any, here: Path) -> N
     (here / f"{name}.py").write_text(VERSIONED.format(fn="local_chunked"))
     code, out, err = run_cli("sweep", "--resume", str(run), "--json")
     assert code == 0, err
+
+
+# -- os._exit in a thread user code started, called as memprobe went on (a watchdog, a
+# worker's "done"): the process ended there, a sweep after 4 of its 15 cases, exit status 0,
+# no table and no word, read by CI as a success. It ends that thread alone, said on
+# standard error; the sweep finishes with its own status.
+EXITING = (
+    "import os, threading, time\nfrom memprobe.kernels import get_kernel\n"
+    "CALLS, DONE = [], []\n"
+    "def _bye():\n    while not DONE:\n        time.sleep(0.005)\n    os._exit({status})\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    CALLS.append(1)\n"
+    "    if len(CALLS) == 1:\n        threading.Thread(target=_bye).start()\n"
+    "    else:\n        DONE.append(1); {then}\n"
+    "    return get_kernel('unchunked')(logits, targets)\n"
+)
+WHEN = {"during its call": "time.sleep(0.2)", "after it returned": "pass"}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("status", [0, 3])
+@pytest.mark.parametrize("when", WHEN)
+def test_an_exit_in_a_users_thread_ends_that_thread_alone(
+    here: Path, when: str, status: int
+) -> None:
+    body = EXITING.format(status=status, then=WHEN[when])
+    kernel = user_module(here, "r27_thread_exit", body) + ":k"
+    flags = [a for a in SWEEP if a not in ("--tokens", "64")]
+    done = forked_torchrun(
+        [*flags, "--tokens", "64,128", "--kernel", f"{kernel},unchunked"], cwd=here, nproc=0
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)["results"]) == 4
+    assert f"called os._exit({status}); it ended that thread alone" in done.stderr
+
+
+def test_an_exit_in_a_users_thread_is_its_systemexit(capsys: pytest.CaptureFixture[str]) -> None:
+    from memprobe.kernels import user_guards
+
+    user_guards.exits_of_threads_kept()
+    ended: list[BaseException] = []
+
+    def bye() -> None:
+        try:
+            os._exit(5)
+        except SystemExit as exc:
+            ended.append(exc)
+
+    thread = threading.Thread(target=bye)
+    user_guards._USERS_THREADS.add(thread)
+    thread.start()
+    thread.join()
+    assert [e.code for e in ended] == [5]
+    assert "called os._exit(5)" in capsys.readouterr().err
