@@ -427,6 +427,10 @@ _RETURNS = {
 
 def _protocol(fn: Any, path: str) -> str:
     declared = getattr(fn, "memprobe_inputs", None)
+    if isinstance(declared, str):
+        # As the characters it holds: a str subclass's own __eq__ or __str__ passed "bogus"
+        # (a KeyError as each case's error) or read "logits" as "hidden".
+        declared = str.__str__(declared)
     if declared is not None and declared not in INPUT_PROTOCOLS:
         raise UserError(
             f"kernel {path!r}: memprobe_inputs = {declared!r}",

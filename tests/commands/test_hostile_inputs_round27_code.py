@@ -179,6 +179,35 @@ def test_a_str_subclass_is_read_as_its_characters(pytester: pytest.Pytester) -> 
     assert result.stdout.str().count(said) == len(SUBCLASSED)
 
 
+# The same for a kernel's memprobe_inputs: a str subclass equal to anything passed
+# "bogus" (each case's error a KeyError: 'bogus'), one whose __str__ said "hidden" over
+# "logits" was refused as a hidden kernel without --hidden.
+DECLARED = {
+    "equal to anything": (
+        "class S(str):\n    def __eq__(self, other): return True\n"
+        "    __hash__ = str.__hash__\nk.memprobe_inputs = S('bogus')\n",
+        "memprobe_inputs = 'bogus'",
+    ),
+    "saying another protocol": (
+        "class S(str):\n    def __str__(self): return 'hidden'\nk.memprobe_inputs = S('logits')\n",
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("what", DECLARED)
+def test_a_declared_protocol_is_read_as_its_characters(run_cli: Any, here: Path, what: str) -> None:
+    attribute, refused = DECLARED[what]
+    body = KERNEL.format(fn="unchunked", after="pass", consumes=False) + attribute
+    kernel = user_module(here, "r27_declared", body) + ":k"
+    code, out, err = run_cli(*SWEEP, "--kernel", kernel)
+    if refused:
+        assert refused in one_line(code, out, err)
+    else:
+        assert code == 0, err
+        assert [r["status"] for r in json.loads(out)["results"]] == ["ok"]
+
+
 # -- a user's torch.library op answered from the memory of meta ops (measure.memo), which
 # assumes an op's meta kernel computes from its arguments alone: torch's own do, a user's
 # fake impl may read anything. A kernel whose op's workspace (or dtype) came from a
