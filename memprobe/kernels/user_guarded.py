@@ -14,7 +14,6 @@ from memprobe.kernels.user_dispatch import torch_ops_kept
 from memprobe.kernels.user_guards import (
     cwd_kept,
     environment_kept,
-    exits_of_threads_kept,
     nothing_replaced,
     process_kept,
     streams_kept,
@@ -28,6 +27,7 @@ from memprobe.kernels.user_hooks import (
     tracing_kept,
 )
 from memprobe.kernels.user_memprobe import memprobe_kept
+from memprobe.kernels.user_threads import threads_kept
 from memprobe.kernels.user_torch import torch_state_kept
 
 
@@ -41,7 +41,7 @@ def guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> Ite
     # Not a user kernel's backward (theirs False): skipped, what it blocked
     # (sys.modules["matplotlib"] = None) ended the sweep's report in a traceback.
     own_alone = not users and nothing_replaced() and no_modules_left()
-    exits_of_threads_kept()
+    threads_kept()
     with contextlib.ExitStack() as stack:
         for guard in (
             cwd_kept(),

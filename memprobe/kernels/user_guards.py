@@ -13,13 +13,13 @@ import os
 import signal
 import sys
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from itertools import repeat
 from typing import Any, TextIO, cast
 
 from memprobe.io.text import exception_text, printable
 from memprobe.kernels.user_process import stderr_fd_kept, stdout_fd_kept
+from memprobe.kernels.user_threads import USERS_THREADS, exit_unless_users_thread
 
 
 @contextlib.contextmanager
@@ -238,7 +238,7 @@ def process_kept() -> Iterator[None]:
 
     def start_as_daemon(thread: threading.Thread) -> None:
         thread.daemon = True
-        _USERS_THREADS.add(thread)  # it outlives the call: its os._exit ends it alone
+        USERS_THREADS.add(thread)  # it outlives the call: its os._exit ends it alone
         start(thread)
 
     threading.Thread.start = start_as_daemon  # type: ignore[method-assign,assignment]
@@ -266,7 +266,7 @@ def _register_shielded(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
     def shielded() -> None:
         try:
             with streams_kept(), _exits_raise():
-                exits = fn is _OS_EXIT or fn is _exit_unless_users_thread
+                exits = fn is _OS_EXIT or fn is exit_unless_users_thread
                 (_exit_raising if exits else fn)(*args, **kwargs)
         except (Exception, SystemExit) as exc:
             # Python would print its traceback after memprobe's answer, and exit 0 all the
@@ -290,31 +290,6 @@ _OS_EXIT = os._exit
 
 def _exit_raising(status: int = 0, *_: Any) -> None:
     raise SystemExit(f"os._exit({status!r}), not run: memprobe's exit status is its own")
-
-
-# The threads user code started. One that called os._exit later, as memprobe went on (a
-# watchdog, a worker's "done"), ended the process there: a sweep stopped after 4 of its 15
-# cases with exit status 0, no table and no word, read by CI as a success. There it ends
-# the thread alone, said on standard error; os._exit anywhere else is the real one.
-_USERS_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
-
-
-def exits_of_threads_kept() -> None:
-    """Make os._exit end a thread user code started alone, from now on (before the guards
-    record the standard library's functions: it is memprobe's own from then on)."""
-    if os._exit is _OS_EXIT:
-        os._exit = _exit_unless_users_thread  # type: ignore[assignment]
-
-
-def _exit_unless_users_thread(status: int = 0, *_: Any) -> None:
-    if threading.current_thread() not in _USERS_THREADS:
-        _OS_EXIT(status)
-    with contextlib.suppress(Exception):
-        sys.stderr.write(
-            f"memprobe: warning: a thread user code started called os._exit({status!r}); "
-            "it ended that thread alone (memprobe's exit status is its own)\n"
-        )
-    raise SystemExit(status)
 
 
 @contextlib.contextmanager

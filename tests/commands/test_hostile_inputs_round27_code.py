@@ -8,7 +8,7 @@ meta ops; an output replacing a module the user's code imported; a result (or gr
 whose Tensor subclass lies about itself in plain properties; meta tensors counted as a
 device='cpu' test's memory; the marker's verdict given through a pytest.fail the test
 body replaced; a resume adding rows of a user kernel edited since the run began; os._exit
-in a thread user code started, as memprobe went on."""
+and os.chdir in a thread user code started, as memprobe went on."""
 
 from __future__ import annotations
 
@@ -576,9 +576,9 @@ def test_an_exit_in_a_users_thread_ends_that_thread_alone(
 
 
 def test_an_exit_in_a_users_thread_is_its_systemexit(capsys: pytest.CaptureFixture[str]) -> None:
-    from memprobe.kernels import user_guards
+    from memprobe.kernels import user_threads
 
-    user_guards.exits_of_threads_kept()
+    user_threads.threads_kept()
     ended: list[BaseException] = []
 
     def bye() -> None:
@@ -588,8 +588,50 @@ def test_an_exit_in_a_users_thread_is_its_systemexit(capsys: pytest.CaptureFixtu
             ended.append(exc)
 
     thread = threading.Thread(target=bye)
-    user_guards._USERS_THREADS.add(thread)
+    user_threads.USERS_THREADS.add(thread)
     thread.start()
     thread.join()
     assert [e.code for e in ended] == [5]
     assert "called os._exit(5)" in capsys.readouterr().err
+
+
+# -- os.chdir in a thread user code started, as memprobe went on: cwd_kept put back only
+# what the code's own call moved, and the thread's later chdir split a sweep's run in two
+# (run.json in run/, its results and snapshots in elsewhere/run), then ended it in "run is
+# not a memprobe run", exit 2, every case measured. It is refused in that thread; the code's
+# own call may still move (and memprobe puts it back).
+MOVING = (
+    "import os, threading, time\nfrom memprobe.kernels import get_kernel\n"
+    "CALLS, DONE, SAID = [], [], []\n"
+    "def _move():\n    while not DONE:\n        time.sleep(0.005)\n"
+    "    try:\n        {move}\n    except OSError as exc:\n        SAID.append(exc)\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    CALLS.append(1)\n"
+    "    if len(CALLS) == 1:\n        threading.Thread(target=_move).start()\n"
+    "    else:\n        DONE.append(1); time.sleep(0.1)\n"
+    "    os.chdir('elsewhere'); os.chdir('..')  # its own call's moves\n"
+    "    return get_kernel('unchunked')(logits, targets)\n"
+)
+
+
+MOVES = {
+    "os.chdir": "os.chdir('elsewhere')",
+    "os.fchdir": "os.fchdir(os.open('elsewhere', os.O_RDONLY))",
+}
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_a_users_thread_never_moves_memprobes_directory(
+    run_cli: Any, here: Path, move: str
+) -> None:
+    (here / "elsewhere").mkdir()
+    body = MOVING.format(move=MOVES[move])
+    kernel = user_module(here, "r27_thread_chdir", body) + ":k"
+    flags = [a for a in SWEEP if a not in ("--tokens", "64", "--json")]
+    code, out, err = run_cli(*flags, "--tokens", "64,128", "--kernel", kernel, "--out", "run")
+    assert code == 0, err
+    assert os.getcwd() == str(here)
+    assert len(json.loads((here / "run" / "results.json").read_text())["rows"]) == 2
+    assert not (here / "elsewhere" / "run").exists()
+    said = __import__(kernel.split(":")[0]).SAID
+    assert [e.errno for e in said] == [1]
