@@ -39,7 +39,7 @@ from memprobe.measure.rank_agreement import run_agreed
 from memprobe.measure.step import failure_text
 from memprobe.measure.torchrun_env import under_torchrun
 from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype, too_large
-from memprobe.results_errors import mixed_versions
+from memprobe.results_errors import changed_kernel, kernel_sources, mixed_versions
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -353,6 +353,7 @@ def open_run(
             **environment(device),
             "command": command,
             "kernel_summaries": summaries,
+            "kernel_sources": kernel_sources(summaries),  # a resume runs the same code
             # The allocator settings: the model's on meta/cpu, the real allocator's on cuda.
             "alloc_conf": (conf or AllocConf()).to_string(),
         }
@@ -369,6 +370,9 @@ def open_run(
     if resume and todo:
         results.check_results_files(out_dir, tuple(map(results.snapshot_relpath, todo)))
         _check_resumed(todo, out_dir)
+        kernels = {c.kernel for c in todo} & {r.get("kernel") for r in done}
+        if changed := changed_kernel(out_dir, results.read_run_meta(out_dir), kernels):
+            raise changed
     return cases, list(done), todo
 
 

@@ -68,9 +68,10 @@ def attribute_command(
     conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     if html_path is not None:
         # Before anything is read or written: the page must not replace the snapshot.
-        from memprobe.kernels.user import kernel_source_files
+        from memprobe.kernels.user import kernel_source_files, loaded_code_files
 
-        guard_outputs({"--html": html_path}, [Path(snapshot), *kernel_source_files(what_if)])
+        sources = [Path(snapshot), *kernel_source_files(what_if)]
+        guard_outputs({"--html": html_path}, [*sources, *loaded_code_files([html_path])])
     loaded = load_snapshot(snapshot)
     predicted = None
     if what_if is not None:
@@ -85,6 +86,11 @@ def attribute_command(
             batch=batch,
             path=str(snapshot),
         )
+    if html_path is not None and what_if is not None:
+        from memprobe.kernels.user import loaded_code_files
+
+        # A module the kernel imported as it ran is code too: never replaced.
+        guard_outputs({"--html": html_path}, loaded_code_files([html_path]))
     return attribution_output(
         loaded,
         normalized=True,

@@ -50,14 +50,16 @@ def profile_command(
         if path is not None:
             check_output_file(path, what=what)
     # torch only now: the CLI starts without it.
-    from memprobe.kernels.user import source_files
+    from memprobe.kernels.user import loaded_code_files, source_files
     from memprobe.profile import load_step, profile_step
     from memprobe.snapshot.write import write_snapshot
 
     fn = load_step(step)
-    # The step's own source file is an input: an output must never replace it.
-    guard_outputs(outputs, source_files(fn))
+    # The step's own source file is an input: an output must never replace it; nor may it
+    # replace a module the step imported, as it was imported or (checked again) as it ran.
+    guard_outputs(outputs, [*source_files(fn), *loaded_code_files(outputs.values())])
     snapshot = profile_step(fn, device, alloc_conf=conf, name=step)
+    guard_outputs(outputs, loaded_code_files(outputs.values()))
     if out is not None:
         write_snapshot(snapshot, out)
     return attribution_output(

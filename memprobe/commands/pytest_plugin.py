@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     from memprobe.records import Event
 
 MARKER = "limit_peak_memory"
+# pytest.fail as this plugin was loaded, before any test body: a body that replaced it
+# (monkeypatch.setattr(pytest, "fail", ...), undone only at teardown) turned the verdict
+# over its limit into a no-op, and a 1 MiB body passed a 1 KiB limit.
+_fail = pytest.fail
 BLOCKS_SHOWN = 5
 
 
@@ -83,7 +87,7 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> PeakLimit:
         raise UserError(f"unknown argument {unknown[0]!r}", "use limit and device")
     if "limit" not in kwargs:
         raise UserError("no limit given", f'write @pytest.mark.{MARKER}("10.5 GiB")')
-    device = kwargs.get("device", "meta")
+    device = _plain(kwargs.get("device", "meta"))
     # torch.device("meta") names a device as well as "meta" does (it was "unknown device
     # device(type='meta')"); torch.device("cuda:1") still is not one of DEVICES.
     if not isinstance(device, str):
@@ -92,7 +96,42 @@ def parse_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> PeakLimit:
         device = str(device) if isinstance(device, torch.device) else device
     if device not in DEVICES:
         raise UserError(f"unknown device {device!r}", f"use {', '.join(DEVICES)}")
-    return PeakLimit(parse_size(kwargs["limit"], what="limit"), device)
+    return PeakLimit(parse_size(_plain(kwargs["limit"]), what="limit"), device)
+
+
+def _plain(value: Any) -> Any:
+    """A str subclass as the characters it holds: parse_size and the messages read a value
+    through str(), and a subclass whose __str__ said "1 TiB" over "1 KiB" set the limit to
+    1 TiB (a 1 MiB body passed), its device named as that text in the failure."""
+    return str.__str__(value) if isinstance(value, str) else value
+
+
+def _stacked(item: pytest.Item) -> list[pytest.Mark]:
+    """The markers on the test itself: the function's own decorators and its
+    ``pytest.param(..., marks=...)``. A class's or module's marker is one a test's own
+    overrides; two on the test itself are not an override."""
+    function = getattr(item, "function", None)
+    own = list(getattr(function, "pytestmark", []))
+    own += list(getattr(getattr(item, "callspec", None), "marks", []))
+    return [m for m in own if getattr(m, "name", None) == MARKER]
+
+
+def _several(marks: list[pytest.Mark]) -> str | None:
+    """Why several markers on one test are refused, or None for one or none. pytest's
+    nearest marker is the decorator just above the def: a "1 KiB" above a "1 GiB" was
+    ignored (a 1 MiB body passed), a device='cpu' limit beside a meta one was never
+    measured, and a pytest.param's own limit gave way to the function's decorator."""
+    if len(marks) < 2:
+        return None
+    shown = "; ".join(
+        ", ".join([*map(repr, m.args), *(f"{k}={v!r}" for k, v in m.kwargs.items())])[:60]
+        for m in marks
+    )
+    return (
+        f"{len(marks)} markers on this one test ({shown}): memprobe applies one limit per "
+        "test, so the others would be ignored (keep one; a pytest.param's marks= and the "
+        "function's decorators all mark it)"
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -101,22 +140,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     item.stash[_LIMIT] = None
     if marker is None:
         return
+    wrong = _several(_stacked(item))
     try:
         limit = parse_marker(marker.args, marker.kwargs)
     except UserError as exc:
-        wrong: str | None = exc.one_line()
-    else:
-        wrong = None
+        wrong = wrong or exc.one_line()
     if wrong is not None:
         # Failed outside the except: inside it, pytest showed the UserError's words, then
         # "During handling of the above exception, another exception occurred:", then them
         # again with the hint (a marker's chained context is memprobe's, not the test's).
-        pytest.fail(f"{MARKER}: {wrong}", pytrace=False)
+        _fail(f"{MARKER}: {wrong}", pytrace=False)
     if limit.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            pytest.fail(
+            _fail(
                 f"{MARKER}: device='cuda' but CUDA is not available here "
                 "(use device='meta' to simulate, or skip the test without a GPU)",
                 pytrace=False,
@@ -142,7 +180,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
             os._exit(0 if sys.exc_info()[0] is None else 1)
     item.user_properties.append(("peak_tensor_bytes", peak))
     if peak > limit.limit:
-        pytest.fail(failure_message(peak, limit, blocks, item.path), pytrace=False)
+        _fail(failure_message(peak, limit, blocks, item.path), pytrace=False)
     return result
 
 
@@ -159,7 +197,9 @@ def _measure_tracked(
     # On meta only meta storages are counted: one made elsewhere (the body popped the meta
     # default device, or named a device) is real memory this tracker would have read as
     # a simulated one, so the test fails below instead of passing "on meta".
-    tracker = AllocationTracker(device="meta" if simulate else None)
+    # On cpu only cpu storages: a meta tensor holds no memory (a shape probe of 1 TiB failed
+    # a 1 MiB limit "at 1.00 TiB on cpu"), and one on a GPU is not CPU memory.
+    tracker = AllocationTracker(device="meta" if simulate else "cpu")
     # On meta the body's own tensors must be meta too, or a full-scale example
     # allocates for real (tens of GiB) instead of simulating.
     default_device = torch.device("meta") if simulate else contextlib.nullcontext()
@@ -177,24 +217,33 @@ def _measure_tracked(
         except (ModesRemoved, MemprobeChanged) as exc:
             removed = str(exc)
     if removed is not None:  # failed out here: torch's traceback is not the body's fault
-        pytest.fail(f"{MARKER}: the test body failed: {removed}", pytrace=False)
+        _fail(f"{MARKER}: the test body failed: {removed}", pytrace=False)
     if started[0]:
         # The tracker and the meta default device hold for the test's own thread only
         # (torch's modes are per thread): a body that allocated 8 MiB in a thread it
         # started passed a 1 MiB limit, its peak read as 0 B (and on meta its tensors
         # were real ones).
-        pytest.fail(
+        _fail(
             f"{MARKER}: the test body started {started[0]:,} thread(s), and what a thread "
             "allocates is not tracked on device='meta' or 'cpu' (allocate in the test's "
             "own thread, or use device='cuda', which reads the allocator)",
             pytrace=False,
         )
-    if tracker.elsewhere:
+    if tracker.elsewhere and simulate:
         made = ", ".join(f"{n:,} on {kind}" for kind, n in sorted(tracker.elsewhere.items()))
-        pytest.fail(
+        _fail(
             f"{MARKER}: device='meta' but the test body made tensors elsewhere ({made}): "
             "those are real memory, not simulated (make every tensor on the default device, "
             "or use device='cpu' to measure real tensors)",
+            pytrace=False,
+        )
+    real = {kind: n for kind, n in tracker.elsewhere.items() if kind != "meta"}
+    if real and not simulate:
+        made = ", ".join(f"{n:,} on {kind}" for kind, n in sorted(real.items()))
+        _fail(
+            f"{MARKER}: device='cpu' but the test body made tensors on another device "
+            f"({made}): their memory is not the CPU's, and is not counted (use "
+            "device='cuda' for a GPU's)",
             pytrace=False,
         )
     return result, tracker.peak_bytes, tracker.live_at_peak()

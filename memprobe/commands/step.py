@@ -183,10 +183,11 @@ def step_command(
     budget_bytes = parse_budget(budget) if budget is not None else None
     setting = alloc_conf_setting(alloc_conf)  # else the environment's, as sweep
     conf = modelled_alloc_conf(*setting) if setting is not None else None
-    from memprobe.kernels.user import kernel_source_files
+    from memprobe.kernels.user import kernel_source_files, loaded_code_files
 
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
-    guard_outputs({"--out": out}, [source, *kernel_source_files(step_flags.get("kernel"))])
+    sources = [source, *kernel_source_files(step_flags.get("kernel"))]
+    guard_outputs({"--out": out}, [*sources, *loaded_code_files([out])])
     if out is not None:
         check_output_file(out, what="snapshot")
     step = build_step(config, tokens=tokens, **step_flags)
@@ -198,6 +199,9 @@ def step_command(
     if out is not None:
         from memprobe.snapshot.synthesize import synthesize_snapshot
         from memprobe.snapshot.write import write_snapshot
+
+        # A module the kernel imported as it ran is code too: never replaced.
+        guard_outputs({"--out": out}, loaded_code_files([out]))
 
         snapshot = synthesize_snapshot(result.events, conf=conf, clock="simulation")
         snapshot["memprobe"]["device"] = "meta"

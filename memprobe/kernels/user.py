@@ -32,7 +32,7 @@ import importlib
 import inspect
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -118,6 +118,24 @@ def source_files(fn: object) -> list[Path]:
     except TypeError:  # a builtin, or a callable object without a file
         source = None
     return [Path(source)] if source else []
+
+
+def loaded_code_files(outputs: Iterable[str | os.PathLike[str] | None]) -> list[Path]:
+    """The files of the modules this process has imported that bear an output's file name:
+    inputs of the command as much as the step's or kernel's own file. `profile
+    step:fn --out helper.py` replaced the helper module the step imported (at its import,
+    or lazily as it ran) with a pickle; so would a kernel package's ``__init__.py``. Only
+    files named as an output are resolved: there are thousands of modules."""
+    names = {os.path.basename(os.fspath(o)) for o in outputs if o is not None}
+    files = []
+    for module in list(sys.modules.values()):
+        try:
+            source = vars(module).get("__file__")
+        except TypeError:  # an entry that is no module (a module replaced itself)
+            continue
+        if isinstance(source, str) and os.path.basename(source) in names:
+            files.append(Path(source))
+    return files
 
 
 def kernel_source_files(name: str | None) -> list[Path]:
@@ -409,6 +427,10 @@ _RETURNS = {
 
 def _protocol(fn: Any, path: str) -> str:
     declared = getattr(fn, "memprobe_inputs", None)
+    if isinstance(declared, str):
+        # As the characters it holds: a str subclass's own __eq__ or __str__ passed "bogus"
+        # (a KeyError as each case's error) or read "logits" as "hidden".
+        declared = str.__str__(declared)
     if declared is not None and declared not in INPUT_PROTOCOLS:
         raise UserError(
             f"kernel {path!r}: memprobe_inputs = {declared!r}",

@@ -27,6 +27,7 @@ from memprobe.kernels.user_hooks import (
     tracing_kept,
 )
 from memprobe.kernels.user_memprobe import memprobe_kept
+from memprobe.kernels.user_threads import threads_kept
 from memprobe.kernels.user_torch import torch_state_kept
 
 
@@ -40,6 +41,7 @@ def guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> Ite
     # Not a user kernel's backward (theirs False): skipped, what it blocked
     # (sys.modules["matplotlib"] = None) ended the sweep's report in a traceback.
     own_alone = not users and nothing_replaced() and no_modules_left()
+    threads_kept()
     with contextlib.ExitStack() as stack:
         for guard in (
             cwd_kept(),

@@ -19,6 +19,7 @@ from typing import Any, TextIO, cast
 
 from memprobe.io.text import exception_text, printable
 from memprobe.kernels.user_process import stderr_fd_kept, stdout_fd_kept
+from memprobe.kernels.user_threads import USERS_THREADS, exit_unless_users_thread
 
 
 @contextlib.contextmanager
@@ -237,6 +238,7 @@ def process_kept() -> Iterator[None]:
 
     def start_as_daemon(thread: threading.Thread) -> None:
         thread.daemon = True
+        USERS_THREADS.add(thread)  # it outlives the call: its os._exit ends it alone
         start(thread)
 
     threading.Thread.start = start_as_daemon  # type: ignore[method-assign,assignment]
@@ -264,7 +266,8 @@ def _register_shielded(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
     def shielded() -> None:
         try:
             with streams_kept(), _exits_raise():
-                (_exit_raising if fn is _OS_EXIT else fn)(*args, **kwargs)
+                exits = fn is _OS_EXIT or fn is exit_unless_users_thread
+                (_exit_raising if exits else fn)(*args, **kwargs)
         except (Exception, SystemExit) as exc:
             # Python would print its traceback after memprobe's answer, and exit 0 all the
             # same: one line says whose function failed and how.
@@ -291,11 +294,12 @@ def _exit_raising(status: int = 0, *_: Any) -> None:
 
 @contextlib.contextmanager
 def _exits_raise() -> Iterator[None]:
+    before = os._exit
     os._exit = _exit_raising  # type: ignore[assignment]
     try:
         yield
     finally:
-        os._exit = _OS_EXIT
+        os._exit = before
 
 
 def _unregister_shielded(fn: Callable[..., Any], /) -> None:

@@ -12,7 +12,12 @@ from functools import cache
 from memprobe.errors import UserError
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import protocol_for
-from memprobe.measure.step import failure_text, process_group_for, refuse_answering_subclass
+from memprobe.measure.step import (
+    failure_text,
+    plain_tensor,
+    process_group_for,
+    refuse_answering_subclass,
+)
 from memprobe.records import Run
 
 # Small enough to run in milliseconds, odd sizes so chunks do not divide S,
@@ -51,6 +56,7 @@ def verify(
         grads = protocol.backward_of(case)(out, inputs)
     for grad in grads:
         refuse_answering_subclass(grad, "the kernel's backward gave its gradient as")
+    grads = tuple(plain_tensor(grad) for grad in grads)
     err_fwd = (out.double() - ref_out).abs().max().item()
     # The worst of the gradients (the hidden family has two: hidden and weight).
     pairs = zip(grads, ref_grads, strict=True)

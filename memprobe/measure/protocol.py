@@ -40,7 +40,9 @@ from memprobe.measure.step import (
     kernel_backward,
     kernel_call,
     make_inputs,
+    refuse_written,
     torch_dtype,
+    versions,
 )
 from memprobe.measure.tracker import AllocationTracker
 from memprobe.records import Case
@@ -277,8 +279,12 @@ class InputProtocol(ABC):
         as :meth:`forward` calls it."""
 
         def backward(out: torch.Tensor, inputs: Any) -> tuple[torch.Tensor, ...]:
+            leaves = self.leaves(inputs)
+            before = versions(tuple(t for _, t in leaves))
             with kernel_backward(case.kernel):
-                return self.backward(out, inputs)
+                grads = self.backward(out, inputs)
+            refuse_written(case.kernel, leaves, before)
+            return grads
 
         return backward
 
@@ -389,8 +395,11 @@ class HiddenProtocol(InputProtocol):
             # the gradients it turned off failed every later case; nor was its result
             # checked to be one log-prob per target.
             grad_from = i.hidden.requires_grad or i.weight.requires_grad
+            leaves = self.leaves(i)
+            before = versions((i.hidden, i.weight))
             with user_code(case.kernel):
                 out = fn(i.hidden, i.weight, i.targets, chunk_size=chunk)
+            refuse_written(case.kernel, leaves, before)
             return checked_output(out, i.targets, grad_from=grad_from)
 
         return call

@@ -85,8 +85,10 @@ def kernel_call(
         # plan with its code and no word: it is this case's error (UserCodeExit), as any
         # other exception the kernel raises.
         grad_from = logits.requires_grad  # as given: the kernel may turn it off
+        before = versions((logits,))
         with user_code(case.kernel):
             out = spec.fn(logits, targets, chunk_size=case.chunk_size, **extra)
+        refuse_written(case.kernel, (("logits", logits),), before)
         return checked_output(out, targets, grad_from=grad_from)
 
     return call
@@ -115,6 +117,7 @@ def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = Fals
     if not isinstance(out, torch.Tensor):
         raise BadResult(f"the kernel returned {type(out).__name__}, not a tensor of shape {want}")
     refuse_answering_subclass(out, "the kernel returned")
+    out = plain_tensor(out)
     try:
         _check_result(out, targets, want, grad_from)
     except (BadResult, UnseenResult):
@@ -128,6 +131,21 @@ def checked_output(out: object, targets: torch.Tensor, *, grad_from: bool = Fals
             f"({exception_text(exc, limit=200)}); a kernel returns a plain tensor of shape {want}"
         ) from None
     return out
+
+
+def plain_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as torch's own tensor (the same storage and graph) when its type is a
+    subclass of the user's (not torch's own: a Parameter, a DTensor). Such a subclass's
+    properties and methods are the kernel's code: a shape, device, grad_fn or
+    untyped_storage() that lied passed a result computed in another thread (its forward
+    never counted: 80 KiB, status ok, where unchunked's is 112 KiB) or blamed the wrong
+    fault, and a backward that gave a zero gradient whose .double() answered the true one
+    was checked against float64 with max |error| 0.0."""
+    users = any(
+        issubclass(cls, torch.Tensor) and not cls.__module__.startswith("torch")
+        for cls in type(tensor).__mro__
+    )
+    return torch.Tensor.as_subclass(tensor, torch.Tensor) if users else tensor
 
 
 def refuse_answering_subclass(tensor: torch.Tensor, what: str) -> None:
@@ -211,6 +229,39 @@ def _check_seen(out: torch.Tensor) -> None:
             "thread, or kept from an earlier call), so its memory cannot be counted: "
             "compute it in the thread that calls the kernel"
         )
+
+
+def versions(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
+    """Each tensor's version counter: torch bumps it at every in-place write (on meta too,
+    and through a custom Function's saved copy of it)."""
+    return tuple(t._version for t in tensors)
+
+
+def refuse_written(
+    kernel: str, inputs: tuple[tuple[str, torch.Tensor], ...], before: tuple[int, ...]
+) -> None:
+    """Refuse a kernel that wrote into the inputs it differentiates (``(label, tensor)``,
+    their versions ``before`` it ran) without ``memprobe_consumes_logits``. A user kernel
+    that wrote its gradient into the logits in backward (as ``local_chunked_inplace``
+    does), or zeroed them under ``no_grad()`` after its forward, was measured as one that
+    keeps them: its floor counted a gradient it never holds and the answer named it
+    "Keeping the logits intact" (or the lowest peak with no word that it consumes them).
+    A training step that reads its logits or hidden states after the loss then reads the
+    gradient instead."""
+    spec = get_spec(kernel)
+    written = [label for (label, t), v in zip(inputs, before, strict=True) if t._version != v]
+    if not written or (spec.consumes_logits and written == ["logits"]):
+        return
+    if written == ["logits"]:
+        raise BadResult(
+            "the kernel wrote into its logits (an in-place op on them, in forward or "
+            "backward), so they are not intact after it: if it consumes them, set "
+            "fn.memprobe_consumes_logits = True; else write into a copy"
+        )
+    raise BadResult(
+        f"the kernel wrote into its {' and '.join(written)} (an in-place op, in forward or "
+        "backward): a training step reads its inputs after the loss, so write into a copy"
+    )
 
 
 class BadResult(ValueError):
