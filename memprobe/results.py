@@ -388,11 +388,12 @@ def results_payload(rows: Sequence[Row]) -> str:
 
 
 def write_results(run_dir: Path, rows: Sequence[Row]) -> None:
-    """Both results files, each replaced whole. Whole-number columns go into the CSV as
-    Int64 (rows are the sweep's or validated): an error row's empty cell made pandas hold
-    them as floats, "114944.0" bytes."""
-    whole = frame_of(rows).astype(dict.fromkeys(INT_COLUMNS, "Int64"))
-    write_atomic(run_dir / RESULTS_CSV, whole.to_csv(index=False))
+    """Both results files, each replaced whole. Whole-number columns go into the CSV as the
+    rows hold them: an error row's empty cell made pandas hold them as floats, "114944.0"."""
+    frame = frame_of(rows)
+    for column in INT_COLUMNS:  # Python's ints, of any size (a simulated peak past 2^63)
+        frame[column] = pd.Series([row.get(column) for row in rows], dtype=object)
+    write_atomic(run_dir / RESULTS_CSV, frame.to_csv(index=False))
     write_atomic(run_dir / RESULTS_JSON, results_payload(rows))
 
 
