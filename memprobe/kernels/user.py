@@ -127,13 +127,15 @@ def loaded_code_files(outputs: Iterable[str | os.PathLike[str] | None]) -> list[
     or lazily as it ran) with a pickle; so would a kernel package's ``__init__.py``. Only
     files named as an output are resolved: there are thousands of modules."""
     names = {os.path.basename(os.fspath(o)) for o in outputs if o is not None}
+    if not names:  # no output named: nothing of thousands of modules to look at
+        return []
     files = []
     for module in list(sys.modules.values()):
         try:
             source = vars(module).get("__file__")
         except TypeError:  # an entry that is no module (a module replaced itself)
             continue
-        if isinstance(source, str) and os.path.basename(source) in names:
+        if isinstance(source, str) and source.rpartition(os.sep)[2] in names:
             files.append(Path(source))
     return files
 
