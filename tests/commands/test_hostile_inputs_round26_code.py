@@ -612,3 +612,20 @@ def test_byte_counts_stay_whole_beside_an_error_row(run_cli: Any, here: Path) ->
     assert rows[1]["peak_bytes"] == 114944 and isinstance(rows[1]["peak_bytes"], int)
     csv = (here / "run" / "results.csv").read_text().splitlines()
     assert ",ok,114944,81920,114944," in csv[2] and ".0," not in csv[2]
+
+
+# -- a thread user code started that keeps replacing sys.stdout (round 27, C12): the
+# answer was written to whatever sys.stdout was by then, and --json printed nothing, exit
+# 0. The object goes to the standard output the command started with. In a process of its
+# own: the thread never ends.
+@pytest.mark.multiprocess
+def test_a_thread_replacing_stdout_does_not_take_the_json(here: Path) -> None:
+    swaps = (
+        "import io, threading, time\n"
+        "def _swap():\n    while True:\n        sys.stdout = io.StringIO(); time.sleep(0.01)\n"
+    )
+    body = "threading.Thread(target=_swap, daemon=True).start(); " + RETURNS
+    kernel = _kernel(here, "r26_swaps", swaps, body)
+    done = forked_torchrun([*SWEEP, "--kernel", f"{kernel},unchunked"], cwd=here, nproc=0)
+    assert done.returncode == 0, done.stderr
+    assert [r["status"] for r in json.loads(done.stdout)["results"]] == ["ok", "ok"]
