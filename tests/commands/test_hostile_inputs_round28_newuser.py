@@ -1,0 +1,48 @@
+"""Hostile inputs, round 28 (a new user): the README read top to bottom and every command
+in it run as written, then the planning problems a user brings (an 8B model that runs out
+of memory at 32k tokens, a Qwen-sized vocabulary under tensor parallel, a profiled step's
+what-if, the pytest marker and the gate in a project of one's own). Each table is a
+defect class the pass found where one output's hint or number did not hold against
+another: a suggested command that fails when run, or two outputs that disagree."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+# -- N1: `plan --kernel liger_fused_linear_ce --hidden 4096` said "measure it on a GPU:
+# memprobe sweep --device cuda --kernel liger_fused_linear_ce", and that sweep, run as
+# written on the GPU, stops at "takes hidden states ... give the hidden size with
+# --hidden": the hint dropped the flags the kernel needs to run at all (and the
+# vocabulary, dtype and batch asked about). The hint now carries them; run on meta here
+# (no GPU), it parses and plans the same cases (skipped rows, no flag error).
+
+TRITON_PLANS = {
+    "hidden peer": (["--kernel", "liger_fused_linear_ce", "--hidden", "64"], "--hidden 64"),
+    "hidden peer, fp16": (
+        ["--kernel", "liger_fused_linear_ce", "--hidden", "64", "--dtype", "fp16"],
+        "--dtype fp16",
+    ),
+    "logits peer, batch 2": (["--kernel", "liger_cross_entropy", "--batch", "2"], "--batch 2"),
+    "logits peer": (["--kernel", "liger_cross_entropy"], "--vocab 128"),
+}
+
+
+@pytest.mark.parametrize("flags,carried", list(TRITON_PLANS.values()), ids=list(TRITON_PLANS))
+def test_triton_peer_plan_hint_runs_as_written(
+    run_cli: Any, tmp_path: Path, flags: list[str], carried: str
+) -> None:
+    err = one_line(*run_cli("plan", "--vocab", "128", "--budget", "1GiB", *flags))
+    hint = err.split("measure it on a GPU: ")[1].rstrip(")\n")
+    assert carried in hint and "--vocab 128" in hint, err
+    argv = shlex.split(hint)
+    assert argv[:2] == ["memprobe", "sweep"], hint
+    # No GPU here: the same sweep on meta must get past every flag check to its rows.
+    argv = [a if a != "cuda" else "meta" for a in argv[1:]]
+    code, out, err = run_cli(*argv, "--tokens", "64", "--no-ladder", "--no-report",
+                             "--out", str(tmp_path / "run"))  # fmt: skip
+    assert code == 0 and "skipped" in out, (code, err)
