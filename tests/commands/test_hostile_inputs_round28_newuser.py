@@ -46,3 +46,28 @@ def test_triton_peer_plan_hint_runs_as_written(
     code, out, err = run_cli(*argv, "--tokens", "64", "--no-ladder", "--no-report",
                              "--out", str(tmp_path / "run"))  # fmt: skip
     assert code == 0 and "skipped" in out, (code, err)
+
+
+# -- N2: the gate's note on a failing case named its largest block "(op input: logits)",
+# and `memprobe attribute` on the snapshot the note points at printed the same block as
+# "op input:_logits" (the label's one-word spelling; the HTML page said "input: logits"
+# too). The text reading now spells a harness input as the note and the page do.
+
+INPUT_OPS = {
+    "logits kernel": (["--kernel", "local_chunked"], "op input: logits"),
+    "unchunked": (["--kernel", "unchunked"], "op input: logits"),
+    "hidden kernel": (["--kernel", "fused_linear_chunked", "--hidden", "32"], "op input: weight"),
+}
+
+
+@pytest.mark.parametrize("flags,op", list(INPUT_OPS.values()), ids=list(INPUT_OPS))
+def test_attribute_spells_a_harness_input_as_the_gate_note_does(
+    run_cli: Any, tmp_path: Path, flags: list[str], op: str
+) -> None:
+    run = tmp_path / "run"
+    code, _, err = run_cli("sweep", "--device", "meta", "--tokens", "64", "--vocab", "128",
+                           "--no-ladder", "--no-report", "--out", str(run), *flags)  # fmt: skip
+    assert code == 0, err
+    (snapshot,) = (run / "snapshots").glob("*.pickle")
+    code, out, err = run_cli("attribute", str(snapshot), "--top", "8")
+    assert code == 0 and op in out and "input:_" not in out, (err, out)
