@@ -71,3 +71,68 @@ def test_attribute_spells_a_harness_input_as_the_gate_note_does(
     (snapshot,) = (run / "snapshots").glob("*.pickle")
     code, out, err = run_cli("attribute", str(snapshot), "--top", "8")
     assert code == 0 and op in out and "input:_" not in out, (err, out)
+
+
+# -- N1 (a kernel of one's own): `plan --hidden 32 --kernel mod:hk` with a hidden-family
+# kernel that raises said "run `memprobe sweep --kernel mod:hk --device meta` at a small
+# size to see it", and that sweep stops at "takes hidden states ... give the hidden size
+# with --hidden" without running the kernel. `step --kernel mod:hk` said the same. The
+# hint carries --hidden; a logits kernel's hint stays as it was.
+
+RAISING = (
+    "def hk(hidden, weight, targets, *, chunk_size=None):\n"
+    "    raise ValueError('boom')\n"
+    "def lk(logits, targets, *, chunk_size=None):\n"
+    "    raise ValueError('boom')\n"
+)
+FAILING = {
+    "plan, hidden kernel": (
+        ["plan", "--vocab", "128", "--budget", "1GiB", "--hidden", "32", "--no-reserved"],
+        "hk",
+        "--hidden 32",
+    ),  # fmt: skip
+    "plan, logits kernel": (
+        ["plan", "--vocab", "128", "--budget", "1GiB", "--no-reserved"],
+        "lk",
+        "",
+    ),  # fmt: skip
+    "plan, hidden kernel, tp 1": (
+        [
+            "plan",
+            "--vocab",
+            "128",
+            "--budget",
+            "1GiB",
+            "--hidden",
+            "48",
+            "--tp",
+            "1",
+            "--no-reserved",
+        ],
+        "hk",
+        "--hidden 48",
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("args,fn,carried", list(FAILING.values()), ids=list(FAILING))
+def test_a_raising_kernel_hint_runs_the_kernel(
+    run_cli: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    fn: str,
+    carried: str,
+) -> None:
+    from hostile import user_module
+
+    monkeypatch.chdir(tmp_path)
+    name = user_module(tmp_path, "r28_raising", RAISING)
+    err = one_line(*run_cli(*args, "--kernel", f"{name}:{fn}"))
+    hint = err.split("(run `")[1].split("`")[0]
+    assert carried in hint, err
+    argv = shlex.split(hint)[1:]
+    code, out, err = run_cli(*argv, "--tokens", "64", "--vocab", "128", "--no-ladder",
+                             "--no-report", "--out", str(tmp_path / "run"))  # fmt: skip
+    # The sweep runs the kernel: its failure is the case's row, not a flag refusal.
+    assert code == 0 and "error" in out and "--hidden" not in err, (code, out, err)
