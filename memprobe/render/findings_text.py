@@ -167,7 +167,11 @@ def _shape_lines(findings: Findings) -> list[str]:
     if inf.alternatives and inf.confidence not in ("given", "high"):
         lines.append(f"  other readings: {'; '.join(inf.alternatives)}")
     if inf.confidence in ("low", "medium"):
-        lines.append("  pass --vocab/--tokens/--batch to settle it")
+        # Only the flags not given: after `--vocab 32000` the line asked for --vocab again.
+        given = {"--vocab": findings.vocab, "--tokens": findings.tokens, "--batch": findings.batch}
+        left = [flag for flag, value in given.items() if value is None]
+        if left:
+            lines.append(f"  pass {'/'.join(left)} to settle it")
     return lines
 
 

@@ -136,3 +136,60 @@ def test_a_raising_kernel_hint_runs_the_kernel(
                              "--no-report", "--out", str(tmp_path / "run"))  # fmt: skip
     # The sweep runs the kernel: its failure is the case's row, not a flag refusal.
     assert code == 0 and "error" in out and "--hidden" not in err, (code, out, err)
+
+
+# -- N3: `memprobe attribute step.pickle --vocab 32000` on a profiled step read at medium
+# confidence ended "pass --vocab/--tokens/--batch to settle it": it asked for the flag the
+# user had just passed. The line names only the shape flags not given (and all three
+# given settle it: confidence "given", no line).
+
+MEDIUM_STEP = (
+    "import torch\n"
+    "import torch.nn.functional as F\n"
+    "def step(device):\n"
+    "    w = torch.randn(256, 32, device=device, requires_grad=True)\n"
+    "    h = torch.randn(1, 64, 32, device=device)\n"
+    "    ids = torch.randint(0, 256, (1, 64), device=device)\n"
+    "    F.cross_entropy((h @ w.t()).float().view(-1, 256), ids.view(-1)).backward()\n"
+)
+SETTLE = {
+    "nothing given": ([], "pass --vocab/--tokens/--batch to settle it"),
+    "vocab given": (["--vocab", "256"], "pass --tokens/--batch to settle it"),
+    "tokens given": (["--tokens", "64"], "pass --vocab/--batch to settle it"),
+    "vocab and tokens": (["--vocab", "256", "--tokens", "64"], "pass --batch to settle it"),
+    "all three": (["--vocab", "256", "--tokens", "64", "--batch", "1"], None),
+}
+
+
+@pytest.fixture(scope="module")
+def medium_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import sys
+
+    from memprobe import cli
+
+    here = tmp_path_factory.mktemp("r28_medium")
+    (here / "r28_medium_step.py").write_text(MEDIUM_STEP)
+    out = here / "step.pickle"
+    argv, path = sys.argv, list(sys.path)
+    sys.path.insert(0, str(here))
+    sys.argv = ["memprobe", "profile", "r28_medium_step:step", "--out", str(out), "--top", "1"]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert not exc.code
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    return out
+
+
+@pytest.mark.parametrize("flags,line", list(SETTLE.values()), ids=list(SETTLE))
+def test_settle_hint_names_only_the_flags_not_given(
+    run_cli: Any, medium_snapshot: Path, flags: list[str], line: str | None
+) -> None:
+    code, out, err = run_cli("attribute", str(medium_snapshot), "--top", "1", *flags)
+    assert code == 0, err
+    settle = [s.strip() for s in out.splitlines() if "to settle it" in s]
+    if line is None:
+        assert not settle and "confidence given" in out, out
+    else:
+        assert settle == [line], out
