@@ -22,11 +22,25 @@ def simulate_step(case: Case, *, capture_frames: bool = True, memo: bool = True)
         # A Triton peer: rather no figure than a guessed one (`memprobe plan` says so).
         raise UserError(
             f"{case.kernel} is a Triton kernel: its memory cannot be simulated on meta",
-            f"measure it on a GPU: memprobe sweep --device cuda --kernel {case.kernel}",
+            f"measure it on a GPU: {gpu_sweep_command(case)}",
         )
     with process_group_for(case):
         inputs = protocol_for(case.kernel).make_inputs(case, "meta")
         return traced_step(case, inputs, capture_frames=capture_frames, memo=memo)
+
+
+def gpu_sweep_command(case: Case) -> str:
+    """The sweep that measures ``case``'s kernel on a GPU at its vocabulary (and hidden
+    size, dtype, batch): a hidden-family peer named without ``--hidden`` is refused by the
+    sweep, so the hint carries every flag the kernel needs to run at all."""
+    flags = [f"--device cuda --kernel {case.kernel} --vocab {case.vocab}"]
+    if case.hidden is not None:
+        flags.append(f"--hidden {case.hidden}")
+    if case.dtype != "bf16":
+        flags.append(f"--dtype {case.dtype}")
+    if case.batch != 1:
+        flags.append(f"--batch {case.batch}")
+    return "memprobe sweep " + " ".join(flags)
 
 
 def simulate_tracker(

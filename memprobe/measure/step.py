@@ -283,13 +283,18 @@ def failure_text(exc: Exception, *, limit: int, first_line: bool = False) -> str
     return exception_text(exc, limit=limit, first_line=first_line, name=not own)
 
 
-def kernel_failed(kernel: str, tokens: str, exc: Exception) -> UserError:
+def kernel_failed(
+    kernel: str, tokens: str, exc: Exception, *, hidden: int | None = None
+) -> UserError:
     """The one line for a kernel that raised in a meta simulation outside a sweep (a plan,
-    a what-if), where there is no case row to record it in: which kernel, at what size."""
+    a what-if), where there is no case row to record it in: which kernel, at what size.
+    A hidden-family kernel's sweep needs ``--hidden`` (without it the sweep refuses the
+    kernel before it runs), so the suggested command carries it."""
     what = failure_text(exc, limit=300)
+    flags = "" if hidden is None else f" --hidden {hidden}"
     return UserError(
         f"{kernel} failed in the meta simulation at {tokens} ({what})",
-        f"run `memprobe sweep --kernel {kernel} --device meta` at a small size to see it",
+        f"run `memprobe sweep --kernel {kernel}{flags} --device meta` at a small size to see it",
     )
 
 
@@ -316,7 +321,9 @@ def own_failures(kernel: str, fn: Any, device: torch.device) -> Any:
         except (UserError, BadResult, UnseenResult):
             raise
         except Exception as exc:
-            raise kernel_failed(kernel, f"{args[-1].numel():,} tokens", exc) from exc
+            # Three positional inputs are the hidden family's (hidden [B,S,H], weight, targets).
+            hidden = int(args[0].shape[-1]) if len(args) == 3 else None
+            raise kernel_failed(kernel, f"{args[-1].numel():,} tokens", exc, hidden=hidden) from exc
 
     return call
 

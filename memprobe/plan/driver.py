@@ -82,7 +82,8 @@ def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = N
     except Exception as exc:
         from memprobe.measure.step import kernel_failed
 
-        raise kernel_failed(case.kernel, f"{case.local_tokens:,} tokens per rank", exc) from None
+        tokens = f"{case.local_tokens:,} tokens per rank"
+        raise kernel_failed(case.kernel, tokens, exc, hidden=case.hidden) from None
 
 
 def _simulated_peak(case: Case, kind: str, alloc_conf: str | None) -> int:

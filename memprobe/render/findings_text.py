@@ -16,6 +16,7 @@ from memprobe.attribute.records import BlockFinding, BlockGroup, OomFinding
 from memprobe.io.sizes import format_bytes
 from memprobe.io.text import printable
 from memprobe.records import Frame
+from memprobe.snapshot.labels import op_words
 
 LOGITS_SHOWN = 40  # logits-family blocks printed one by one (all are in --json)
 EVIDENCE_SHOWN = 6
@@ -83,7 +84,8 @@ def _made(frame: Frame | None, chain: tuple[Frame, ...], via: tuple[str, ...], p
 
 
 def _op(op: str | None, node: str | None, kernel: Frame | None = None) -> str:
-    text = f"op {op or '?'}"
+    # As the page and the gate's note spell it (``input: logits``, not the label's word).
+    text = f"op {op_words(op) if op else '?'}"
     text += f" [{node}]" if node and node not in (op or "") else ""
     return text + in_kernel(kernel)
 
@@ -128,7 +130,7 @@ def _group_line(n: int, g: BlockGroup) -> str:
     total = f" = {format_bytes(g.total_bytes)}" if g.count > 1 else ""
     where = describe_frame(g.frame) if g.frame else "no user frame"
     when = "alive before the trace" if g.before_trace else _phase(g.phase)
-    op = f"op {g.op or '?'}{in_kernel(g.kernel)}"
+    op = f"op {op_words(g.op) if g.op else '?'}{in_kernel(g.kernel)}"
     return f"  {n}. {count}{total}  {g.category}, {when}, {op}, {where}"
 
 
@@ -165,7 +167,11 @@ def _shape_lines(findings: Findings) -> list[str]:
     if inf.alternatives and inf.confidence not in ("given", "high"):
         lines.append(f"  other readings: {'; '.join(inf.alternatives)}")
     if inf.confidence in ("low", "medium"):
-        lines.append("  pass --vocab/--tokens/--batch to settle it")
+        # Only the flags not given: after `--vocab 32000` the line asked for --vocab again.
+        given = {"--vocab": findings.vocab, "--tokens": findings.tokens, "--batch": findings.batch}
+        left = [flag for flag, value in given.items() if value is None]
+        if left:
+            lines.append(f"  pass {'/'.join(left)} to settle it")
     return lines
 
 
@@ -211,7 +217,8 @@ def _oom_lines(o: OomFinding, findings: Findings) -> list[str]:
     lines = [
         f"OOM #{o.number + 1} on device {findings.device} {_moment(findings, o.index, o.time_us)}:"
         f" requested {o.requested_bytes:,} B ({format_bytes(o.requested_bytes)}), "
-        f"{_phase(o.phase)}, op {o.op or '?'}, " + _made(o.frame, (), (), o.phase),
+        f"{_phase(o.phase)}, op {op_words(o.op) if o.op else '?'}, "
+        + _made(o.frame, (), (), o.phase),
     ]
     moment = [f"{free} free on the device"]
     if v.reserved_bytes is not None:

@@ -40,8 +40,8 @@ def test_sweep_hidden_family_side_by_side(run_cli, tmp_path: Path) -> None:
     code, text, err = run_cli("attribute", str(out / fused["snapshot"]))
     assert code == 0, err
     assert "records a fused step" in text and "H = 256" in text and "classifier" not in text
-    assert "parameters, setup, op input:_weight" in text  # the lm_head weight
-    assert "forward activations, setup, op input:_hidden" in text
+    assert "parameters, setup, op input: weight" in text  # the lm_head weight
+    assert "forward activations, setup, op input: hidden" in text
 
 
 def test_hidden_kernels_need_a_hidden_size(run_cli) -> None:
