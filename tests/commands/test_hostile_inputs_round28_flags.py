@@ -1,0 +1,40 @@
+"""Hostile inputs, round 28 (the command line and the environment of every command: flag
+values, flags that each make sense but contradict one another, and the variables memprobe
+or torch read): each row is a variant of a defect class the pass found. One line and exit
+2, or a sane answer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+from small_config import SMALL
+
+
+def _config(tmp_path: Path) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(SMALL))
+    return str(tmp_path / "config.json")
+
+
+# -- a vocabulary-sharding kernel (distributed, chunked_distributed) in a step with no --tp
+# but with --cp or --fsdp (`step --cp 2 --kernel distributed`): the refusal said "memprobe
+# step runs one GPU" while the step asked for was rank 0 of two. It now names what is
+# missing, the tensor-parallel ranks.
+NO_TP = {
+    "step --cp 2": ["step", "--tokens", "16", "--cp", "2"],
+    "step --fsdp 2": ["step", "--tokens", "16", "--fsdp", "2"],
+    "step alone": ["step", "--tokens", "16"],
+    "plan --step --fsdp 2": ["plan", "--step", "--budget", "1GiB", "--fsdp", "2"],
+}
+
+
+@pytest.mark.parametrize("kernel", ["distributed", "chunked_distributed"])
+@pytest.mark.parametrize("args", NO_TP.values(), ids=list(NO_TP))
+def test_a_vocabulary_sharding_kernel_without_tp_names_tp(
+    run_cli: Any, tmp_path: Path, args: list[str], kernel: str
+) -> None:
+    err = one_line(*run_cli(*args, "--config", _config(tmp_path), "--kernel", kernel))
+    assert "tensor-parallel" in err and "--tp N" in err and "one GPU" not in err, err
