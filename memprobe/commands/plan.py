@@ -40,8 +40,12 @@ def _progress(progress: Progress) -> Callable[[int, int, Any], None]:
     million tokens), and the table comes only when all are done."""
 
     def on_plan(i: int, n: int, done: Any) -> None:
+        from memprobe.render.plan_text import count_unit
+
+        # --batch 2 searches tokens per sequence, as the table's column says: not "/GPU".
         t = done.target
-        progress.step(i, n, f"{t.kernel} tp={t.tp} cp={t.cp}: {done.max_tokens:,} tokens/GPU")
+        unit = count_unit(t.batch)
+        progress.step(i, n, f"{t.kernel} tp={t.tp} cp={t.cp}: {done.max_tokens:,} {unit}")
 
     return on_plan
 

@@ -13,6 +13,11 @@ import pytest
 from hostile import one_line
 from small_config import SMALL
 
+from memprobe.plan.model import PlanTarget, Probe
+from memprobe.render.plan_text import probe_line
+
+PLAN = ["plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved"]
+
 
 def _config(tmp_path: Path) -> str:
     (tmp_path / "config.json").write_text(json.dumps(SMALL))
@@ -38,3 +43,33 @@ def test_a_vocabulary_sharding_kernel_without_tp_names_tp(
 ) -> None:
     err = one_line(*run_cli(*args, "--config", _config(tmp_path), "--kernel", kernel))
     assert "tensor-parallel" in err and "--tp N" in err and "one GPU" not in err, err
+
+
+# -- `plan --batch 2`: the table's column said tokens/seq and the answer "291 tokens per
+# sequence x 2 sequences = 582 per GPU", but the progress line on stderr said "291
+# tokens/GPU", half what the GPU holds; the live bar's probes alike. Both now take the
+# table's unit.
+BATCHES = {
+    "batch 2": (["--batch", "2"], "tokens/seq"),
+    "batch 3 with cp 2": (["--batch", "3", "--cp", "2"], "tokens/seq"),
+    "batch 1": (["--batch", "1"], "tokens/GPU"),
+    "no --batch": ([], "tokens/GPU"),
+}
+
+
+@pytest.mark.parametrize(("args", "unit"), BATCHES.values(), ids=list(BATCHES))
+def test_the_progress_line_counts_what_the_table_counts(
+    run_cli: Any, args: list[str], unit: str
+) -> None:
+    code, out, err = run_cli(*PLAN, "--kernel", "unchunked", *args)
+    assert code == 0 and f"  {unit}  " in out, out
+    assert err.startswith("[1/1] unchunked") and err.rstrip().endswith(f" {unit}"), err
+
+
+@pytest.mark.parametrize(
+    ("batch", "unit"), [(1, "tokens/GPU"), (2, "tokens/seq"), (64, "tokens/seq")]
+)
+def test_a_probe_line_counts_what_the_table_counts(batch: int, unit: str) -> None:
+    probe = Probe(PlanTarget("unchunked", 128, batch=batch), "allocated", 100, 10, 20)
+    assert f": 100 {unit} -> " in probe_line(probe)
+    assert ": 100 tokens/sequence -> " in probe_line(probe, "tokens/sequence")
