@@ -73,3 +73,36 @@ def test_a_probe_line_counts_what_the_table_counts(batch: int, unit: str) -> Non
     probe = Probe(PlanTarget("unchunked", 128, batch=batch), "allocated", 100, 10, 20)
     assert f": 100 {unit} -> " in probe_line(probe)
     assert ": 100 tokens/sequence -> " in probe_line(probe, "tokens/sequence")
+
+
+# -- `plan --step --fsdp 2 --batch 2` (a sharded step of several sequences): the header said
+# "tokens per GPU" and the progress line "445 tokens/GPU", while the table's column said
+# tokens/seq and the answer "445 tokens per sequence x 2 sequences = 890 per GPU". A
+# sharded step's count is per GPU only at --batch 1. (The search itself is stubbed: a
+# whole step's search takes seconds.)
+STEP_UNITS = {
+    "sharded, batch 2": ({"world": 2}, 2, "tokens/sequence"),
+    "sharded, batch 8": ({"world": 4}, 8, "tokens/sequence"),
+    "sharded, batch 1": ({"world": 2}, 1, "tokens/GPU"),
+    "one GPU, batch 2": (None, 2, "tokens/sequence"),
+    "one GPU, batch 1": (None, 1, "tokens/sequence"),
+}
+
+
+@pytest.mark.parametrize(("layout", "batch", "unit"), STEP_UNITS.values(), ids=list(STEP_UNITS))
+def test_a_whole_steps_progress_counts_per_gpu_only_at_batch_one(
+    monkeypatch: pytest.MonkeyPatch, capsys: Any, layout: Any, batch: int, unit: str
+) -> None:
+    from types import SimpleNamespace
+
+    from memprobe.commands import step
+    from memprobe.plan import whole_step
+
+    def plan_step(base: Any, kernels: list[str], limit: Any, *, on_done: Any, **_: Any) -> list:
+        on_done(SimpleNamespace(target=SimpleNamespace(kernel="unchunked"), max_tokens=445))
+        return []
+
+    monkeypatch.setattr(whole_step, "plan_step", plan_step)
+    base = SimpleNamespace(sharded_summary=lambda: layout, batch=batch)
+    step._plan_with_progress(base, ["unchunked"], None)  # type: ignore[arg-type]
+    assert capsys.readouterr().err.strip() == f"[1/1] unchunked: 445 {unit}"
