@@ -106,3 +106,17 @@ def test_a_whole_steps_progress_counts_per_gpu_only_at_batch_one(
     base = SimpleNamespace(sharded_summary=lambda: layout, batch=batch)
     step._plan_with_progress(base, ["unchunked"], None)  # type: ignore[arg-type]
     assert capsys.readouterr().err.strip() == f"[1/1] unchunked: 445 {unit}"
+
+
+# ... and the page `plan --batch 2 --out DIR` writes: the plot's x axis and its caption said
+# "tokens per GPU" of the per-sequence counts it drew.
+@pytest.mark.parametrize(
+    ("batch", "counted"), [("2", "tokens per sequence"), ("1", "tokens per GPU")]
+)
+def test_the_plan_pages_plot_counts_what_the_table_counts(
+    run_cli: Any, tmp_path: Path, batch: str, counted: str
+) -> None:
+    code, _, err = run_cli(*PLAN, "--kernel", "unchunked", "--batch", batch, "--out", str(tmp_path))
+    assert code == 0, err
+    page = (tmp_path / "plan.html").read_text()
+    assert f"simulated peak against {counted}" in page
