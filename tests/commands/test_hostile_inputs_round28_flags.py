@@ -120,3 +120,41 @@ def test_the_plan_pages_plot_counts_what_the_table_counts(
     assert code == 0, err
     page = (tmp_path / "plan.html").read_text()
     assert f"simulated peak against {counted}" in page
+
+
+# -- a hint that is a command to type, naming a run directory whose name is not one shell
+# word (`sweep --out 'my run'` a second time): "continue it with --resume my run" ran
+# as --resume my, and "--resume it's" opened a quote the shell waited to close. The
+# path is now quoted as the shell takes it (the gate's own hint, and report's, alike).
+ODD_NAMES = ["my run", "it's", "a;b", "$HOME", "-dash"]
+
+
+@pytest.fixture
+def sweep_args() -> list[str]:
+    return ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+            "--device", "meta", "--no-verify", "--no-report", "-q"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ODD_NAMES)
+def test_a_resume_hint_is_one_shell_word(
+    run_cli: Any, here: Path, sweep_args: list[str], name: str
+) -> None:
+    import shlex
+
+    assert run_cli(*sweep_args, "--out", name)[0] == 0
+    err = one_line(*run_cli(*sweep_args, "--out", name))
+    hint = err.rstrip().split("continue it with ", 1)[1].removesuffix(")")
+    assert shlex.split(hint) == ["--resume", name], err
+
+
+def test_the_gates_hint_quotes_its_run(run_cli: Any, here: Path, sweep_args: list[str]) -> None:
+    assert run_cli(*sweep_args, "--out", "my run")[0] == 0
+    (here / "pyproject.toml").write_text(
+        (
+            "[tool.memprobe.sweep]\ntokens = [64]\nvocab = [128]\nkernel = ['unchunked']\n"
+            "device = 'meta'\n[tool.memprobe.gate]\n"
+            "rules = [{ kernel = 'unchunked', max_peak = '1 GiB' }]\n"
+        )
+    )
+    err = one_line(*run_cli("gate", "--out", "my run"))
+    assert "`memprobe gate 'my run'`" in err and "`memprobe sweep --resume 'my run'`" in err, err
