@@ -281,7 +281,7 @@ def command(
         # A resumed run's old page would show fewer rows than the run now holds.
         typer.echo(
             f"note: {outcome.run_dir / REPORT_NAME} was written before this resume; "
-            f"`memprobe report {outcome.run_dir}` brings it up to date",
+            f"`memprobe report {shell_word(outcome.run_dir)}` brings it up to date",
             err=True,
         )
     if as_json:

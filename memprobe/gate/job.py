@@ -140,8 +140,8 @@ def run_gate(req: GateRequest) -> GateOutcome:
             # The first gate run of a project: the baseline is made, not found.
             raise UserError(
                 f"{where} {baseline_path} does not exist yet",
-                f"make it once with `memprobe gate RUN --update-baseline {baseline_path}` "
-                "and commit it",
+                "make it once with `memprobe gate RUN --update-baseline "
+                f"{shell_word(baseline_path)}` and commit it",
             )
         else:
             baseline_rows = read_rows(baseline_path)  # a file it cannot be is said first
@@ -164,7 +164,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
                     raise UserError(
                         f"{where} {baseline_path} holds no cases: it would compare nothing",
                         "remake it from a finished run with "
-                        f"`memprobe gate RUN --update-baseline {baseline_path}`",
+                        f"`memprobe gate RUN --update-baseline {shell_word(baseline_path)}`",
                     )
     if req.baseline is None and cfg.gate.baseline is None and cfg.gate.max_regression:
         # The config allows growth over a baseline that neither it nor --baseline names:

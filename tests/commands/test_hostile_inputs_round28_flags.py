@@ -150,11 +150,30 @@ def test_a_resume_hint_is_one_shell_word(
 def test_the_gates_hint_quotes_its_run(run_cli: Any, here: Path, sweep_args: list[str]) -> None:
     assert run_cli(*sweep_args, "--out", "my run")[0] == 0
     (here / "pyproject.toml").write_text(
-        (
-            "[tool.memprobe.sweep]\ntokens = [64]\nvocab = [128]\nkernel = ['unchunked']\n"
-            "device = 'meta'\n[tool.memprobe.gate]\n"
-            "rules = [{ kernel = 'unchunked', max_peak = '1 GiB' }]\n"
-        )
+        "[tool.memprobe.sweep]\ntokens = [64]\nvocab = [128]\nkernel = ['unchunked']\n"
+        "device = 'meta'\n[tool.memprobe.gate]\n"
+        "rules = [{ kernel = 'unchunked', max_peak = '1 GiB' }]\n"
     )
     err = one_line(*run_cli("gate", "--out", "my run"))
     assert "`memprobe gate 'my run'`" in err and "`memprobe sweep --resume 'my run'`" in err, err
+
+
+@pytest.mark.parametrize("name", ["base line.json", "it's.json"])
+def test_the_gates_baseline_hint_quotes_its_file(
+    run_cli: Any, here: Path, sweep_args: list[str], name: str
+) -> None:
+    import shlex
+
+    assert run_cli(*sweep_args, "--out", "run")[0] == 0
+    (here / "pyproject.toml").write_text(f'[tool.memprobe.gate]\nbaseline = "{name}"\n')
+    err = one_line(*run_cli("gate", "run"))
+    command = err.split("`")[1]
+    assert shlex.split(command)[-2:] == ["--update-baseline", str(here / name)], err
+
+
+def test_the_pages_re_render_line_quotes_its_run(
+    run_cli: Any, here: Path, sweep_args: list[str]
+) -> None:
+    assert run_cli(*sweep_args, "--out", "my run")[0] == 0
+    assert run_cli("report", "my run")[0] == 0
+    assert "memprobe report &#39;my run&#39;" in (here / "my run" / "report.html").read_text()
