@@ -177,3 +177,32 @@ def test_the_pages_re_render_line_quotes_its_run(
     assert run_cli(*sweep_args, "--out", "my run")[0] == 0
     assert run_cli("report", "my run")[0] == 0
     assert "memprobe report &#39;my run&#39;" in (here / "my run" / "report.html").read_text()
+
+
+# -- `sweep --hidden 64 --tp 2`: the refusal's hint was "use --tp with: distributed,
+# chunked_distributed", kernels that take logits, which --hidden then refused in turn
+# ("distributed takes logits, not hidden states"). As plan says: the hidden family runs
+# on one device, so drop --tp, or --hidden.
+HIDDEN_TP = {
+    "all hidden kernels": ["--hidden", "64", "--tp", "2"],
+    "a tp list": ["--hidden", "64", "--tp", "1,2"],
+    "one named kernel": ["--hidden", "64", "--tp", "4", "--kernel", "fused_linear_chunked"],
+}
+
+
+@pytest.mark.parametrize("args", HIDDEN_TP.values(), ids=list(HIDDEN_TP))
+def test_a_hidden_sweep_with_tp_is_told_to_drop_one(
+    run_cli: Any, here: Path, sweep_args: list[str], args: list[str]
+) -> None:
+    base = [a for a in sweep_args if a not in ("--kernel", "unchunked")]
+    err = one_line(*run_cli(*base, *args))
+    assert "drop --tp, or drop --hidden" in err and "use --tp with" not in err, err
+    assert not list(here.iterdir())
+
+
+# ... while a logits sweep with --tp still names the kernels that shard the vocabulary.
+def test_a_logits_sweep_with_tp_still_names_the_sharding_kernels(
+    run_cli: Any, here: Path, sweep_args: list[str]
+) -> None:
+    err = one_line(*run_cli(*sweep_args, "--tp", "2"))
+    assert "use --tp with: distributed, chunked_distributed" in err, err
