@@ -206,3 +206,25 @@ def test_a_logits_sweep_with_tp_still_names_the_sharding_kernels(
 ) -> None:
     err = one_line(*run_cli(*sweep_args, "--tp", "2"))
     assert "use --tp with: distributed, chunked_distributed" in err, err
+
+
+# -- `plan --step --other 1MiB` (or --out, --from-run): refused with "the config gives the
+# model", a reason of --vocab and --hidden; the whole step is all the GPU holds, its page
+# is not written yet, a run's times pick the logprob plan's chunk size. Each says its own.
+NOT_FOR_STEP = {
+    "--other": (["--other", "1MiB"], "all the GPU holds"),
+    "--other-from": (["--other-from", "s.pickle"], "all the GPU holds"),
+    "--out": (["--out", "o"], "not written for a whole-step plan"),
+    "--from-run": (["--from-run", "run"], "logprob plan's chunk size"),
+    "--vocab": (["--vocab", "100"], "the config gives the model"),
+    "--hidden": (["--hidden", "64"], "the config gives the model"),
+}
+
+
+@pytest.mark.parametrize(("args", "why"), NOT_FOR_STEP.values(), ids=list(NOT_FOR_STEP))
+def test_a_flag_the_step_plan_refuses_says_why(
+    run_cli: Any, tmp_path: Path, args: list[str], why: str
+) -> None:
+    config = _config(tmp_path)
+    err = one_line(*run_cli("plan", "--step", "--config", config, "--budget", "1GiB", *args))
+    assert f"{args[0]} does not apply to --step: " in err and why in err, err
