@@ -29,7 +29,7 @@ from memprobe.allocator import AllocConf, parse_alloc_conf
 from memprobe.errors import UserError
 from memprobe.io.codec import nests_past
 from memprobe.io.files import leads_out, read_regular, refuse_non_folder, write_atomic
-from memprobe.io.text import printable, quoted, unique_keys
+from memprobe.io.text import printable, quoted, shell_word, unique_keys
 from memprobe.records import DEVICES, DTYPES, RESULT_COLUMNS, STATUSES, Case, Run
 from memprobe.results_errors import (
     contradiction,
@@ -419,7 +419,7 @@ def create_run_dir(run_dir: Path, cases: Sequence[Case], environment: Mapping[st
     """
     refuse_non_folder(run_dir, "a run directory", "choose another --out")
     # --resume is offered only for a run: a folder of notes has no run.json to resume
-    resume = f", or continue it with --resume {run_dir}" * (run_dir / RUN_META).exists()
+    resume = f", or continue it with --resume {shell_word(run_dir)}" * (run_dir / RUN_META).exists()
     taken = UserError(f"{run_dir} already exists and is not empty", f"choose another --out{resume}")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise taken

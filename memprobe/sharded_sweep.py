@@ -35,7 +35,7 @@ import torch.distributed as dist
 from memprobe import results
 from memprobe.allocator import AllocConf, alloc_conf_to_model, parse_alloc_conf
 from memprobe.errors import UserError
-from memprobe.io.text import exception_text
+from memprobe.io.text import exception_text, shell_word
 from memprobe.measure.parallel import (
     gather_row,
     join_world,
@@ -250,12 +250,12 @@ def _lead(
             f"{request.case_timeout_s:g} s): {watch.unfinished} case(s) it took are recorded "
             f"as unfinished in {run_dir}"
             + (f"; {lost} other case(s) were not run" if lost else ""),
-            f"continue with --resume {run_dir}",
+            f"continue with --resume {shell_word(run_dir)}",
         )
     if lost:
         raise UserError(
             f"{lost} case(s) of {run_dir} were not measured: a rank left without delivering them",
-            f"continue with --resume {run_dir}",
+            f"continue with --resume {shell_word(run_dir)}",
         )
     return SweepOutcome(results.frame_of(writer.rows), run_dir, lead=True)
 

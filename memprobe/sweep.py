@@ -130,9 +130,15 @@ def plan_cases(grid: Grid | None = None, /, **values: Any) -> list[Case]:
     single = [k for k in kernels if not get_spec(k).distributed]
     if max(tp) > 1 and single:
         sharded = ", ".join(kernel_names(distributed=True)) or "none"
+        # With --hidden, "use --tp with: distributed" named kernels that take logits, which
+        # --hidden then refused: the hint is plan's, the hidden family runs on one device.
+        hint = (
+            f"drop --tp, or drop --hidden to sweep the logits kernels that shard it: {sharded}"
+            if hidden
+            else f"use --tp with: {sharded}"
+        )
         raise UserError(
-            f"--tp {max(tp)} shards the vocabulary, which {', '.join(single)} cannot do",
-            f"use --tp with: {sharded}",
+            f"--tp {max(tp)} shards the vocabulary, which {', '.join(single)} cannot do", hint
         )
     if dev != "meta" and max(tp) * max(cp) > 1 and not under_torchrun():
         raise UserError(

@@ -40,8 +40,12 @@ def _progress(progress: Progress) -> Callable[[int, int, Any], None]:
     million tokens), and the table comes only when all are done."""
 
     def on_plan(i: int, n: int, done: Any) -> None:
+        from memprobe.render.plan_text import count_unit
+
+        # --batch 2 searches tokens per sequence, as the table's column says: not "/GPU".
         t = done.target
-        progress.step(i, n, f"{t.kernel} tp={t.tp} cp={t.cp}: {done.max_tokens:,} tokens/GPU")
+        unit = count_unit(t.batch)
+        progress.step(i, n, f"{t.kernel} tp={t.tp} cp={t.cp}: {done.max_tokens:,} {unit}")
 
     return on_plan
 
@@ -244,24 +248,24 @@ def command(
     if step:
         from memprobe.commands.step import plan_step_lines
 
-        # The whole step takes these from the config: given, they would be silently
-        # ignored. (--tp/--cp/--fsdp lay the step out over ranks: sharded_flags.)
+        # Given, these would be silently ignored; each is refused with its own reason
+        # (all were "the config gives the model", which --other, --out and --from-run are
+        # not). (--tp/--cp/--fsdp lay the step out over ranks: sharded_flags.)
+        config_gives = "the config gives the model"
         given = {
-            "--vocab": vocab is not None,
-            "--hidden": hidden is not None,
-            "--other-includes-lm-head": other_includes_lm_head,
-            # The whole step is everything on the GPU: there is no "rest of the job".
-            "--other": other.strip() != "0",
-            "--other-from": other_from is not None,
-            # Not written for a step plan yet (plan.html/png/json are the logprob plan's).
-            "--out": out is not None,
-            "--from-run": from_run is not None,
+            "--vocab": (vocab is not None, config_gives),
+            "--hidden": (hidden is not None, config_gives),
+            "--other-includes-lm-head": (other_includes_lm_head, config_gives),
+            "--other": (other.strip() != "0", "the whole step is all the GPU holds"),
+            "--other-from": (other_from is not None, "the whole step is all the GPU holds"),
+            "--out": (out is not None, "its page is not written for a whole-step plan yet"),
+            "--from-run": (
+                from_run is not None,
+                "its times pick the logprob plan's chunk size only",
+            ),
         }
-        for flag in (f for f, used in given.items() if used):
-            raise UserError(
-                f"{flag} does not apply to --step: the config gives the model",
-                f"drop {flag}",
-            )
+        for flag, (_, why) in ((f, g) for f, g in given.items() if g[0]):
+            raise UserError(f"{flag} does not apply to --step: {why}", f"drop {flag}")
 
         sharding = sharded.sharded_flags(
             fsdp=fsdp, cp=_single(cp, "--cp", "8"), tp=_single(tp, "--tp", "8"), **fsdp_flags

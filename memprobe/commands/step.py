@@ -374,8 +374,9 @@ def plan_step_lines(
         "tokens per sequence"
     )
     layout = base.sharded_summary()
-    if layout:  # the sharded step: per rank, the tokens each GPU holds
-        what = what.replace("tokens per sequence", "tokens per GPU") + (
+    if layout:  # the sharded step: per rank, the tokens each GPU holds (of each sequence)
+        per = "tokens per GPU" if batch == 1 else "tokens per sequence on each GPU"
+        what = what.replace("tokens per sequence", per) + (
             f"; sharded: rank 0 of {layout['world']}, FSDP {layout['fsdp']} x CP "
             f"{layout['cp']} x TP {layout['tp']} (the table's tp/cp columns are the logprob "
             "kernel's own: the vocabulary shards of its logits, and 1: it sees this rank's "
@@ -400,8 +401,9 @@ def _plan_with_progress(
 
     progress = Progress()
     finished = 0
-    # The same unit as the header: a sharded step's count is what each GPU holds.
-    unit = "tokens/GPU" if base.sharded_summary() else "tokens/sequence"
+    # The same unit as the header: a sharded step's count is what each GPU holds, of
+    # each of --batch sequences (not "/GPU" at --batch 2, half of what the GPU holds).
+    unit = "tokens/GPU" if base.sharded_summary() and base.batch == 1 else "tokens/sequence"
 
     def on_done(done: TokenPlan) -> None:
         nonlocal finished

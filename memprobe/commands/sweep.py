@@ -26,7 +26,7 @@ from memprobe.commands.flags import (
 )
 from memprobe.errors import UserError
 from memprobe.io.sizes import parse_budget
-from memprobe.io.text import foreign_digit, printable
+from memprobe.io.text import foreign_digit, printable, shell_word
 from memprobe.measure.torchrun_env import check_team
 from memprobe.records import Grid
 from memprobe.results import default_run_dir, read_run_meta
@@ -265,7 +265,9 @@ def command(
     except KeyboardInterrupt:
         where = resume or out
         typer.echo(
-            f"interrupted: finished cases are in {where}; continue with --resume {where}", err=True
+            f"interrupted: finished cases are in {where}; continue with --resume "
+            f"{shell_word(where)}",
+            err=True,
         )
         raise typer.Exit(130) from None
     if not outcome.lead:
@@ -279,7 +281,7 @@ def command(
         # A resumed run's old page would show fewer rows than the run now holds.
         typer.echo(
             f"note: {outcome.run_dir / REPORT_NAME} was written before this resume; "
-            f"`memprobe report {outcome.run_dir}` brings it up to date",
+            f"`memprobe report {shell_word(outcome.run_dir)}` brings it up to date",
             err=True,
         )
     if as_json:

@@ -15,6 +15,7 @@ from memprobe.config import ROOT, MemprobeConfig, load_config
 from memprobe.errors import UserError
 from memprobe.gate.rules import Row, Verdict, check_each_rule_matches, evaluate
 from memprobe.io.files import guard_outputs, resolved_path
+from memprobe.io.text import shell_word
 from memprobe.records import Grid
 from memprobe.results import (
     RESULTS_JSON,
@@ -139,8 +140,8 @@ def run_gate(req: GateRequest) -> GateOutcome:
             # The first gate run of a project: the baseline is made, not found.
             raise UserError(
                 f"{where} {baseline_path} does not exist yet",
-                f"make it once with `memprobe gate RUN --update-baseline {baseline_path}` "
-                "and commit it",
+                "make it once with `memprobe gate RUN --update-baseline "
+                f"{shell_word(baseline_path)}` and commit it",
             )
         else:
             baseline_rows = read_rows(baseline_path)  # a file it cannot be is said first
@@ -163,7 +164,7 @@ def run_gate(req: GateRequest) -> GateOutcome:
                     raise UserError(
                         f"{where} {baseline_path} holds no cases: it would compare nothing",
                         "remake it from a finished run with "
-                        f"`memprobe gate RUN --update-baseline {baseline_path}`",
+                        f"`memprobe gate RUN --update-baseline {shell_word(baseline_path)}`",
                     )
     if req.baseline is None and cfg.gate.baseline is None and cfg.gate.max_regression:
         # The config allows growth over a baseline that neither it nor --baseline names:
@@ -365,8 +366,8 @@ def _run_configured_sweep(
         hint = "choose another --out (the gate's sweep makes a new run)"
         if (req.out / RUN_META).exists():
             hint += (
-                f", or gate that run: `memprobe gate {req.out}` (finish it first, if it "
-                f"stopped, with `memprobe sweep --resume {req.out}`)"
+                f", or gate that run: `memprobe gate {shell_word(req.out)}` (finish it first, "
+                f"if it stopped, with `memprobe sweep --resume {shell_word(req.out)}`)"
             )
         raise UserError(f"--out {req.out} already exists and is not empty", hint)
     out = req.out or default_run_dir(root / "reports" / "gate")

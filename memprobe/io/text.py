@@ -205,3 +205,11 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise DuplicateKey(key)
         made[key] = value
     return made
+
+
+def shell_word(path: Any) -> str:
+    """``path`` as one shell word, for a hint that is a command to type: ``--resume my run``
+    is two words (and ``it's`` opens a quote), so the hint did not run as printed."""
+    import shlex
+
+    return shlex.quote(str(path))

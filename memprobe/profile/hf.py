@@ -245,7 +245,9 @@ class HFStep:
         distributed = get_spec(self.kernel).distributed
         if distributed and self.vocab_shards == 1:
             raise UserError(
-                f"{self.kernel} shards the vocabulary over ranks; memprobe step runs one GPU",
+                # Not "runs one GPU": with --cp or --fsdp the step is rank 0 of several.
+                f"{self.kernel} shards the vocabulary over tensor-parallel ranks; this step has "
+                "none (no --tp)",
                 "pick a single-device kernel (`memprobe kernels`), or add --tp N",
             )
         if not distributed and self.vocab_shards > 1:

@@ -20,6 +20,7 @@ import pandas as pd
 from memprobe.errors import UserError
 from memprobe.io.files import file_in_the_way, leads_out, read_regular, write_atomic
 from memprobe.io.sizes import format_bytes
+from memprobe.io.text import shell_word
 from memprobe.records import Case
 from memprobe.render import REPORT_NAME
 from memprobe.render.canvas import made_by_memprobe
@@ -281,7 +282,7 @@ def _run_metadata(
         ("python", meta.get("python_version")),
         ("cases", f"{len(frame):,} finished of {planned:,} planned ({counts})"),
         ("memory budget", budget),
-        ("re-render", f"memprobe report {run_dir}"),
+        ("re-render", f"memprobe report {shell_word(run_dir)}"),
     ]
     return [(k, v) for k, v in pairs if not missing(v) and v != ""]
 

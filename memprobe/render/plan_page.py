@@ -46,6 +46,13 @@ def _log2_axis(ax: Axes, which: str, low: float, high: float, label: Any) -> Non
     axis.set_minor_locator(NullLocator())
 
 
+def _counted(plans: Sequence[TokenPlan]) -> str:
+    """What the x axis counts: the table's unit (per sequence at --batch > 1)."""
+    from memprobe.render.plan_text import count_column
+
+    return "tokens per sequence" if count_column(plans) == "tokens/seq" else "tokens per GPU"
+
+
 @styled
 def plot_png(plans: Sequence[TokenPlan], budget: Budget) -> bytes:
     """Peak per rank against tokens per GPU, log-log, with the limit and the answers."""
@@ -118,7 +125,7 @@ def plan_figure(plans: Sequence[TokenPlan], budget: Budget) -> MplFigure:
             text.set_rotation(30)
             text.set_horizontalalignment("right")
     ax.grid(True, which="major", color="#E5E5E5", linewidth=0.7)
-    ax.set_xlabel("tokens per GPU, log scale")
+    ax.set_xlabel(f"{_counted(plans)}, log scale")
     ax.set_ylabel("simulated peak per rank, log scale")
     ax.set_title("Peak against tokens; diamonds mark the largest count that fits")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -173,7 +180,7 @@ def page_html(plans: Sequence[TokenPlan], budget: Budget, png: bytes, answer: st
         other=format_bytes(budget.other_bytes),
         in_step=format_bytes(budget.in_step_bytes) if budget.in_step_bytes else None,
         limit=format_bytes(budget.limit_bytes),
-        plot=Figure(png or None, "simulated peak against tokens per GPU", missing="No plot."),
+        plot=Figure(png or None, f"simulated peak against {_counted(plans)}", missing="No plot."),
         rows=_table(plans),
     )
 

@@ -28,7 +28,13 @@ def _line_check(plan: TokenPlan) -> str:
 def count_column(plans: Sequence[TokenPlan]) -> str:
     """The answer column's name: with several sequences per GPU the answer counts one
     sequence's tokens, and says so (the terminal's table and the page's alike)."""
-    return "tokens/seq" if any(p.target.batch > 1 for p in plans) else "tokens/GPU"
+    return count_unit(max((p.target.batch for p in plans), default=1))
+
+
+def count_unit(batch: int) -> str:
+    """What a searched count is: with several sequences per GPU the search counts one
+    sequence's tokens (the GPU holds ``batch`` times as many)."""
+    return "tokens/seq" if batch > 1 else "tokens/GPU"
 
 
 def plan_table(plans: Sequence[TokenPlan]) -> Table:
@@ -197,10 +203,12 @@ def _positions_answer(plans: Sequence[TokenPlan], positions: int, left: str) -> 
     return text + (f"; {', '.join(rest)}" if rest else "")
 
 
-def probe_line(probe: Probe, unit: str = "tokens/GPU") -> str:
+def probe_line(probe: Probe, unit: str | None = None) -> str:
     """One count a search tried, for the live progress bar: ``local_chunked c1024 tp=1
-    cp=1: 163,840 tokens/GPU -> 61.20 GiB allocated, fits 74.00 GiB``."""
+    cp=1: 163,840 tokens/GPU -> 61.20 GiB allocated, fits 74.00 GiB`` (unit: the
+    target's, :func:`count_unit`, unless the caller names it)."""
     t = probe.target
+    unit = unit or count_unit(t.batch)
     chunk = f" c{t.chunk_size}" if t.chunk_size else ""
     verdict = "fits" if probe.fits else "over"
     return (
@@ -209,7 +217,7 @@ def probe_line(probe: Probe, unit: str = "tokens/GPU") -> str:
     )
 
 
-def probe_progress(progress: Progress, unit: str = "tokens/GPU") -> OnProbe:
+def probe_progress(progress: Progress, unit: str | None = None) -> OnProbe:
     """Each count a search tries, in the live bar on a terminal (stdout and --json, and
     stderr off a terminal, stay as they are)."""
     return lambda probe: progress.probe(probe_line(probe, unit))

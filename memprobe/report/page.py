@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from memprobe.errors import UserError
-from memprobe.io.text import printable
+from memprobe.io.text import printable, shell_word
 from memprobe.report.evidence import Evidence, gather
 from memprobe.report.headline import Headline, config_slice, make_headlines
 from memprobe.report.ratios import with_ratios
@@ -65,7 +65,7 @@ def read_run(run_dir: Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     if frame.empty:
         raise UserError(
             f"{run_dir} has no finished cases to report",
-            f"finish the run with `memprobe sweep --resume {run_dir}`",
+            f"finish the run with `memprobe sweep --resume {shell_word(run_dir)}`",
         )
     return frame, meta
 
