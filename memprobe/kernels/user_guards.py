@@ -19,7 +19,7 @@ from typing import Any, TextIO, cast
 
 from memprobe.io.text import exception_text, printable
 from memprobe.kernels.user_process import stderr_fd_kept, stdout_fd_kept
-from memprobe.kernels.user_threads import USERS_THREADS, exit_unless_users_thread
+from memprobe.kernels.user_threads import OS_EXIT, USERS_THREADS, exit_unless_users_thread
 
 
 @contextlib.contextmanager
@@ -266,7 +266,7 @@ def _register_shielded(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
     def shielded() -> None:
         try:
             with streams_kept(), _exits_raise():
-                exits = fn is _OS_EXIT or fn is exit_unless_users_thread
+                exits = fn is OS_EXIT or fn is exit_unless_users_thread
                 (_exit_raising if exits else fn)(*args, **kwargs)
         except (Exception, SystemExit) as exc:
             # Python would print its traceback after memprobe's answer, and exit 0 all the
@@ -285,7 +285,7 @@ def _register_shielded(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> 
 # os._exit in one (``atexit.register(os._exit, 0)``, or called by it) ended the process
 # there with the code's status: a sweep's 0 read 7, a failed gate's 1 read 0 and CI passed.
 # memprobe's status is its own: there, it raises SystemExit, said as the function's failure.
-_OS_EXIT = os._exit
+# (OS_EXIT is the real one: threads_kept may have put its own in os._exit.)
 
 
 def _exit_raising(status: int = 0, *_: Any) -> None:

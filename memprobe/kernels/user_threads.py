@@ -13,7 +13,7 @@ import weakref
 from typing import Any
 
 # os._exit and os.chdir as Python has them (memprobe's own main thread calls these).
-_OS_EXIT = os._exit
+OS_EXIT = os._exit
 _OS_CHDIR, _OS_FCHDIR = os.chdir, os.fchdir
 
 # The threads user code started. One that called os._exit later, as memprobe went on (a
@@ -27,7 +27,7 @@ def threads_kept() -> None:
     """Make os._exit end a thread user code started alone, and os.chdir refused there, from
     now on (before the guards record the standard library's functions: they are memprobe's
     own from then on)."""
-    if os._exit is _OS_EXIT:
+    if os._exit is OS_EXIT:
         os._exit = exit_unless_users_thread  # type: ignore[assignment]
     if os.chdir is _OS_CHDIR:
         os.chdir = _chdir_unless_users_thread
@@ -61,7 +61,7 @@ def _refused_in_users_thread(where: Any) -> None:
 
 def exit_unless_users_thread(status: int = 0, *_: Any) -> None:
     if threading.current_thread() not in USERS_THREADS:
-        _OS_EXIT(status)
+        OS_EXIT(status)
     with contextlib.suppress(Exception):
         sys.stderr.write(
             f"memprobe: warning: a thread user code started called os._exit({status!r}); "
