@@ -102,25 +102,33 @@ class DeviceReplay:
     first_address_mismatch: tuple[int, int, int] | None = None
 
 
-def conf_from_snapshot(snapshot: dict) -> AllocConf:
-    """The allocator settings a snapshot was recorded with (``allocator_settings``; older
-    files without it: expandable segments when any segment is expandable, else defaults)."""
-    settings = snapshot.get("allocator_settings") or {}
+def _asked_conf(settings: dict) -> AllocConf | None:
+    """The settings text's conf (what the job asked for), or None: no text, or one that
+    does not parse (then the parsed fields torch also writes are read)."""
     for key in SETTINGS_CONF_KEYS:
         text = settings.get(key)
         if isinstance(text, str) and text.strip():
             try:
-                conf = parse_alloc_conf(text)
+                return parse_alloc_conf(text)
             except UserError:
-                break  # fall back to the parsed fields torch also writes
-            # The text is what the job asked for, the field what its allocator ran: where
-            # the platform has no expandable segments (Windows, ROCm builds), torch keeps
-            # "expandable_segments:True" in the text, warns, and records False. Replayed
-            # from the text, such a file was modelled with segments it never had.
-            ran = settings.get("expandable_segments")
-            if isinstance(ran, bool) and ran != conf.expandable_segments:
-                conf = dataclasses.replace(conf, expandable_segments=ran)
-            return conf
+                return None
+    return None
+
+
+def conf_from_snapshot(snapshot: dict) -> AllocConf:
+    """The allocator settings a snapshot was recorded with (``allocator_settings``; older
+    files without it: expandable segments when any segment is expandable, else defaults)."""
+    settings = snapshot.get("allocator_settings") or {}
+    conf = _asked_conf(settings)
+    if conf is not None:
+        # The text is what the job asked for, the field what its allocator ran: where
+        # the platform has no expandable segments (Windows, ROCm builds), torch keeps
+        # "expandable_segments:True" in the text, warns, and records False. Replayed
+        # from the text, such a file was modelled with segments it never had.
+        ran = settings.get("expandable_segments")
+        if isinstance(ran, bool) and ran != conf.expandable_segments:
+            conf = dataclasses.replace(conf, expandable_segments=ran)
+        return conf
     fields: dict[str, Any] = {}
     split = settings.get("max_split_size")
     # torch refuses a limit under kLargeBuffer (as --alloc-conf does): a recorded 1,000
@@ -150,16 +158,10 @@ def expandable_asked_not_run(snapshot: dict) -> bool:
     """Whether the snapshot's settings text asks for expandable segments while its
     allocator recorded running without them (a platform that has none ignores the ask)."""
     settings = snapshot.get("allocator_settings") or {}
-    if settings.get("expandable_segments") is not False:
-        return False
-    for key in SETTINGS_CONF_KEYS:
-        text = settings.get(key)
-        if isinstance(text, str) and text.strip():
-            try:
-                return parse_alloc_conf(text).expandable_segments
-            except UserError:
-                return False
-    return False
+    asked = _asked_conf(settings)
+    return settings.get("expandable_segments") is False and bool(
+        asked and asked.expandable_segments
+    )
 
 
 def _division(item: tuple[Any, Any]) -> bool:
