@@ -4,8 +4,6 @@ Kept apart from :mod:`memprobe.results`, which reads and writes run directories.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -137,31 +135,17 @@ def mixed_versions(run_dir: Path, meta: Row, torch_version: str) -> UserError | 
     return None
 
 
-def kernel_sources(kernels: Iterable[str]) -> dict[str, str]:
-    """A fingerprint (sha256) of the source file of each user kernel in ``kernels``, by
-    import path, for run.json: memprobe's own kernels are its version's."""
-    from memprobe.kernels.user import is_import_path, kernel_source_files
-
-    sources = {}
-    for kernel in dict.fromkeys(kernels):
-        files = kernel_source_files(kernel) if is_import_path(kernel) else []
-        with contextlib.suppress(OSError):  # a module made at run time, no file to read
-            digest = hashlib.sha256(b"".join(f.read_bytes() for f in files))
-            sources.update({kernel: digest.hexdigest()} if files else {})
-    return sources
-
-
 def changed_kernel(run_dir: Path, meta: Row, kernels: Iterable[str]) -> UserError | None:
     """A resume that would add rows of a user kernel whose source changed since the run
     began to its rows measured before, or None. A kernel edited between an interrupted
     run and its resume (unchunked's code, then local_chunked's) had both under one name:
     3.51x its floor at 64 tokens, 2.02x at 128, one kernel's ladder to the page and gate."""
-    from memprobe.kernels.user import kernel_source_files
+    from memprobe.kernels.user import kernel_source_digests, kernel_source_files
 
     recorded = meta.get("kernel_sources")
     if not isinstance(recorded, dict):
         return None  # a run made before sources were recorded
-    for kernel, now in kernel_sources(kernels).items():
+    for kernel, now in kernel_source_digests(kernels).items():
         then = recorded.get(kernel)
         if isinstance(then, str) and then != now:
             files = ", ".join(map(str, kernel_source_files(kernel)))

@@ -26,6 +26,7 @@ from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.kernels.peers import PEERS
 from memprobe.kernels.registry import check_inputs_match
+from memprobe.kernels.user import kernel_source_digests
 from memprobe.measure import measure, resolve_device
 from memprobe.measure.parallel import (
     RankLayout,
@@ -39,7 +40,7 @@ from memprobe.measure.rank_agreement import run_agreed
 from memprobe.measure.step import failure_text
 from memprobe.measure.torchrun_env import under_torchrun
 from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype, too_large
-from memprobe.results_errors import changed_kernel, kernel_sources, mixed_versions
+from memprobe.results_errors import changed_kernel, mixed_versions
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -359,7 +360,7 @@ def open_run(
             **environment(device),
             "command": command,
             "kernel_summaries": summaries,
-            "kernel_sources": kernel_sources(summaries),  # a resume runs the same code
+            "kernel_sources": kernel_source_digests(summaries),  # a resume runs the same code
             # The allocator settings: the model's on meta/cpu, the real allocator's on cuda.
             "alloc_conf": (conf or AllocConf()).to_string(),
         }

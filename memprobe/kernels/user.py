@@ -28,6 +28,7 @@ signature) raises :class:`memprobe.errors.UserError`: one line and a hint.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import inspect
 import os
@@ -138,6 +139,21 @@ def loaded_code_files(outputs: Iterable[str | os.PathLike[str] | None]) -> list[
         if isinstance(source, str) and source.rpartition(os.sep)[2] in names:
             files.append(Path(source))
     return files
+
+
+def kernel_source_digests(kernels: Iterable[str]) -> dict[str, str]:
+    """A fingerprint (sha256) of the source file of each user kernel in ``kernels``, by
+    import path, for run.json (a resume runs the same code): memprobe's own kernels are
+    its version's, and a module made at run time has no file to read."""
+    digests = {}
+    for kernel in dict.fromkeys(kernels):
+        files = kernel_source_files(kernel)
+        with contextlib.suppress(OSError):
+            if files:
+                digests[kernel] = hashlib.sha256(
+                    b"".join(f.read_bytes() for f in files)
+                ).hexdigest()
+    return digests
 
 
 def kernel_source_files(name: str | None) -> list[Path]:
