@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import datetime
 import re
+import shlex
 import unicodedata
 from typing import Any
 
@@ -210,6 +211,4 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 def shell_word(path: Any) -> str:
     """``path`` as one shell word, for a hint that is a command to type: ``--resume my run``
     is two words (and ``it's`` opens a quote), so the hint did not run as printed."""
-    import shlex
-
     return shlex.quote(str(path))
