@@ -264,8 +264,9 @@ def command(
                 "its times pick the logprob plan's chunk size only",
             ),
         }
-        for flag, (_, why) in ((f, g) for f, g in given.items() if g[0]):
-            raise UserError(f"{flag} does not apply to --step: {why}", f"drop {flag}")
+        for flag, (used, why) in given.items():
+            if used:
+                raise UserError(f"{flag} does not apply to --step: {why}", f"drop {flag}")
 
         sharding = sharded.sharded_flags(
             fsdp=fsdp, cp=_single(cp, "--cp", "8"), tp=_single(tp, "--tp", "8"), **fsdp_flags
