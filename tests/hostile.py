@@ -29,6 +29,26 @@ def swept(run: Path, *flags: str) -> Path:
     return run
 
 
+def profiled(here: Path, stem: str, body: str, name: str | None = None) -> Path:
+    """``body`` written as module ``stem`` in ``here`` and its ``step`` profiled there by
+    ``memprobe profile stem:step --out here/NAME.pickle`` (``name``: ``stem``), in this
+    process (a fixture's snapshot, with memprobe's labels on every entry)."""
+    from memprobe import cli
+
+    (here / f"{stem}.py").write_text(body)
+    out = here / f"{name or stem}.pickle"
+    argv, path = sys.argv, list(sys.path)
+    sys.path.insert(0, str(here))
+    sys.argv = ["memprobe", "profile", f"{stem}:step", "--out", str(out), "--top", "1"]
+    try:
+        cli.main()
+    except SystemExit as exc:
+        assert not exc.code
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    return out
+
+
 def user_module(here: Path, stem: str, body: str) -> str:
     """Write ``body`` as an importable module in ``here``; its name, unique per body (a
     module imported once stays in sys.modules, so two bodies never share a name)."""

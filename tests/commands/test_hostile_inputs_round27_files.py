@@ -7,12 +7,11 @@ whose every word the files support."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line
+from hostile import one_line, profiled
 
 # A profiled LM step at T tokens with X extra [256, 32] weights beside its lm_head: X sets
 # what "the rest of the job" holds, T the activations that grow with the tokens.
@@ -35,25 +34,11 @@ STEPS = {"big64": (64, 8), "big128": (128, 8), "big192": (192, 8), "small128": (
 
 @pytest.fixture(scope="module")
 def steps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from memprobe import cli
-
     here = tmp_path_factory.mktemp("r27_steps")
-    made = {}
-    argv, path = sys.argv, list(sys.path)
-    sys.path.insert(0, str(here))
-    try:
-        for name, (tokens, extra) in STEPS.items():
-            (here / f"r27_{name}.py").write_text(STEP.format(t=tokens, x=extra))
-            out = here / f"{name}.pickle"
-            sys.argv = ["memprobe", "profile", f"r27_{name}:step", "--out", str(out), "--top", "1"]
-            try:
-                cli.main()
-            except SystemExit as exc:
-                assert not exc.code
-            made[name] = out
-    finally:
-        sys.argv, sys.path[:] = argv, path
-    return made
+    return {
+        name: profiled(here, f"r27_{name}", STEP.format(t=tokens, x=extra), name)
+        for name, (tokens, extra) in STEPS.items()
+    }
 
 
 PLAN = ["plan", "--vocab", "256", "--budget", "1GiB", "--kernel", "local_chunked", "--no-reserved"]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line
+from hostile import one_line, profiled
 
 # -- N1: `plan --kernel liger_fused_linear_ce --hidden 4096` said "measure it on a GPU:
 # memprobe sweep --device cuda --kernel liger_fused_linear_ce", and that sweep, run as
@@ -163,23 +163,7 @@ SETTLE = {
 
 @pytest.fixture(scope="module")
 def medium_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import sys
-
-    from memprobe import cli
-
-    here = tmp_path_factory.mktemp("r28_medium")
-    (here / "r28_medium_step.py").write_text(MEDIUM_STEP)
-    out = here / "step.pickle"
-    argv, path = sys.argv, list(sys.path)
-    sys.path.insert(0, str(here))
-    sys.argv = ["memprobe", "profile", "r28_medium_step:step", "--out", str(out), "--top", "1"]
-    try:
-        cli.main()
-    except SystemExit as exc:
-        assert not exc.code
-    finally:
-        sys.argv, sys.path[:] = argv, path
-    return out
+    return profiled(tmp_path_factory.mktemp("r28_medium"), "r28_medium_step", MEDIUM_STEP)
 
 
 @pytest.mark.parametrize("flags,line", list(SETTLE.values()), ids=list(SETTLE))

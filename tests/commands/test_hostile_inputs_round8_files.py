@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line
+from hostile import one_line, profiled
 
 STEP = """\
 import torch
@@ -33,21 +32,7 @@ def step(device):
 @pytest.fixture(scope="module")
 def step_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A profiled LM step (memprobe's labels on every entry: shape, dtype, op, phase)."""
-    from memprobe import cli
-
-    here = tmp_path_factory.mktemp("step")
-    (here / "r8_files_step.py").write_text(STEP)
-    out = here / "step.pickle"
-    argv, path = sys.argv, list(sys.path)
-    sys.argv = ["memprobe", "profile", "r8_files_step:step", "--out", str(out), "--top", "1"]
-    sys.path.insert(0, str(here))
-    try:
-        cli.main()
-    except SystemExit as exc:
-        assert not exc.code
-    finally:
-        sys.argv, sys.path[:] = argv, path
-    return out
+    return profiled(tmp_path_factory.mktemp("step"), "r8_files_step", STEP)
 
 
 def _relabel(snapshot: Path, to: Path, old: str, new: str) -> Path:
