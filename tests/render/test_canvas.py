@@ -38,8 +38,13 @@ def test_a_png_is_drawn_once_and_equals_the_tight_savefig(
         pad_inches=PAD_INCHES,
         metadata={"Software": PNG_SOFTWARE},
     )
-    draws = []
+    draws: list[object] = []
     original = Figure.draw
-    monkeypatch.setattr(Figure, "draw", lambda self, r: (draws.append(r), original(self, r))[1])
+
+    def counted(self: Figure, renderer: object) -> None:
+        draws.append(renderer)
+        original(self, renderer)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Figure, "draw", counted)
     assert to_png(_figure(laid_out)) == tight.getvalue()
     assert len(draws) == 1
