@@ -21,6 +21,7 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from memprobe.config import Rule
@@ -260,7 +261,10 @@ def check_baseline(
             f"results on {_devices(devices)}: nothing to compare",
             "compare like with like (set device in [tool.memprobe.sweep] or make a new baseline)",
         )
-    allowed = 1.0 + max_regression / 100.0
+    # The growth allowed, as the decimal the user wrote ("15" is 115/100 exactly). In
+    # floats 1 + 15/100 is just under 1.15: a peak of exactly +15% (115 MiB over 100 MiB)
+    # FAILed "allowed +15.00% = 115.00 MiB: over by 0 B". Bytes are compared exactly.
+    allowed = 1 + Fraction(repr(max_regression)) / 100
     checks: list[Check] = []
     matched = _chunk_free_matches(rows, baseline, current)
     for base in baseline:
@@ -307,7 +311,7 @@ def check_baseline(
                     kind="regression",
                     passed=peak <= limit,
                     measured=peak,
-                    limit=limit,
+                    limit=float(limit),
                     reference=base_peak,
                     **common,
                 )
