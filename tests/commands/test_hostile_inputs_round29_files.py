@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from memprobe.io.sizes import parse_size
+
 
 def _peak_set(made_run: Path, to: Path, peak: int) -> Path:
     """A copy of ``made_run`` whose every row peaks at ``peak`` bytes (the figures a peak
@@ -83,3 +85,51 @@ def test_a_config_max_regression_on_the_limit_passes(
     )
     code, out, err = run_cli("gate", str(run), "--config", str(here / "pyproject.toml"))
     assert code == 0 and "allowed +15.00% = 115.00 MiB" in out, (out, err)
+
+
+# -- S1: a size written as a decimal in a unit ("8.2GB", "1.005KB", a max_peak, a
+# --budget): it was read through a float and cut to whole bytes, 8,199,999,999 for 8.2 GB
+# and 1,004 for 1.005 KB, so a gate rule's max_peak = "8.2GB" FAILed a peak of exactly
+# 8.2 GB "over by 1 B"; a byte count past 2^53 lost its last digits. Read exactly now.
+
+EXACT_SIZES = {
+    "8.2GB": 8_200_000_000,
+    "4.35TB": 4_350_000_000_000,
+    "1.005KB": 1005,
+    "1.15 GB": 1_150_000_000,
+    "2.3MB": 2_300_000,
+    "9007199254740993": 2**53 + 1,
+    "9007199254740993 B": 2**53 + 1,
+    "10.3GiB": 11_059_540_787,  # a fraction of a byte rounds down, as before
+    "0.1KiB": 102,
+    "0" * 5000 + "5MiB": 5 * 2**20,
+    "0." + "1" * 100_000 + "GiB": 119_304_647,  # long, read in bounded time
+}
+
+
+@pytest.mark.parametrize("text", sorted(EXACT_SIZES), ids=lambda t: t[:24])
+def test_a_decimal_size_is_read_exactly(text: str) -> None:
+    assert parse_size(text) == EXACT_SIZES[text]
+
+
+NOT_WHOLE_BYTES = ["1." + "0" * 100 + "1 B", "1." + "0" * 100_000 + "1", "0.5", "1.5 B"]
+
+
+@pytest.mark.parametrize("text", NOT_WHOLE_BYTES, ids=lambda t: t[:12])
+def test_a_fraction_of_a_byte_far_down_is_still_refused(text: str) -> None:
+    from memprobe.errors import UserError
+
+    with pytest.raises(UserError, match="not a whole number of bytes"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("limit", ["8.2GB", "8.2 GB", "8200MB"])
+def test_a_rule_max_peak_in_decimal_units_passes_the_peak_at_it(
+    run_cli: Any, made_run: Path, here: Path, limit: str
+) -> None:
+    run = _peak_set(made_run, here / "run", 8_200_000_000)
+    code, out, err = run_cli("gate", str(run), "--config", _config(here, f'max_peak = "{limit}"'))
+    assert code == 0 and "FAIL" not in out, (out, err)
+    over = _peak_set(made_run, here / "over", 8_200_000_001)
+    code, out, err = run_cli("gate", str(over), "--config", _config(here, f'max_peak = "{limit}"'))
+    assert code == 1 and "over by 1 B" in out, (out, err)
