@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from memprobe.config import ROOT, MemprobeConfig, load_config
 from memprobe.errors import UserError
 from memprobe.gate.rules import Row, Verdict, check_each_rule_matches, evaluate
-from memprobe.io.files import guard_outputs, resolved_path
+from memprobe.io.files import check_output_file, guard_outputs, resolved_path
 from memprobe.io.text import shell_word
 from memprobe.records import Grid
 from memprobe.results import (
@@ -101,6 +101,12 @@ def run_gate(req: GateRequest) -> GateOutcome:
         inputs,
         may_replace={"--update-baseline": replaceable},
     )
+    # Each output refused before anything is written or swept: a --junit-xml that is a
+    # folder (or under a file) was refused after --update-baseline had replaced the
+    # baseline, exit 2 with the baseline gone, and after the gate's own sweep had run.
+    for output, what in ((req.junit_xml, "JUnit file"), (req.update_baseline, "baseline")):
+        if output is not None:
+            check_output_file(output, what=what)
     if req.max_regression is not None and req.max_regression >= 0 and baseline_input is None:
         # Growth over no baseline: the gate passed on its rules alone, as if the allowance
         # had been checked. (A value that is no percentage is said so by the verdict.)

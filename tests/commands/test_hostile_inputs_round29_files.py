@@ -1,7 +1,8 @@
 """Hostile inputs, round 29 (files): results, baselines and gate configs whose numbers
-sit exactly on a limit the user wrote as a decimal. Each limit is the decimal as written,
-compared in whole bytes: a peak exactly at it passes, one byte over fails. Each table is a
-variant of a defect class the pass found."""
+sit exactly on a limit the user wrote as a decimal (each limit is the decimal as written,
+compared in whole bytes: a peak exactly at it passes, one byte over fails), and gate
+outputs that cannot be written beside one that can (refused before anything is written).
+Each table is a variant of a defect class the pass found."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import one_line
 
 from memprobe.io.sizes import parse_size
 
@@ -133,3 +135,56 @@ def test_a_rule_max_peak_in_decimal_units_passes_the_peak_at_it(
     over = _peak_set(made_run, here / "over", 8_200_000_001)
     code, out, err = run_cli("gate", str(over), "--config", _config(here, f'max_peak = "{limit}"'))
     assert code == 1 and "over by 1 B" in out, (out, err)
+
+
+# -- G2: a --junit-xml the gate cannot write (a folder, a path under a file, a device)
+# beside --update-baseline: the baseline was replaced first, then the JUnit file refused,
+# exit 2 with the user's baseline gone (and, without RESULTS, after the gate's own sweep).
+# Every output is refused before anything is written.
+
+UNWRITABLE = {
+    "a folder": lambda here: here / "folder",
+    "under a file": lambda here: here / "afile" / "j.xml",
+    "a device": lambda here: Path("/dev/null"),
+}
+
+
+def _unwritable(here: Path, what: str) -> Path:
+    (here / "folder").mkdir(exist_ok=True)
+    (here / "afile").write_text("a file\n")
+    return UNWRITABLE[what](here)
+
+
+@pytest.mark.parametrize("what", sorted(UNWRITABLE))
+def test_an_unwritable_junit_file_leaves_the_baseline_as_it_was(
+    run_cli: Any, made_run: Path, here: Path, what: str
+) -> None:
+    kept = here / "baseline.json"
+    kept.write_text('{"the": "old baseline"}\n')
+    junit = _unwritable(here, what)
+    args = ["gate", str(made_run), "--config", _config(here, 'max_peak = "1GiB"')]
+    err = one_line(*run_cli(*args, "--junit-xml", str(junit), "--update-baseline", str(kept)))
+    assert "cannot write JUnit file" in err, err
+    assert kept.read_text() == '{"the": "old baseline"}\n'
+
+
+@pytest.mark.parametrize("what", sorted(UNWRITABLE))
+def test_an_unwritable_baseline_writes_no_junit_file(
+    run_cli: Any, made_run: Path, here: Path, what: str
+) -> None:
+    baseline = _unwritable(here, what)
+    args = ["gate", str(made_run), "--config", _config(here, 'max_peak = "1GiB"')]
+    junit = here / "j.xml"
+    err = one_line(*run_cli(*args, "--junit-xml", str(junit), "--update-baseline", str(baseline)))
+    assert "cannot write baseline" in err and not junit.exists(), err
+
+
+def test_the_gates_own_sweep_is_not_run_for_an_unwritable_junit_file(
+    run_cli: Any, here: Path
+) -> None:
+    (here / "pyproject.toml").write_text(
+        '[tool.memprobe.sweep]\ntokens = [64]\nvocab = 128\nkernel = ["unchunked"]\n'
+        'device = "meta"\n[tool.memprobe.gate]\nrules = [{kernel = "*", max_peak = "1GiB"}]\n'
+    )
+    err = one_line(*run_cli("gate", "--out", str(here / "out"), "--junit-xml", str(here)))
+    assert "cannot write JUnit file" in err and not (here / "out").exists(), err
