@@ -1,12 +1,14 @@
 """Hostile inputs, round 29 (files): results, baselines and gate configs whose numbers
 sit exactly on a limit the user wrote as a decimal (each limit is the decimal as written,
 compared in whole bytes: a peak exactly at it passes, one byte over fails), and gate
-outputs that cannot be written beside one that can (refused before anything is written).
-Each table is a variant of a defect class the pass found."""
+outputs that cannot be written beside one that can (refused before anything is written),
+and a snapshot's allocator settings table with entries missing (not modelled). Each table
+is a variant of a defect class the pass found."""
 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any
@@ -188,3 +190,71 @@ def test_the_gates_own_sweep_is_not_run_for_an_unwritable_junit_file(
     )
     err = one_line(*run_cli("gate", "--out", str(here / "out"), "--junit-xml", str(here)))
     assert "cannot write JUnit file" in err and not (here / "out").exists(), err
+
+
+# -- D2: a snapshot's roundup_power2_divisions table with intervals missing. torch writes
+# one entry per interval from 1 MiB up ({"1": d, "2": d, "4": d, ...}); the counts were
+# read in key order, one per interval, so {"1": 0, "64": 8} put 64 MiB's 8 at 2 MiB and
+# `attribute --replay` modelled roundup_power2_divisions:[1:0,>:8], where the file says
+# [32:0,>:8]. Such a table is no setting torch has: the defaults stand.
+
+ADDR, MIB = 0x7F00_0000_0000, 1 << 20
+
+
+def _divisions_snapshot(here: Path, table: Any) -> str:
+    frames = [{"filename": "train.py", "line": 7, "name": "step"}]
+    block = {"address": ADDR, "size": 2 * MIB, "requested_size": MIB, "state": "active_allocated"}
+    seg = {
+        "device": 0, "address": ADDR, "total_size": 2 * MIB, "allocated_size": 2 * MIB,
+        "active_size": 2 * MIB, "requested_size": MIB, "stream": 0, "segment_type": "large",
+        "segment_pool_id": (0, 0), "is_expandable": False, "frames": frames,
+        "blocks": [{**block, "frames": frames}],
+    }  # fmt: skip
+    trace = [
+        {"action": a, "addr": ADDR, "size": n, "stream": 0, "frames": frames}
+        for a, n in (("segment_alloc", 2 * MIB), ("alloc", MIB))
+    ]
+    settings = {
+        "PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+        "garbage_collection_threshold": 0.0, "expandable_segments": False,
+        "roundup_power2_divisions": table,
+    }  # fmt: skip
+    path = here / "s.pickle"
+    snap = {"segments": [seg], "device_traces": [trace], "allocator_settings": settings}
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    return str(path)
+
+
+FULL = {str(1 << i): 8 if 1 << i >= 64 else 0 for i in range(16)}
+MISSING_INTERVALS = {
+    "1 and 64 only": {"1": 0, "64": 8},
+    "64 before 1": {"64": 8, "1": 0},
+    "no 1 MiB entry": {k: v for k, v in FULL.items() if k != "1"},
+    "one interval left out": {k: v for k, v in FULL.items() if k != "32"},
+    "1 MiB twice (text and number)": {"1": 0, 1: 8, "2": 8},
+}
+
+
+@pytest.mark.parametrize("what", sorted(MISSING_INTERVALS))
+def test_a_divisions_table_with_intervals_missing_is_not_modelled(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    snap = _divisions_snapshot(here, MISSING_INTERVALS[what])
+    code, out, err = run_cli("attribute", snap, "--replay")
+    assert code == 0 and "caching-allocator model, default settings" in out, (out, err)
+
+
+TORCH_TABLES = {
+    "every interval": (FULL, "roundup_power2_divisions:[32:0,>:8]"),
+    "keys as numbers": ({int(k): v for k, v in FULL.items()}, "[32:0,>:8]"),
+    "the first intervals only": ({"1": 0, "2": 4}, "roundup_power2_divisions:[1:0,>:4]"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(TORCH_TABLES))
+def test_a_divisions_table_as_torch_writes_it_is_modelled(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    table, said = TORCH_TABLES[what]
+    code, out, err = run_cli("attribute", _divisions_snapshot(here, table), "--replay")
+    assert code == 0 and said in out, (out, err)
