@@ -311,7 +311,7 @@ def check_baseline(
                     kind="regression",
                     passed=peak <= limit,
                     measured=peak,
-                    limit=float(limit),
+                    limit=_printable(limit),
                     reference=base_peak,
                     **common,
                 )
@@ -328,6 +328,16 @@ def _devices(devices: set[Any]) -> str:
     named = sorted(str(d) for d in devices if d is not None)
     unnamed = ["an unrecorded device (rows that name none)"] if None in devices else []
     return ", ".join(named + unnamed)
+
+
+def _printable(limit: Fraction) -> float:
+    """An exact limit as the float a line prints: past a float's range (a baseline peak
+    at --max-regression 1e307) it is inf, as the float arithmetic gave before; the check
+    itself is made on the exact bytes."""
+    try:
+        return float(limit)
+    except OverflowError:
+        return math.inf
 
 
 def _chunk_free_matches(

@@ -78,6 +78,18 @@ def test_a_peak_a_byte_over_the_allowed_regression_fails(
     assert code == 1 and "over by 1 B" in out, (out, err)
 
 
+# A growth past a float's range is still no traceback (the exact limit is printed as inf).
+@pytest.mark.parametrize("percent", ["1e307", "1.7e308", "1e300"])
+def test_a_growth_past_a_floats_range_passes_every_peak(
+    run_cli: Any, made_run: Path, here: Path, percent: str
+) -> None:
+    base = _peak_set(made_run, here / "base", 100 * 2**20)
+    run = _peak_set(made_run, here / "run", 2**62)
+    args = ["gate", str(run), "--baseline", str(base), "--config", _config(here)]
+    code, out, err = run_cli(*args, "--max-regression", percent, "--junit-xml", "j.xml")
+    assert code == 0 and "FAIL" not in out and not err, (out, err)
+
+
 def test_a_config_max_regression_on_the_limit_passes(
     run_cli: Any, made_run: Path, here: Path
 ) -> None:
