@@ -251,7 +251,7 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
     made the largest block live at its peak (what to look at first)."""
     from memprobe.attribute import attribute
     from memprobe.snapshot import load_snapshot
-    from memprobe.snapshot.synthesize import another_case
+    from memprobe.snapshot.synthesize import another_case, contradicted_peak
 
     by_id = {r.get("case_id"): r for r in rows}
     notes: list[str] = []
@@ -273,6 +273,10 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
             recorded = another_case(snapshot, case_id)
             if recorded is not None:
                 notes.append(f"{label}: snapshot {path} was recorded for case {recorded}; not read")
+                continue
+            contradiction = contradicted_peak(snapshot, by_id[case_id].get("peak_bytes"))
+            if contradiction is not None:
+                notes.append(f"{label}: snapshot {path} {contradiction}; not read")
                 continue
             groups = attribute(snapshot, path=str(path)).groups
         except UserError as exc:

@@ -136,6 +136,27 @@ def another_case(snapshot: dict[str, Any], case_id: str) -> str | None:
     return None if recorded is None or recorded == case_id else printable(recorded)
 
 
+def contradicted_peak(snapshot: dict[str, Any], peak: Any) -> str | None:
+    """Why a snapshot memprobe synthesized for a case cannot stand beside its row: its
+    allocated bytes are the run's own, exactly, so its peak is the row's peak_bytes. A row
+    edited to 1.10 MiB was drawn beside its snapshot's trace peaking at 112.25 KiB (and
+    the gate named that trace's largest block as the failure's), without a word. None
+    when they agree, or for torch's own snapshots (a whole process: not the kernel's
+    peak). Report and gate both ask this."""
+    meta = snapshot.get("memprobe")
+    if not (isinstance(meta, dict) and meta.get("synthesized") is True and peak):
+        return None
+    from memprobe.snapshot.replay import replay
+
+    traced = replay(snapshot).peak_allocated_bytes
+    if traced == peak:
+        return None
+    return (
+        f"peaks at {traced:,} bytes, and its row's peak_bytes is {peak:,}: memprobe wrote "
+        "both from one measurement, so the results or the snapshot were edited"
+    )
+
+
 def allocator_requests(events: Iterable[Event]) -> tuple[list[Event], list[tuple[int, Event]]]:
     """The tracker's events as the CUDA allocator would receive them, in index order.
 

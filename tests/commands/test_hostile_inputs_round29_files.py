@@ -2,7 +2,8 @@
 sit exactly on a limit the user wrote as a decimal (each limit is the decimal as written,
 compared in whole bytes: a peak exactly at it passes, one byte over fails), and gate
 outputs that cannot be written beside one that can (refused before anything is written),
-and a snapshot's allocator settings table with entries missing (not modelled). Each table
+a snapshot's allocator settings table with entries missing (not modelled), and a row
+whose peak its own memprobe snapshot contradicts (the snapshot is not used). Each table
 is a variant of a defect class the pass found."""
 
 from __future__ import annotations
@@ -270,3 +271,66 @@ def test_a_divisions_table_as_torch_writes_it_is_modelled(
     table, said = TORCH_TABLES[what]
     code, out, err = run_cli("attribute", _divisions_snapshot(here, table), "--replay")
     assert code == 0 and said in out, (out, err)
+
+
+# -- E1: a row whose peak_bytes its own snapshot contradicts. memprobe writes the row and
+# the snapshot from one measurement (the snapshot's allocated bytes are exact), yet a row
+# edited to 10x its peak was drawn beside its snapshot's trace peaking at the old value:
+# the page's table said 1.10 MiB, its figure and breakdown 112.25 KiB, without a word.
+# The snapshot is not used, and the page says why.
+
+PEAK_EDITS = {
+    "ten times": lambda peak: peak * 10,
+    "one byte more": lambda peak: peak + 1,
+    "one byte less": lambda peak: peak - 1,
+}
+
+
+def _report(run_cli: Any, run: Path, here: Path) -> str:
+    page = here / "page.html"
+    code, out, err = run_cli("report", str(run), "--out", str(page))
+    assert code == 0 and not err, (out, err)
+    return page.read_text()
+
+
+@pytest.mark.parametrize("what", sorted(PEAK_EDITS))
+def test_a_row_its_own_snapshot_contradicts_is_drawn_without_it(
+    run_cli: Any, made_run: Path, here: Path, what: str
+) -> None:
+    run = Path(shutil.copytree(made_run, here / "run"))
+    payload = json.loads((run / "results.json").read_text())
+    row = payload["rows"][0]
+    row["peak_bytes"] = PEAK_EDITS[what](row["peak_bytes"])
+    row["forward_peak_bytes"] = row["backward_peak_bytes"] = None
+    (run / "results.json").write_text(json.dumps(payload))
+    page = _report(run_cli, run, here)
+    assert "snapshot not used" in page and "the results or the snapshot were edited" in page
+
+
+def test_a_row_and_its_snapshot_as_written_are_drawn_together(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    assert "snapshot not used" not in _report(run_cli, made_run, here)
+
+
+def test_a_torch_snapshot_in_the_run_is_not_held_to_the_rows_peak(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    # torch's own snapshot holds the whole process: its peak is not the kernel's.
+    run = Path(shutil.copytree(made_run, here / "run"))
+    payload = json.loads((run / "results.json").read_text())
+    snap_path = run / payload["rows"][0]["snapshot"]
+    snap = pickle.loads(snap_path.read_bytes())
+    del snap["memprobe"]
+    snap_path.write_bytes(pickle.dumps(snap))
+    assert "the results or the snapshot were edited" not in _report(run_cli, run, here)
+
+
+# The gate named that snapshot's largest block as the failure's evidence: it says why not.
+def test_the_gate_does_not_explain_a_failure_by_a_snapshot_its_row_contradicts(
+    run_cli: Any, made_run: Path, here: Path
+) -> None:
+    run = _peak_set(made_run, here / "run", 5 * 2**20)
+    code, out, err = run_cli("gate", str(run), "--config", _config(here, 'max_peak = "1MiB"'))
+    assert code == 1 and "the results or the snapshot were edited; not read" in out, (out, err)
+    assert "its largest block live at the peak" not in out
