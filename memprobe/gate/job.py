@@ -274,7 +274,7 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
             if recorded is not None:
                 notes.append(f"{label}: snapshot {path} was recorded for case {recorded}; not read")
                 continue
-            contradiction = contradicted_peak(snapshot, by_id[case_id].get("peak_bytes"))
+            contradiction = contradicted_peak(snapshot, by_id[case_id])
             if contradiction is not None:
                 notes.append(f"{label}: snapshot {path} {contradiction}; not read")
                 continue

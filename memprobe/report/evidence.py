@@ -80,7 +80,7 @@ def gather(row: dict[str, Any], run_dir: Path) -> Evidence:
             "together, more than any device (the file was edited or is not torch's)"
         )
         return Evidence(case.kernel, case, None, problems=(problem,))
-    if (contradiction := contradicted_peak(snapshot, row.get("peak_bytes"))) is not None:
+    if (contradiction := contradicted_peak(snapshot, row)) is not None:
         problem = f"snapshot not used: {row['snapshot']} {contradiction}"
         return Evidence(case.kernel, case, None, problems=(problem,))
     findings, problems = _attribute(case, snapshot)

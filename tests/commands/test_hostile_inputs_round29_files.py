@@ -334,3 +334,26 @@ def test_the_gate_does_not_explain_a_failure_by_a_snapshot_its_row_contradicts(
     code, out, err = run_cli("gate", str(run), "--config", _config(here, 'max_peak = "1MiB"'))
     assert code == 1 and "the results or the snapshot were edited; not read" in out, (out, err)
     assert "its largest block live at the peak" not in out
+
+
+# A row of ranks (tp or cp above 1) holds the largest rank's peak and its snapshot rank
+# 0's: a snapshot that peaks lower is that rank's, not an edit; one that peaks higher is.
+RANK_ROWS = {
+    "tp 2, snapshot lower": ({"tp": 2, "cp": 1}, +1, False),
+    "cp 2, snapshot lower": ({"tp": 1, "cp": 2}, +1, False),
+    "tp 2, snapshot higher": ({"tp": 2, "cp": 1}, -1, True),
+    "one rank, snapshot lower": ({"tp": 1, "cp": 1}, +1, True),
+    "one rank, snapshot as the row": ({"tp": 1, "cp": 1}, 0, False),
+}
+
+
+@pytest.mark.parametrize("what", sorted(RANK_ROWS))
+def test_a_row_of_ranks_may_peak_above_rank_0s_snapshot(made_run: Path, what: str) -> None:
+    from memprobe.snapshot.load import load_snapshot
+    from memprobe.snapshot.synthesize import contradicted_peak
+
+    row = json.loads((made_run / "results.json").read_text())["rows"][0]
+    snapshot = load_snapshot(made_run / row["snapshot"])
+    layout, shift, said = RANK_ROWS[what]
+    edited = {**row, **layout, "peak_bytes": row["peak_bytes"] + shift}
+    assert (contradicted_peak(snapshot, edited) is not None) is said
