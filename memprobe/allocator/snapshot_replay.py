@@ -35,7 +35,7 @@ import bisect
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from memprobe.allocator.config import (
     MALLOC_ASYNC,
@@ -139,10 +139,10 @@ def conf_from_snapshot(snapshot: dict) -> AllocConf:
     if isinstance(gc, (int, float)) and 0 < gc < 1:
         fields["garbage_collection_threshold"] = float(gc)
     divisions = settings.get("roundup_power2_divisions")
-    if isinstance(divisions, dict) and divisions and all(map(_division, divisions.items())):
+    if _torch_divisions(divisions):
         # torch writes {"1": d, "2": d, "4": d, ...}: one entry per interval, keyed in MiB.
-        # Any other table (a ">" key, a negative or fractional count) is no setting torch
-        # has: the defaults stand, as for a field that is not there.
+        # Any other table (a ">" key, a negative or fractional count, intervals missing)
+        # is no setting torch has: the defaults stand, as for a field that is not there.
         values = [int(v) for _, v in sorted(divisions.items(), key=lambda kv: int(kv[0]))]
         values = (values + [values[-1]] * ROUNDUP_INTERVALS)[:ROUNDUP_INTERVALS]
         fields["roundup_power2_divisions"] = tuple(values)
@@ -162,6 +162,17 @@ def expandable_asked_not_run(snapshot: dict) -> bool:
     return settings.get("expandable_segments") is False and bool(
         asked and asked.expandable_segments
     )
+
+
+def _torch_divisions(divisions: Any) -> TypeGuard[dict[Any, Any]]:
+    """Whether ``divisions`` is a table as torch writes it: an entry for each interval
+    from 1 MiB up, in turn. The counts are read in key order, one per interval: a table
+    with intervals missing ({"1": 0, "64": 8}) put 64 MiB's 8 at 2 MiB, and was replayed
+    as roundup_power2_divisions:[1:0,>:8], not the file's [32:0,>:8]."""
+    if not (isinstance(divisions, dict) and divisions and all(map(_division, divisions.items()))):
+        return False
+    keys = sorted(int(k) for k in divisions)
+    return keys == [1 << i for i in range(len(keys))]
 
 
 def _division(item: tuple[Any, Any]) -> bool:

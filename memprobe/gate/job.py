@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from memprobe.config import ROOT, MemprobeConfig, load_config
 from memprobe.errors import UserError
 from memprobe.gate.rules import Row, Verdict, check_each_rule_matches, evaluate
-from memprobe.io.files import guard_outputs, resolved_path
+from memprobe.io.files import check_output_file, guard_outputs, resolved_path
 from memprobe.io.text import shell_word
 from memprobe.records import Grid
 from memprobe.results import (
@@ -101,6 +101,12 @@ def run_gate(req: GateRequest) -> GateOutcome:
         inputs,
         may_replace={"--update-baseline": replaceable},
     )
+    # Each output refused before anything is written or swept: a --junit-xml that is a
+    # folder (or under a file) was refused after --update-baseline had replaced the
+    # baseline, exit 2 with the baseline gone, and after the gate's own sweep had run.
+    for output, what in ((req.junit_xml, "JUnit file"), (req.update_baseline, "baseline")):
+        if output is not None:
+            check_output_file(output, what=what)
     if req.max_regression is not None and req.max_regression >= 0 and baseline_input is None:
         # Growth over no baseline: the gate passed on its rules alone, as if the allowance
         # had been checked. (A value that is no percentage is said so by the verdict.)
@@ -245,7 +251,7 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
     made the largest block live at its peak (what to look at first)."""
     from memprobe.attribute import attribute
     from memprobe.snapshot import load_snapshot
-    from memprobe.snapshot.synthesize import another_case
+    from memprobe.snapshot.synthesize import another_case, contradicted_peak
 
     by_id = {r.get("case_id"): r for r in rows}
     notes: list[str] = []
@@ -267,6 +273,10 @@ def _failure_evidence(verdict: Verdict, rows: Sequence[Row], run_dir: Path) -> l
             recorded = another_case(snapshot, case_id)
             if recorded is not None:
                 notes.append(f"{label}: snapshot {path} was recorded for case {recorded}; not read")
+                continue
+            contradiction = contradicted_peak(snapshot, by_id[case_id])
+            if contradiction is not None:
+                notes.append(f"{label}: snapshot {path} {contradiction}; not read")
                 continue
             groups = attribute(snapshot, path=str(path)).groups
         except UserError as exc:

@@ -21,6 +21,7 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from memprobe.config import Rule
@@ -260,7 +261,10 @@ def check_baseline(
             f"results on {_devices(devices)}: nothing to compare",
             "compare like with like (set device in [tool.memprobe.sweep] or make a new baseline)",
         )
-    allowed = 1.0 + max_regression / 100.0
+    # The growth allowed, as the decimal the user wrote ("15" is 115/100 exactly). In
+    # floats 1 + 15/100 is just under 1.15: a peak of exactly +15% (115 MiB over 100 MiB)
+    # FAILed "allowed +15.00% = 115.00 MiB: over by 0 B". Bytes are compared exactly.
+    allowed = 1 + Fraction(repr(max_regression)) / 100
     checks: list[Check] = []
     matched = _chunk_free_matches(rows, baseline, current)
     for base in baseline:
@@ -307,7 +311,7 @@ def check_baseline(
                     kind="regression",
                     passed=peak <= limit,
                     measured=peak,
-                    limit=limit,
+                    limit=_printable(limit),
                     reference=base_peak,
                     **common,
                 )
@@ -324,6 +328,16 @@ def _devices(devices: set[Any]) -> str:
     named = sorted(str(d) for d in devices if d is not None)
     unnamed = ["an unrecorded device (rows that name none)"] if None in devices else []
     return ", ".join(named + unnamed)
+
+
+def _printable(limit: Fraction) -> float:
+    """An exact limit as the float a line prints: past a float's range (a baseline peak
+    at --max-regression 1e307) it is inf, as the float arithmetic gave before; the check
+    itself is made on the exact bytes."""
+    try:
+        return float(limit)
+    except OverflowError:
+        return math.inf
 
 
 def _chunk_free_matches(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 
 from memprobe.errors import UserError
 from memprobe.io.text import quoted
@@ -77,24 +78,45 @@ def parse_size(value: str | int | float, *, what: str = "size", least: str = "ze
             f"{what} {quoted(value)} is not a size",
             "write bytes or a number with B, KB, MB, GB, TB, KiB, MiB, GiB, TiB",
         )
-    number = float(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit]
+    number = _exact(match.group(1).replace("_", "").replace(",", "")) * _UNITS[unit]
     if signed and number:
         raise UserError(f"{what} {quoted(value)} is negative", negative)
-    if not number <= MAX_SIZE:  # a 400-digit number reads as inf
+    if not number <= MAX_SIZE:
         raise _too_big(what, value)
-    return _whole_bytes(number, what, value, bare=not unit) if _UNITS[unit] == 1 else int(number)
+    if _UNITS[unit] == 1 and number.denominator != 1:
+        raise _whole_bytes_error(what, value, bare=not unit)
+    return int(number)  # a fraction of a byte (10.3 GiB) rounds down, as before
+
+
+def _exact(digits: str) -> Fraction:
+    """The decimal as written, exactly: in floats "8.2GB" was 8,199,999,999 bytes and
+    "1.005KB" 1,004 (a gate's max_peak failed a peak of exactly 8.2 GB "over by 1 B"), and
+    a byte count past 2^53 lost its last digits. Bounded however long the text: a whole
+    part past 24 digits is past every size, and fraction digits past the 64th (below
+    10^-52 of a byte in any unit) only say whether a count of bytes is whole."""
+    whole, _, fraction = digits.partition(".")
+    whole, fraction = whole.lstrip("0") or "0", fraction.rstrip("0")
+    if len(whole) > 24:
+        return Fraction(MAX_SIZE + 1)
+    exact = Fraction(f"{whole}.{fraction[:64] or '0'}")
+    # A nonzero digit past those read keeps the number off a whole count of bytes.
+    return exact + Fraction(1, 10**70) if len(fraction) > 64 else exact
 
 
 def _whole_bytes(number: float, what: str, value: object, *, bare: bool) -> int:
     """A count of bytes, which has no fraction: ``1.5`` (no unit, so bytes) was read as 1
     and ``0.5`` as 0, where the user likely meant a unit they left out."""
     if number != int(number):
-        said = " (a size without a unit is bytes)" if bare else ""
-        raise UserError(
-            f"{what} {quoted(value)} is not a whole number of bytes{said}",
-            "give a unit, e.g. 1.5GiB",
-        )
+        raise _whole_bytes_error(what, value, bare=bare)
     return int(number)
+
+
+def _whole_bytes_error(what: str, value: object, *, bare: bool) -> UserError:
+    said = " (a size without a unit is bytes)" if bare else ""
+    return UserError(
+        f"{what} {quoted(value)} is not a whole number of bytes{said}",
+        "give a unit, e.g. 1.5GiB",
+    )
 
 
 def parse_budget(value: str | int | float, *, what: str = "--budget") -> int:

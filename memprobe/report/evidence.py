@@ -20,7 +20,7 @@ from memprobe.records import Case
 from memprobe.report.breakdown import Breakdown, breakdown
 from memprobe.report.trace import Trace, from_snapshot
 from memprobe.results import case_of
-from memprobe.snapshot.synthesize import another_case
+from memprobe.snapshot.synthesize import another_case, contradicted_peak
 
 FINDINGS_TOP = 6
 NO_SNAPSHOT = "no snapshot in the run for this case: no trace, breakdown or attribution"
@@ -79,6 +79,9 @@ def gather(row: dict[str, Any], run_dir: Path) -> Evidence:
             f"snapshot not used: {row['snapshot']} holds blocks of more than 8 EiB "
             "together, more than any device (the file was edited or is not torch's)"
         )
+        return Evidence(case.kernel, case, None, problems=(problem,))
+    if (contradiction := contradicted_peak(snapshot, row)) is not None:
+        problem = f"snapshot not used: {row['snapshot']} {contradiction}"
         return Evidence(case.kernel, case, None, problems=(problem,))
     findings, problems = _attribute(case, snapshot)
     return Evidence(

@@ -16,7 +16,7 @@ snapshot says so (``memprobe.clock``): readers must not present them as measured
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from memprobe.allocator import AllocConf, simulate
@@ -134,6 +134,30 @@ def another_case(snapshot: dict[str, Any], case_id: str) -> str | None:
     None when it is this case's or names none. Report and gate both ask this."""
     recorded = recorded_case(snapshot)
     return None if recorded is None or recorded == case_id else printable(recorded)
+
+
+def contradicted_peak(snapshot: dict[str, Any], row: Mapping[str, Any]) -> str | None:
+    """Why a snapshot memprobe synthesized for a row's case cannot stand beside it: its
+    allocated bytes are the run's own, exactly, so its peak is the row's peak_bytes. A row
+    edited to 1.10 MiB was drawn beside its snapshot's trace peaking at 112.25 KiB (and
+    the gate named that trace's largest block as the failure's), without a word. A row of
+    ranks (tp or cp above 1) holds the largest rank's peak and the snapshot rank 0's: it
+    may peak lower, never higher. None when they agree, or for torch's own snapshots (a
+    whole process: not the kernel's peak). Report and gate both ask this."""
+    meta = snapshot.get("memprobe")
+    peak = row.get("peak_bytes")
+    if not (isinstance(meta, dict) and meta.get("synthesized") is True and peak):
+        return None
+    from memprobe.snapshot.replay import replay
+
+    traced = replay(snapshot).peak_allocated_bytes
+    of_ranks = (row.get("tp") or 1) > 1 or (row.get("cp") or 1) > 1
+    if traced == peak or (of_ranks and traced < peak):
+        return None
+    return (
+        f"peaks at {traced:,} bytes, and its row's peak_bytes is {peak:,}: memprobe wrote "
+        "both from one measurement, so the results or the snapshot were edited"
+    )
 
 
 def allocator_requests(events: Iterable[Event]) -> tuple[list[Event], list[tuple[int, Event]]]:
