@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from memprobe.measure.memo import trace_memo
 from memprobe.measure.parallel import RankLayout
@@ -22,6 +25,25 @@ class StepTrace:
     fwd_collectives: int
     bwd_collectives: int
     threads: int = 0
+    kept: int = 0  # bytes the kernel left allocated after the step (a cache, a global)
+    held: int = 0  # bytes it kept from earlier cases, still allocated as this one ran
+
+
+# The trackers of earlier steps whose kernel kept storages allocated after it returned, by
+# kernel: each sees those storages freed, so what they still hold is live memory the next
+# case of the kernel runs beside. A kernel that cached a 4 MiB buffer at its first call
+# had it in the first row's peak only: later rows (and every step of plan's search after
+# the first) read as if it held none, and plan fitted it at unchunked's size.
+_KEPT: dict[str, list[AllocationTracker]] = {}
+
+
+def _left(tracker: AllocationTracker) -> int:
+    """Bytes allocated under ``tracker`` (not its inputs) still live."""
+    return sum(e.nbytes for e in tracker.live_now() if not e.op.startswith("input"))
+
+
+def _held(kernel: str) -> int:
+    return sum(_left(t) for t in _KEPT.get(kernel, ()))
 
 
 def traced_step(
@@ -47,14 +69,28 @@ def traced_step(
     tracker = AllocationTracker(capture_frames=capture_frames, memo=trace_memo() if memo else None)
     for label, tensor in protocol.leaves(inputs):
         tracker.track(tensor, op=f"input: {label}")
+    # What the kernel kept from earlier cases is live through this one, as on a GPU.
+    held = _held(case.kernel)
+    holder = torch.empty(held, dtype=torch.uint8, device="meta") if held else None
+    if holder is not None:
+        tracker.track(holder, op="input: kept by the kernel from earlier cases")
     with tracker, threads_started() as started:
         tracker.set_phase("forward")
         logprobs = call(inputs)
         tracker.set_phase("backward")
         grads = backward(logprobs, inputs)
         del logprobs, grads
+    del holder
+    kept = _left(tracker)
+    if kept:  # a reference cycle of the step's own is garbage, not kept: collect it first
+        gc.collect()
+        kept = _left(tracker)
+    if kept:
+        _KEPT.setdefault(case.kernel, []).append(tracker)
     counted = tracker.collectives
-    return StepTrace(tracker, counted.get("forward", 0), counted.get("backward", 0), started[0])
+    return StepTrace(
+        tracker, counted.get("forward", 0), counted.get("backward", 0), started[0], kept, held
+    )
 
 
 def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:
@@ -75,7 +111,11 @@ def run_from_trace(case: Case, trace: StepTrace, **extra: object) -> Run:
         big_fp32_blocks=count_big_fp32_blocks(case, live),
         fwd_collectives=trace.fwd_collectives,
         bwd_collectives=trace.bwd_collectives,
-        note="; ".join(n for n in (describe_filters(case), _threads_note(trace.threads)) if n),
+        note="; ".join(
+            n
+            for n in (describe_filters(case), _threads_note(trace.threads), _kept_note(trace))
+            if n
+        ),
         events=tuple(tracker.events),
         **extra,  # type: ignore[arg-type]
     )
@@ -91,3 +131,17 @@ def _threads_note(threads: int) -> str:
         "peak (on meta and cpu memprobe tracks the thread that runs the kernel; measure it "
         "on a GPU to count every thread)"
     )
+
+
+def _kept_note(trace: StepTrace) -> str:
+    """What the kernel keeps allocated between calls: in the peak of the case that made it
+    and, while it stays allocated, of every later case of the kernel in this process."""
+    said = []
+    if trace.held:
+        said.append(f"this peak holds {trace.held:,} B the kernel kept from earlier cases")
+    if trace.kept:
+        said.append(
+            f"the kernel kept {trace.kept:,} B allocated after it returned (a cache or a "
+            "global): counted in this peak and in its later cases' while it stays allocated"
+        )
+    return "; ".join(said)

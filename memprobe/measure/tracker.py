@@ -304,6 +304,10 @@ class AllocationTracker(TorchDispatchMode):
                 live.pop(event.storage, None)
         return sorted(live.values(), key=lambda e: e.nbytes, reverse=True)
 
+    def live_now(self) -> list[Event]:
+        """Allocations live now (given to :meth:`track` or allocated under it)."""
+        return list(self._live.values())
+
     def live_at_peak(self) -> list[Event]:
         return self.live_at(self.peak_index) if self.peak_index >= 0 else []
 
