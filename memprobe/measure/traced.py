@@ -6,8 +6,6 @@ import gc
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from memprobe.measure.memo import trace_memo
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
@@ -65,15 +63,19 @@ def traced_step(
     call = protocol.forward(case, layout=layout)
     backward = protocol.backward_of(case)
     # On meta a chunk loop asks each op the same question every chunk: answered from
-    # memory where that is exact (measure.memo; ops on other devices just run).
-    tracker = AllocationTracker(capture_frames=capture_frames, memo=trace_memo() if memo else None)
-    for label, tensor in protocol.leaves(inputs):
+    # memory where that is exact (measure.memo; ops on other devices just run). Only the
+    # inputs' device is counted: a kernel's scratch tensor on the host (torch.empty(n),
+    # no device) was read as 4 MiB more of a meta case's device memory, which a GPU's
+    # allocator never counts, and a meta one (device="meta") as real memory of a CPU case.
+    leaves = protocol.leaves(inputs)
+    device = leaves[0][1].device.type if leaves else None
+    memo_ = trace_memo() if memo else None
+    tracker = AllocationTracker(capture_frames=capture_frames, memo=memo_, device=device)
+    for label, tensor in leaves:
         tracker.track(tensor, op=f"input: {label}")
     # What the kernel kept from earlier cases is live through this one, as on a GPU.
     held = _held(case.kernel)
-    holder = torch.empty(held, dtype=torch.uint8, device="meta") if held else None
-    if holder is not None:
-        tracker.track(holder, op="input: kept by the kernel from earlier cases")
+    holder = tracker.hold(held, "input: kept by the kernel from earlier cases") if held else None
     with tracker, threads_started() as started:
         tracker.set_phase("forward")
         logprobs = call(inputs)
@@ -91,6 +93,15 @@ def traced_step(
     return StepTrace(
         tracker, counted.get("forward", 0), counted.get("backward", 0), started[0], kept, held
     )
+
+
+def _elsewhere_note(tracker: AllocationTracker) -> str:
+    """Tensors the kernel made on another device than its inputs' (host scratch on a
+    meta or GPU case, meta tensors on a CPU one): not this device's memory."""
+    if not tracker.elsewhere:
+        return ""
+    made = ", ".join(f"{n:,} on {kind}" for kind, n in sorted(tracker.elsewhere.items()))
+    return f"the kernel made tensors on another device than its inputs' ({made}): not in this peak"
 
 
 def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:
@@ -113,7 +124,12 @@ def run_from_trace(case: Case, trace: StepTrace, **extra: object) -> Run:
         bwd_collectives=trace.bwd_collectives,
         note="; ".join(
             n
-            for n in (describe_filters(case), _threads_note(trace.threads), _kept_note(trace))
+            for n in (
+                describe_filters(case),
+                _threads_note(trace.threads),
+                _kept_note(trace),
+                _elsewhere_note(tracker),
+            )
             if n
         ),
         events=tuple(tracker.events),

@@ -256,6 +256,14 @@ class AllocationTracker(TorchDispatchMode):
             shape = tuple(int(d) for d in tensor.shape)
             self._alloc(key, storage, shape, str(tensor.dtype), op, self._frames(sys._getframe(1)))
 
+    def hold(self, nbytes: int, op: str) -> torch.Tensor:
+        """Count ``nbytes`` held outside what it sees (on its device, whichever that is)
+        as live until the returned stand-in, a meta tensor, is dropped."""
+        stand_in = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+        key, storage = _storage_key(stand_in)
+        self._alloc(key, storage, (nbytes,), str(stand_in.dtype), op, ())
+        return stand_in
+
     def saw(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor``'s storage is one this tracker holds as live (allocated under
         it, or given to :meth:`track`); always True for a device it does not count."""

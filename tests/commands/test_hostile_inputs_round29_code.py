@@ -2,7 +2,8 @@
 backward, a user's step, the model config `memprobe step` builds from): each row is a
 variant of a defect class the pass found. One line and exit 2, the case's error row, or a
 sane answer. The classes, in order: a kernel giving its inputs other data (``.data =``);
-memory a kernel keeps allocated between its calls."""
+memory a kernel keeps allocated between its calls; a kernel's tensors on another device
+than its inputs' counted as theirs."""
 
 from __future__ import annotations
 
@@ -159,3 +160,71 @@ def test_a_kernels_garbage_cycle_is_not_kept(run_cli: Any, here: Path, body: str
     assert code == 0, err
     (row,) = json.loads(out)["results"]
     assert row["status"] == "ok" and "kept" not in row["note"]
+
+
+# -- a kernel's tensors on another device than its inputs' counted as the inputs' device's
+# memory: a host scratch buffer (``torch.empty(n)``, no device) read as 4 MiB more of a
+# meta case's device memory (4,276,224 B where unchunked's 114,944 B is all a GPU's
+# allocator would count), and `attribute --what-if` predicted 16.70 MiB for a kernel whose
+# only addition was 16 MiB on the host; a ``device="meta"`` scratch read as 4 MiB of a CPU
+# case's real memory. Only the inputs' device is counted, and the row says what was not.
+ELSEWHERE = {
+    "host scratch, no device": ("meta", "s = torch.empty(1 << 20)"),
+    "host scratch, device named": ("meta", "s = torch.ones(1 << 20, device='cpu')"),
+    "host scratch, a torch.device": (
+        "meta",
+        "s = torch.zeros(64, 128, device=torch.device('cpu'))",
+    ),
+    "meta scratch on a CPU case": ("cpu", "s = torch.empty(1 << 20, device='meta')"),
+}
+
+
+@pytest.mark.parametrize("what", ELSEWHERE)
+def test_a_kernels_tensors_elsewhere_are_not_its_devices_memory(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    device, body = ELSEWHERE[what]
+    kernel = user_module(here, "r29_elsewhere", CACHED.format(pre="", body=body)) + ":k"
+    shape = ["--tokens", "16", "--vocab", "32"] if device == "cpu" else []
+    sweep = [*SWEEP, "--device", device, *shape]
+    code, out, err = run_cli(*sweep, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    mine, own = json.loads(out)["results"]
+    assert mine["peak_bytes"] == own["peak_bytes"]
+    assert "another device than its inputs' (1 on " in mine["note"] and not own["note"]
+
+
+# ...and a tensor made elsewhere then moved to the inputs' device is counted there.
+def test_a_kernels_host_tensor_moved_to_its_device_is_counted(run_cli: Any, here: Path) -> None:
+    body = "s = torch.empty(1 << 20).to(logits.device)"
+    kernel = user_module(here, "r29_moved", CACHED.format(pre="", body=body)) + ":k"
+    code, out, err = run_cli(*SWEEP, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    mine, own = json.loads(out)["results"]
+    assert mine["peak_bytes"] == own["forward_peak_bytes"] + 4 * (1 << 20)  # freed at return
+
+
+# A step whose loss --what-if finds (round 21's).
+LOSS_STEP = (
+    "import torch\n"
+    "def step(device):\n"
+    "    w = torch.zeros(512, 64, device=device, dtype=torch.bfloat16, requires_grad=True)\n"
+    "    h = torch.zeros(1, 128, 64, device=device, dtype=torch.bfloat16, requires_grad=True)\n"
+    "    t = torch.zeros(1, 128, 1, dtype=torch.long, device=device)\n"
+    "    lp = torch.log_softmax((h @ w.T).float(), -1).gather(-1, t)\n"
+    "    (-lp.mean()).backward()\n"
+)
+
+
+def test_a_what_if_kernels_host_scratch_is_not_the_steps(run_cli: Any, here: Path) -> None:
+    step = user_module(here, "r29_loss_step", LOSS_STEP)
+    code, _, err = run_cli("profile", f"{step}:step", "--out", "s.pickle", "--top", "1")
+    assert code == 0, err
+    body = "s = torch.empty(1 << 22)"
+    kernel = user_module(here, "r29_whatif_host", CACHED.format(pre="", body=body)) + ":k"
+    said = []
+    for name in (kernel, "unchunked"):
+        code, out, err = run_cli("attribute", "s.pickle", "--what-if", name, "--json")
+        assert code == 0, err
+        said.append(json.loads(out)["what_if"]["predicted_peak_bytes"])
+    assert said[0] == said[1]
