@@ -3,7 +3,7 @@ backward, a user's step, the model config `memprobe step` builds from): each row
 variant of a defect class the pass found. One line and exit 2, the case's error row, or a
 sane answer. The classes, in order: a kernel giving its inputs other data (``.data =``);
 memory a kernel keeps allocated between its calls; a kernel's tensors on another device
-than its inputs' counted as theirs."""
+than its inputs' counted as theirs; memprobe_consumes_logits read by its truth."""
 
 from __future__ import annotations
 
@@ -228,3 +228,39 @@ def test_a_what_if_kernels_host_scratch_is_not_the_steps(run_cli: Any, here: Pat
         assert code == 0, err
         said.append(json.loads(out)["what_if"]["predicted_peak_bytes"])
     assert said[0] == said[1]
+
+
+# -- memprobe_consumes_logits read by its truth: "False" (or "no", 1, a list) said the
+# kernel consumes its logits, and its row's floor dropped their gradient (16,384 B where it
+# holds 32,768 B; peak over floor 7.0, not 3.5) with no word. Only True or False is read.
+NOT_BOOLS = {
+    "the string 'False'": ("'False'", "'False'"),
+    "the string 'no'": ("'no'", "'no'"),
+    "the integer 1": ("1", "int"),
+    "a list": ("[True]", "list"),
+    "a str subclass": ("type('S', (str,), {'__repr__': lambda s: 'True'})('x')", "'x'"),
+}
+CONSUMES = (
+    "import torch\nfrom memprobe.kernels import get_kernel\n_u = get_kernel('unchunked')\n"
+    "def k(logits, targets, *, chunk_size=None):\n    return _u(logits, targets)\n"
+    "k.memprobe_consumes_logits = {value}\n"
+)
+
+
+@pytest.mark.parametrize("what", NOT_BOOLS)
+def test_a_consumes_flag_that_is_not_a_bool_is_one_line(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    value, said = NOT_BOOLS[what]
+    kernel = user_module(here, "r29_consumes", CONSUMES.format(value=value)) + ":k"
+    err = one_line(*run_cli(*SWEEP, "--kernel", kernel))
+    assert f"memprobe_consumes_logits is {said}, not True or False" in err
+
+
+@pytest.mark.parametrize("value", ["True", "False"])
+def test_a_consumes_flag_that_is_a_bool_is_read(run_cli: Any, here: Path, value: str) -> None:
+    kernel = user_module(here, "r29_consumes_ok", CONSUMES.format(value=value)) + ":k"
+    code, out, err = run_cli(*SWEEP, "--kernel", kernel)
+    assert code == 0, err
+    (row,) = json.loads(out)["results"]
+    assert row["floor_bytes"] == 64 * 128 * 2 * (1 if value == "True" else 2)
