@@ -176,7 +176,8 @@ def resolve_user_kernel(path: str) -> KernelSpec:
         _returns_a_tensor(fn, path)
         inputs = _protocol(fn, path)
         doc = inspect.getdoc(fn)
-        consumes = getattr(fn, "memprobe_consumes_logits", False)
+        consumes = getattr(fn, "memprobe_consumes_logits", None)
+        consumes = False if consumes is None else consumes  # None: not said, as unset
         if not isinstance(consumes, bool):
             # Read by its truth, "False" (or "no", 1) said it consumes its logits: the floor
             # dropped their gradient (16 KiB where it holds 32 KiB), and the kernel was told

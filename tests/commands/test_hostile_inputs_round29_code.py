@@ -257,7 +257,7 @@ def test_a_consumes_flag_that_is_not_a_bool_is_one_line(
     assert f"memprobe_consumes_logits is {said}, not True or False" in err
 
 
-@pytest.mark.parametrize("value", ["True", "False"])
+@pytest.mark.parametrize("value", ["True", "False", "None"])
 def test_a_consumes_flag_that_is_a_bool_is_read(run_cli: Any, here: Path, value: str) -> None:
     kernel = user_module(here, "r29_consumes_ok", CONSUMES.format(value=value)) + ":k"
     code, out, err = run_cli(*SWEEP, "--kernel", kernel)
