@@ -37,11 +37,17 @@ _KEPT: dict[str, list[AllocationTracker]] = {}
 
 def _left(tracker: AllocationTracker) -> int:
     """Bytes allocated under ``tracker`` (not its inputs) still live."""
-    return sum(e.nbytes for e in tracker.live_now() if not e.op.startswith("input"))
+    return sum(event.nbytes for _, event in tracker.left())
 
 
-def _held(kernel: str) -> int:
-    return sum(_left(t) for t in _KEPT.get(kernel, ()))
+def _adopt_kept(tracker: AllocationTracker, kernel: str) -> int:
+    """Adopt what ``kernel`` kept from earlier cases; its bytes. (A function of its own: a
+    loop variable left holding a storage would keep it allocated through the case.)"""
+    before = tracker.live_bytes
+    for earlier in _KEPT.get(kernel, ()):
+        for storage, event in earlier.left():
+            tracker.adopt(storage, event, "input: kept by the kernel from earlier cases")
+    return tracker.live_bytes - before
 
 
 def traced_step(
@@ -74,15 +80,14 @@ def traced_step(
     for label, tensor in leaves:
         tracker.track(tensor, op=f"input: {label}")
     # What the kernel kept from earlier cases is live through this one, as on a GPU.
-    held = _held(case.kernel)
-    holder = tracker.hold(held, "input: kept by the kernel from earlier cases") if held else None
+    # Each storage is adopted, so one the kernel frees as this case runs is freed here too.
+    held = _adopt_kept(tracker, case.kernel)
     with tracker, threads_started() as started:
         tracker.set_phase("forward")
         logprobs = call(inputs)
         tracker.set_phase("backward")
         grads = backward(logprobs, inputs)
         del logprobs, grads
-    del holder
     kept = _left(tracker)
     if kept:  # a reference cycle of the step's own is garbage, not kept: collect it first
         gc.collect()

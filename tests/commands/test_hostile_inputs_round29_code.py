@@ -136,6 +136,20 @@ def test_memory_a_kernel_keeps_between_calls_is_in_each_peak(
     assert not rows["unchunked", 128]["note"]
 
 
+# ...and what it frees of that as a later case runs is freed there: a cache emptied first
+# holds one buffer at a time, not two.
+def test_a_kept_buffer_the_kernel_frees_is_freed_in_the_later_case(
+    run_cli: Any, here: Path
+) -> None:
+    body = "_B.clear(); _B['x'] = torch.empty(1 << 18, device=logits.device)"
+    kernel = user_module(here, "r29_cleared", CACHED.format(pre="_B = {}", body=body)) + ":k"
+    sweep = [a if a != "64" else "64,128" for a in SWEEP]
+    code, out, err = run_cli(*sweep, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    rows = {(r["kernel"], r["tokens"]): r for r in json.loads(out)["results"]}
+    assert rows[kernel, 128]["peak_bytes"] == rows["unchunked", 128]["peak_bytes"] + (1 << 20)
+
+
 def test_plan_fits_a_kernel_beside_what_it_keeps(run_cli: Any, here: Path) -> None:
     pre, body, _ = CACHES["one buffer, made once"]
     kernel = user_module(here, "r29_plan_cache", CACHED.format(pre=pre, body=body)) + ":k"
