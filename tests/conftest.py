@@ -47,6 +47,10 @@ def _user_code_left_forgotten():
         user_hooks._MODULES_LEFT.clear()
         user_hooks._ROOT_LEFT.update(handlers=[], level=None)
         user_torch.forget_left()
+    if "memprobe.measure.traced" in sys.modules:
+        from memprobe.measure import traced
+
+        traced._KEPT.clear()  # what one test's kernel kept is not another's
 
 
 @pytest.fixture

@@ -51,7 +51,8 @@ def simulate_kernel(kernel: str, step: LossStep, chunk_size: int | None) -> Kern
     # The kernel runs on the loss's rows (S − 1 for a shifted loss); the logits have S.
     case = Case(kernel, step.batch, step.loss_rows, step.vocab, step.dtype, chunk_size)
     call = kernel_call(case)
-    tracker = AllocationTracker(capture_frames=True)
+    # The GPU's memory only: a kernel's host scratch is not the step's (measure.traced).
+    tracker = AllocationTracker(capture_frames=True, device="meta")
     released: list[int] = []
 
     class _Loss(torch.autograd.Function):

@@ -176,7 +176,18 @@ def resolve_user_kernel(path: str) -> KernelSpec:
         _returns_a_tensor(fn, path)
         inputs = _protocol(fn, path)
         doc = inspect.getdoc(fn)
-        consumes = bool(getattr(fn, "memprobe_consumes_logits", False))
+        consumes = getattr(fn, "memprobe_consumes_logits", None)
+        consumes = False if consumes is None else consumes  # None: not said, as unset
+        if not isinstance(consumes, bool):
+            # Read by its truth, "False" (or "no", 1) said it consumes its logits: the floor
+            # dropped their gradient (16 KiB where it holds 32 KiB), and the kernel was told
+            # to consume logits it keeps.
+            text = str.__str__(consumes)[:40] if isinstance(consumes, str) else None
+            held = repr(text) if text is not None else type(consumes).__name__
+            raise UserError(
+                f"kernel {path!r}: memprobe_consumes_logits is {held}, not True or False",
+                "set it to True (the kernel writes into its logits) or False",
+            )
     except UserError:
         raise
     except Exception as exc:

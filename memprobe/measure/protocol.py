@@ -158,7 +158,8 @@ def traced_hidden_step(
     """Forward and backward of ``fn`` once under the allocation tracker, as
     :func:`memprobe.measure.traced.traced_step` runs a registered kernel; hidden and
     weight are counted from the start, the step's own tensors dropped before returning."""
-    tracker = AllocationTracker(capture_frames=capture_frames)
+    device = inputs.hidden.device.type  # its device's memory only, as traced_step counts
+    tracker = AllocationTracker(capture_frames=capture_frames, device=device)
     for label, tensor in HIDDEN.leaves(inputs):
         tracker.track(tensor, op=f"input: {label}")
     with tracker:

@@ -231,17 +231,36 @@ def _check_seen(out: torch.Tensor) -> None:
         )
 
 
-def versions(tensors: tuple[torch.Tensor, ...]) -> tuple[int, ...]:
-    """Each tensor's version counter: torch bumps it at every in-place write (on meta too,
-    and through a custom Function's saved copy of it)."""
-    return tuple(t._version for t in tensors)
+# What identifies a tensor's contents: its version counter, and its place in memory.
+Mark = tuple[int, tuple[int, ...], tuple[int, ...], int, int]
+
+
+def versions(tensors: tuple[torch.Tensor, ...]) -> tuple[Mark, ...]:
+    """Each tensor's version counter (torch bumps it at every in-place write, on meta too,
+    and through a custom Function's saved copy of it) and its shape, strides, offset and
+    storage: ``logits.data = logits.data[:, :, :1]`` swaps those in and bumps no version,
+    and a kernel that did so was measured on a 128th of its logits (17 KiB where it holds
+    112 KiB, status ok) and recommended by plan."""
+    return tuple(
+        (t._version, tuple(t.shape), t.stride(), int(t.storage_offset()), _storage(t))
+        for t in tensors
+    )
+
+
+def _storage(t: torch.Tensor) -> int:
+    """The identity of ``t``'s storage (0 for a tensor without one of its own)."""
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):
+        return 0
 
 
 def refuse_written(
-    kernel: str, inputs: tuple[tuple[str, torch.Tensor], ...], before: tuple[int, ...]
+    kernel: str, inputs: tuple[tuple[str, torch.Tensor], ...], before: tuple[Mark, ...]
 ) -> None:
     """Refuse a kernel that wrote into the inputs it differentiates (``(label, tensor)``,
-    their versions ``before`` it ran) without ``memprobe_consumes_logits``. A user kernel
+    their :func:`versions` ``before`` it ran) without ``memprobe_consumes_logits``, or gave
+    them other data (``.data =``, ``set_``, ``resize_``). A user kernel
     that wrote its gradient into the logits in backward (as ``local_chunked_inplace``
     does), or zeroed them under ``no_grad()`` after its forward, was measured as one that
     keeps them: its floor counted a gradient it never holds and the answer named it
@@ -249,7 +268,16 @@ def refuse_written(
     A training step that reads its logits or hidden states after the loss then reads the
     gradient instead."""
     spec = get_spec(kernel)
-    written = [label for (label, t), v in zip(inputs, before, strict=True) if t._version != v]
+    after = versions(tuple(t for _, t in inputs))
+    pairs = list(zip(inputs, after, before, strict=True))
+    moved = [label for (label, _), a, b in pairs if a[1:] != b[1:]]
+    if moved:
+        raise BadResult(
+            f"the kernel gave its {' and '.join(moved)} other data (`.data =`, set_ or "
+            "resize_), so what memprobe measured is not its work on the inputs it was "
+            "given: compute on those as given, or on a copy"
+        )
+    written = [label for (label, _), a, b in pairs if a != b]
     if not written or (spec.consumes_logits and written == ["logits"]):
         return
     if written == ["logits"]:

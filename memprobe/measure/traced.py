@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,31 @@ class StepTrace:
     fwd_collectives: int
     bwd_collectives: int
     threads: int = 0
+    kept: int = 0  # bytes the kernel left allocated after the step (a cache, a global)
+    held: int = 0  # bytes it kept from earlier cases, still allocated as this one ran
+
+
+# The trackers of earlier steps whose kernel kept storages allocated after it returned, by
+# kernel: each sees those storages freed, so what they still hold is live memory the next
+# case of the kernel runs beside. A kernel that cached a 4 MiB buffer at its first call
+# had it in the first row's peak only: later rows (and every step of plan's search after
+# the first) read as if it held none, and plan fitted it at unchunked's size.
+_KEPT: dict[str, list[AllocationTracker]] = {}
+
+
+def _left(tracker: AllocationTracker) -> int:
+    """Bytes allocated under ``tracker`` (not its inputs) still live."""
+    return sum(event.nbytes for _, event in tracker.left())
+
+
+def _adopt_kept(tracker: AllocationTracker, kernel: str) -> int:
+    """Adopt what ``kernel`` kept from earlier cases; its bytes. (A function of its own: a
+    loop variable left holding a storage would keep it allocated through the case.)"""
+    before = tracker.live_bytes
+    for earlier in _KEPT.get(kernel, ()):
+        for storage, event in earlier.left():
+            tracker.adopt(storage, event, "input: kept by the kernel from earlier cases")
+    return tracker.live_bytes - before
 
 
 def traced_step(
@@ -43,18 +69,44 @@ def traced_step(
     call = protocol.forward(case, layout=layout)
     backward = protocol.backward_of(case)
     # On meta a chunk loop asks each op the same question every chunk: answered from
-    # memory where that is exact (measure.memo; ops on other devices just run).
-    tracker = AllocationTracker(capture_frames=capture_frames, memo=trace_memo() if memo else None)
-    for label, tensor in protocol.leaves(inputs):
+    # memory where that is exact (measure.memo; ops on other devices just run). Only the
+    # inputs' device is counted: a kernel's scratch tensor on the host (torch.empty(n),
+    # no device) was read as 4 MiB more of a meta case's device memory, which a GPU's
+    # allocator never counts, and a meta one (device="meta") as real memory of a CPU case.
+    leaves = protocol.leaves(inputs)
+    device = leaves[0][1].device.type if leaves else None
+    memo_ = trace_memo() if memo else None
+    tracker = AllocationTracker(capture_frames=capture_frames, memo=memo_, device=device)
+    for label, tensor in leaves:
         tracker.track(tensor, op=f"input: {label}")
+    # What the kernel kept from earlier cases is live through this one, as on a GPU.
+    # Each storage is adopted, so one the kernel frees as this case runs is freed here too.
+    held = _adopt_kept(tracker, case.kernel)
     with tracker, threads_started() as started:
         tracker.set_phase("forward")
         logprobs = call(inputs)
         tracker.set_phase("backward")
         grads = backward(logprobs, inputs)
         del logprobs, grads
+    kept = _left(tracker)
+    if kept:  # a reference cycle of the step's own is garbage, not kept: collect it first
+        gc.collect()
+        kept = _left(tracker)
+    if kept:
+        _KEPT.setdefault(case.kernel, []).append(tracker)
     counted = tracker.collectives
-    return StepTrace(tracker, counted.get("forward", 0), counted.get("backward", 0), started[0])
+    return StepTrace(
+        tracker, counted.get("forward", 0), counted.get("backward", 0), started[0], kept, held
+    )
+
+
+def _elsewhere_note(tracker: AllocationTracker) -> str:
+    """Tensors the kernel made on another device than its inputs' (host scratch on a
+    meta or GPU case, meta tensors on a CPU one): not this device's memory."""
+    if not tracker.elsewhere:
+        return ""
+    made = ", ".join(f"{n:,} on {kind}" for kind, n in sorted(tracker.elsewhere.items()))
+    return f"the kernel made tensors on another device than its inputs' ({made}): not in this peak"
 
 
 def count_big_fp32_blocks(case: Case, live: list[Event]) -> int:
@@ -75,7 +127,16 @@ def run_from_trace(case: Case, trace: StepTrace, **extra: object) -> Run:
         big_fp32_blocks=count_big_fp32_blocks(case, live),
         fwd_collectives=trace.fwd_collectives,
         bwd_collectives=trace.bwd_collectives,
-        note="; ".join(n for n in (describe_filters(case), _threads_note(trace.threads)) if n),
+        note="; ".join(
+            n
+            for n in (
+                describe_filters(case),
+                _threads_note(trace.threads),
+                _kept_note(trace),
+                _elsewhere_note(tracker),
+            )
+            if n
+        ),
         events=tuple(tracker.events),
         **extra,  # type: ignore[arg-type]
     )
@@ -91,3 +152,17 @@ def _threads_note(threads: int) -> str:
         "peak (on meta and cpu memprobe tracks the thread that runs the kernel; measure it "
         "on a GPU to count every thread)"
     )
+
+
+def _kept_note(trace: StepTrace) -> str:
+    """What the kernel keeps allocated between calls: in the peak of the case that made it
+    and, while it stays allocated, of every later case of the kernel in this process."""
+    said = []
+    if trace.held:
+        said.append(f"this peak holds {trace.held:,} B the kernel kept from earlier cases")
+    if trace.kept:
+        said.append(
+            f"the kernel kept {trace.kept:,} B allocated after it returned (a cache or a "
+            "global): counted in this peak and in its later cases' while it stays allocated"
+        )
+    return "; ".join(said)

@@ -154,6 +154,7 @@ class AllocationTracker(TorchDispatchMode):
         self.phase = "setup"
         self.events: list[Event] = []
         self._live: dict[int, Event] = {}
+        self._storages: dict[int, weakref.ref[Any]] = {}  # of the live, for adopt()
         self._t0 = time.perf_counter()
         self.live_bytes = 0
         self.peak_bytes = 0
@@ -218,6 +219,7 @@ class AllocationTracker(TorchDispatchMode):
         )
         self.events.append(event)
         self._live[key] = event
+        self._storages[key] = weakref.ref(storage)
         self.live_bytes += event.nbytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
@@ -227,6 +229,7 @@ class AllocationTracker(TorchDispatchMode):
 
     def _on_free(self, key: int) -> None:
         alloc = self._live.pop(key, None)
+        self._storages.pop(key, None)
         if alloc is None:
             return
         self.live_bytes -= alloc.nbytes
@@ -255,6 +258,24 @@ class AllocationTracker(TorchDispatchMode):
         if storage.nbytes():
             shape = tuple(int(d) for d in tensor.shape)
             self._alloc(key, storage, shape, str(tensor.dtype), op, self._frames(sys._getframe(1)))
+
+    def left(self) -> list[tuple[Any, Event]]:
+        """The storages allocated under it (not given to :meth:`track`) still live, with
+        their allocations."""
+        out = []
+        for key, event in list(self._live.items()):
+            storage = self._storages[key]() if key in self._storages else None
+            if storage is not None and not event.op.startswith("input"):
+                out.append((storage, event))
+        return out
+
+    def adopt(self, storage: Any, event: Event, op: str) -> None:
+        """Count another tracker's live ``storage`` (its allocation ``event``) as live from
+        now on, until it is freed, if it is on the device counted."""
+        if self.device is not None and storage.device.type != self.device:
+            return
+        if storage._cdata not in self._live:
+            self._alloc(storage._cdata, storage, event.shape, event.dtype, op, event.frames)
 
     def saw(self, tensor: torch.Tensor) -> bool:
         """Whether ``tensor``'s storage is one this tracker holds as live (allocated under
@@ -303,6 +324,10 @@ class AllocationTracker(TorchDispatchMode):
             else:
                 live.pop(event.storage, None)
         return sorted(live.values(), key=lambda e: e.nbytes, reverse=True)
+
+    def live_now(self) -> list[Event]:
+        """Allocations live now (given to :meth:`track` or allocated under it)."""
+        return list(self._live.values())
 
     def live_at_peak(self) -> list[Event]:
         return self.live_at(self.peak_index) if self.peak_index >= 0 else []
