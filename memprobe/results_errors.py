@@ -140,7 +140,7 @@ def changed_kernel(run_dir: Path, meta: Row, kernels: Iterable[str]) -> UserErro
     began to its rows measured before, or None. A kernel edited between an interrupted
     run and its resume (unchunked's code, then local_chunked's) had both under one name:
     3.51x its floor at 64 tokens, 2.02x at 128, one kernel's ladder to the page and gate."""
-    from memprobe.kernels.user import kernel_source_digests, kernel_source_files
+    from memprobe.kernels.user_sources import kernel_source_digests, kernel_source_files
 
     recorded = meta.get("kernel_sources")
     if not isinstance(recorded, dict):

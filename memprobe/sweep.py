@@ -26,7 +26,7 @@ from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.kernels.peers import PEERS
 from memprobe.kernels.registry import check_inputs_match
-from memprobe.kernels.user import kernel_source_digests
+from memprobe.kernels.user_sources import kernel_source_digests
 from memprobe.measure import measure, resolve_device
 from memprobe.measure.parallel import (
     RankLayout,

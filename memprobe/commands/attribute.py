@@ -68,7 +68,7 @@ def attribute_command(
     conf = modelled_alloc_conf(alloc_conf) if alloc_conf is not None else None
     if html_path is not None:
         # Before anything is read or written: the page must not replace the snapshot.
-        from memprobe.kernels.user import kernel_source_files, loaded_code_files
+        from memprobe.kernels.user_sources import kernel_source_files, loaded_code_files
 
         sources = [Path(snapshot), *kernel_source_files(what_if)]
         guard_outputs({"--html": html_path}, [*sources, *loaded_code_files([html_path])])
@@ -87,7 +87,7 @@ def attribute_command(
             path=str(snapshot),
         )
     if html_path is not None and what_if is not None:
-        from memprobe.kernels.user import loaded_code_files
+        from memprobe.kernels.user_sources import loaded_code_files
 
         # A module the kernel imported as it ran is code too: never replaced.
         guard_outputs({"--html": html_path}, loaded_code_files([html_path]))

@@ -50,7 +50,7 @@ def profile_command(
         if path is not None:
             check_output_file(path, what=what)
     # torch only now: the CLI starts without it.
-    from memprobe.kernels.user import loaded_code_files, source_files
+    from memprobe.kernels.user_sources import loaded_code_files, source_files
     from memprobe.profile import load_step, profile_step
     from memprobe.snapshot.write import write_snapshot
 

@@ -183,7 +183,7 @@ def step_command(
     budget_bytes = parse_budget(budget) if budget is not None else None
     setting = alloc_conf_setting(alloc_conf)  # else the environment's, as sweep
     conf = modelled_alloc_conf(*setting) if setting is not None else None
-    from memprobe.kernels.user import kernel_source_files, loaded_code_files
+    from memprobe.kernels.user_sources import kernel_source_files, loaded_code_files
 
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
     sources = [source, *kernel_source_files(step_flags.get("kernel"))]
