@@ -151,8 +151,16 @@ def answer_line(plans: Sequence[TokenPlan], budget: Budget) -> str:
     if not fitting:
         # Nothing fits: every search ended at one token, over the limit (never None).
         leanest = min(plans, key=lambda p: p.allocated.peak_above or 0)
+        # The search counts one sequence's tokens: at --batch 2 its one token is two on
+        # the GPU ("one token per GPU already needs 28.01 KiB" was the peak of two).
+        batch = leanest.target.batch
+        one = (
+            f"one token per sequence × {batch} sequences = {batch} per GPU"
+            if batch > 1
+            else "one token per GPU"
+        )
         return (
-            f"answer: nothing fits: one token per GPU already needs "
+            f"answer: nothing fits: {one} already needs "
             f"{format_bytes(leanest.allocated.peak_above)} with {leanest.target.kernel} "
             f"(tp {leanest.target.tp}), and the step has {left}"
         )

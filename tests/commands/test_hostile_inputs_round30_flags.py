@@ -89,3 +89,39 @@ def test_a_whole_step_plan_where_nothing_fits(run_cli: Any, tmp_path: Path) -> N
     line_at_one = row["slope_bytes_per_token"] + row["fixed_bytes"]
     off = abs(row["peak_bytes_above_max"] - line_at_one) >= row["slope_bytes_per_token"]
     assert row["line_exact"] is (not off)
+
+
+# -- a plan where nothing fits at --batch 2 (`plan --vocab 1024 --budget 4KiB --batch 2`):
+# the answer said "one token per GPU already needs 28.01 KiB", but the search counts one
+# sequence's tokens: 28.01 KiB is the peak of one token in each of two sequences, two per
+# GPU (one token per GPU cannot even be asked for at --batch 2). It now says so.
+BATCHED = {
+    "unchunked batch 2": (["--kernel", "unchunked", "--batch", "2"], 2, 1),
+    "unchunked batch 3": (["--kernel", "unchunked", "--batch", "3"], 3, 1),
+    "distributed tp 2 cp 2 batch 3": (
+        ["--kernel", "distributed", "--tp", "2", "--cp", "2", "--batch", "3"],
+        3,
+        2,
+    ),
+    "batch 1": (["--kernel", "unchunked"], 1, 1),
+}
+
+
+@pytest.mark.parametrize(("args", "batch", "tp"), BATCHED.values(), ids=list(BATCHED))
+def test_nothing_fits_at_a_batch_counts_one_token_per_sequence(
+    run_cli: Any, args: list[str], batch: int, tp: int
+) -> None:
+    code, out, _ = run_cli(*PLAN, "--budget", "4KiB", "--dtype", "fp32", *args)
+    assert code == 0
+    answer = out.strip().splitlines()[-1]
+    if batch == 1:
+        assert answer.startswith("answer: nothing fits: one token per GPU already needs"), out
+    else:
+        said = f"one token per sequence × {batch} sequences = {batch} per GPU already needs"
+        assert said in answer and "one token per GPU" not in answer, out
+    # The figure is the peak of one token in each sequence: batch x one token's bytes
+    # (fp32 logits, V / tp of them: 16 bytes per logit, 4 per target's log-prob).
+    code, out, _ = run_cli(*PLAN, "--budget", "4KiB", "--dtype", "fp32", *args, "--json")
+    (row,) = json.loads(out)
+    assert row["max_tokens"] == 0 and row["batch"] == batch
+    assert row["peak_bytes_above_max"] >= batch * 1024 // tp * 12
