@@ -244,10 +244,26 @@ class Search:
 
     @property
     def line_error_bytes(self) -> float | None:
-        """Simulated peak at the answer minus the line's: how far the seed line was off."""
-        if self.peak_at_max is None:
-            return None
-        return self.peak_at_max - (self.line.slope * self.max_tokens + self.line.fixed)
+        """Simulated peak at the answer minus the line's: how far the seed line was off.
+        Where nothing fits, at one token (the count that does not fit): the line comes
+        from counts far above, and its ``fixed`` (a chunk's whole workspace, say) can be
+        megabytes more than one token's whole peak."""
+        if self.peak_at_max is not None:
+            return self.peak_at_max - (self.line.slope * self.max_tokens + self.line.fixed)
+        if self.max_tokens == 0 and self.peak_above is not None:
+            return self.peak_above - (self.line.slope + self.line.fixed)
+        return None
+
+    @property
+    def line_exact(self) -> bool:
+        """Whether the seed line alone was right. Where nothing fits, the line "predicts"
+        no tokens as the search finds none whatever it is off by (a plan at a 4 KiB
+        budget said `fixed 4.00 MiB ... exact` of a kernel one token of which needs
+        8 KiB): there it must be within one token's bytes of the peak at one token."""
+        if self.max_tokens == 0:
+            error = self.line_error_bytes
+            return error is None or abs(error) < max(self.line.slope, 1.0)
+        return self.predicted == self.max_tokens
 
 
 @dataclass(frozen=True)
@@ -293,7 +309,7 @@ class TokenPlan:
             "slope_bytes_per_token": a.line.slope,
             "fixed_bytes": a.line.fixed,
             "predicted_tokens": a.predicted,
-            "line_exact": a.predicted == a.max_tokens,
+            "line_exact": a.line_exact,
             "line_error_bytes": a.line_error_bytes,
             "simulations": a.simulations,
             "peak_kind": ALLOCATED,

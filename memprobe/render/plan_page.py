@@ -21,7 +21,7 @@ from memprobe.io.files import write_atomic
 from memprobe.io.sizes import format_bytes
 from memprobe.plan import Budget, TokenPlan
 from memprobe.render.canvas import clean_text, new_figure, styled, to_png
-from memprobe.render.plan_text import count_column
+from memprobe.render.plan_text import count_column, line_check
 from memprobe.render.style import BUDGET_STYLE, kernel_looks, power_of_two_ticks
 from memprobe.render.templating import Cell, Figure, Table, bytes_cell, render_page
 
@@ -156,7 +156,7 @@ def _table(plans: Sequence[TokenPlan]) -> Table:
             bytes_cell(a.peak_above),
             bytes_cell(a.line.slope),
             bytes_cell(a.line.fixed),
-            Cell("exact" if a.predicted == a.max_tokens else f"said {a.predicted}"),
+            Cell(line_check(p)),
         ]
         if with_reserved:
             r = p.reserved

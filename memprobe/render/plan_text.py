@@ -16,13 +16,15 @@ def _chunk(plan: TokenPlan) -> str:
     return "-" if plan.target.chunk_size is None else str(plan.target.chunk_size)
 
 
-def _line_check(plan: TokenPlan) -> str:
+def line_check(plan: TokenPlan) -> str:
+    """The `line` column: whether the seed line alone was right, else what it said (or,
+    where nothing fits and both say no tokens, that it was off at one token)."""
     a = plan.allocated
     if a.predicted is None:
         return "flat"
-    if a.predicted == a.max_tokens:
+    if a.line_exact:
         return "exact"
-    return f"said {a.predicted:,}"
+    return "off" if a.max_tokens == 0 else f"said {a.predicted:,}"
 
 
 def count_column(plans: Sequence[TokenPlan]) -> str:
@@ -58,7 +60,7 @@ def plan_table(plans: Sequence[TokenPlan]) -> Table:
             "no more positions" if a.peak_above is None else format_bytes(a.peak_above - limit),
             format_bytes(a.line.slope),
             format_bytes(a.line.fixed),
-            _line_check(p),
+            line_check(p),
         ]
         if with_reserved:
             cells += [f"{p.reserved.max_tokens:,}" if p.reserved else "-"]
@@ -120,20 +122,24 @@ def chunk_lines(choices: Sequence[ChunkChoice], *, timed: bool = False) -> list[
 
 def line_note(plans: Sequence[TokenPlan]) -> str | None:
     """Where the seed line missed the simulated answer, and by how much at the answer."""
-    # Where nothing fits there is no answer to miss: tiny budgets sit off the line's piece.
-    # Nor where the model's positions ended the answer before the budget did.
-    missed = [
-        p
-        for p in plans
-        if p.fits_at_all and not p.at_positions and p.allocated.predicted != p.max_tokens
-    ]
+    # Not where the model's positions ended the answer before the budget did. Where
+    # nothing fits, the line is judged at one token (Search.line_exact).
+    missed = [p for p in plans if not p.at_positions and not p.allocated.line_exact]
     if not missed:
         return None
     worst = max(abs(p.allocated.line_error_bytes or 0) for p in missed)
     kernels = ", ".join(dict.fromkeys(p.target.kernel for p in missed))
+    fit = [p.fits_at_all for p in missed]
+    where = (
+        "at the answer"
+        if all(fit)
+        else "at one token, where nothing fits"
+        if not any(fit)
+        else "at the answer, or at one token where nothing fits"
+    )
     return (
         f"line: the peak is not one line for {kernels} (off by up to {format_bytes(worst)} "
-        "at the answer); the answers come from the simulation, not the line"
+        f"{where}); the answers come from the simulation, not the line"
     )
 
 
@@ -145,8 +151,16 @@ def answer_line(plans: Sequence[TokenPlan], budget: Budget) -> str:
     if not fitting:
         # Nothing fits: every search ended at one token, over the limit (never None).
         leanest = min(plans, key=lambda p: p.allocated.peak_above or 0)
+        # The search counts one sequence's tokens: at --batch 2 its one token is two on
+        # the GPU ("one token per GPU already needs 28.01 KiB" was the peak of two).
+        batch = leanest.target.batch
+        one = (
+            f"one token per sequence × {batch} sequences = {batch} per GPU"
+            if batch > 1
+            else "one token per GPU"
+        )
         return (
-            f"answer: nothing fits: one token per GPU already needs "
+            f"answer: nothing fits: {one} already needs "
             f"{format_bytes(leanest.allocated.peak_above)} with {leanest.target.kernel} "
             f"(tp {leanest.target.tp}), and the step has {left}"
         )
