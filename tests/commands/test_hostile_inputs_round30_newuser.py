@@ -67,3 +67,86 @@ def test_a_real_config_under_an_owner_like_folder_is_read(
     (tmp_path / "org" / "model.json").write_text(json.dumps(SMALL))
     assert read_config_json(Path("org/model/config.json")) == SMALL
     assert read_config_json(Path("org/model.json")) == SMALL
+
+
+# -- N1: README's own `my_step` (an embedding, one MLP, an lm_head, AdamW) with its loss
+# swapped for memprobe's local_chunked, profiled and read by `memprobe attribute`, said
+# "no LM logits path found: ... and no forward matmul made [N, V] from a [V, H] weight"
+# beside the lm_head's very [4096, 32000] output, with --vocab/--tokens/--batch given too
+# ("not applied without a logits path"), while --what-if on the same file found the step
+# at [B=1, S=4,096, V=32,000]. One MLP makes too few [N, H] activations to argue H. With
+# all three given the forward matmul of that [N, V] is now read as the lm_head's (--vocab
+# alone is not enough: float32 [N/2, V] is bfloat16 [N, V]'s bytes); without them the line
+# says why no matmul was read and to pass them.
+
+ONE_LAYER_STEP = """
+import torch
+from torch import nn
+from memprobe.kernels import get_kernel
+
+def step(device):
+    vocab, hidden, tokens = {vocab}, 64, {tokens}
+    model = nn.Sequential(
+        nn.Embedding(vocab, hidden), nn.Linear(hidden, 4 * hidden), nn.GELU(),
+        nn.Linear(4 * hidden, hidden), nn.Linear(hidden, vocab, bias=False),
+    ).to(device=device, dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, vocab, (1, tokens), device=device)
+    logits = model(ids)
+    loss = -get_kernel("{kernel}")(logits, ids).mean()
+    loss.backward()
+    opt.step()
+"""
+
+ONE_LAYER = {
+    "local_chunked, 32000 x 1024": ("local_chunked", 32000, 1024),
+    "local_tiled, 8192 x 2048": ("local_tiled", 8192, 2048),
+    "local_chunked, 50257 x 512": ("local_chunked", 50257, 512),
+}
+
+
+@pytest.fixture(scope="module")
+def one_layer_snapshots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from hostile import profiled
+
+    here = tmp_path_factory.mktemp("one_layer")
+    return {
+        name: profiled(
+            here,
+            f"one_layer_{i}",
+            ONE_LAYER_STEP.format(kernel=kernel, vocab=vocab, tokens=tokens),
+        )
+        for i, (name, (kernel, vocab, tokens)) in enumerate(ONE_LAYER.items())
+    }
+
+
+@pytest.mark.parametrize("name", list(ONE_LAYER))
+def test_a_one_layer_step_with_memprobes_kernel_reads_its_lm_head_given_vocab(
+    run_cli: Any, one_layer_snapshots: dict[str, Path], name: str
+) -> None:
+    _, vocab, tokens = ONE_LAYER[name]
+    snapshot = str(one_layer_snapshots[name])
+    code, out, err = run_cli("attribute", snapshot, "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    if found["vocab"] is None:  # not read without --vocab: the line says why, truthfully
+        code, text, err = run_cli("attribute", snapshot, "--top", "1")
+        assert "no forward matmul made [N, V]" not in text and "pass --vocab, --tokens" in text
+    given = ("--vocab", str(vocab), "--tokens", str(tokens), "--batch", "1")
+    code, out, err = run_cli("attribute", snapshot, "--json", *given)
+    assert code == 0, err
+    found = json.loads(out)
+    reading = found["inference"]
+    assert (found["vocab"], reading["tokens"]) == (vocab, tokens), reading
+    code, out, err = run_cli("attribute", snapshot, "--top", "1", *given)
+    family = out.split("logits-family blocks:")[1]
+    assert "no LM logits path" not in family and "forward  op aten.mm" in family, out
+
+
+def test_a_wrong_vocab_still_finds_no_lm_head(
+    run_cli: Any, one_layer_snapshots: dict[str, Path]
+) -> None:
+    snapshot = str(one_layer_snapshots["local_chunked, 32000 x 1024"])
+    given = ("--vocab", "31999", "--tokens", "1024", "--batch", "1")
+    code, out, err = run_cli("attribute", snapshot, "--top", "1", *given)
+    assert code == 0 and "no LM logits path found" in out, (err, out)
