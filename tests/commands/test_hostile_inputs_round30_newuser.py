@@ -150,3 +150,32 @@ def test_a_wrong_vocab_still_finds_no_lm_head(
     given = ("--vocab", "31999", "--tokens", "1024", "--batch", "1")
     code, out, err = run_cli("attribute", snapshot, "--top", "1", *given)
     assert code == 0 and "no LM logits path found" in out, (err, out)
+
+
+# -- N3: `memprobe profile my_step:train_step` without --out began its reading
+# "snapshot: my_step:train_step", where `attribute` (and profile with --out) names the file
+# it read or wrote: nothing was written, and a newcomer looked for that file. Without
+# --out the first line now names the step and says no snapshot was written; with --out it
+# names the file, and --json keeps its "path" as before.
+
+PROFILE_OUTPUTS = {
+    "no --out": ([], "step: {mod}:step (no snapshot written: --out FILE keeps one)"),
+    "--out": (["--out", "{here}/s.pickle"], "snapshot: {here}/s.pickle"),
+    "--html only": (["--html", "{here}/p.html"], "step: {mod}:step (no snapshot written"),
+}
+
+
+@pytest.mark.parametrize("flags,first", list(PROFILE_OUTPUTS.values()), ids=list(PROFILE_OUTPUTS))
+def test_profile_names_a_snapshot_only_when_it_wrote_one(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str], first: str
+) -> None:
+    from hostile import TINY_STEP, user_module
+
+    monkeypatch.chdir(tmp_path)
+    mod = user_module(tmp_path, "tiny_step", TINY_STEP)
+    args = [f.format(here=tmp_path) for f in flags]
+    code, out, err = run_cli("profile", f"{mod}:step", "--top", "1", *args)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(first.format(mod=mod, here=tmp_path)), out
+    code, out, err = run_cli("profile", f"{mod}:step", "--json")
+    assert code == 0 and json.loads(out)["path"] == f"{mod}:step", err
