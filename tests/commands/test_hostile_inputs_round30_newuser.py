@@ -179,3 +179,30 @@ def test_profile_names_a_snapshot_only_when_it_wrote_one(
     assert out.splitlines()[0].startswith(first.format(mod=mod, here=tmp_path)), out
     code, out, err = run_cli("profile", f"{mod}:step", "--json")
     assert code == 0 and json.loads(out)["path"] == f"{mod}:step", err
+
+
+# -- N4: `plan --kernel local_chunked --batch 2 --cp 4` answered "25,599 tokens per sequence
+# × 2 sequences = 51,198 per GPU (cp 4, 102,396 global, ...)": beside a per-GPU total,
+# "102,396 global" read as the job's total tokens, which is 4 x 51,198 = 204,792; it is
+# one sequence's length across the cp group. With --batch above 1 the answer now says so;
+# at batch 1 (tokens per GPU and the global sequence are the same kind) it is unchanged.
+
+CP_ANSWERS = {
+    "batch 2, cp 4": (["--batch", "2", "--cp", "4"], "cp 4: each sequence {g:,} tokens across"),
+    "batch 3, cp 2": (["--batch", "3", "--cp", "2"], "cp 2: each sequence {g:,} tokens across"),
+    "batch 1, cp 4": (["--cp", "4"], "cp 4, {g:,} global"),
+}
+
+
+@pytest.mark.parametrize("flags,said", list(CP_ANSWERS.values()), ids=list(CP_ANSWERS))
+def test_plan_answer_names_the_global_sequence_beside_a_batch(
+    run_cli: Any, flags: list[str], said: str
+) -> None:
+    base = ["plan", "--vocab", "128", "--budget", "64MiB", "--kernel", "local_chunked"]
+    code, out, err = run_cli(*base, "--no-reserved", *flags)
+    assert code == 0, err
+    code, js, err = run_cli(*base, "--no-reserved", "--json", *flags)
+    row = json.loads(js)[0]
+    assert row["global_tokens"] == row["max_tokens"] * row["cp"], row
+    answer = out.strip().splitlines()[-1]
+    assert said.format(g=row["global_tokens"]) in answer, answer
