@@ -102,7 +102,8 @@ def infer_shapes(
             found = _sharded(sources, sizes, hints, matmuls, forward_only, found, direct) or found
         if found is not None:
             return _with_collective(_as_given(found[0], hints), collective, hints)
-    return _without_logits_path(hints, found_loss=bool(candidates))
+    big_matmuls = any(s >= MIN_LOSS_BLOCK for s in matmuls)
+    return _without_logits_path(hints, found_loss=bool(candidates), matmuls=big_matmuls)
 
 
 def _as_given(found: ShapeInference, hints: Hints) -> ShapeInference:
@@ -204,7 +205,13 @@ def _infer_from(
                 if shifted.hidden is not None:  # a shift is only argued by activations
                     readings[(n, v, b)] = shifted
     if forward_only:
-        readings = {k: r for k, r in readings.items() if _lm_head_ok(r)}
+        # With --vocab, --tokens and --batch given (only readings of that N and V are
+        # left), a forward matmul's [N, V] is the lm_head's on the user's word: a one-layer
+        # step has too few [N, H] activations to argue H, and its reading said "no forward
+        # matmul made [N, V]" beside the very block, all three given. (--vocab alone is
+        # not enough: float32 [N/2, V] and bfloat16 [N, V] are the same bytes.)
+        all_given = None not in (hints.vocab, hints.tokens, hints.batch)
+        readings = {k: r for k, r in readings.items() if all_given or _lm_head_ok(r)}
     if hints.vocab is None:
         readings = {k: r for k, r in readings.items() if k in recorded or vocab_argued(r)}
     if not readings:
@@ -320,7 +327,9 @@ def _with_collective(found: ShapeInference, collective: str | None, hints: Hints
     return replace(found, per_rank=True, evidence=(*found.evidence, why))
 
 
-def _without_logits_path(hints: Hints, *, found_loss: bool = False) -> ShapeInference:
+def _without_logits_path(
+    hints: Hints, *, found_loss: bool = False, matmuls: bool = False
+) -> ShapeInference:
     if hints.hidden is not None:
         why = (
             "memprobe's run records a fused step (hidden states [N, H] and the lm_head "
@@ -330,6 +339,16 @@ def _without_logits_path(hints: Hints, *, found_loss: bool = False) -> ShapeInfe
         why = (
             "loss/softmax blocks are there, but none fits [N, V] with V >= "
             f"{MIN_VOCAB} (a classifier, not a language model's head?)"
+        )
+    elif matmuls and None in (hints.vocab, hints.tokens, hints.batch):
+        # Forward matmuls made blocks large enough for the lm_head's [N, V], but too few
+        # [N, H] activations tie one to a [V, H] weight (a one-layer step): the line said
+        # "no forward matmul made [N, V]" beside the lm_head's output.
+        why = (
+            "no softmax / log_softmax / cross_entropy / nll_loss (or their backward) "
+            "made a block in the trace, and no forward matmul's output reads as the "
+            "lm_head's [N, V]: too few [N, H] activations tie one to a [V, H] weight "
+            "(pass --vocab, --tokens and --batch to read the lm_head's output)"
         )
     else:
         why = (

@@ -62,13 +62,23 @@ def profile_command(
     guard_outputs(outputs, loaded_code_files(outputs.values()))
     if out is not None:
         write_snapshot(snapshot, out)
-    return attribution_output(
+    text = attribution_output(
         snapshot,
         path=str(out) if out is not None else step,
         top=top,
         as_json=as_json,
         html_path=html_path,
     )
+    if out is None and not as_json:
+        # Without --out nothing is written, yet the reading began "snapshot: my_step:train_step",
+        # the step's name where `attribute` names a file: a newcomer looked for that file.
+        named = f"snapshot: {printable(step)}\n"
+        if text.startswith(named):
+            text = (
+                f"step: {printable(step)} (no snapshot written: --out FILE keeps one)\n"
+                + (text[len(named) :])
+            )
+    return text
 
 
 HELP = """Run your training step under memprobe's tracker: the snapshot torch would write, and

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -52,9 +53,30 @@ OPTIONAL = ("intermediate_size", "num_key_value_heads", "head_dim")
 MAX_LABELS = 2**20
 
 
+# A Hugging Face Hub model id, ``owner/name``: what a newcomer types for --config.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def _refuse_a_hub_id(file: Path) -> None:
+    """``--config meta-llama/Llama-3.2-1B``, not a path here, is a Hub model id: memprobe
+    downloads nothing, and "does not exist (check the path)" left the user checking a
+    path they never meant. Say where the config.json comes from instead."""
+    text = str(file)
+    if file.exists() or file.is_symlink() or text.endswith(".json") or file.parent.exists():
+        return  # a path, mistyped (tiny/nosuch beside a folder tiny): "check the path" holds
+    if _HUB_ID.fullmatch(text):
+        raise UserError(
+            f"--config {text} is not a file or directory here; it reads like a Hugging Face "
+            "Hub model id, and memprobe downloads nothing",
+            f"save that model's config.json (https://huggingface.co/{text}/blob/main/"
+            "config.json) and give its path, e.g. --config config.json",
+        )
+
+
 def read_config_json(file: Path) -> Any:
     """The parsed JSON of ``file``: a regular file under the cap, integers of at most 19
     digits, no NaN or Infinity (which JSON does not have), nesting Python can parse."""
+    _refuse_a_hub_id(file)
     raw = read_regular(file, what="--config", max_bytes=MAX_CONFIG_BYTES)
 
     def whole(text: str) -> int:

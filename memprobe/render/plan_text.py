@@ -179,7 +179,14 @@ def answer_line(plans: Sequence[TokenPlan], budget: Budget) -> str:
     if best.target.tp > 1:
         layout.append(f"tp {best.target.tp}")
     if best.target.cp > 1:
-        layout.append(f"cp {best.target.cp}, {best.global_tokens:,} global")
+        # With --batch B, "= 2B·T per GPU (cp 4, 4T global)" read as the job's total tokens
+        # (4 x 2B·T): the global figure is one sequence's length across the cp group.
+        cp, whole = best.target.cp, best.global_tokens
+        layout.append(
+            f"cp {cp}: each sequence {whole:,} tokens across the group"
+            if batch > 1
+            else f"cp {cp}, {whole:,} global"
+        )
     if best.target.chunk_size is not None:
         layout.append(f"chunk {best.target.chunk_size}")
     if get_spec(best.target.kernel).consumes_logits:
