@@ -68,13 +68,32 @@ def timelines(
         fontsize=10,
         y=1.0 + 0.2 / height,
     )
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / height), h_pad=1.2)
+    _lay_out(fig, n, height)
     # Labels go on after layout, where their on-screen boxes are final: one that would
     # overlap an earlier label (or leave its panel) is dropped, never drawn over.
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
     for labels, ax in panels:
         _place_labels(ax, labels, renderer)
     return to_png(fig)
+
+
+# The panels' margins, in inches: room for the legend and suptitle above the first panel's
+# title, for each panel's title and the x tick labels of the panel above it, and for the
+# last axis' label. Fixed, not found by tight_layout (a third of the figure's time, for a
+# layout that only ever moves by a tick label's width): to_png crops to what is drawn.
+_TOP_IN, _GAP_IN, _BOTTOM_IN, _LEFT_IN, _RIGHT_IN = 0.75, 0.62, 0.5, 0.8, 0.12
+
+
+def _lay_out(fig: Any, panels: int, height: float) -> None:
+    width = fig.get_figwidth()
+    axes_in = (height - _TOP_IN - _BOTTOM_IN - _GAP_IN * (panels - 1)) / panels
+    fig.subplots_adjust(
+        left=_LEFT_IN / width,
+        right=1 - _RIGHT_IN / width,
+        top=1 - _TOP_IN / height,
+        bottom=_BOTTOM_IN / height,
+        hspace=_GAP_IN / axes_in,
+    )
 
 
 BACKWARD_HATCH = "////"
