@@ -1,0 +1,74 @@
+"""Hostile inputs, round 31 (files): snapshots whose trace makes a segment the other kind
+than the snapshot lists it (an expandable segment made by ``segment_alloc``, a cudaMalloc
+segment grown by ``segment_map``), refused with one line rather than counted twice by the
+allocator replay. Each table is a variant of a defect class the pass found."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+MIB = 1 << 20
+A = 0x7F00_0000_0000  # a segment's address (a second one lies 1 GiB above)
+B = A + (1 << 30)
+FRAMES = [{"name": "step", "filename": "train.py", "line": 7}]
+
+
+def _segment(addr: int, size: int, expandable: bool) -> dict[str, Any]:
+    block = {"address": addr, "size": size, "requested_size": size,
+             "state": "active_allocated", "frames": FRAMES}  # fmt: skip
+    return {"device": 0, "address": addr, "total_size": size, "stream": 0,
+            "segment_type": "large", "is_expandable": expandable, "frames": FRAMES,
+            "blocks": [block]}  # fmt: skip
+
+
+def _event(action: str, addr: int, size: int = 20 * MIB) -> dict[str, Any]:
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "frames": FRAMES}
+
+
+def _write(tmp_path: Path, segments: list[dict], trace: list[dict]) -> str:
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps({"segments": segments, "device_traces": [trace]}))
+    return str(path)
+
+
+# -- a segment listed as one kind, made by the other kind's event. The allocator replay
+# took the kind from the segment (its pages, or its cudaMalloc range, held from the start)
+# and added the event's bytes again: "reserved peak 34.18 GiB" beside the replay's "68.36
+# GiB recorded", and `attribute --what-if local_chunked --budget 40GiB` predicted 44.45 GiB
+# reserved for a 10.27 GiB step, "does not fit". torch writes segment_alloc for cudaMalloc
+# segments and segment_map for expandable ones only.
+WRONG_KIND = {
+    "expandable, made by segment_alloc": (
+        [_segment(A, 20 * MIB, True)], [_event("segment_alloc", A), _event("alloc", A)],
+        "is expandable, but device_traces[0][0] makes it with segment_alloc"),
+    "plain, grown by segment_map": (
+        [_segment(A, 20 * MIB, False)], [_event("segment_map", A), _event("alloc", A)],
+        "is not expandable, but device_traces[0][0] maps pages into it"),
+    "plain, grown by segment_map inside it after its segment_alloc": (
+        [_segment(A, 20 * MIB, False)],
+        [_event("segment_alloc", A, 10 * MIB), _event("segment_map", A + 10 * MIB, 10 * MIB)],
+        "device_traces[0][1] maps pages into it"),
+    "the second of two segments, expandable, made by segment_alloc": (
+        [_segment(A, 20 * MIB, False), _segment(B, 20 * MIB, True)],
+        [_event("segment_alloc", A), _event("segment_alloc", B), _event("alloc", B)],
+        "segments[1] is expandable, but device_traces[0][1]"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("segments", "trace", "said"), WRONG_KIND.values(), ids=WRONG_KIND)
+@pytest.mark.parametrize("flags", [(), ("--replay",), ("--what-if", "local_chunked")])
+def test_a_segment_made_by_the_other_kinds_event_is_refused(
+    run_cli: Any,
+    tmp_path: Path,
+    segments: list[dict],
+    trace: list[dict],
+    said: str,
+    flags: tuple[str, ...],
+) -> None:
+    err = one_line(*run_cli("attribute", _write(tmp_path, segments, trace), *flags))
+    assert said in err, err
