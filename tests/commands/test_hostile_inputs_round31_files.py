@@ -5,6 +5,7 @@ allocator replay. Each table is a variant of a defect class the pass found."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 from typing import Any
@@ -72,3 +73,47 @@ def test_a_segment_made_by_the_other_kinds_event_is_refused(
 ) -> None:
     err = one_line(*run_cli("attribute", _write(tmp_path, segments, trace), *flags))
     assert said in err, err
+
+
+# -- a trace that gives back segments (segment_free, segment_unmap) and grows again before
+# its next allocation, where the model held none to give back (the segments given back
+# were made with no block in them). The replay reads such a point as the allocator's retry
+# after a failed cudaMalloc and made the model fail too, its last attempt (after
+# empty_cache) included: `attribute --replay` (and --what-if) ended in an OutOfMemory
+# traceback. The recorded allocation succeeded: the replay's last attempt does too. Each
+# row also lists segments of the kind its events make, which still read.
+REGROWN = {
+    "expandable, mapped after a cudaMalloc segment there was freed": (
+        [_segment(A, 20 * MIB, True)],
+        [_event("segment_alloc", A), _event("segment_free", A), _event("segment_map", A),
+         _event("alloc", A)]),
+    "plain, allocated after an expandable range there was unmapped": (
+        [_segment(A, 20 * MIB, False)],
+        [_event("segment_map", A), _event("segment_unmap", A), _event("segment_alloc", A),
+         _event("alloc", A)]),
+    "plain, allocated, freed and allocated again": (
+        [_segment(A, 20 * MIB, False)],
+        [_event("segment_alloc", A), _event("segment_free", A), _event("segment_alloc", A),
+         _event("alloc", A)]),
+    "expandable, mapped, unmapped and mapped again": (
+        [_segment(A, 20 * MIB, True)],
+        [_event("segment_map", A), _event("segment_unmap", A), _event("segment_map", A),
+         _event("alloc", A)]),
+    "two segments freed, one made again": (
+        [_segment(A, 20 * MIB, False)],
+        [_event("segment_alloc", A), _event("segment_alloc", B), _event("segment_free", A),
+         _event("segment_free", B), _event("segment_alloc", A), _event("alloc", A)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("segments", "trace"), REGROWN.values(), ids=REGROWN)
+def test_segments_given_back_and_made_again_replay_without_a_traceback(
+    run_cli: Any, tmp_path: Path, segments: list[dict], trace: list[dict]
+) -> None:
+    path = _write(tmp_path, segments, trace)
+    code, out, err = run_cli("attribute", path, "--replay", "--json")
+    assert code == 0, err
+    doc, replay = json.loads(out), json.loads(out)["replay"]
+    assert replay["recorded_reserved_peak_bytes"] == doc["peak_reserved_bytes"], replay
+    # The model holds what the allocation needs (segments made with no block are not its).
+    assert replay["predicted_reserved_peak_bytes"] == 20 * MIB, replay
