@@ -117,3 +117,53 @@ def test_segments_given_back_and_made_again_replay_without_a_traceback(
     assert replay["recorded_reserved_peak_bytes"] == doc["peak_reserved_bytes"], replay
     # The model holds what the allocation needs (segments made with no block are not its).
     assert replay["predicted_reserved_peak_bytes"] == 20 * MIB, replay
+
+
+# -- `diff` of a step that ran out of memory. Its peak is what it held before the failed
+# request, and the diff said nothing else: the OOM fixture beside the run that fits read
+# "peak: 34.18 GiB -> 34.18 GiB (+0 B)", "no line's bytes changed"; a step that OOMed
+# asking for 30 MiB beside the fix holding 40 MiB read as a 20 MiB regression. Each side
+# that ran out is said under the peaks: where, what was held and asked, the least the
+# step needed.
+def _step(tmp_path: Path, name: str, sizes: list[int], oom: int | None) -> str:
+    trace = [_event("segment_alloc", A, 64 * MIB)]
+    trace += [_event("alloc", A + i * 16 * MIB, n * MIB) for i, n in enumerate(sizes)]
+    if oom is not None:
+        trace.append({"action": "oom", "size": oom * MIB, "device_free": 0, "stream": 0,
+                      "frames": FRAMES})  # fmt: skip
+    blocks = [
+        {**_segment(A + i * 16 * MIB, n * MIB, False)["blocks"][0]} for i, n in enumerate(sizes)
+    ]
+    seg = {**_segment(A, 64 * MIB, False), "blocks": blocks}
+    path = tmp_path / f"{name}.pickle"
+    path.write_bytes(pickle.dumps({"segments": [seg], "device_traces": [trace]}))
+    return str(path)
+
+
+OOM_DIFFS = {
+    "A ran out, B fits": (([10, 10], 30), ([10, 15], None), ["A ran out of memory at entry #3: "
+        "20.00 MiB allocated + 30.00 MiB requested", "needed at least 50.00 MiB"]),
+    "B ran out, A fits": (([10], None), ([10, 10], 40), ["B ran out of memory at entry #3: "
+        "20.00 MiB allocated + 40.00 MiB requested"]),
+    "both ran out": (([10], 20), ([10, 10], 40), ["A ran out of memory at entry #2",
+        "B ran out of memory at entry #3"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("a", "b", "said"), OOM_DIFFS.values(), ids=OOM_DIFFS)
+def test_a_diff_says_which_step_ran_out_of_memory(
+    run_cli: Any, tmp_path: Path, a: tuple, b: tuple, said: list[str]
+) -> None:
+    path_a, path_b = _step(tmp_path, "a", *a), _step(tmp_path, "b", *b)
+    code, out, err = run_cli("diff", path_a, path_b)
+    assert code == 0, err
+    for words in said:
+        assert words in out, out
+    sides = [side for side, (_, oom) in (("A", a), ("B", b)) if oom is not None]
+    assert [line[2] for line in out.splitlines() if "ran out of memory" in line] == sides, out
+
+
+def test_a_diff_of_two_steps_that_fit_says_no_oom(run_cli: Any, tmp_path: Path) -> None:
+    paths = _step(tmp_path, "a", [10], None), _step(tmp_path, "b", [10, 10], None)
+    code, out, err = run_cli("diff", *paths)
+    assert code == 0 and "ran out" not in out, (err, out)
