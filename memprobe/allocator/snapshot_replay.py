@@ -484,6 +484,11 @@ class _DeviceReplay:
     def _malloc_fails(self, attempt: int) -> bool:
         if not self._shrinks_seen:
             return False
+        if self.model.num_alloc_retries > self._retries_before:
+            # The last attempt, after empty_cache: the recorded allocation succeeded. A
+            # trace that gave back segments the model never held (made with no block in
+            # them) failed it too, and the replay ended in an OutOfMemory traceback.
+            return False
         if attempt == 0:
             return True
         freed = self.model.num_device_free - self._frees_before
@@ -531,6 +536,7 @@ class _DeviceReplay:
         shrinks = 0
         self._shrinks_seen = 0
         self._frees_before = 0
+        self._retries_before = 0
         shrink_pending = False
         grew_after_shrink = False
         skipped_frees = 0
@@ -585,6 +591,7 @@ class _DeviceReplay:
                     retries += 1
                     self._shrinks_seen = shrinks
                     self._frees_before = model.num_device_free
+                    self._retries_before = model.num_alloc_retries
                     shrink_pending = False
                 else:
                     self._shrinks_seen = 0

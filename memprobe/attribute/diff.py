@@ -117,6 +117,11 @@ class PeakDiff:
     # text says it; the --json keys stay the schema's.
     lead_a: tuple[int, int] | None = None
     lead_b: tuple[int, int] | None = None
+    # Each side whose step ran out of memory: (side, entry, allocated then, requested) of
+    # its first OOM. Its peak is what it held before the failure, not the step's: a step
+    # that OOMed beside one that fits read "peak: 34.18 GiB -> 34.18 GiB (+0 B)", no line
+    # changed, and the failed request was said nowhere.
+    ooms: tuple[tuple[str, int, int, int], ...] = ()
 
     # The --json form (memprobe.io.codec): the peaks, what differs, the lines.
     JSON_KEYS: ClassVar[tuple[str, ...]] = (
@@ -150,6 +155,11 @@ def diff_findings(a: Findings, b: Findings) -> PeakDiff:
         tuple(categories),
         tuple(contributors),
         run_differences(a, b),
+        ooms=tuple(
+            (side, f.ooms[0].index, f.ooms[0].allocated_bytes, f.ooms[0].requested_bytes)
+            for side, f in (("A", a), ("B", b))
+            if f.ooms
+        ),
     )
 
 

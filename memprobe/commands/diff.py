@@ -60,6 +60,12 @@ def render_diff(d: PeakDiff, *, top: int = DEFAULT_SHOWN) -> list[Part]:
         f"peak: {format_bytes(d.peak_a_bytes)} -> {format_bytes(d.peak_b_bytes)} "
         f"({_signed(delta)})",
     ]
+    for side, index, held, requested in d.ooms:
+        out.append(
+            f"  {side} ran out of memory at entry #{index:,}: {format_bytes(held)} allocated "
+            f"+ {format_bytes(requested)} requested; its peak is what it held before the "
+            f"failure, the step needed at least {format_bytes(held + requested)}"
+        )
     if d.differences:
         out += ["", "what differs between the runs (from each file's reading):"]
         out += [f"  {_difference(x)}" for x in d.differences]

@@ -28,7 +28,7 @@ from memprobe.allocator.snapshot_format import (
 from memprobe.errors import UserError
 from memprobe.io.files import read_regular
 from memprobe.snapshot.nesting import check_tuple_nesting
-from memprobe.snapshot.segments import reconcile_segment_allocs, segment_kind
+from memprobe.snapshot.segments import check_segment_kinds, reconcile_segment_allocs, segment_kind
 
 DEFAULT_MAX_BYTES = 2 * 2**30
 # What normalization and attribution will walk: trace entries, segments and blocks, and
@@ -229,6 +229,7 @@ def normalize_snapshot(raw: Any, *, source: str = "<snapshot>") -> dict:
     _check_segments_apart(out["segments"], bad)
     out["device_traces"] = [_trace(t, d, bad) for d, t in enumerate(traces)]
     reconcile_segment_allocs(out["segments"], out["device_traces"])
+    check_segment_kinds(out["segments"], out["device_traces"], bad)
     settings = raw.get("allocator_settings")
     out["allocator_settings"] = settings if isinstance(settings, dict) else {}
     if _depth(out["allocator_settings"], MAX_SETTINGS_DEPTH) > MAX_SETTINGS_DEPTH:

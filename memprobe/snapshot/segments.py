@@ -17,10 +17,16 @@ the segment read 4 MiB reserved in one and "2 MiB recorded" in the other.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from memprobe.allocator.snapshot_format import LIVE_STATES, SEGMENT_ALLOC, SEGMENT_FREE
+from memprobe.allocator.snapshot_format import (
+    LIVE_STATES,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+)
 from memprobe.io.text import quoted
 
 # The pools torch writes a segment as of: small (requests up to 1 MiB) and large.
@@ -77,6 +83,61 @@ def reconcile_segment_allocs(segments: list[dict[str, Any]], traces: list[list[d
                 if e["size"] != held[addr]:
                     trace[pos] = {**e, "size": held[addr]}
             seen.add(addr)
+
+
+def check_segment_kinds(
+    segments: list[dict[str, Any]],
+    traces: list[list[dict]],
+    refuse: Callable[[str, str], Exception],
+) -> None:
+    """Refuse a trace that makes a segment the other kind than the snapshot lists it.
+
+    torch writes ``segment_alloc`` for a cudaMalloc segment and ``segment_map`` for the
+    pages of an expandable one (its range reserved without an entry). A segment listed
+    expandable whose range a ``segment_alloc`` still held at the end made (or one listed
+    plain that a ``segment_map`` grew after it was made) was counted twice by the
+    allocator replay, whose start state reads the kind from the segment and whose events
+    add the bytes again: "34.18 GiB recorded" beside attribute's "peak reserved 17.09
+    GiB", and ``--what-if`` predicted 44 GiB reserved for a 10 GiB step (not fitting a
+    40 GiB --budget). ``refuse(where, problem)`` makes the one-line error."""
+    for device, trace in enumerate(traces):
+        listed = sorted(
+            (s["address"], s["total_size"], i, s["is_expandable"])
+            for i, s in enumerate(segments)
+            if s["device"] == device
+        )
+        starts = [a for a, *_ in listed]
+        freed: set[int] = set()  # addresses a later segment_free names
+        made: set[int] = set()  # plain segments whose segment_alloc comes later
+        for pos in range(len(trace) - 1, -1, -1):
+            e = trace[pos]
+            action = e["action"]
+            if action == SEGMENT_FREE:
+                freed.add(e["addr"])
+                continue
+            if action not in (SEGMENT_ALLOC, SEGMENT_MAP):
+                continue
+            k = bisect.bisect_right(starts, e["addr"]) - 1
+            if k < 0 or e["addr"] >= listed[k][0] + listed[k][1]:
+                continue  # in no segment listed: made and given back within the trace
+            start, _, index, expandable = listed[k]
+            entry = f"device_traces[{device}][{pos}]"
+            if action == SEGMENT_ALLOC and expandable and e["addr"] not in freed:
+                raise refuse(
+                    f"segments[{index}]",
+                    f"is expandable, but {entry} makes it with segment_alloc, which torch "
+                    "writes for cudaMalloc segments only (an expandable one grows by "
+                    "segment_map)",
+                )
+            if action == SEGMENT_ALLOC and e["addr"] == start:
+                made.add(start)
+            elif action == SEGMENT_MAP and not expandable and start not in made:
+                raise refuse(
+                    f"segments[{index}]",
+                    f"is not expandable, but {entry} maps pages into it with segment_map, "
+                    "which torch writes for expandable segments only (a cudaMalloc "
+                    "segment is made by segment_alloc)",
+                )
 
 
 def segment_kind(seg: dict[str, Any], size: int, refuse: Callable[[str], Exception]) -> str:
