@@ -269,6 +269,16 @@ class AllocationTracker(TorchDispatchMode):
                 out.append((storage, event))
         return out
 
+    def live_storages(self) -> list[tuple[Any, Event]]:
+        """Every storage it holds as live now (allocated under it, or tracked), with its
+        allocation."""
+        out = []
+        for key, event in list(self._live.items()):
+            storage = self._storages[key]() if key in self._storages else None
+            if storage is not None:
+                out.append((storage, event))
+        return out
+
     def adopt(self, storage: Any, event: Event, op: str) -> None:
         """Count another tracker's live ``storage`` (its allocation ``event``) as live from
         now on, until it is freed, if it is on the device counted."""
