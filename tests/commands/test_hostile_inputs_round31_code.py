@@ -12,6 +12,9 @@ from typing import Any
 
 import pytest
 from hostile import user_module
+from launch import forked_pytest
+
+pytest_plugins = ["pytester"]
 
 SWEEP = ["sweep", "--tokens", "64,128", "--vocab", "128", "--no-ladder", "--device", "meta",
          "--no-verify", "--no-report", "--json"]  # fmt: skip
@@ -135,3 +138,73 @@ def test_plan_fits_a_kernel_as_a_training_loop_runs_it(run_cli: Any, here: Path,
     assert code == 0, err
     table = {line.split()[0]: line.split()[4] for line in out.splitlines()[2:4]}
     assert table == {f"{mod}:k": f"{fits:,}", "unchunked": "583"}
+
+
+# -- a tensor's storage grown in place was never seen to grow: the tracker registers a
+# storage once, at the op that made it, so ``x = torch.empty(1); x.resize_(1 << 20)`` read
+# as its 4 bytes (a kernel holding that 4 MiB scratch through its forward read unchunked's
+# 114,944 B, and a marked test holding it passed a 1 MiB limit). A held storage that grew
+# under an op is re-allocated at its new size.
+GROWN = {
+    "resize_ from one element": (
+        "x = torch.empty(1, device=logits.device); x.resize_(1 << 20)",
+        1 << 22,
+    ),
+    "resize_ after shrinking": (
+        "x = torch.empty(1 << 20, device=logits.device); x.resize_(1); x.resize_(1 << 20)",
+        1 << 22,
+    ),
+    "resize_as_ a float copy": (
+        "x = torch.empty(1, device=logits.device); x.resize_as_(logits.float())",
+        64 * 128 * 4,
+    ),
+    "an out= given empty": (
+        "x = torch.empty(0, device=logits.device)\n"
+        "    with torch.no_grad(): torch.exp(logits, out=x)",
+        64 * 128 * 4,
+    ),
+}
+SCRATCH = (
+    "import torch\nfrom memprobe.kernels import get_kernel\n_u = get_kernel('unchunked')\n"
+    "def k(logits, targets, *, chunk_size=None):\n    {body}\n    return _u(logits, targets)\n"
+)
+
+
+@pytest.mark.parametrize("what", GROWN)
+def test_a_storage_grown_in_place_is_counted_at_its_size(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    body, grown = GROWN[what]
+    kernel = user_module(here, "r31_grown", SCRATCH.format(body=body)) + ":k"
+    sweep = [a if a != "64,128" else "64" for a in SWEEP]
+    code, out, err = run_cli(*sweep, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    mine, own = json.loads(out)["results"]
+    assert mine["forward_peak_bytes"] >= own["forward_peak_bytes"] + grown
+
+
+# ...and an in-place op that keeps its storage's size is no new allocation.
+def test_an_in_place_op_of_the_same_size_is_no_allocation(run_cli: Any, here: Path) -> None:
+    body = "x = torch.empty(64, device=logits.device); x.resize_(8); x.add_(1); x.resize_(64)"
+    kernel = user_module(here, "r31_same", SCRATCH.format(body=body)) + ":k"
+    sweep = [a if a != "64,128" else "64" for a in SWEEP]
+    code, out, err = run_cli(*sweep, "--kernel", f"{kernel},unchunked")
+    assert code == 0, err
+    mine, own = json.loads(out)["results"]
+    assert mine["forward_peak_bytes"] == own["forward_peak_bytes"] + 256
+
+
+# The same for a marked test: a tensor resized past the limit fails it.
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("grow", ["x.resize_(1 << 20)", "x.resize_as_(torch.empty(1 << 20))"])
+def test_a_marked_test_growing_a_tensor_is_over_its_limit(
+    pytester: pytest.Pytester, grow: str
+) -> None:
+    pytester.makepyfile(
+        "import torch, pytest\n"
+        "@pytest.mark.limit_peak_memory('1 MiB', device='meta')\n"
+        f"def test_it():\n    x = torch.empty(1, device='meta')\n    {grow}\n"
+    )
+    result = forked_pytest(pytester, "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*peaked at *MiB on meta, over the limit 1.00 MiB*"])
