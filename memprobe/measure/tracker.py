@@ -269,6 +269,16 @@ class AllocationTracker(TorchDispatchMode):
                 out.append((storage, event))
         return out
 
+    def live_storages(self) -> list[tuple[Any, Event]]:
+        """Every storage it holds as live now (allocated under it, or tracked), with its
+        allocation."""
+        out = []
+        for key, event in list(self._live.items()):
+            storage = self._storages[key]() if key in self._storages else None
+            if storage is not None:
+                out.append((storage, event))
+        return out
+
     def adopt(self, storage: Any, event: Event, op: str) -> None:
         """Count another tracker's live ``storage`` (its allocation ``event``) as live from
         now on, until it is freed, if it is on the device counted."""
@@ -312,7 +322,24 @@ class AllocationTracker(TorchDispatchMode):
             frames = self._frames(sys._getframe(1))
             for t in fresh:
                 self._register(t, str(func), frames)
+        self._note_growth(func, out, fresh)
         return out
+
+    def _note_growth(self, func: Any, out: Any, fresh: list[torch.Tensor]) -> None:
+        """An output whose storage this tracker holds and which grew under ``func``
+        (``Tensor.resize_``, ``resize_as_``, an ``out=`` given too small) is re-allocated
+        at its new size: a 4-byte tensor resized to 4 MiB read as its 4 bytes, and a kernel
+        holding such a scratch buffer read as unchunked's peak."""
+        seen = {id(t) for t in fresh}
+        for t in tensors_in(out):
+            if id(t) in seen or t.layout is not torch.strided:
+                continue
+            if self.device is not None and t.device.type != self.device:
+                continue
+            key, storage = _storage_key(t)
+            event = self._live.get(key)
+            if event is not None and int(storage.nbytes()) > event.nbytes:
+                self.resized(t, str(func))
 
     # -- reading ---------------------------------------------------------
     def live_at(self, index: int) -> list[Event]:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from memprobe.errors import UserError
 from memprobe.plan.long_loops import allocated_peak, reserved_plannable
@@ -29,6 +30,9 @@ from memprobe.plan.model import (
 )
 from memprobe.plan.search import SearchSteps, search_max_tokens, seed_tokens
 from memprobe.records import Case
+
+if TYPE_CHECKING:
+    from memprobe.measure.tracker import AllocationTracker
 
 Ask = tuple[str, int]  # (peak kind, local tokens): one count a search asks for
 PlanSteps = Generator[list[Ask], Mapping[Ask, int], TokenPlan]
@@ -86,12 +90,25 @@ def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = N
         raise kernel_failed(case.kernel, tokens, exc, hidden=case.hidden) from None
 
 
-def _simulated_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
-    from memprobe.measure.meta_backend import simulate_tracker
+def _steady_tracker(case: Case) -> AllocationTracker:
+    """The tracker of ``case`` as a training loop runs it, step after step at one size.
 
+    A kernel that keeps memory between calls (the previous call's logits, a cache of this
+    size) holds, at its second call, what its first at this size kept: its first call here
+    ran beside whatever plan's last searched size left instead (a kernel keeping its
+    logits read as unchunked's 583 tokens in 1 MiB, 146 KiB over at 584)."""
+    from memprobe.measure.meta_backend import simulate_step
+
+    trace = simulate_step(case, capture_frames=False)
+    if trace.kept or trace.held:
+        trace = simulate_step(case, capture_frames=False)
+    return trace.tracker
+
+
+def _simulated_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
     if kind == ALLOCATED:
-        return allocated_peak(case, lambda c: simulate_tracker(c, capture_frames=False).peak_bytes)
-    tracker = simulate_tracker(case, capture_frames=False)
+        return allocated_peak(case, lambda c: _steady_tracker(c).peak_bytes)
+    tracker = _steady_tracker(case)
     from memprobe.measure.reserved import modelled_reserved_peak
 
     return modelled_reserved_peak(tracker.events, alloc_conf)
