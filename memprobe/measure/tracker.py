@@ -314,24 +314,26 @@ class AllocationTracker(TorchDispatchMode):
             # any device): a real lift returns it as is. Under FakeTensorMode the lift
             # makes a fake copy, which no device would allocate.
             return out
+        outs = list(tensors_in(out))
         try:
-            fresh = _fresh(tensors_in((args, kwargs)), tensors_in(out))
+            fresh = _fresh(tensors_in((args, kwargs)), outs)
         except NotImplementedError:  # a sparse tensor has no storage of its own
-            fresh = _fresh(_stored(tensors_in((args, kwargs))), _stored(tensors_in(out)))
+            fresh = _fresh(_stored(tensors_in((args, kwargs))), _stored(outs))
         if fresh:
             frames = self._frames(sys._getframe(1))
             for t in fresh:
                 self._register(t, str(func), frames)
-        self._note_growth(func, out, fresh)
+        if len(fresh) < len(outs):  # an output in an input's storage, which may have grown
+            self._note_growth(func, outs, fresh)
         return out
 
-    def _note_growth(self, func: Any, out: Any, fresh: list[torch.Tensor]) -> None:
+    def _note_growth(self, func: Any, outs: list[torch.Tensor], fresh: list[torch.Tensor]) -> None:
         """An output whose storage this tracker holds and which grew under ``func``
         (``Tensor.resize_``, ``resize_as_``, an ``out=`` given too small) is re-allocated
         at its new size: a 4-byte tensor resized to 4 MiB read as its 4 bytes, and a kernel
         holding such a scratch buffer read as unchunked's peak."""
         seen = {id(t) for t in fresh}
-        for t in tensors_in(out):
+        for t in outs:
             if id(t) in seen or t.layout is not torch.strided:
                 continue
             if self.device is not None and t.device.type != self.device:
