@@ -61,8 +61,13 @@ def _adopt_kept(tracker: AllocationTracker, kernel: str) -> int:
     loop variable left holding a storage would keep it allocated through the case.)"""
     before = tracker.live_bytes
     label = "input: kept by the kernel from earlier cases"
-    for earlier in _KEPT.get(_owner(kernel), ()):
-        for storage, event in earlier.left():
+    earlier = _KEPT.get(_owner(kernel), [])
+    lefts = [(t, t.left()) for t in earlier]
+    # A tracker whose storages have all been freed holds nothing more: kept, it stayed in
+    # the process (with all its events) and was asked again at every later case.
+    earlier[:] = [t for t, left in lefts if left]
+    for _, left in lefts:
+        for storage, event in left:
             tracker.adopt(storage, event, label)
     given = _GIVEN.get(_owner(kernel), [])
     if any(ref() is not None for ref, _ in given):

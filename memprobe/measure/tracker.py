@@ -262,12 +262,7 @@ class AllocationTracker(TorchDispatchMode):
     def left(self) -> list[tuple[Any, Event]]:
         """The storages allocated under it (not given to :meth:`track`) still live, with
         their allocations."""
-        out = []
-        for key, event in list(self._live.items()):
-            storage = self._storages[key]() if key in self._storages else None
-            if storage is not None and not event.op.startswith("input"):
-                out.append((storage, event))
-        return out
+        return [(s, e) for s, e in self.live_storages() if not e.op.startswith("input")]
 
     def live_storages(self) -> list[tuple[Any, Event]]:
         """Every storage it holds as live now (allocated under it, or tracked), with its
