@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
@@ -84,7 +85,7 @@ def timelines(
 _TOP_IN, _GAP_IN, _BOTTOM_IN, _LEFT_IN, _RIGHT_IN = 0.75, 0.62, 0.5, 0.8, 0.12
 
 
-def _lay_out(fig: Any, panels: int, height: float) -> None:
+def _lay_out(fig: Figure, panels: int, height: float) -> None:
     width = fig.get_figwidth()
     axes_in = (height - _TOP_IN - _BOTTOM_IN - _GAP_IN * (panels - 1)) / panels
     fig.subplots_adjust(
