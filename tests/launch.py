@@ -39,6 +39,8 @@ _PRELOAD = [
     "memprobe.cli",
     "memprobe.sharded_sweep",
     "memprobe.profile.step",
+    "memprobe.plan.driver",  # and what plan's fresh processes import (memprobe.plan.fresh)
+    "memprobe.measure.meta_backend",
 ]
 
 

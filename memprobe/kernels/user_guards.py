@@ -357,8 +357,10 @@ STDLIB_CALLED = (
     "concurrent.futures", "contextlib", "copy", "dataclasses", "datetime",
     "difflib", "enum", "errno", "faulthandler", "fnmatch", "fractions", "functools", "gc",
     "hashlib", "importlib", "importlib.util", "inspect", "io", "itertools", "json", "logging",
-    "math", "multiprocessing", "numbers", "operator", "os", "os.path", "pathlib", "pickle",
-    "pickletools", "platform", "re", "resource", "shlex", "shutil", "signal", "socket",
+    "math", "multiprocessing", "multiprocessing.connection",
+    "multiprocessing.context", "multiprocessing.forkserver", "numbers", "operator", "os",
+    "os.path", "pathlib", "pickle", "pickletools", "platform", "re", "resource", "shlex",
+    "shutil", "signal", "socket",
     "stat", "statistics", "struct", "sys", "tempfile", "threading", "time", "tomllib",
     "types", "typing", "unicodedata", "warnings", "weakref", "xml.etree.ElementTree", "zlib",
 )  # fmt: skip

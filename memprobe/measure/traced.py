@@ -7,6 +7,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from memprobe.measure.garbage import young_collection
 from memprobe.measure.memo import trace_memo
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
@@ -45,10 +46,19 @@ _KEPT: dict[str, list[AllocationTracker]] = {}
 _GIVEN: dict[str, list[tuple[weakref.ref[Any], Event]]] = {}
 
 
-def _owner(kernel: str) -> str:
+def owner_of(kernel: str) -> str:
     """Whose globals a kernel shares: a user kernel's module, a built-in's own name."""
     module, sep, _ = kernel.partition(":")
     return module if sep else kernel
+
+
+def keeps_inputs(kernel: str) -> bool:
+    """Whether an input memprobe gave ``kernel`` (or its module's other kernels) is still
+    live, its case over: the kernel kept it (``_L.append(logits)``)."""
+    given = _GIVEN.get(owner_of(kernel), [])
+    if any(ref() is not None for ref, _ in given):
+        gc.collect()  # an input in a reference cycle of its own step is garbage, not kept
+    return any(ref() is not None for ref, _ in given)
 
 
 def _left(tracker: AllocationTracker) -> int:
@@ -61,7 +71,7 @@ def _adopt_kept(tracker: AllocationTracker, kernel: str) -> int:
     loop variable left holding a storage would keep it allocated through the case.)"""
     before = tracker.live_bytes
     label = "input: kept by the kernel from earlier cases"
-    earlier = _KEPT.get(_owner(kernel), [])
+    earlier = _KEPT.get(owner_of(kernel), [])
     lefts = [(t, t.left()) for t in earlier]
     # A tracker whose storages have all been freed holds nothing more: kept, it stayed in
     # the process (with all its events) and was asked again at every later case.
@@ -69,7 +79,7 @@ def _adopt_kept(tracker: AllocationTracker, kernel: str) -> int:
     for _, left in lefts:
         for storage, event in left:
             tracker.adopt(storage, event, label)
-    given = _GIVEN.get(_owner(kernel), [])
+    given = _GIVEN.get(owner_of(kernel), [])
     if any(ref() is not None for ref, _ in given):
         gc.collect()  # an input in a reference cycle of its own step is garbage, not kept
     given[:] = [(ref, event) for ref, event in given if ref() is not None]
@@ -114,19 +124,20 @@ def traced_step(
     # Each storage is adopted, so one the kernel frees as this case runs is freed here too.
     given = [(weakref.ref(storage), event) for storage, event in tracker.live_storages()]
     held = _adopt_kept(tracker, case.kernel)
-    with tracker, threads_started() as started:
-        tracker.set_phase("forward")
-        logprobs = call(inputs)
-        tracker.set_phase("backward")
-        grads = backward(logprobs, inputs)
-        del logprobs, grads
-    kept = _left(tracker)
-    if kept:  # a reference cycle of the step's own is garbage, not kept: collect it first
-        gc.collect()
+    with young_collection() as collect:
+        with tracker, threads_started() as started:
+            tracker.set_phase("forward")
+            logprobs = call(inputs)
+            tracker.set_phase("backward")
+            grads = backward(logprobs, inputs)
+            del logprobs, grads
         kept = _left(tracker)
+        if kept:  # a reference cycle of the step's own is garbage, not kept: collect it
+            collect()
+            kept = _left(tracker)
     if kept:
-        _KEPT.setdefault(_owner(case.kernel), []).append(tracker)
-    _GIVEN.setdefault(_owner(case.kernel), []).extend(given)
+        _KEPT.setdefault(owner_of(case.kernel), []).append(tracker)
+    _GIVEN.setdefault(owner_of(case.kernel), []).extend(given)
     counted = tracker.collectives
     return StepTrace(
         tracker, counted.get("forward", 0), counted.get("backward", 0), started[0], kept, held

@@ -17,6 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from memprobe.errors import UserError
+from memprobe.measure.traced import keeps_inputs
+from memprobe.plan import fresh
 from memprobe.plan.long_loops import allocated_peak, reserved_plannable
 from memprobe.plan.model import (
     ALLOCATED,
@@ -34,6 +36,7 @@ from memprobe.records import Case
 if TYPE_CHECKING:
     from memprobe.measure.tracker import AllocationTracker
 
+Simulate = Callable[[Case, str, "str | None"], int]
 Ask = tuple[str, int]  # (peak kind, local tokens): one count a search asks for
 PlanSteps = Generator[list[Ask], Mapping[Ask, int], TokenPlan]
 
@@ -79,9 +82,13 @@ def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = N
     """The peak of one case on the meta simulation the sweep uses (one rank). A kernel
     that raises there (a user's own) is one line naming it and the tokens, not a
     traceback: a sweep records such a case as an error, a plan has no answer without it."""
+    return _one_line(_simulated_peak, case, kind, alloc_conf)
+
+
+def _one_line(simulate: Simulate, case: Case, kind: str, alloc_conf: str | None) -> int:
     try:
-        return _simulated_peak(case, kind, alloc_conf)
-    except UserError:
+        return simulate(case, kind, alloc_conf)
+    except (UserError, fresh.Unclean):
         raise
     except Exception as exc:
         from memprobe.measure.step import kernel_failed
@@ -90,25 +97,51 @@ def simulated_peak(case: Case, kind: str = ALLOCATED, alloc_conf: str | None = N
         raise kernel_failed(case.kernel, tokens, exc, hidden=case.hidden) from None
 
 
-def _steady_tracker(case: Case) -> AllocationTracker:
-    """The tracker of ``case`` as a training loop runs it, step after step at one size.
-
-    A kernel that keeps memory between calls (the previous call's logits, a cache of this
-    size) holds, at its second call, what its first at this size kept: its first call here
-    ran beside whatever plan's last searched size left instead (a kernel keeping its
-    logits read as unchunked's 583 tokens in 1 MiB, 146 KiB over at 584)."""
-    from memprobe.measure.meta_backend import simulate_step
-
-    trace = simulate_step(case, capture_frames=False)
-    if trace.kept or trace.held:
-        trace = simulate_step(case, capture_frames=False)
-    return trace.tracker
-
-
 def _simulated_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
     if kind == ALLOCATED:
-        return allocated_peak(case, lambda c: _steady_tracker(c).peak_bytes)
-    tracker = _steady_tracker(case)
+        return allocated_peak(case, lambda c: _steady_peak(c, kind, alloc_conf))
+    return _steady_peak(case, kind, alloc_conf)
+
+
+def _steady_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
+    """The peak of ``case`` as a training loop runs it, step after step at one size.
+
+    A kernel that keeps memory between calls (the previous call's logits, a cache of this
+    size) holds, at its second call, what its first at this size kept (one keeping its
+    logits read as unchunked's 583 tokens in 1 MiB, 146 KiB over at 584). What it kept at
+    the other sizes plan tried, a loop at this one never made: once it is seen keeping
+    memory, each size runs in a process of its own (:mod:`memprobe.plan.fresh`)."""
+    from memprobe.measure.meta_backend import simulate_step
+
+    if fresh.keeps(case.kernel) and fresh.available():
+        return fresh.run(_fresh_peak, case, kind, alloc_conf)
+    trace = simulate_step(case, capture_frames=False)
+    if trace.held and fresh.available():  # this process ran it before, and it kept memory
+        fresh.saw_keeping(case.kernel)
+        return fresh.run(_fresh_peak, case, kind, alloc_conf)
+    if trace.kept or trace.held or keeps_inputs(case.kernel):
+        fresh.saw_keeping(case.kernel)
+        trace = simulate_step(case, capture_frames=False)
+    return _peak_of(trace.tracker, kind, alloc_conf)
+
+
+def _fresh_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
+    """:func:`_steady_peak` in a fresh process: nothing kept from other sizes."""
+
+    def here(case: Case, kind: str, alloc_conf: str | None) -> int:
+        from memprobe.measure.meta_backend import simulate_step
+
+        trace = simulate_step(case, capture_frames=False)
+        if trace.kept or keeps_inputs(case.kernel):
+            trace = simulate_step(case, capture_frames=False)
+        return _peak_of(trace.tracker, kind, alloc_conf)
+
+    return _one_line(here, case, kind, alloc_conf)
+
+
+def _peak_of(tracker: AllocationTracker, kind: str, alloc_conf: str | None) -> int:
+    if kind == ALLOCATED:
+        return tracker.peak_bytes
     from memprobe.measure.reserved import modelled_reserved_peak
 
     return modelled_reserved_peak(tracker.events, alloc_conf)
@@ -178,7 +211,11 @@ def _pool(jobs: int, targets: Sequence[PlanTarget]) -> ProcessPoolExecutor | Non
     # torch's first call of each op is slow (lazy setup): pay it here, once, not per worker.
     for target in dict.fromkeys(replace(t, cp=1) for t in targets):
         simulated_peak(target.case(2 * (target.chunk_size or 1)))
-    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork"))
+    return ProcessPoolExecutor(
+        max_workers=jobs,
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=fresh.in_plan_worker,
+    )
 
 
 def _drive_in_order(
@@ -215,7 +252,17 @@ def _drive_in_pool(
         jobs = [(i, p) for i, ask in batch for p in ask]
         for i, p in sorted(jobs, key=lambda j: -_cost(targets[j[0]].case(j[1][1]))):
             case = targets[i].case(p[1])
-            waiting.setdefault(i, {})[p] = pool.submit(simulated_peak, case, p[0], alloc_conf)
+            if fresh.keeps(case.kernel):  # each size in a fresh process, started from here
+                waiting.setdefault(i, {})[p] = _here(case, p[0], alloc_conf)
+            else:
+                waiting.setdefault(i, {})[p] = pool.submit(simulated_peak, case, p[0], alloc_conf)
+
+    def result(i: int, ask: Ask, future: Future[int]) -> int:
+        try:
+            return future.result()
+        except fresh.Unclean:  # the worker had run the kernel at another size: afresh
+            fresh.saw_keeping(targets[i].kernel)
+            return simulated_peak(targets[i].case(ask[1]), ask[0], alloc_conf)
 
     submit((i, next(gen)) for i, gen in steps.items())
     while waiting:
@@ -224,7 +271,7 @@ def _drive_in_pool(
         ready = [i for i, probes in waiting.items() if all(f.done() for f in probes.values())]
         follow: list[tuple[int, list[Ask]]] = []
         for i in ready:
-            got = {p: heard(i, p, f.result()) for p, f in waiting.pop(i).items()}
+            got = {p: heard(i, p, result(i, p, f)) for p, f in waiting.pop(i).items()}
             try:
                 follow.append((i, steps[i].send(got)))
             except StopIteration as stop:
@@ -233,3 +280,13 @@ def _drive_in_pool(
                     on_done(stop.value)
         submit(follow)
     return done
+
+
+def _here(case: Case, kind: str, alloc_conf: str | None) -> Future[int]:
+    """``simulated_peak`` run now, in this process, as a finished future."""
+    future: Future[int] = Future()
+    try:
+        future.set_result(simulated_peak(case, kind, alloc_conf))
+    except UserError as exc:
+        future.set_exception(exc)
+    return future

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import user_module
+from hostile import one_line, user_module
 from launch import forked_pytest
 
 pytest_plugins = ["pytester"]
@@ -126,6 +126,18 @@ PLANNED = {
         "_B.append(torch.empty(1 << 17, device=logits.device)) if not _B else None",
         291,  # (1 MiB - 512 KiB) at unchunked's 1,792 B a token, beside its fixed bytes
     ),
+    # Round 32: what it keeps at the other sizes plan tried, a loop at one size never made
+    # (a 1 MiB buffer per shape fitted 965 tokens in 8 MiB, each tried size's counted).
+    "a buffer per shape": (
+        "_B = {}",
+        "_B.setdefault(tuple(logits.shape), torch.empty(1 << 16, device=logits.device))",
+        437,  # (1 MiB - 256 KiB - fixed) at 1,792 B a token
+    ),
+    "a float32 copy of its first call's logits": (
+        "_B = []",
+        "_B.append(logits.detach().float()) if not _B else None",
+        454,  # 1 MiB at 1,792 + 512 B a token: the copy is as long as the size planned
+    ),
 }
 
 
@@ -138,6 +150,28 @@ def test_plan_fits_a_kernel_as_a_training_loop_runs_it(run_cli: Any, here: Path,
     assert code == 0, err
     table = {line.split()[0]: line.split()[4] for line in out.splitlines()[2:4]}
     assert table == {f"{mod}:k": f"{fits:,}", "unchunked": "583"}
+
+
+# ...and so in plan's forked workers, which leave each size of such a kernel to the
+# planning process (a worker holds what it kept at the sizes it simulated before).
+def test_plan_workers_fit_a_kernel_as_a_training_loop_runs_it(run_cli: Any, here: Path) -> None:
+    pre, body, fits = PLANNED["a buffer per shape"]
+    mod = user_module(here, "r32_pool", KEEPING.format(pre=pre, body=body))
+    code, out, err = run_cli("plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved",
+                             "--jobs", "2", "--kernel", f"{mod}:k,{mod}:j")  # fmt: skip
+    assert code == 0, err
+    table = {line.split()[0]: line.split()[4] for line in out.splitlines()[2:4]}
+    assert table == {f"{mod}:k": f"{fits:,}", f"{mod}:j": f"{fits:,}"}
+
+
+# ...and a kernel that ends such a process is one line naming it and the size.
+def test_a_kernel_ending_its_own_process_is_one_line(run_cli: Any, here: Path) -> None:
+    child = "__import__('multiprocessing').parent_process() is not None"
+    body = f"_B.append(logits)\n    if {child}: __import__('os')._exit(3)"
+    mod = user_module(here, "r32_exit", KEEPING.format(pre="_B = []", body=body))
+    line = one_line(*run_cli("plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved",
+                             "--kernel", f"{mod}:k"))  # fmt: skip
+    assert line.startswith(f"memprobe: error: {mod}:k ended the process that simulated it at")
 
 
 # -- a tensor's storage grown in place was never seen to grow: the tracker registers a
