@@ -298,6 +298,14 @@ def replay(snapshot: dict[str, Any], *, device: int | None = None) -> Replay:
                 "reserved bytes are a lower bound"
             )
 
+    elif segments and reserved_end < initial + max_delta:
+        # No segment events: what the segments reserve now, they reserved throughout.
+        notes.append(
+            f"at the peak the trace holds {initial + max_delta:,} bytes allocated but, with no "
+            f"segment events, its segments reserved {reserved_end:,} throughout: allocation "
+            "and segment sizes disagree"
+        )
+
     return Replay(
         device=dev,
         source="trace",

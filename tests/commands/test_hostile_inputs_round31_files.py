@@ -167,3 +167,36 @@ def test_a_diff_of_two_steps_that_fit_says_no_oom(run_cli: Any, tmp_path: Path) 
     paths = _step(tmp_path, "a", [10], None), _step(tmp_path, "b", [10, 10], None)
     code, out, err = run_cli("diff", *paths)
     assert code == 0 and "ran out" not in out, (err, out)
+
+
+# -- a trace allocating more than its segments reserve (sizes edited, devices mixed) read
+# "peak allocated: 20,971,520.00 TiB" over "peak reserved: 46.57 GiB" and "at the peak:
+# 46.57 GiB reserved, 0 B of it not allocated", as facts; with no segment events it read
+# "reserved never changed" with no word at all. Each line says the two disagree.
+HUGE = 1 << 62
+TOO_BIG = {
+    "allocs past 8 EiB together, each segment made in the trace": (
+        [_segment(A + i * (1 << 40), 20 * MIB, False) for i in range(5)],
+        [e for i in range(5) for e in (_event("segment_alloc", A + i * (1 << 40)),
+                                       _event("alloc", A + i * (1 << 40), HUGE))],
+        ["a lower bound: below the peak allocated", "less than the 20,971,520.00 TiB allocated"]),
+    "one alloc twice its segment, made in the trace": (
+        [_segment(A, 20 * MIB, False)],
+        [_event("segment_alloc", A), _event("alloc", A, 40 * MIB)],
+        ["a lower bound: below the peak allocated", "less than the 40.00 MiB allocated"]),
+    "one alloc twice its segment, no segment events": (
+        [_segment(A, 20 * MIB, False)],
+        [_event("alloc", A, 40 * MIB), _event("free_completed", A, 40 * MIB)],
+        ["with no segment events, its segments reserved 20,971,520 throughout"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("segments", "trace", "said"), TOO_BIG.values(), ids=TOO_BIG)
+def test_a_trace_allocating_more_than_its_segments_says_they_disagree(
+    run_cli: Any, tmp_path: Path, segments: list, trace: list, said: list[str]
+) -> None:
+    code, out, err = run_cli("attribute", _write(tmp_path, segments, trace))
+    assert code == 0, err
+    for words in said:
+        assert words in out, out
+    assert "0 B of it not allocated" not in out
