@@ -51,6 +51,11 @@ def _user_code_left_forgotten():
         from memprobe.measure import traced
 
         traced._KEPT.clear()  # what one test's kernel kept is not another's
+        traced._GIVEN.clear()
+    if "memprobe.plan.fresh" in sys.modules:
+        from memprobe.plan import fresh
+
+        fresh._KEEPING.clear()
 
 
 @pytest.fixture
