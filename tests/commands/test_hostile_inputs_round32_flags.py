@@ -1,0 +1,87 @@
+"""Hostile inputs, round 32 (the command line of every command: options given without
+their values, values that are options, repeated and contradictory options, numeric edge
+values, and the hint each refusal ends with): each row is a variant of a defect class the
+pass found. One line and exit 2, or a sane answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line
+
+SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
+         "--device", "meta", "--no-verify", "--no-report"]  # fmt: skip
+
+
+# -- an option given without its value, followed by another option: click read the next
+# option word as the value. `step --config c --tokens 64 --out --json` wrote its snapshot
+# to a file named '--json' in the current directory (one `rm --json` cannot remove) and
+# printed text, not the JSON asked for; `sweep --out --json` made a run directory of that
+# name; `attribute S --html --json` a page; `sweep --kernel --tokens 64` said "unexpected
+# extra argument (64)", of a 64 plainly given. A value that spells one of the command's
+# own options is now refused, naming it.
+TAKEN = {
+    "step --out --json": (["step", "--config", "{config}", "--tokens", "8", "--out", "--json"],
+                          "--out", "--json"),
+    "sweep --out --json": ([*SWEEP, "--out", "--json"], "--out", "--json"),
+    "sweep --kernel --tokens": (["sweep", "--kernel", "--tokens", "64"], "--kernel", "--tokens"),
+    "sweep --tokens --no-ladder": (["sweep", "--tokens", "--no-ladder"], "--tokens", "--no-ladder"),
+    "sweep --resume --help": (["sweep", "--resume", "--help"], "--resume", "--help"),
+    "plan --budget --json": (["plan", "--vocab", "128", "--budget", "--json"], "--budget",
+                             "--json"),
+    "attribute --html --top=3": (["attribute", "s.pickle", "--html", "--top=3"], "--html",
+                                 "--top=3"),
+    "profile --html --json": (["profile", "m:step", "--html", "--json"], "--html", "--json"),
+    "gate --junit-xml --baseline": (["gate", "run", "--junit-xml", "--baseline", "b.json"],
+                                    "--junit-xml", "--baseline"),
+    "report --out --budget": (["report", "run", "--out", "--budget", "1GiB"], "--out", "--budget"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "flag", "taken"), TAKEN.values(), ids=TAKEN.keys())
+def test_an_option_read_as_the_value_of_the_one_before_is_refused(
+    run_cli: Any, here: Path, args: list[str], flag: str, taken: str
+) -> None:
+    (here / "config.json").write_text("{}")
+    args = [a.replace("{config}", str(here / "config.json")) for a in args]
+    err = one_line(*run_cli(*args))
+    assert f"'{flag}'" in err and f"the next option, {taken}, was read as the value" in err
+    assert list(here.iterdir()) == [here / "config.json"], "nothing written"
+
+
+# ... while values that merely start with a dash are still the option's own: a negative
+# number is judged as a number, and a path './--json' names a file of that name.
+def test_a_value_that_is_no_option_is_still_a_value(run_cli: Any, here: Path) -> None:
+    err = one_line(*run_cli(*SWEEP[:2], "-64", *SWEEP[3:]))
+    assert "-64 must be positive" in err
+    code, out, err = run_cli(*SWEEP, "-q", "--out", "./--json")
+    assert code == 0, err
+    assert (here / "--json" / "results.json").is_file()
+
+
+# -- an option given last without its value (`plan --vocab 128 --budget`), or a value
+# given to a flag (`sweep --json=1`): click raised these with no command attached, and the
+# line's hint said "(see `memprobe --help`)", the root's page, which lists none of the
+# command's options. The hint now names the command's own help.
+MISSING = {
+    "sweep --tokens": (["sweep", "--tokens"], "sweep"),
+    "plan --budget": (["plan", "--vocab", "128", "--budget"], "plan"),
+    "step --config": (["step", "--config"], "step"),
+    "gate --max-regression": (["gate", "run", "--max-regression"], "gate"),
+    "attribute --top": (["attribute", "s.pickle", "--top"], "attribute"),
+    "diff --top": (["diff", "a", "b", "--top"], "diff"),
+    "report --out": (["report", "run", "--out"], "report"),
+    "sweep --json=1": (["sweep", "--json=1"], "sweep"),
+    "sweep --no-report=yes": (["sweep", "--no-report=yes"], "sweep"),
+    "profile --json=true": (["profile", "m:step", "--json=true"], "profile"),
+}
+
+
+@pytest.mark.parametrize(("args", "command"), MISSING.values(), ids=MISSING.keys())
+def test_a_value_missing_or_given_to_a_flag_points_at_the_commands_help(
+    run_cli: Any, args: list[str], command: str
+) -> None:
+    err = one_line(*run_cli(*args))
+    assert f"memprobe {command} --help`)" in err, err
