@@ -363,8 +363,29 @@ def alloc_conf_setting(
     defaults and said "with default settings" under a variable that set others."""
     if flag is not None:
         return flag, None
+    _refuse_uncached(environ)
     found = _env_setting(environ)
     return None if found is None else (found[1], found[0])
+
+
+# torch's switch that turns the caching allocator off (every free goes back to the driver).
+NO_CACHING_VAR = "PYTORCH_NO_CUDA_MEMORY_CACHING"
+
+
+def _refuse_uncached(environ: Mapping[str, str] | None) -> None:
+    """The settings are the environment's, as the job's allocator takes them, and the
+    environment turns caching off: on meta and cpu the reserved figures were still the
+    caching allocator's ("reserved 2.00 MiB ... with default settings", and a plan's
+    reserved answer), an allocator the job will not have. The cuda backend refuses it too."""
+    env = os.environ if environ is None else environ
+    value = env.get(NO_CACHING_VAR, "0")
+    if value in ("", "0"):
+        return
+    raise UserError(
+        f"{NO_CACHING_VAR}={value} in the environment turns torch's caching allocator off, "
+        "whose reserved memory memprobe models on meta and cpu and reads on cuda",
+        f"unset {NO_CACHING_VAR}; on meta and cpu, --alloc-conf models the settings it gives",
+    )
 
 
 def alloc_conf_to_model(

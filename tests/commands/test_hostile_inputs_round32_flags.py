@@ -5,11 +5,13 @@ pass found. One line and exit 2, or a sane answer."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line
+from hostile import TINY_STEP, one_line, user_module
+from small_config import SMALL
 
 SWEEP = ["sweep", "--tokens", "64", "--vocab", "128", "--no-ladder", "--kernel", "unchunked",
          "--device", "meta", "--no-verify", "--no-report"]  # fmt: skip
@@ -85,3 +87,53 @@ def test_a_value_missing_or_given_to_a_flag_points_at_the_commands_help(
 ) -> None:
     err = one_line(*run_cli(*args))
     assert f"memprobe {command} --help`)" in err, err
+
+
+# -- PYTORCH_NO_CUDA_MEMORY_CACHING=1 in the environment (torch's switch that turns its
+# caching allocator off): the cuda backend refused it, while on meta and cpu every command
+# that models reserved memory went on with the caching allocator's figures, "reserved 2.00
+# MiB (allocator model)" and a plan's reserved answer "with default settings", for a job
+# whose allocator caches nothing. Where the settings come from the environment it is now
+# refused; settings given with --alloc-conf, or a plan without its reserved answer, still
+# run.
+UNCACHED = {
+    "sweep": [*SWEEP, "--out", "run"],
+    "sweep on cpu": [*SWEEP[:-4], "--device", "cpu", "--no-verify", "--no-report", "--out", "run"],
+    "step": ["step", "--config", "{config}", "--tokens", "8"],
+    "plan": ["plan", "--vocab", "128", "--budget", "1MiB", "--kernel", "unchunked"],
+    "profile": ["profile", "{step}", "--device", "meta"],
+}
+
+
+@pytest.mark.parametrize("value", ["1", "true", "2"])
+@pytest.mark.parametrize("what", UNCACHED)
+def test_an_uncached_allocator_in_the_environment_is_refused(
+    run_cli: Any, here: Path, monkeypatch: pytest.MonkeyPatch, what: str, value: str
+) -> None:
+    (here / "config.json").write_text(json.dumps(SMALL))
+    step = user_module(here, "s", TINY_STEP) + ":step"
+    values = {"config": str(here / "config.json"), "step": step}
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", value)
+    err = one_line(*run_cli(*[a.format(**values) for a in UNCACHED[what]]))
+    assert f"PYTORCH_NO_CUDA_MEMORY_CACHING={value} in the environment" in err
+    assert not (here / "run").exists()
+
+
+# ... while "0" or "" leave caching on (as the cuda backend reads them), and settings given
+# on the command line, or a plan on allocated bytes alone, model nothing of the environment.
+KEPT = {
+    "0": ("0", []),
+    "empty": ("", []),
+    "--alloc-conf": ("1", ["--alloc-conf", "expandable_segments:True"]),
+    "--no-reserved": ("1", ["--no-reserved"]),
+}
+
+
+@pytest.mark.parametrize(("value", "flags"), KEPT.values(), ids=KEPT.keys())
+def test_a_plan_runs_where_caching_is_on_or_not_modelled(
+    run_cli: Any, monkeypatch: pytest.MonkeyPatch, value: str, flags: list[str]
+) -> None:
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", value)
+    code, out, err = run_cli(*UNCACHED["plan"], *flags)
+    assert code == 0, err
+    assert "583 tokens per GPU" in out, out
