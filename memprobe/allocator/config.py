@@ -420,3 +420,29 @@ def _env_setting(environ: Mapping[str, str] | None) -> tuple[str, str] | None:
     env = os.environ if environ is None else environ
     name = next((n for n in ENV_VARS if n in env), None)
     return None if name is None else (name, env[name])
+
+
+def refuse_fraction_under_budget(setting: tuple[str, str | None] | None, budget: int) -> None:
+    """``per_process_memory_fraction`` below 1 (``--alloc-conf`` or the environment) beside a
+    budget: torch lets the process reserve only that share of the GPU, while every budget
+    check judged the whole budget, so `step --budget 3MiB` with a fraction of 0.5 said
+    "fits (reserved 2.00 MiB)" of a job the allocator stops at 1.5 MiB (and at a fraction
+    of 0, at nothing). The share is the budget to give."""
+    if setting is None:
+        return
+    text, source = setting
+    fraction = modelled_alloc_conf(text, source).per_process_memory_fraction
+    if fraction >= 1.0:
+        return
+    from memprobe.io.sizes import format_bytes
+
+    where = "--alloc-conf" if source is None else source
+    share = int(fraction * budget)
+    raise UserError(
+        f"per_process_memory_fraction:{fraction:g} ({where}) lets the process reserve "
+        f"{format_bytes(share)} of the {format_bytes(budget)} budget, and the budget checks "
+        "judge the whole budget",
+        f"give --budget {share}B, the share, and drop per_process_memory_fraction"
+        if share > 0
+        else "a process that may reserve nothing fits nothing: drop per_process_memory_fraction",
+    )

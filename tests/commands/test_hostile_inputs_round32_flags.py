@@ -137,3 +137,66 @@ def test_a_plan_runs_where_caching_is_on_or_not_modelled(
     code, out, err = run_cli(*UNCACHED["plan"], *flags)
     assert code == 0, err
     assert "583 tokens per GPU" in out, out
+
+
+# -- per_process_memory_fraction below 1 (in --alloc-conf or PYTORCH_ALLOC_CONF) beside a
+# budget: torch lets the process reserve only that share of the GPU, while every budget
+# check judged the whole budget. `step --budget 3MiB --alloc-conf
+# per_process_memory_fraction:0.5` said "fits (reserved 2.00 MiB)" of a job its allocator
+# stops at 1.5 MiB (at a fraction of 0, at nothing); plan's reserved answer and sweep's
+# `fits` alike. The share is now named as the budget to give.
+FRACTION = {
+    "step, flag": (["step", "--config", "{config}", "--tokens", "8", "--budget", "3MiB"], "0.5",
+                   "flag", "1.50 MiB of the 3.00 MiB budget", "--budget 1572864B"),
+    "step, zero": (["step", "--config", "{config}", "--tokens", "8", "--budget", "3MiB"], "0",
+                   "flag", "0 B of the 3.00 MiB budget", "fits nothing"),
+    "plan, flag": (["plan", "--vocab", "128", "--budget", "4MiB"], "0.25", "flag",
+                   "1.00 MiB of the 4.00 MiB budget", "--budget 1048576B"),
+    "plan --step": (["plan", "--step", "--config", "{config}", "--budget", "2MiB"], "0.5", "flag",
+                    "1.00 MiB of the 2.00 MiB budget", "--budget 1048576B"),
+    "plan, environment": (["plan", "--vocab", "128", "--budget", "4MiB"], "0.25", "env",
+                          "(PYTORCH_ALLOC_CONF)", "--budget 1048576B"),
+    "sweep, environment": ([*SWEEP, "--budget", "200KiB", "--out", "run"], "0.5", "env",
+                           "100.00 KiB of the 200.00 KiB budget", "--budget 102400B"),
+    "sweep, flag": ([*SWEEP, "--budget", "200KiB", "--out", "run"], "0.5", "flag",
+                    "(--alloc-conf)", "--budget 102400B"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "fraction", "where", "says", "hint"), FRACTION.values(), ids=FRACTION.keys()
+)
+def test_a_memory_fraction_beside_a_budget_names_the_share(
+    run_cli: Any,
+    here: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    args: list[str],
+    fraction: str,
+    where: str,
+    says: str,
+    hint: str,
+) -> None:
+    (here / "config.json").write_text(json.dumps(SMALL))
+    setting = f"per_process_memory_fraction:{fraction}"
+    if where == "env":
+        monkeypatch.setenv("PYTORCH_ALLOC_CONF", setting)
+    flags = ["--alloc-conf", setting] if where == "flag" else []
+    err = one_line(*run_cli(*[a.format(config=here / "config.json") for a in args], *flags))
+    assert f"per_process_memory_fraction:{fraction} " in err and says in err and hint in err
+    assert not (here / "run").exists()
+
+
+# ... while a fraction of 1, or a fraction with no budget to judge, still runs.
+@pytest.mark.parametrize(
+    "args",
+    [["--budget", "3MiB", "--alloc-conf", "per_process_memory_fraction:1"],
+     ["--alloc-conf", "per_process_memory_fraction:0.5"]],
+    ids=["fraction 1", "no budget"],
+)  # fmt: skip
+def test_a_whole_fraction_or_no_budget_still_runs(
+    run_cli: Any, here: Path, args: list[str]
+) -> None:
+    (here / "config.json").write_text(json.dumps(SMALL))
+    code, out, err = run_cli("step", "--config", str(here / "config.json"), "--tokens", "8", *args)
+    assert code == 0, err
+    assert "peak allocated" in out
