@@ -363,8 +363,29 @@ def alloc_conf_setting(
     defaults and said "with default settings" under a variable that set others."""
     if flag is not None:
         return flag, None
+    _refuse_uncached(environ)
     found = _env_setting(environ)
     return None if found is None else (found[1], found[0])
+
+
+# torch's switch that turns the caching allocator off (every free goes back to the driver).
+NO_CACHING_VAR = "PYTORCH_NO_CUDA_MEMORY_CACHING"
+
+
+def _refuse_uncached(environ: Mapping[str, str] | None) -> None:
+    """The settings are the environment's, as the job's allocator takes them, and the
+    environment turns caching off: on meta and cpu the reserved figures were still the
+    caching allocator's ("reserved 2.00 MiB ... with default settings", and a plan's
+    reserved answer), an allocator the job will not have. The cuda backend refuses it too."""
+    env = os.environ if environ is None else environ
+    value = env.get(NO_CACHING_VAR, "0")
+    if value in ("", "0"):
+        return
+    raise UserError(
+        f"{NO_CACHING_VAR}={value} in the environment turns torch's caching allocator off, "
+        "whose reserved memory memprobe models on meta and cpu and reads on cuda",
+        f"unset {NO_CACHING_VAR}; on meta and cpu, --alloc-conf models the settings it gives",
+    )
 
 
 def alloc_conf_to_model(
@@ -399,3 +420,29 @@ def _env_setting(environ: Mapping[str, str] | None) -> tuple[str, str] | None:
     env = os.environ if environ is None else environ
     name = next((n for n in ENV_VARS if n in env), None)
     return None if name is None else (name, env[name])
+
+
+def refuse_fraction_under_budget(setting: tuple[str, str | None] | None, budget: int) -> None:
+    """``per_process_memory_fraction`` below 1 (``--alloc-conf`` or the environment) beside a
+    budget: torch lets the process reserve only that share of the GPU, while every budget
+    check judged the whole budget, so `step --budget 3MiB` with a fraction of 0.5 said
+    "fits (reserved 2.00 MiB)" of a job the allocator stops at 1.5 MiB (and at a fraction
+    of 0, at nothing). The share is the budget to give."""
+    if setting is None:
+        return
+    text, source = setting
+    fraction = modelled_alloc_conf(text, source).per_process_memory_fraction
+    if fraction >= 1.0:
+        return
+    from memprobe.io.sizes import format_bytes
+
+    where = "--alloc-conf" if source is None else source
+    share = int(fraction * budget)
+    raise UserError(
+        f"per_process_memory_fraction:{fraction:g} ({where}) lets the process reserve "
+        f"{format_bytes(share)} of the {format_bytes(budget)} budget, and the budget checks "
+        "judge the whole budget",
+        f"give --budget {share}B, the share, and drop per_process_memory_fraction"
+        if share > 0
+        else "a process that may reserve nothing fits nothing: drop per_process_memory_fraction",
+    )

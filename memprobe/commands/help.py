@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from typer import BadParameter
+from typer import BadParameter, TyperException
 from typer.core import TyperCommand, TyperGroup
 
 
@@ -92,11 +92,46 @@ class Command(_Named, TyperCommand):
         except Exception:
             raw = None  # not parsable: click's own parse says what is wrong
         if raw is not None:
+            self._refuse_options_taken_as_values(ctx, raw)
             self._refuse_blank_paths(ctx, raw)
             self._refuse_standard_streams(ctx, raw)
             self._refuse_unexpanded_home(ctx, raw)
             self._refuse_folder_spellings(ctx, raw)
-        return list(super().parse_args(ctx, args))
+        try:
+            return list(super().parse_args(ctx, args))
+        except TyperException as exc:
+            # click's parser raises some usage errors (an option given last without its
+            # value, a value given to a flag) with no command attached, and the line's hint
+            # then named `memprobe --help`, whose page lists none of this command's options.
+            if hasattr(exc, "ctx") and exc.ctx is None:
+                exc.ctx = ctx
+            raise
+
+    def _refuse_options_taken_as_values(self, ctx: Any, raw: dict[str, Any]) -> None:
+        """An option given without its value takes the next word as it, even an option:
+        `step --out --json` wrote its snapshot to a file named '--json' (which `rm --json`
+        cannot remove) and printed text, `sweep --out --json` made a run directory of that
+        name, `sweep --kernel --tokens 64` said "unexpected extra argument (64)". A value
+        that spells one of the command's own options is that option, not a value."""
+        spelled = {o for p in self.get_params(ctx) for o in [*p.opts, *p.secondary_opts]}
+        for param in self.params:
+            if param.param_type_name != "option" or getattr(param, "is_flag", False):
+                continue
+            value = raw.get(param.name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            taken = next(
+                (v for v in values if isinstance(v, str) and v.split("=", 1)[0] in spelled),
+                None,
+            )
+            if taken is None:
+                continue
+            flag = max(param.opts, key=len)
+            raise BadParameter(
+                f"no value given: the next option, {taken}, was read as the value "
+                f"(give {flag} its value before the next option)",
+                ctx=ctx,
+                param=param,
+            )
 
     def _refuse_folder_spellings(self, ctx: Any, raw: dict[str, Any]) -> None:
         """A file output spelled as a folder (``--junit-xml reports/``): typer's Path drops

@@ -178,11 +178,14 @@ def step_command(
 ) -> str:
     """Simulate the step; write the snapshot to ``out`` when given; return the text."""
     from memprobe.allocator import alloc_conf_setting, modelled_alloc_conf, settings_words
+    from memprobe.allocator.config import refuse_fraction_under_budget
 
     warn_on_size(budget, "--budget")  # `--budget 80` (bytes) or 80GB, as sweep and plan warn
     budget_bytes = parse_budget(budget) if budget is not None else None
     setting = alloc_conf_setting(alloc_conf)  # else the environment's, as sweep
     conf = modelled_alloc_conf(*setting) if setting is not None else None
+    if budget_bytes is not None:
+        refuse_fraction_under_budget(setting, budget_bytes)
     from memprobe.kernels.user_sources import kernel_source_files, loaded_code_files
 
     source = Path(config) / "config.json" if Path(config).is_dir() else Path(config)
@@ -329,6 +332,7 @@ def plan_step_lines(
 ) -> list[str]:
     """``memprobe plan --step --config CONFIG``: the plan table for the whole step."""
     from memprobe.allocator import alloc_conf_setting, modelled_alloc_conf, settings_words
+    from memprobe.allocator.config import refuse_fraction_under_budget
     from memprobe.commands.flags import name_list, positive_ints
 
     if not step or config is None:
@@ -345,6 +349,7 @@ def plan_step_lines(
     # --alloc-conf, else the environment's (as sweep); none read with --no-reserved.
     setting = alloc_conf_setting(alloc_conf) if reserved else None
     conf = modelled_alloc_conf(*setting) if setting is not None else None
+    refuse_fraction_under_budget(setting, limit.budget_bytes)
     base = build_step(
         config,
         tokens=1,

@@ -197,6 +197,11 @@ def command(
     warn_on_size(budget, "--budget")
     warn_on_size(other, "--other")
     budget_bytes = parse_budget(budget) if budget is not None else None
+    if budget_bytes is not None and resume is None:
+        from memprobe.allocator import alloc_conf_setting
+        from memprobe.allocator.config import refuse_fraction_under_budget
+
+        refuse_fraction_under_budget(alloc_conf_setting(alloc_conf), budget_bytes)
     budget_text = None
     if other is not None:
         if budget_bytes is None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from memprobe.allocator import alloc_conf_setting, modelled_alloc_conf
+from memprobe.allocator.config import refuse_fraction_under_budget
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.plan.chunks import ChunkChoice, chunk_choices, step_seconds
@@ -143,6 +144,7 @@ def run_plan_job(
     setting = alloc_conf_setting(request.alloc_conf) if request.reserved else None
     if setting is not None:
         modelled_alloc_conf(*setting)  # a typo must fail before any simulation
+        refuse_fraction_under_budget(setting, budget.budget_bytes)
     rows = read_rows(request.from_run) if request.from_run is not None else None
     # Its times are all --from-run reads: without any, the flag would change nothing. Only
     # a row that finished ok with both times counts (as the chunk choice reads them): a
