@@ -1,0 +1,66 @@
+"""Hostile inputs, round 32 (a new user): README and --help read, then memprobe used on
+one's own work as people write it: `memprobe step` at a token count that happens to equal
+the hidden size, training steps written for a GPU (`.cuda()`, `torch.autocast("cuda")`,
+torch.cuda's memory statistics) profiled on a laptop, and the answers checked by hand.
+Each table is a defect class the pass found where a number was wrong, or a message sent
+the user the wrong way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import one_line, user_module
+
+from memprobe.records import Event
+
+# -- C1: `memprobe step --config llama8b --tokens 4096` (H = 4096) put 2.00 GiB of AdamW's
+# foreach temporaries under "attention" (13.00 GiB of optimizer temporaries, against 15.00
+# GiB at 4,097 tokens): any block whose last two sizes were [S, S] was read as attention
+# scores, and an [H, H] projection's temporaries (or an [S, H] / [1, S, H] activation at
+# S = H) are [S, S] too. Scores are [B, h, S, S] (a mask [B, 1, S, S]) or a bmm's
+# [B·h, S, S], made in forward or backward.
+
+
+def _event(shape: tuple[int, ...], phase: str, op: str = "aten.mm.default") -> Event:
+    return Event(0, 0.0, "alloc", 1, 2, shape, "bfloat16", op, phase)
+
+
+SCORES = {
+    "eager scores [B, h, S, S]": ((1, 4, 64, 64), "forward", True),
+    "a mask [B, 1, S, S]": ((1, 1, 64, 64), "forward", True),
+    "a bmm's [B·h, S, S]": ((4, 64, 64), "backward", True),
+    "an [H, H] optimizer temporary": ((64, 64), "optimizer", False),
+    "an [S, H] activation": ((64, 64), "forward", False),
+    "a [1, S, H] activation": ((1, 64, 64), "forward", False),
+    "a [B, S, H] gradient temporary": ((1, 64, 64), "backward", False),
+    "a 4-D block in the optimizer": ((1, 4, 64, 64), "optimizer", False),
+    "a block in setup": ((1, 1, 64, 64), "setup", False),
+}
+
+
+@pytest.mark.parametrize("shape,phase,scores", list(SCORES.values()), ids=list(SCORES))
+def test_only_score_shaped_blocks_read_as_attention(
+    shape: tuple[int, ...], phase: str, scores: bool
+) -> None:
+    from memprobe.profile.step import _scores_shaped
+
+    assert _scores_shaped(_event(shape, phase), 64, 1) is scores
+
+
+def test_a_step_at_tokens_equal_to_hidden_counts_no_attention_at_its_optimizer_peak(
+    run_cli: Any, tmp_path: Path
+) -> None:
+    from small_config import SMALL
+
+    (tmp_path / "config.json").write_text(json.dumps(SMALL))
+    code, out, err = run_cli("step", "--config", str(tmp_path), "--tokens", "64", "--json")
+    assert code == 0, err
+    found = json.loads(out)
+    assert found["peak_phase"] == "optimizer", found
+    categories = found["bytes_by_category"]
+    assert "attention" not in categories, categories
+    # AdamW's foreach temporaries are the parameters' bytes again, as at any other length.
+    assert categories["optimizer temporaries"] == categories["gradients"], categories
