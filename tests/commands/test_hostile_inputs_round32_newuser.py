@@ -64,3 +64,51 @@ def test_a_step_at_tokens_equal_to_hidden_counts_no_attention_at_its_optimizer_p
     assert "attention" not in categories, categories
     # AdamW's foreach temporaries are the parameters' bytes again, as at any other length.
     assert categories["optimizer temporaries"] == categories["gradients"], categories
+
+
+# -- C2: a training step written for the GPU (`model.cuda()`, `.to("cuda")`,
+# `device="cuda:0"`, `torch.cuda.reset_peak_memory_stats()`) profiled where there is no
+# CUDA said "meta tensors hold no values ... try --device cpu at a smaller size", and on
+# cpu "fix the step and rerun": the same call fails on cpu too, and nothing said what was
+# wrong. The line now says the step asks for CUDA itself and to build on the device it is
+# given.
+
+CUDA_CALLS = {
+    ".cuda()": "torch.nn.Linear(4, 4).cuda()",
+    ".to('cuda')": "torch.zeros(4).to('cuda')",
+    "device='cuda:0'": "torch.zeros(4, device='cuda:0')",
+    "torch.cuda's statistics": "torch.cuda.reset_peak_memory_stats()",
+    "torch.cuda.synchronize()": "torch.cuda.synchronize()",
+}
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+@pytest.mark.parametrize("call", list(CUDA_CALLS.values()), ids=list(CUDA_CALLS))
+def test_a_step_that_asks_for_cuda_is_told_to_use_its_device(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, device: str
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: the step's own CUDA calls run")
+    monkeypatch.chdir(tmp_path)
+    body = (
+        "import torch\n"
+        "def step(device):\n"
+        "    x = torch.zeros(8, device=device, requires_grad=True)\n"
+        "    (x * 2).sum().backward()\n"
+        f"    {call}\n"
+    )
+    name = user_module(tmp_path, "r32_cuda", body)
+    err = one_line(*run_cli("profile", f"{name}:step", "--device", device))
+    assert "asks for CUDA itself" in err and "model.to(device)" in err, err
+    assert "try --device cpu" not in err, err
+
+
+def test_a_step_that_fails_otherwise_keeps_the_meta_hint(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    body = "import torch\ndef step(device):\n    torch.zeros(8, device=device).item()\n"
+    err = one_line(*run_cli("profile", f"{user_module(tmp_path, 'r32_item', body)}:step"))
+    assert "try --device cpu" in err and "CUDA" not in err, err
