@@ -10,7 +10,9 @@ history is recorded instead of memprobe's tracker.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +54,8 @@ class TrackedStep:
     marks: tuple[tuple[str, int], ...] = ()
     # Threads the step started: what they allocated is not in ``events`` (see _threads).
     threads: int = 0
+    # torch.autocast("cuda") contexts the step made that torch turned off (no CUDA here).
+    autocast_off: int = 0
 
     def live_at_peak(self) -> list[Event]:
         """Allocations live just after the peak's event, largest first."""
@@ -129,7 +133,13 @@ def trace_step(
     routing = sdpa_on_meta(attention) if simulated else contextlib.nullcontext(None)
     quiet = _fake_tensor_logs_off() if faked else contextlib.nullcontext()
     try:
-        with tracker, routing as chosen, threads_started() as started, quiet:
+        with (
+            tracker,
+            routing as chosen,
+            threads_started() as started,
+            quiet,
+            cuda_autocast_off() as autocast_off,
+        ):
             with garbage_collected_after():
                 _call(step, torch.device(device), its_state)
     except Exception as exc:
@@ -147,7 +157,38 @@ def trace_step(
         attention=dict(chosen or {}),
         marks=tuple(tracker.marks),
         threads=started[0],
+        autocast_off=autocast_off[0],
     )
+
+
+@contextlib.contextmanager
+def cuda_autocast_off() -> Iterator[list[int]]:
+    """Count the ``torch.autocast("cuda")`` contexts made inside that torch turns off, as it
+    does where CUDA is not available (with a UserWarning of its own): the step then runs
+    in full precision, and its trace is not the autocast step a GPU runs. A user's step
+    under ``torch.autocast("cuda", dtype=torch.bfloat16)`` was profiled on meta as float32
+    and its peak shown as the step's, with only torch's warning on stderr.
+
+    autocast asks ``torch.cuda.amp.common.amp_definitely_not_available()`` only when it is
+    enabled for cuda: that question is counted, not autocast's ``__init__`` wrapped (its
+    warning names its caller's line, which a wrapper would take)."""
+    off = [0]
+    common = torch.cuda.amp.common
+    original = common.amp_definitely_not_available
+    asker = torch.amp.autocast_mode.autocast.__init__.__code__
+
+    @functools.wraps(original)
+    def not_available() -> bool:
+        answer = bool(original())
+        if answer and sys._getframe(1).f_code is asker:
+            off[0] += 1
+        return answer
+
+    common.amp_definitely_not_available = not_available
+    try:
+        yield off
+    finally:
+        common.amp_definitely_not_available = original
 
 
 def _nothing_tracked(device: str, elsewhere: dict[str, int], threads: int) -> UserError:
@@ -210,6 +251,8 @@ def profile_step(
         snapshot["memprobe"]["device"] = device
         if tracked.threads:
             snapshot["memprobe"]["threads_started"] = tracked.threads
+        if tracked.autocast_off:
+            snapshot["memprobe"]["cuda_autocast_off"] = tracked.autocast_off
     snapshot.setdefault("memprobe", {})["step"] = name
     return snapshot
 

@@ -112,3 +112,44 @@ def test_a_step_that_fails_otherwise_keeps_the_meta_hint(
     body = "import torch\ndef step(device):\n    torch.zeros(8, device=device).item()\n"
     err = one_line(*run_cli("profile", f"{user_module(tmp_path, 'r32_item', body)}:step"))
     assert "try --device cpu" in err and "CUDA" not in err, err
+
+
+# -- C3: a step under `torch.autocast("cuda", dtype=torch.bfloat16)` (how mixed precision
+# is written) profiled on meta or cpu: torch turns autocast off where CUDA is not available
+# (its UserWarning on stderr the only sign), so the step ran in float32 and its peak was
+# shown as the step's. The reading now says, in a note, that autocast was off and the trace
+# is the full-precision step; `enabled=False` (the user's own choice) is no note.
+
+AUTOCASTS = {
+    "with torch.autocast": ("with torch.autocast('cuda', dtype=torch.bfloat16):\n", 1),
+    "torch.amp.autocast": ("with torch.amp.autocast(device_type='cuda'):\n", 1),
+    "enabled=False": ("with torch.autocast('cuda', enabled=False):\n", 0),
+    "cpu autocast": ("with torch.autocast('cpu', dtype=torch.bfloat16):\n", 0),
+}
+
+
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+@pytest.mark.parametrize("enter,count", list(AUTOCASTS.values()), ids=list(AUTOCASTS))
+def test_cuda_autocast_turned_off_is_said(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enter: str, count: int
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: autocast runs")
+    monkeypatch.chdir(tmp_path)
+    body = (
+        "import torch\n"
+        "def step(device):\n"
+        "    x = torch.zeros(16, 16, device=device, requires_grad=True)\n"
+        f"    {enter}"
+        "        y = x @ x\n"
+        "    y.sum().backward()\n"
+    )
+    name = user_module(tmp_path, "r32_amp", body)
+    code, out, err = run_cli("profile", f"{name}:step", "--top", "1")
+    assert code == 0, err
+    said = f"entered torch.autocast('cuda') {count:,} time(s)"
+    assert (said in out) is bool(count), out
+    if not count:
+        assert "autocast" not in out, out
