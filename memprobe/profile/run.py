@@ -10,9 +10,7 @@ history is recorded instead of memprobe's tracker.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +22,7 @@ from memprobe.errors import UserError
 from memprobe.kernels.user import UserCodeExit, user_code
 from memprobe.measure.garbage import garbage_collected_after
 from memprobe.measure.memo import trace_memo
-from memprobe.measure.tracker import threads_started
+from memprobe.measure.tracker import cuda_autocast_off, threads_started
 from memprobe.profile.attention import sdpa_on_meta
 from memprobe.profile.load import Step, check_returned, step_exited
 from memprobe.profile.phases import StepTracker, step_failed
@@ -159,36 +157,6 @@ def trace_step(
         threads=started[0],
         autocast_off=autocast_off[0],
     )
-
-
-@contextlib.contextmanager
-def cuda_autocast_off() -> Iterator[list[int]]:
-    """Count the ``torch.autocast("cuda")`` contexts made inside that torch turns off, as it
-    does where CUDA is not available (with a UserWarning of its own): the step then runs
-    in full precision, and its trace is not the autocast step a GPU runs. A user's step
-    under ``torch.autocast("cuda", dtype=torch.bfloat16)`` was profiled on meta as float32
-    and its peak shown as the step's, with only torch's warning on stderr.
-
-    autocast asks ``torch.cuda.amp.common.amp_definitely_not_available()`` only when it is
-    enabled for cuda: that question is counted, not autocast's ``__init__`` wrapped (its
-    warning names its caller's line, which a wrapper would take)."""
-    off = [0]
-    common = torch.cuda.amp.common
-    original = common.amp_definitely_not_available
-    asker = torch.amp.autocast_mode.autocast.__init__.__code__
-
-    @functools.wraps(original)
-    def not_available() -> bool:
-        answer = bool(original())
-        if answer and sys._getframe(1).f_code is asker:
-            off[0] += 1
-        return answer
-
-    common.amp_definitely_not_available = not_available
-    try:
-        yield off
-    finally:
-        common.amp_definitely_not_available = original
 
 
 def _nothing_tracked(device: str, elsewhere: dict[str, int], threads: int) -> UserError:

@@ -16,6 +16,8 @@ from hostile import one_line, user_module
 
 from memprobe.records import Event
 
+pytest_plugins = ["pytester"]
+
 # -- C1: `memprobe step --config llama8b --tokens 4096` (H = 4096) put 2.00 GiB of AdamW's
 # foreach temporaries under "attention" (13.00 GiB of optimizer temporaries, against 15.00
 # GiB at 4,097 tokens): any block whose last two sizes were [S, S] was read as attention
@@ -153,3 +155,50 @@ def test_cuda_autocast_turned_off_is_said(
     assert (said in out) is bool(count), out
     if not count:
         assert "autocast" not in out, out
+
+
+# The marker too: a marked body under CUDA autocast passed its limit on meta at the
+# full-precision peak. It fails, saying why; `enabled=False` and cpu autocast pass.
+MARKED_AUTOCAST = """
+import pytest
+import torch
+
+@pytest.mark.limit_peak_memory("1 MiB")
+@pytest.mark.filterwarnings("ignore:CUDA is not available")
+@pytest.mark.parametrize("enter", [
+    lambda: torch.autocast("cuda", dtype=torch.bfloat16),
+    lambda: torch.amp.autocast(device_type="cuda"),
+    lambda: torch.autocast("cuda", enabled=False),
+    lambda: torch.autocast("cpu", dtype=torch.bfloat16),
+])
+def test_body(enter):
+    x = torch.zeros(16, 16, requires_grad=True)
+    with enter():
+        y = x @ x
+    y.sum().backward()
+"""
+
+
+def test_the_marker_fails_a_body_whose_cuda_autocast_torch_turned_off(
+    pytester: pytest.Pytester,
+) -> None:
+    # One pytester run: a second one in this process re-imports torch's submodules.
+    from importlib.metadata import entry_points
+
+    import torch
+
+    from memprobe.measure.tracker import AllocationTracker
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: autocast runs")
+    with AllocationTracker():  # torch's lazy imports, before pytester's run drops them
+        x = torch.zeros(2, 2, device="meta", requires_grad=True)
+        (x @ x).sum().backward()
+    installed = any(
+        ep.value == "memprobe.commands.pytest_plugin" for ep in entry_points(group="pytest11")
+    )
+    pytester.makepyfile(test_marked=MARKED_AUTOCAST)
+    args = () if installed else ("-p", "memprobe.commands.pytest_plugin")
+    result = pytester.runpytest("--strict-markers", *args)
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*entered torch.autocast('cuda') 1 time(s)*"] * 2)
