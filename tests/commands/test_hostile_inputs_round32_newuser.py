@@ -202,3 +202,92 @@ def test_the_marker_fails_a_body_whose_cuda_autocast_torch_turned_off(
     result = pytester.runpytest("--strict-markers", *args)
     result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["*entered torch.autocast('cuda') 1 time(s)*"] * 2)
+
+
+# -- C4: a snapshot recorded without stacks (`_record_memory_history(context=None)`, or
+# one with segments and no trace) of a step with a cross-entropy loss: `attribute` said
+# "no softmax / log_softmax / cross_entropy / nll_loss (or their backward) made a block in
+# the trace", `--what-if` "needs a step whose loss materializes the logits" and `plan
+# --other-from` the same: each a claim about the step that the file cannot make. The line
+# now says no block records a stack frame and how to record one.
+
+LM_STEP = (
+    "import torch\n"
+    "import torch.nn.functional as F\n"
+    "def step(device):\n"
+    "    emb = torch.nn.Embedding(1000, 32).to(device)\n"
+    "    head = torch.nn.Linear(32, 1000, bias=False).to(device)\n"
+    "    ids = torch.randint(0, 1000, (2, 16), device=device)\n"
+    "    logits = head(emb(ids))\n"
+    "    F.cross_entropy(logits.view(-1, 1000), ids.view(-1)).backward()\n"
+)
+
+
+def _as_torch_without_stacks(snapshot: Path, *, trace: bool) -> Path:
+    import pickle
+
+    snap = pickle.loads(snapshot.read_bytes())
+    snap.pop("memprobe", None)
+    for entries in snap["device_traces"]:
+        for entry in entries:
+            entry.pop("user_metadata", None)
+            entry["frames"] = []
+    for segment in snap["segments"]:
+        segment["frames"] = []
+        for block in segment["blocks"]:
+            block["frames"] = []
+    if not trace:
+        snap["device_traces"] = [[] for _ in snap["device_traces"]]
+    out = snapshot.with_name(f"bare_{trace}.pickle")
+    out.write_bytes(pickle.dumps(snap, protocol=4))
+    return out
+
+
+@pytest.fixture(scope="module")
+def stackless(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hostile import profiled
+
+    here = tmp_path_factory.mktemp("r32_stackless")
+    return profiled(here, "r32_lm_step", LM_STEP)
+
+
+@pytest.mark.parametrize("trace", [True, False], ids=["context=None", "no trace"])
+def test_attribute_of_a_snapshot_without_stacks_says_so(
+    run_cli: Any, stackless: Path, trace: bool
+) -> None:
+    code, out, err = run_cli("attribute", str(_as_torch_without_stacks(stackless, trace=trace)))
+    assert code == 0, err
+    shapes = next(line for line in out.splitlines() if line.startswith("shapes:"))
+    assert "no block records a stack frame" in shapes and "context='all'" in shapes, shapes
+    assert "made a block in the trace" not in shapes, shapes
+
+
+STACKLESS_COMMANDS = {
+    "what-if": lambda bare: ("attribute", bare, "--what-if", "local_chunked"),
+    "plan --other-from": lambda bare: (
+        "plan",
+        "--other-from",
+        bare,
+        "--vocab",
+        "1000",
+        "--budget",
+        "1GiB",
+        "--kernel",
+        "local_chunked",
+        "--no-reserved",
+    ),
+}
+
+
+@pytest.mark.parametrize("args", list(STACKLESS_COMMANDS.values()), ids=list(STACKLESS_COMMANDS))
+def test_a_loss_step_in_a_snapshot_without_stacks_is_not_called_absent(
+    run_cli: Any, stackless: Path, args: Any
+) -> None:
+    bare = str(_as_torch_without_stacks(stackless, trace=True))
+    err = one_line(*run_cli(*args(bare)))
+    assert "no block records a stack frame" in err and "materializes" not in err, err
+
+
+def test_the_same_snapshot_with_its_stacks_finds_the_loss(run_cli: Any, stackless: Path) -> None:
+    code, out, err = run_cli("attribute", str(stackless), "--what-if", "local_chunked")
+    assert code == 0 and "what-if local_chunked" in out, err
