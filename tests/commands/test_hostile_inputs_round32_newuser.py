@@ -291,3 +291,29 @@ def test_a_loss_step_in_a_snapshot_without_stacks_is_not_called_absent(
 def test_the_same_snapshot_with_its_stacks_finds_the_loss(run_cli: Any, stackless: Path) -> None:
     code, out, err = run_cli("attribute", str(stackless), "--what-if", "local_chunked")
     assert code == 0 and "what-if local_chunked" in out, err
+
+
+# -- C5: `memprobe step --optimizer sgd` showed "optimizer state" the size of the
+# parameters under a header that said "optimizer sgd": torch's SGD keeps no state unless
+# it has momentum, and memprobe's has momentum 0.9, which neither the header nor --help
+# said. A user of plain SGD read a buffer per parameter as SGD's own.
+
+
+@pytest.mark.parametrize("optimizer,words", [("sgd", "sgd (momentum 0.9)"), ("adamw", "adamw")])
+def test_the_step_header_says_how_its_optimizer_is_built(
+    run_cli: Any, tmp_path: Path, optimizer: str, words: str
+) -> None:
+    from small_config import SMALL
+
+    (tmp_path / "config.json").write_text(json.dumps(SMALL))
+    code, out, err = run_cli(
+        "step", "--config", str(tmp_path), "--tokens", "16", "--optimizer", optimizer
+    )
+    assert code == 0, err
+    assert out.splitlines()[0].endswith(f"optimizer {words}"), out
+
+
+@pytest.mark.parametrize("command", ["step", "plan"])
+def test_help_says_sgd_has_momentum(run_cli: Any, command: str) -> None:
+    code, out, _ = run_cli(command, "--help")
+    assert code == 0 and "momentum 0.9" in " ".join(out.replace("│", " ").split()), out
