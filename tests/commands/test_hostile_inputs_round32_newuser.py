@@ -317,3 +317,43 @@ def test_the_step_header_says_how_its_optimizer_is_built(
 def test_help_says_sgd_has_momentum(run_cli: Any, command: str) -> None:
     code, out, _ = run_cli(command, "--help")
     assert code == 0 and "momentum 0.9" in " ".join(out.replace("│", " ").split()), out
+
+
+# -- C6: a step or kernel named by its file alone (`memprobe profile my_step.py`, `sweep
+# --kernel mine.py`), as a newcomer types a script: read as a dot for the colon, the hint
+# was "e.g. my_step:py" (`did you mean 'mine:py'?`), a function named `py`. The hint now
+# asks for a function, with the module spelled as it imports.
+
+FILE_ONLY = {
+    "a file": ("my_step.py", "not the file: my_step:<function>"),
+    "a file in a folder": ("pkg/my_step.py", "not the file: pkg.my_step:<function>"),
+    "./ a file": ("./my_step.py", "not the file: my_step:<function>"),
+    "an absolute file": ("/srv/x/my_step.py", "run memprobe from /srv/x and name the module"),
+}
+
+
+@pytest.mark.parametrize("given,said", list(FILE_ONLY.values()), ids=list(FILE_ONLY))
+def test_a_step_named_by_its_file_alone_asks_for_a_function(
+    run_cli: Any, given: str, said: str
+) -> None:
+    err = one_line(*run_cli("profile", given))
+    assert said in err and ":py" not in err, err
+
+
+def test_a_kernel_named_by_its_file_alone_is_not_offered_a_function_named_py(
+    run_cli: Any,
+) -> None:
+    err = one_line(*run_cli("sweep", "--kernel", "mine.py", "--device", "meta"))
+    assert "did you mean 'mine:<function>'?" in err and "mine:py" not in err, err
+
+
+@pytest.mark.parametrize(
+    "given,meant",
+    [
+        ("my_step.train_step", "my_step:train_step"),
+        ("./my_step.py:train_step", "my_step:train_step"),
+    ],
+)
+def test_a_spelling_with_its_function_keeps_its_hint(run_cli: Any, given: str, meant: str) -> None:
+    err = one_line(*run_cli("profile", given))
+    assert meant in err, err
