@@ -357,3 +357,60 @@ def test_a_kernel_named_by_its_file_alone_is_not_offered_a_function_named_py(
 def test_a_spelling_with_its_function_keeps_its_hint(run_cli: Any, given: str, meant: str) -> None:
     err = one_line(*run_cli("profile", given))
     assert meant in err, err
+
+
+# -- C7: a sweep over several hidden sizes (`sweep --hidden 32,64 --kernel
+# linear_unchunked,fused_linear_chunked`): "peak vs unchunked" matched each row to
+# linear_unchunked at the same batch, tokens, vocab... but any H, so linear_unchunked at
+# H = 64 read 1.08x (against its own H = 32 peak) and every H = 64 ratio was off; the
+# answer quoted the lowest peak across H as the largest case's; and the gate printed the
+# two cases as one line twice ("linear_unchunked b1 s64 v1024 bf16 c1024 meta"). Ratios
+# are per H, the answer is at the largest H (and says it), and the gate's label has hN.
+
+
+@pytest.fixture(scope="module")
+def two_hidden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from hostile import swept
+
+    run = tmp_path_factory.mktemp("r32_hidden") / "run"
+    return swept(
+        run, "--tokens", "64", "--vocab", "1024", "--hidden", "32,64", "--no-ladder",
+        "--kernel", "linear_unchunked,fused_linear_chunked", "--device", "meta", "--no-report",
+    )  # fmt: skip
+
+
+def test_ratios_and_the_answer_are_per_hidden_size(run_cli: Any, two_hidden: Path) -> None:
+    from memprobe.report.ratios import with_ratios
+    from memprobe.results import read_results
+
+    table = with_ratios(read_results(two_hidden / "results.json"))
+    for _, row in table.iterrows():
+        same = table[(table["kernel"] == "linear_unchunked") & (table["hidden"] == row["hidden"])]
+        assert row["saving_vs_unchunked"] == pytest.approx(
+            same.iloc[0]["peak_bytes"] / row["peak_bytes"]
+        ), row
+
+
+def test_the_answer_is_at_the_largest_hidden_size(two_hidden: Path) -> None:
+    from memprobe.render.terminal import answer_lines
+    from memprobe.results import read_results, read_rows
+
+    rows = read_rows(two_hidden / "results.json")
+    lines = answer_lines(read_results(two_hidden / "results.json"), {}, budget_bytes=None)
+    assert lines[0] == "At 64 tokens x 1,024 vocabulary (bf16, hidden 64):", lines
+    fused = next(r for r in rows if r["kernel"] == "fused_linear_chunked" and r["hidden"] == 64)
+    assert f"{fused['peak_bytes'] / 1024:,.2f} KiB" in lines[1], (lines, fused)
+
+
+@pytest.mark.parametrize("hidden", [32, 64])
+def test_the_gate_names_each_hidden_size(
+    run_cli: Any, two_hidden: Path, tmp_path: Path, hidden: int
+) -> None:
+    config = tmp_path / "gate.toml"
+    config.write_text(
+        '[tool.memprobe.gate]\nrules = [{ kernel = "linear_unchunked", max_peak = "1 KiB" }]\n'
+    )
+    code, out, err = run_cli("gate", str(two_hidden), "--config", str(config))
+    assert code == 1, err
+    fails = [line for line in out.splitlines() if line.lstrip().startswith("FAIL")]
+    assert sum(f"linear_unchunked h{hidden} b1 s64" in line for line in fails) == 1, out
