@@ -375,6 +375,17 @@ class HFStep:
         # takes none, a multimodal config whose text sizes are nested) raises
         # AttributeError: said as the step failing "on meta", with a hint to try cpu.
         except (ValueError, TypeError, KeyError, AssertionError, AttributeError) as exc:
+            pad = getattr(self.config, "pad_token_id", None)
+            vocab = getattr(self.config, "vocab_size", None)
+            if "Padding_idx" in str(exc) and isinstance(pad, int) and isinstance(vocab, int):
+                # nn.Embedding's own words name neither field; a small config that gives no
+                # pad_token_id takes transformers' default (phi3's 32000) past its vocabulary.
+                raise UserError(
+                    f"transformers cannot build this model: pad_token_id {pad:,} (the "
+                    f"config's, or transformers' default for {self.config.model_type}) is "
+                    f"not below vocab_size {vocab:,}",
+                    "give a pad_token_id below vocab_size in config.json",
+                ) from None
             raise UserError(
                 f"transformers cannot build this model ({error_text(exc)})", "check the config"
             ) from None
