@@ -383,8 +383,8 @@ class HFStep:
                 raise UserError(
                     f"transformers cannot build this model: pad_token_id {pad:,} (the "
                     f"config's, or transformers' default for {self.config.model_type}) is "
-                    f"not below vocab_size {vocab:,}",
-                    "give a pad_token_id below vocab_size in config.json",
+                    f"not a token id of vocab_size {vocab:,} ({error_text(exc)})",
+                    f"give a pad_token_id from 0 to {vocab - 1:,} in config.json",
                 ) from None
             raise UserError(
                 f"transformers cannot build this model ({error_text(exc)})", "check the config"

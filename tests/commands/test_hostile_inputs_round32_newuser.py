@@ -416,15 +416,17 @@ def test_the_gate_names_each_hidden_size(
     assert sum(f"linear_unchunked h{hidden} b1 s64" in line for line in fails) == 1, out
 
 
-# -- C8: a small config of an architecture whose pad_token_id transformers fills in
-# (phi3's 32000) past the config's vocab_size, or one giving pad_token_id = vocab_size:
-# "transformers cannot build this model (Padding_idx must be within num_embeddings) (check
-# the config)" named neither field. The line names pad_token_id, its value and vocab_size.
+# -- (round 6's input, its line improved) a small config of an architecture whose
+# pad_token_id transformers fills in (phi3's 32000) past the config's vocab_size, or one
+# giving pad_token_id = vocab_size: "transformers cannot build this model (Padding_idx
+# must be within num_embeddings) (check the config)" named neither field. The line names
+# pad_token_id, its value, vocab_size and the ids to give.
 
 PADS = {
     "phi3's default": ({"model_type": "phi3", "num_key_value_heads": 4}, 32000),
     "llama, pad = vocab": ({"model_type": "llama", "pad_token_id": 512}, 512),
     "llama, pad far past": ({"model_type": "llama", "pad_token_id": 10**6}, 10**6),
+    "llama, pad far below": ({"model_type": "llama", "pad_token_id": -1000}, -1000),
 }
 
 
@@ -437,4 +439,4 @@ def test_a_pad_token_past_the_vocabulary_is_named(
     (tmp_path / "config.json").write_text(json.dumps({**SMALL, **extra}))
     err = one_line(*run_cli("step", "--config", str(tmp_path), "--tokens", "16"))
     assert f"pad_token_id {pad:,}" in err and "vocab_size 512" in err, err
-    assert "Padding_idx" not in err, err
+    assert "give a pad_token_id from 0 to 511" in err, err
