@@ -41,6 +41,7 @@ from memprobe.profile.hf_config import (
     has_attention_heads,
     load_error,
     logit_transform,
+    no_model_type,
     read_config_json,
 )
 from memprobe.profile.hf_quiet import hf_logging_off, quiet_transformers
@@ -83,6 +84,11 @@ def load_config(path: str | os.PathLike[str]) -> Any:
     # A config.json that is a link leading nowhere is there (exists() follows it): read,
     # it is named for what it is, not "no config.json in DIR".
     if source.is_dir() and not file.exists() and not file.is_symlink():
+        adapter = source / "adapter_config.json"
+        if adapter.is_file():
+            # A LoRA fine-tune's output folder: its adapter config, no model config.
+            found = read_config_json(adapter)
+            raise no_model_type(adapter, found if isinstance(found, dict) else {"peft_type": 0}, {})
         raise UserError(
             f"--config: no config.json in {source}",
             "give a config.json or the directory holding it",
@@ -94,14 +100,14 @@ def load_config(path: str | os.PathLike[str]) -> Any:
             "give a model's config.json",
         )
     model_type = data.get("model_type")
+    if model_type is None:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        raise no_model_type(file, data, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
     if not isinstance(model_type, str):
-        said = (
-            "has no model_type"
-            if model_type is None
-            else f"gives model_type {quoted(model_type)}, not a name"
-        )
         raise UserError(
-            f"--config {file} {said}", "a Hugging Face config.json names its model_type"
+            f"--config {file} gives model_type {quoted(model_type)}, not a name",
+            "a Hugging Face config.json names its model_type",
         )
     return config_from_dict(data, transformers)
 

@@ -433,3 +433,49 @@ def logit_transform(config: Any) -> str | None:
         if value not in neutral:
             return f"{name}={value:g}"
     return None
+
+
+# Files a model folder holds beside config.json, told by their keys: handed to --config
+# they were "has no model_type (a Hugging Face config.json names its model_type)", which
+# says neither what the file is nor which one to give.
+_OTHER_FILES = (
+    (("do_sample", "max_new_tokens", "temperature", "top_p"), "its generation_config.json"),
+    (("tokenizer_class", "chat_template", "model_max_length"), "its tokenizer_config.json"),
+    (("added_tokens", "normalizer", "pre_tokenizer", "truncation"), "its tokenizer.json"),
+    (("image_processor_type", "feature_extractor_type"), "its preprocessor_config.json"),
+)
+
+
+def no_model_type(
+    file: Path, data: Mapping[str, Any], causal_lm_names: Mapping[str, Any]
+) -> UserError:
+    """The line for a JSON object without a model_type: what the file is where its keys
+    say (a PEFT adapter's config, a generation or tokenizer file), and what to give."""
+    if "peft_type" in data or "base_model_name_or_path" in data:
+        base, peft = data.get("base_model_name_or_path"), data.get("peft_type")
+        kind = f"{quoted(peft)} " if isinstance(peft, str) and peft else ""
+        of = f" on {quoted(base)}" if isinstance(base, str) and base else ""
+        return UserError(
+            f"--config {file} is a PEFT adapter's config ({kind}adapter{of}), not a model's",
+            "give the base model's config.json; memprobe step trains every weight of it, "
+            "adapters are not simulated",
+        )
+    for keys, what in _OTHER_FILES:
+        if any(key in data for key in keys):
+            return UserError(
+                f"--config {file} reads as a model's {what.removeprefix('its ')}, not its "
+                "config.json (it has no model_type)",
+                "give the config.json from the same folder",
+            )
+    named = data.get("architectures")
+    by_class = {str(v): k for k, v in causal_lm_names.items()}
+    if isinstance(named, list):
+        known = [by_class[n] for n in named if isinstance(n, str) and n in by_class]
+        if known:
+            return UserError(
+                f"--config {file} has no model_type; its architectures name {quoted(named[0])}",
+                f'add "model_type": "{known[0]}" to it',
+            )
+    return UserError(
+        f"--config {file} has no model_type", "a Hugging Face config.json names its model_type"
+    )

@@ -440,3 +440,54 @@ def test_a_pad_token_past_the_vocabulary_is_named(
     err = one_line(*run_cli("step", "--config", str(tmp_path), "--tokens", "16"))
     assert f"pad_token_id {pad:,}" in err and "vocab_size 512" in err, err
     assert "give a pad_token_id from 0 to 511" in err, err
+
+
+# -- C9: the other JSON files of a model folder handed to --config: a LoRA fine-tune's
+# output folder (adapter_config.json, no config.json) was "no config.json in DIR", its
+# adapter_config.json, generation_config.json, tokenizer.json or tokenizer_config.json
+# "has no model_type (a Hugging Face config.json names its model_type)", and an old
+# config that names its architectures but no model_type the same: none said what the file
+# was or what to give. Each now does.
+
+OTHER_JSON = {
+    "adapter_config.json": (
+        {"peft_type": "LORA", "base_model_name_or_path": "meta-llama/Llama-3.2-1B", "r": 16},
+        "PEFT adapter's config ('LORA' adapter on 'meta-llama/Llama-3.2-1B')",
+    ),
+    "generation_config.json": (
+        {"do_sample": True, "temperature": 0.6, "eos_token_id": 2},
+        "reads as a model's generation_config.json",
+    ),
+    "tokenizer.json": (
+        {"version": "1.0", "truncation": None, "added_tokens": []},
+        "reads as a model's tokenizer.json",
+    ),
+    "tokenizer_config.json": (
+        {"tokenizer_class": "LlamaTokenizer", "model_max_length": 4096},
+        "reads as a model's tokenizer_config.json",
+    ),
+    "config.json": (
+        {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64},
+        'add "model_type": "qwen2" to it',
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(OTHER_JSON))
+def test_another_json_of_a_model_folder_is_named(run_cli: Any, tmp_path: Path, name: str) -> None:
+    data, said = OTHER_JSON[name]
+    (tmp_path / name).write_text(json.dumps(data))
+    err = one_line(*run_cli("step", "--config", str(tmp_path / name), "--tokens", "16"))
+    assert said in err, err
+
+
+def test_a_lora_output_folder_is_named_for_its_adapter(run_cli: Any, tmp_path: Path) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA"}))
+    err = one_line(*run_cli("step", "--config", str(tmp_path), "--tokens", "16"))
+    assert "PEFT adapter's config" in err and "base model's config.json" in err, err
+
+
+def test_a_json_with_nothing_to_tell_keeps_the_plain_line(run_cli: Any, tmp_path: Path) -> None:
+    (tmp_path / "x.json").write_text(json.dumps({"foo": 1}))
+    err = one_line(*run_cli("step", "--config", str(tmp_path / "x.json"), "--tokens", "16"))
+    assert "has no model_type (a Hugging Face config.json names its model_type)" in err, err
