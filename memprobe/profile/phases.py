@@ -220,6 +220,15 @@ def step_failed(
             "(model.to(device), torch.zeros(..., device=device)), not on 'cuda', and keep "
             "torch.cuda's own calls (synchronize, memory statistics) out of it",
         )
+    if not raised_by_op and isinstance(exc, _PYTHON_ERRORS):
+        # A bug of the step's own Python (a name, a key, sys.argv[1] read of a command
+        # line it does not get): no op raised it, and "meta tensors hold no values ...
+        # try --device cpu" sent the user to a device where it fails the same way.
+        return UserError(
+            f"the step failed on {device} {where} ({what}), in its own Python code, not in an op",
+            "fix the step and rerun; memprobe calls it with no command-line arguments, "
+            "sys.argv holding the program name alone",
+        )
     if device == "meta" and hint is not None and _reads_values(tracker, raised_by_op, what):
         # A config's step (hint given) that read a tensor's values: the config was whole
         # (BLT's entropy patching, JetMoE's expert sizes as a list), its sizes not to blame.
@@ -238,6 +247,10 @@ def step_failed(
     return UserError(
         f"the step failed on {device} {where} ({what})", hint or "fix the step and rerun"
     )
+
+
+# Errors of plain Python code that no tensor, meta or not, makes.
+_PYTHON_ERRORS = (NameError, KeyError, IndexError, ZeroDivisionError, ImportError, OSError)
 
 
 # What torch raises where CUDA is asked for and cannot start: a CPU-only build, a CUDA

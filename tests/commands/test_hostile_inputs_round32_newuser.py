@@ -491,3 +491,66 @@ def test_a_json_with_nothing_to_tell_keeps_the_plain_line(run_cli: Any, tmp_path
     (tmp_path / "x.json").write_text(json.dumps({"foo": 1}))
     err = one_line(*run_cli("step", "--config", str(tmp_path / "x.json"), "--tokens", "16"))
     assert "has no model_type (a Hugging Face config.json names its model_type)" in err, err
+
+
+# -- C10: a training script that reads its command line, profiled as a step: a module
+# doing `EPOCHS = int(sys.argv[1]) if len(sys.argv) > 1 else 1` failed to import
+# ("invalid literal for int() with base 10: 'profile'": memprobe's own argv), one with
+# argparse at import ended in argparse's usage and "unrecognized arguments: profile
+# my_step:train_step --top 1", where `python my_step.py` runs both with their defaults.
+# User code now sees sys.argv as the program name alone (memprobe's is put back after).
+# And a plain Python error of the step's own code (sys.argv[1] then, a KeyError, a
+# NameError), raised by no op, was told "meta tensors hold no values ... try --device cpu";
+# it is now said to be the step's own code.
+
+ARGV_MODULES = {
+    "int(sys.argv[1]) at import": (
+        "import sys\nEPOCHS = int(sys.argv[1]) if len(sys.argv) > 1 else 1\n"
+    ),
+    "argparse at import": (
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--lr', type=float)\n"
+        "args = p.parse_args()\n"
+    ),
+    "argparse, known args only": (
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--top', type=int)\n"
+        "args, _ = p.parse_known_args()\nassert args.top is None, args\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("head", list(ARGV_MODULES.values()), ids=list(ARGV_MODULES))
+def test_a_script_reading_its_command_line_gets_none(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, head: str
+) -> None:
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    body = head + (
+        "import torch\n"
+        "def step(device):\n"
+        "    x = torch.zeros(8, device=device, requires_grad=True)\n"
+        "    (x * 2).sum().backward()\n"
+    )
+    name = user_module(tmp_path, "r32_argv", body)
+    code, out, err = run_cli("profile", f"{name}:step", "--top", "1")
+    assert code == 0 and "peak allocated" in out, err
+    assert sys.argv[1:] == ["profile", f"{name}:step", "--top", "1"], sys.argv
+
+
+PYTHON_BUGS = {
+    "sys.argv[1]": "    n = int(sys.argv[1])\n",
+    "a KeyError": "    n = {}['n']\n",
+    "a NameError": "    n = undefined_name\n",
+}
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+@pytest.mark.parametrize("bug", list(PYTHON_BUGS.values()), ids=list(PYTHON_BUGS))
+def test_a_python_error_of_the_step_is_not_blamed_on_meta(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bug: str, device: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    body = "import sys\nimport torch\ndef step(device):\n    torch.zeros(8, device=device)\n" + bug
+    name = user_module(tmp_path, "r32_bug", body)
+    err = one_line(*run_cli("profile", f"{name}:step", "--device", device))
+    assert "in its own Python code" in err and "try --device cpu" not in err, err
