@@ -288,6 +288,25 @@ def test_a_loss_step_in_a_snapshot_without_stacks_is_not_called_absent(
     assert "no block records a stack frame" in err and "materializes" not in err, err
 
 
+# diff of a snapshot with stacks against one without: every byte moved to "other" in the
+# tables, with nothing said; the difference is now named first.
+@pytest.mark.parametrize("order", ["with first", "without first"])
+def test_diff_names_a_side_without_stacks(run_cli: Any, stackless: Path, order: str) -> None:
+    bare = str(_as_torch_without_stacks(stackless, trace=True))
+    a, b = (str(stackless), bare) if order == "with first" else (bare, str(stackless))
+    code, out, err = run_cli("diff", a, b)
+    assert code == 0, err
+    said = "stack frames: recorded -> none" if order == "with first" else "none -> recorded"
+    assert said in out, out
+
+
+def test_diff_of_two_snapshots_with_stacks_says_nothing_of_them(
+    run_cli: Any, stackless: Path
+) -> None:
+    code, out, err = run_cli("diff", str(stackless), str(stackless))
+    assert code == 0 and "stack frames" not in out, out
+
+
 def test_the_same_snapshot_with_its_stacks_finds_the_loss(run_cli: Any, stackless: Path) -> None:
     code, out, err = run_cli("attribute", str(stackless), "--what-if", "local_chunked")
     assert code == 0 and "what-if local_chunked" in out, err
