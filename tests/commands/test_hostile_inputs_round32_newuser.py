@@ -573,3 +573,38 @@ def test_a_python_error_of_the_step_is_not_blamed_on_meta(
     name = user_module(tmp_path, "r32_bug", body)
     err = one_line(*run_cli("profile", f"{name}:step", "--device", device))
     assert "in its own Python code" in err and "try --device cpu" not in err, err
+
+
+# -- C11: an option of another memprobe command (`plan --tokens 4096`, asking whether
+# 4,096 tokens fit; `attribute --kernel`, `step --hidden`): click said "No such option:
+# --tokens (Possible options: --kernel)", a guess of no likeness. The line says which
+# commands take it (and for plan --tokens, how to check one count).
+
+ELSEWHERE = {
+    "plan --tokens": (
+        ["plan", "--vocab", "1024", "--budget", "1GiB", "--tokens", "64"],
+        "No such option: --tokens (plan does not take it; sweep, attribute, step do); "
+        "plan answers how many tokens fit",
+    ),
+    "attribute --kernel": (
+        ["attribute", "x.pickle", "--kernel", "local_chunked"],
+        "No such option: --kernel (attribute does not take it;",
+    ),
+    "step --hidden": (
+        ["step", "--config", "c", "--tokens", "8", "--hidden", "64"],
+        "No such option: --hidden (step does not take it; sweep, plan do)",
+    ),
+}
+
+
+@pytest.mark.parametrize("args,said", list(ELSEWHERE.values()), ids=list(ELSEWHERE))
+def test_an_option_of_another_command_names_its_commands(
+    run_cli: Any, args: list[str], said: str
+) -> None:
+    err = one_line(*run_cli(*args))
+    assert said in err and "Possible options" not in err, err
+
+
+def test_a_mistyped_option_keeps_clicks_guess(run_cli: Any) -> None:
+    err = one_line(*run_cli("sweep", "--tokns", "5"))
+    assert "No such option: --tokns (Possible options: --tokens)" in err, err
