@@ -133,6 +133,7 @@ def _main() -> None:
         sys.exit(2)
     _drop_unusable_columns()
     _refuse_typographic_dashes(sys.argv[1:])
+    _warn_repeated_lists(sys.argv[1:])
     if "--help" in sys.argv[1:] and not sys.stdout.isatty():
         # Help piped or captured: wide enough that option names are never cut off
         # (rich sizes it for 80 columns and truncates the names column).
@@ -238,6 +239,40 @@ def _one_dash_option(exc: typer.TyperException, args: list[str]) -> str | None:
             word = match.group(1)
             return f"No such option: -{word} (a long option takes two dashes: --{word})"
     return None
+
+
+# The options that take a comma-separated list, per command: given twice, the user may
+# have meant both lists, or an override (a wrapper's defaults, then their own).
+LIST_OPTIONS = {
+    "sweep": ("--tokens", "--vocab", "--batch", "--dtype", "--kernel", "--chunk-size", "--tp",
+              "--cp", "--hidden"),
+    "plan": ("--kernel", "--chunk-size", "--tp", "--cp", "--other-from"),
+}  # fmt: skip
+
+
+def _warn_repeated_lists(args: list[str]) -> None:
+    """A list option given twice (``plan --kernel local_chunked --kernel unchunked``,
+    ``sweep --tokens 4096 --tokens=20000``): click keeps the last without a word, and the
+    plan or sweep ran one list where two were written. The last is still used (a script's
+    defaults overridden is the same spelling), with a warning naming what was dropped."""
+    lists = LIST_OPTIONS.get(args[0], ()) if args else ()
+    seen: dict[str, str] = {}
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg == "--":
+            return
+        name, eq, value = arg.partition("=")
+        if name not in lists:
+            continue
+        value = value if eq else next(rest, "")
+        if name in seen and seen[name] != value:
+            typer.echo(
+                f"memprobe: warning: {name} given twice: the last, {quoted(value)}, is used "
+                f"and {quoted(seen[name])} is not (for both, give one list: "
+                f"{name} {seen[name]},{value})",
+                err=True,
+            )
+        seen[name] = value
 
 
 # What a newcomer asks `plan` with a flag of another command: plan answers the tokens.

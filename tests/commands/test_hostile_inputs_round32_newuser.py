@@ -608,3 +608,71 @@ def test_an_option_of_another_command_names_its_commands(
 def test_a_mistyped_option_keeps_clicks_guess(run_cli: Any) -> None:
     err = one_line(*run_cli("sweep", "--tokns", "5"))
     assert "No such option: --tokns (Possible options: --tokens)" in err, err
+
+
+# -- C12: a list option given twice (`plan --kernel local_chunked --kernel unchunked`, as
+# a user adds a second kernel; `sweep --tokens 64 --tokens=128`): click kept the last
+# without a word, and the plan or sweep ran one list where two were written. The last is
+# still used (the same spelling overrides a script's defaults), with a warning naming what
+# was dropped and the one list to give; the same value twice, a flag twice, and a
+# single-valued option given again say nothing.
+
+TWICE = {
+    "sweep --tokens, then --tokens=": (
+        ["--tokens", "32", "--tokens=64"],
+        "--tokens given twice: the last, '64', is used and '32' is not",
+        "--tokens 32,64",
+    ),
+    "sweep --kernel=, then --kernel": (
+        ["--kernel=local_chunked", "--kernel", "unchunked"],
+        "--kernel given twice: the last, 'unchunked', is used and 'local_chunked' is not",
+        "--kernel local_chunked,unchunked",
+    ),
+    "sweep --vocab twice": (
+        ["--vocab", "512", "--vocab", "1024"],
+        "--vocab given twice: the last, '1024', is used and '512' is not",
+        "--vocab 512,1024",
+    ),
+}  # fmt: skip
+
+SMALL_SWEEP = ["sweep", "--no-ladder", "--device", "meta", "--no-report", "--no-verify"]
+
+
+@pytest.mark.parametrize("extra,said,meant", list(TWICE.values()), ids=list(TWICE))
+def test_a_list_option_given_twice_is_warned_of(
+    run_cli: Any, tmp_path: Path, extra: list[str], said: str, meant: str
+) -> None:
+    args = [*SMALL_SWEEP, "--out", str(tmp_path / "run"), *extra]
+    if "--tokens" not in " ".join(extra):
+        args += ["--tokens", "64"]
+    if "--vocab" not in " ".join(extra):
+        args += ["--vocab", "1024"]
+    if "--kernel" not in " ".join(extra):
+        args += ["--kernel", "unchunked"]
+    code, out, err = run_cli(*args)
+    assert code == 0, err
+    warning = next(line for line in err.splitlines() if "given twice" in line)
+    assert said in warning and f"give one list: {meant}" in warning, warning
+
+
+def test_plan_warns_of_a_kernel_given_twice(run_cli: Any) -> None:
+    code, out, err = run_cli(
+        "plan", "--vocab", "1024", "--budget", "64MiB", "--no-reserved",
+        "--kernel", "local_chunked", "--kernel", "unchunked",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "--kernel given twice: the last, 'unchunked', is used" in err, err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--tokens", "64"], ["--no-ladder"], ["--device", "meta"]],
+    ids=["same value", "flag", "an override"],
+)
+def test_a_repeat_that_drops_no_list_says_nothing(
+    run_cli: Any, tmp_path: Path, extra: list[str]
+) -> None:
+    args = ["sweep", "--tokens", "64", "--vocab", "1024", "--no-ladder", "--kernel", "unchunked"]
+    args += ["--device", "cpu", "--no-report", "--out", str(tmp_path / "run"), *extra]
+    code, out, err = run_cli(*args)
+    assert code == 0 and "given twice" not in err, err
