@@ -232,6 +232,8 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
     return module_name, attr_path
 
 
+# Files memprobe reads or writes that are no Python module (a snapshot, results, a config).
+_DATA_FILES = (".pickle", ".pkl", ".pt", ".pth", ".json", ".toml", ".html", ".csv", ".png")
 # Where a spelling names no function, the place one goes in the example.
 FUNCTION = "<function>"
 
@@ -243,6 +245,8 @@ def meant_import_path(path: str) -> tuple[str, str] | None:
     ``/``), a dot where the colon goes (``mine.step``) and stray blanks were all answered
     with the bare rule, where ``mine.py:step`` already got the spelling that works."""
     text = "".join(path.split())
+    if ":" not in text and text.lower().endswith(_DATA_FILES):
+        return None  # `profile step.pickle`: "e.g. step:pickle" named a function `pickle`
     if ":" not in text and text.endswith(".py"):
         # A file named without its function (`mine.py`, `pkg/mine.py`): read as a dot for
         # the colon, it was answered "mine:py", a function named `py`.

@@ -676,3 +676,40 @@ def test_a_repeat_that_drops_no_list_says_nothing(
     args += ["--device", "cpu", "--no-report", "--out", str(tmp_path / "run"), *extra]
     code, out, err = run_cli(*args)
     assert code == 0 and "given twice" not in err, err
+
+
+# -- C13: the step and the snapshot swapped between commands: `memprobe attribute
+# my_step:train_step` (the step where profile takes it) was "snapshot my_step:train_step
+# does not exist (check the path)", and `memprobe profile step.pickle` "e.g. step:pickle"
+# (a function named pickle). attribute and diff now say the text reads as a step and how
+# to make its snapshot; a data file's name gets the plain rule, no made-up function.
+
+STEP_AS_SNAPSHOT = {
+    "attribute": ["attribute", "my_step:train_step"],
+    "attribute, dotted": ["attribute", "pkg.my_step:Trainer.step"],
+    "diff": ["diff", "my_step:train_step", "b.pickle"],
+}
+
+
+@pytest.mark.parametrize("args", list(STEP_AS_SNAPSHOT.values()), ids=list(STEP_AS_SNAPSHOT))
+def test_a_step_given_as_a_snapshot_is_told_to_profile(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    err = one_line(*run_cli(*args))
+    assert "reads as a step's import path" in err and "memprobe profile" in err, err
+
+
+def test_a_missing_snapshot_file_still_says_check_the_path(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    err = one_line(*run_cli("attribute", "nosuch.pickle"))
+    assert "does not exist" in err and "import path" not in err, err
+
+
+@pytest.mark.parametrize("name", ["step.pickle", "results.json", "pyproject.toml"])
+def test_a_data_file_given_as_a_step_gets_no_made_up_function(run_cli: Any, name: str) -> None:
+    err = one_line(*run_cli("profile", name))
+    stem, _, ext = name.rpartition(".")
+    assert f"{stem}:{ext}" not in err and "pkg.module:fn" in err, err
