@@ -41,9 +41,9 @@ from memprobe.profile.hf_config import (
     has_attention_heads,
     load_error,
     logit_transform,
-    no_model_type,
     read_config_json,
 )
+from memprobe.profile.hf_files import no_config_json, no_model_type, padding_error
 from memprobe.profile.hf_quiet import hf_logging_off, quiet_transformers
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype, too_large
@@ -84,15 +84,7 @@ def load_config(path: str | os.PathLike[str]) -> Any:
     # A config.json that is a link leading nowhere is there (exists() follows it): read,
     # it is named for what it is, not "no config.json in DIR".
     if source.is_dir() and not file.exists() and not file.is_symlink():
-        adapter = source / "adapter_config.json"
-        if adapter.is_file():
-            # A LoRA fine-tune's output folder: its adapter config, no model config.
-            found = read_config_json(adapter)
-            raise no_model_type(adapter, found if isinstance(found, dict) else {"peft_type": 0}, {})
-        raise UserError(
-            f"--config: no config.json in {source}",
-            "give a config.json or the directory holding it",
-        )
+        raise no_config_json(source)
     data = read_config_json(file)
     if not isinstance(data, dict):
         raise UserError(
@@ -101,9 +93,7 @@ def load_config(path: str | os.PathLike[str]) -> Any:
         )
     model_type = data.get("model_type")
     if model_type is None:
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-        raise no_model_type(file, data, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        raise no_model_type(file, data)
     if not isinstance(model_type, str):
         raise UserError(
             f"--config {file} gives model_type {quoted(model_type)}, not a name",
@@ -381,17 +371,7 @@ class HFStep:
         # takes none, a multimodal config whose text sizes are nested) raises
         # AttributeError: said as the step failing "on meta", with a hint to try cpu.
         except (ValueError, TypeError, KeyError, AssertionError, AttributeError) as exc:
-            pad = getattr(self.config, "pad_token_id", None)
-            vocab = getattr(self.config, "vocab_size", None)
-            if "Padding_idx" in str(exc) and isinstance(pad, int) and isinstance(vocab, int):
-                # nn.Embedding's own words name neither field; a small config that gives no
-                # pad_token_id takes transformers' default (phi3's 32000) past its vocabulary.
-                raise UserError(
-                    f"transformers cannot build this model: pad_token_id {pad:,} (the "
-                    f"config's, or transformers' default for {self.config.model_type}) is "
-                    f"not a token id of vocab_size {vocab:,} ({error_text(exc)})",
-                    f"give a pad_token_id from 0 to {vocab - 1:,} in config.json",
-                ) from None
+            padding_error(self.config, exc)
             raise UserError(
                 f"transformers cannot build this model ({error_text(exc)})", "check the config"
             ) from None

@@ -12,7 +12,6 @@ import io
 import math
 import os
 import pickle
-import re
 from pathlib import Path
 from typing import Any, TypeGuard
 
@@ -27,7 +26,7 @@ from memprobe.allocator.snapshot_format import (
     STATE_ALIASES,
 )
 from memprobe.errors import UserError
-from memprobe.io.files import read_regular
+from memprobe.snapshot.mistaken import read_snapshot_file
 from memprobe.snapshot.nesting import check_tuple_nesting
 from memprobe.snapshot.segments import check_segment_kinds, reconcile_segment_allocs, segment_kind
 
@@ -70,32 +69,13 @@ def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_
     truncated, corrupt, unsafe, or not-a-snapshot file.
     """
     p = Path(path)
-    _refuse_a_step(p)
     data = _read_bytes(p, max_bytes)
     raw = _unpickle(data, p)
     return normalize_snapshot(raw, source=str(p))
 
 
-# A step's import path (``my_step:train_step``), which `memprobe profile` takes.
-_IMPORT_PATH = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")
-
-
-def _refuse_a_step(p: Path) -> None:
-    """``memprobe attribute my_step:train_step`` (the step, where profile takes it) was
-    "snapshot my_step:train_step does not exist (check the path)": the user checks a path
-    they never meant. A missing file spelled as an import path is said to be one."""
-    text = str(p)
-    if p.exists() or p.is_symlink() or not _IMPORT_PATH.fullmatch(text):
-        return
-    raise UserError(
-        f"snapshot {text} is not a file here; it reads as a step's import path (module:function)",
-        f"profile the step and read its snapshot: memprobe profile {text} --out step.pickle, "
-        "then memprobe attribute step.pickle (profile prints the reading itself too)",
-    )
-
-
 def _read_bytes(p: Path, max_bytes: int) -> bytes:
-    data = read_regular(
+    data = read_snapshot_file(
         p,
         what="snapshot",
         max_bytes=max_bytes,
