@@ -133,6 +133,7 @@ def _main() -> None:
         sys.exit(2)
     _drop_unusable_columns()
     _refuse_typographic_dashes(sys.argv[1:])
+    _warn_repeated_lists(sys.argv[1:])
     if "--help" in sys.argv[1:] and not sys.stdout.isatty():
         # Help piped or captured: wide enough that option names are never cut off
         # (rich sizes it for 80 columns and truncates the names column).
@@ -147,7 +148,11 @@ def _main() -> None:
             raise
         # A usage error carries the context of the command it was given to.
         where: str = getattr(getattr(exc, "ctx", None), "command_path", "memprobe")
-        message = _one_dash_option(exc, sys.argv[1:]) or " ".join(exc.format_message().split())
+        message = (
+            _one_dash_option(exc, sys.argv[1:])
+            or _option_of_another_command(exc)
+            or " ".join(exc.format_message().split())
+        )
         if _SPLIT_UNIT.search(message):
             # `--budget 80 GiB`: the shell split the size, and its unit became an argument.
             message += "; write a size without a space, e.g. --budget 80GiB"
@@ -234,6 +239,72 @@ def _one_dash_option(exc: typer.TyperException, args: list[str]) -> str | None:
             word = match.group(1)
             return f"No such option: -{word} (a long option takes two dashes: --{word})"
     return None
+
+
+# The options that take a comma-separated list, per command: given twice, the user may
+# have meant both lists, or an override (a wrapper's defaults, then their own).
+LIST_OPTIONS = {
+    "sweep": ("--tokens", "--vocab", "--batch", "--dtype", "--kernel", "--chunk-size", "--tp",
+              "--cp", "--hidden"),
+    "plan": ("--kernel", "--chunk-size", "--tp", "--cp", "--other-from"),
+}  # fmt: skip
+
+
+def _warn_repeated_lists(args: list[str]) -> None:
+    """A list option given twice (``plan --kernel local_chunked --kernel unchunked``,
+    ``sweep --tokens 4096 --tokens=20000``): click keeps the last without a word, and the
+    plan or sweep ran one list where two were written. The last is still used (a script's
+    defaults overridden is the same spelling), with a warning naming what was dropped."""
+    lists = LIST_OPTIONS.get(args[0], ()) if args else ()
+    seen: dict[str, str] = {}
+    rest = iter(args[1:])
+    for arg in rest:
+        if arg == "--":
+            return
+        name, eq, value = arg.partition("=")
+        if name not in lists:
+            continue
+        value = value if eq else next(rest, "")
+        if name in seen and seen[name] != value:
+            typer.echo(
+                f"memprobe: warning: {name} given twice: the last, {quoted(value)}, is used "
+                f"and {quoted(seen[name])} is not (for both, give one list: "
+                f"{name} {seen[name]},{value})",
+                err=True,
+            )
+        seen[name] = value
+
+
+# What a newcomer asks `plan` with a flag of another command: plan answers the tokens.
+_ELSEWHERE_HINTS = {
+    ("plan", "--tokens"): "plan answers how many tokens fit; to check one count, run "
+    "memprobe sweep --tokens N --vocab V --budget SIZE",
+}
+
+
+def _option_of_another_command(exc: typer.TyperException) -> str | None:
+    """``No such option: --tokens`` for an option another memprobe command takes: click's
+    guess (``Possible options: --kernel`` for ``plan --tokens``) named an option of no
+    likeness; the line says which commands take it instead."""
+    name = getattr(exc, "option_name", None)
+    ctx = getattr(exc, "ctx", None)
+    if not (isinstance(name, str) and name.startswith("--") and ctx is not None):
+        return None
+    this = ctx.command
+    commands = getattr(ctx.find_root().command, "commands", {}) or {}
+    takers = [
+        cmd_name
+        for cmd_name, cmd in commands.items()
+        if cmd is not this
+        and any(name in (*p.opts, *p.secondary_opts) for p in getattr(cmd, "params", []))
+    ]
+    if not takers:
+        return None
+    which = ", ".join(takers)
+    message = f"No such option: {name} ({this.name} does not take it; {which} "
+    message += "does)" if len(takers) == 1 else "do)"
+    hint = _ELSEWHERE_HINTS.get((str(this.name), name))
+    return f"{message}; {hint}" if hint else message
 
 
 class _ReaderMayLeave:

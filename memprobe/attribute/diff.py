@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from memprobe.attribute.categories import AUTOCAST, PARAMETERS
 from memprobe.attribute.findings import Findings
+from memprobe.attribute.shape_records import NO_STACKS
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
 from memprobe.io.text import printable
@@ -46,10 +47,10 @@ class Contributor:
 
 @dataclass(frozen=True)
 class Difference:
-    """One way the two runs differ: ``what`` ("model", "hidden", "vocabulary", "logits
-    dtype", "autocast", "batch", "sequence", "tokens"), its value in A and B (for "model"
-    the parameters' bytes, for "autocast" the weight copies' bytes, 0 on the side without
-    autocast), and what in the traces says so."""
+    """One way the two runs differ: ``what`` ("stack frames", "model", "hidden",
+    "vocabulary", "logits dtype", "autocast", "batch", "sequence", "tokens"), its value
+    in A and B (for "model" the parameters' bytes, for "autocast" the weight copies'
+    bytes, 0 on the side without autocast), and what in the traces says so."""
 
     what: str
     a: int | str | None
@@ -69,6 +70,19 @@ def run_differences(a: Findings, b: Findings) -> tuple[Difference, ...]:
     """What differs between the runs, from each reading (nothing claimed that neither
     reading holds: an unknown B or S on either side names no batch change)."""
     out: list[Difference] = []
+    sa, sb = (not any(NO_STACKS in why for why in f.inference.evidence) for f in (a, b))
+    if sa != sb:
+        # One file recorded without stacks (context=None): its bytes are all "other" with
+        # no line, and the tables read that as every category moving there.
+        out.append(
+            Difference(
+                "stack frames",
+                "recorded" if sa else "none",
+                "recorded" if sb else "none",
+                f"{'B' if sa else 'A'} records none: its bytes have no category or line, so "
+                "the tables below compare nothing alike (record both with context='all')",
+            )
+        )
     pa, pb = _parameter_blocks(a), _parameter_blocks(b)
     if pa and pb and pa != pb:
         only = len(set(pa) ^ set(pb))

@@ -139,6 +139,14 @@ def provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
             f"the step started {threads:,} thread(s): memory allocated on them is not in this "
             "trace (memprobe tracks the thread that runs the step)"
         )
+    off = meta.get("cuda_autocast_off") if isinstance(meta, dict) else None
+    if isinstance(off, int) and not isinstance(off, bool) and off > 0:
+        notes.append(
+            f"the step entered torch.autocast('cuda') {off:,} time(s), and torch turns it off "
+            "without CUDA: this trace is the step in full precision, not the autocast step a "
+            "GPU runs (memprobe cannot simulate CUDA autocast; profile it with --device cuda "
+            "on a GPU)"
+        )
     others = [d for d, t in enumerate(snap["device_traces"]) if t and d != rep.device]
     if others:
         listed = ", ".join(f"{d} ({len(snap['device_traces'][d]):,} entries)" for d in others)

@@ -19,6 +19,7 @@ from memprobe.attribute.findings import Findings, attribute, devices_with_data
 from memprobe.attribute.loss_step_record import LossStep, refuse_an_oom_inside
 from memprobe.attribute.ops import is_matmul, is_opaque_generated
 from memprobe.attribute.own_kernel_step import own_kernel_step
+from memprobe.attribute.shape_records import NO_STACKS
 from memprobe.attribute.sites import SiteCache, resolve_phases
 from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes
@@ -93,6 +94,8 @@ def find_loss_step(
 def _materialized_step(found: Findings, rep: Replay) -> LossStep:
     """The loss step from the logits family: [N, V] blocks in forward and backward."""
     shapes = found.inference
+    if not shapes.logits_path and any(NO_STACKS in why for why in shapes.evidence):
+        raise UserError(f"no loss step can be found: {NO_STACKS}")
     if not shapes.logits_path or not shapes.known:
         raise UserError(
             "no loss over [N, V] logits found in the snapshot: nothing to replace",

@@ -32,6 +32,13 @@ COMMON_VOCABS = frozenset(
      152064, 256000, 262144}
 )  # fmt: skip
 NO_LOGITS_PATH = "no LM logits path found"
+# Why, for a trace whose stacks name no op at all.
+NO_STACKS = (
+    "no block records a stack frame, so no op is known (a snapshot without a trace, or "
+    "history recorded with context=None): record the step with "
+    "torch.cuda.memory._record_memory_history(context='all', stacks='all') to read its "
+    "loss, lm_head and phases"
+)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from memprobe.attribute.shape_records import (
     MIN_LOSS_BLOCK,
     MIN_VOCAB,
     NO_LOGITS_PATH,
+    NO_STACKS,
     SHARD_MARGIN,
     Direct,
     Hints,
@@ -103,7 +104,9 @@ def infer_shapes(
         if found is not None:
             return _with_collective(_as_given(found[0], hints), collective, hints)
     big_matmuls = any(s >= MIN_LOSS_BLOCK for s in matmuls)
-    return _without_logits_path(hints, found_loss=bool(candidates), matmuls=big_matmuls)
+    return _without_logits_path(
+        hints, found_loss=bool(candidates), matmuls=big_matmuls, stacks=direct.stacks
+    )
 
 
 def _as_given(found: ShapeInference, hints: Hints) -> ShapeInference:
@@ -328,13 +331,18 @@ def _with_collective(found: ShapeInference, collective: str | None, hints: Hints
 
 
 def _without_logits_path(
-    hints: Hints, *, found_loss: bool = False, matmuls: bool = False
+    hints: Hints, *, found_loss: bool = False, matmuls: bool = False, stacks: bool = True
 ) -> ShapeInference:
     if hints.hidden is not None:
         why = (
             "memprobe's run records a fused step (hidden states [N, H] and the lm_head "
             f"weight [V, H] in, H = {hints.hidden:,}) whose kernel never makes an [N, V] block"
         )
+    elif not stacks:
+        # History recorded without stacks (_record_memory_history(context=None)): every
+        # op is unknown, and the line said no softmax or loss "made a block in the trace"
+        # of a step that has one (and --what-if: "needs a step whose loss materializes").
+        why = NO_STACKS
     elif found_loss:
         why = (
             "loss/softmax blocks are there, but none fits [N, V] with V >= "

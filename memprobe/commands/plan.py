@@ -201,7 +201,9 @@ def command(
     checkpointing: Annotated[
         bool, typer.Option(help="--step: activation checkpointing of every layer.")
     ] = False,
-    optimizer: Annotated[str, typer.Option(help="--step: adamw, sgd or none.")] = "adamw",
+    optimizer: Annotated[
+        str, typer.Option(help="--step: adamw, sgd (with momentum 0.9) or none.")
+    ] = "adamw",
     fsdp: sharded.FsdpOption = 1,
     reshard_after_forward: sharded.ReshardOption = "true",
     mp_param: sharded.PlanMpParamOption = None,

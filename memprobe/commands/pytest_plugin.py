@@ -192,7 +192,7 @@ def _measure_tracked(
 
     from memprobe.kernels.user_memprobe import MemprobeChanged, memprobe_kept
     from memprobe.kernels.user_torch import ModesRemoved, torch_state_kept
-    from memprobe.measure.tracker import AllocationTracker, threads_started
+    from memprobe.measure.tracker import AllocationTracker, cuda_autocast_off, threads_started
 
     # On meta only meta storages are counted: one made elsewhere (the body popped the meta
     # default device, or named a device) is real memory this tracker would have read as
@@ -203,7 +203,7 @@ def _measure_tracked(
     # On meta the body's own tensors must be meta too, or a full-scale example
     # allocates for real (tens of GiB) instead of simulating.
     default_device = torch.device("meta") if simulate else contextlib.nullcontext()
-    with default_device, tracker, threads_started() as started:
+    with default_device, tracker, threads_started() as started, cuda_autocast_off() as off:
         # Inside memprobe's own modes: leaving the device and the tracker pops the top of
         # torch's stacks, so a mode the body entered and left on was popped in their place
         # (a dispatch mode: the tracker stayed on, recording every later test; a function
@@ -227,6 +227,16 @@ def _measure_tracked(
             f"{MARKER}: the test body started {started[0]:,} thread(s), and what a thread "
             "allocates is not tracked on device='meta' or 'cpu' (allocate in the test's "
             "own thread, or use device='cuda', which reads the allocator)",
+            pytrace=False,
+        )
+    if off[0]:
+        # Torch turns CUDA autocast off where CUDA is not available: the body ran in full
+        # precision, and a limit passed or failed on a peak no GPU run has.
+        _fail(
+            f"{MARKER}: the test body entered torch.autocast('cuda') {off[0]:,} time(s), "
+            "which torch turns off without CUDA: the peak would be the full-precision "
+            "body's, not the autocast one a GPU runs (use device='cuda' on a GPU, or leave "
+            "CUDA autocast out of a meta or cpu test)",
             pytrace=False,
         )
     if tracker.elsewhere and simulate:

@@ -88,6 +88,12 @@ def _count(n: int) -> str:
     return f"{n / 1e6:,.2f}M" if n >= 10**6 else f"{n:,}"
 
 
+# How profile.hf builds each optimizer, as the step's header says it: --optimizer sgd is SGD with
+# momentum (one state buffer per parameter), which the header said as "sgd" alone, and a
+# user of plain SGD (no state) read its state bytes as SGD's.
+OPTIMIZER_WORDS = {"adamw": "adamw", "sgd": "sgd (momentum 0.9)", "none": "none"}
+
+
 def step_lines(result: Any, settings: str | None = None) -> list[str]:
     """What ``memprobe step`` prints for a :class:`memprobe.profile.step.StepResult`
     (``settings``: the allocator settings modelled, where they are not torch's defaults)."""
@@ -96,7 +102,8 @@ def step_lines(result: Any, settings: str | None = None) -> list[str]:
     lines = [
         f"{r.model_type}, {_count(r.parameters)} parameters: {r.batch} x {r.tokens:,} tokens, "
         f"{r.dtype} (parameters {r.param_dtype}), kernel {r.kernel}, "
-        f"checkpointing {'on' if r.checkpointing else 'off'}, optimizer {r.optimizer}",
+        f"checkpointing {'on' if r.checkpointing else 'off'}, "
+        f"optimizer {OPTIMIZER_WORDS.get(r.optimizer, r.optimizer)}",
         f"attention: {r.attention_words}",
         *sharded_lines(r.sharded),
         f"peak allocated {format_bytes(peak)}, reserved {format_bytes(r.peak_reserved_bytes)} "
@@ -247,7 +254,9 @@ def command(
     checkpointing: Annotated[
         bool, typer.Option(help="Activation (gradient) checkpointing of every layer.")
     ] = False,
-    optimizer: Annotated[str, typer.Option(help="adamw, sgd or none.")] = "adamw",
+    optimizer: Annotated[
+        str, typer.Option(help="adamw, sgd (with momentum 0.9) or none.")
+    ] = "adamw",
     dtype: Annotated[str, typer.Option(help="What the model computes in: bf16, fp16, fp32.")] = (
         "bf16"
     ),
@@ -375,7 +384,8 @@ def plan_step_lines(
         return [json.dumps([p.row() for p in plans], indent=1)]
     what = (
         f"whole training step of {base.config.model_type} (batch {batch}, {dtype}, "
-        f"checkpointing {'on' if checkpointing else 'off'}, optimizer {optimizer}): "
+        f"checkpointing {'on' if checkpointing else 'off'}, "
+        f"optimizer {OPTIMIZER_WORDS.get(optimizer, optimizer)}): "
         "tokens per sequence"
     )
     layout = base.sharded_summary()

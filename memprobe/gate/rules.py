@@ -105,11 +105,14 @@ class Verdict:
 
 
 def case_label(row: Row) -> str:
-    """``local_chunked b1 s20000 v131072 bf16 c1024 meta``: the case id without its hash."""
+    """``local_chunked b1 s20000 v131072 bf16 c1024 meta``: the case id without its hash
+    (``h4096`` after the kernel for the hidden family, as in the id: two cases of a sweep
+    over --hidden 32,64 were two lines alike)."""
     chunk = "none" if row.get("chunk_size") is None else row.get("chunk_size")
+    hidden = "" if row.get("hidden") is None else f" h{row.get('hidden')}"
     label = (
-        f"{row.get('kernel')} b{row.get('batch')} s{row.get('tokens')} v{row.get('vocab')} "
-        f"{row.get('dtype')} c{chunk}"
+        f"{row.get('kernel')}{hidden} b{row.get('batch')} s{row.get('tokens')} "
+        f"v{row.get('vocab')} {row.get('dtype')} c{chunk}"
     )
     for key in ("tp", "cp"):
         if row.get(key) not in (None, 1):

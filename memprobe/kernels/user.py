@@ -232,6 +232,12 @@ def _split(path: str, what: str, hint: str) -> tuple[str, str]:
     return module_name, attr_path
 
 
+# Files memprobe reads or writes that are no Python module (a snapshot, results, a config).
+_DATA_FILES = (".pickle", ".pkl", ".pt", ".pth", ".json", ".toml", ".html", ".csv", ".png")
+# Where a spelling names no function, the place one goes in the example.
+FUNCTION = "<function>"
+
+
 def meant_import_path(path: str) -> tuple[str, str] | None:
     """The import path a mistaken spelling most likely meant, after the advice that leads
     to it (``("name the module, not its file:", "mine:step")``), or None when none can be
@@ -239,8 +245,15 @@ def meant_import_path(path: str) -> tuple[str, str] | None:
     ``/``), a dot where the colon goes (``mine.step``) and stray blanks were all answered
     with the bare rule, where ``mine.py:step`` already got the spelling that works."""
     text = "".join(path.split())
-    module_path, sep, attr = text.rpartition(":") if ":" in text else text.rpartition(".")
-    if not sep or not attr.isidentifier():
+    if ":" not in text and text.lower().endswith(_DATA_FILES):
+        return None  # `profile step.pickle`: "e.g. step:pickle" named a function `pickle`
+    if ":" not in text and text.endswith(".py"):
+        # A file named without its function (`mine.py`, `pkg/mine.py`): read as a dot for
+        # the colon, it was answered "mine:py", a function named `py`.
+        module_path, sep, attr = text, ":", FUNCTION
+    else:
+        module_path, sep, attr = text.rpartition(":") if ":" in text else text.rpartition(".")
+    if not sep or not (attr.isidentifier() or attr == FUNCTION):
         return None
     folder, _, file = module_path.removesuffix(".py").rpartition("/")
     names = [n for n in folder.split("/") if n not in ("", ".")] if folder else []
@@ -253,7 +266,9 @@ def meant_import_path(path: str) -> tuple[str, str] | None:
         # A dot for the colon is a guess (`pkg.mod` may be a module, its function left
         # out): the rule, with the likeliest spelling as its example.
         lead = (
-            "name the module, not its file:"
+            "name the module and a function in it, not the file:"
+            if attr == FUNCTION
+            else "name the module, not its file:"
             if "/" in module_path
             else "write"
             if ":" in text  # the colon was there: a blank around a name was the mistake

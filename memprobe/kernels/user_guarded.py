@@ -7,6 +7,7 @@ what user code did to memprobe without it."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 from memprobe.kernels import user_process as process
@@ -58,8 +59,24 @@ def guarded(*, theirs: bool, users: bool = True, importing: bool = False) -> Ite
             process.gc_kept(),
             process.audit_hooks_switched() if users else None,
             torch_ops_kept() if users else None,
+            argv_alone() if users else None,
             memprobe_kept(importing) if users else None,  # last: put back before the others record
         ):
             if guard is not None:
                 stack.enter_context(guard)
         yield
+
+
+@contextlib.contextmanager
+def argv_alone() -> Iterator[None]:
+    """User code sees a command line without arguments, as ``python my_step.py`` gives it.
+    memprobe's own (``profile my_step:train_step --top 1``) reached a module's
+    ``int(sys.argv[1])`` ("invalid literal for int() with base 10: 'profile'") and its
+    argparse ("unrecognized arguments: profile my_step:train_step --top 1"), where the
+    script run alone takes its defaults. What the code sets sys.argv to is its own."""
+    kept = sys.argv
+    sys.argv = kept[:1]
+    try:
+        yield
+    finally:
+        sys.argv = kept

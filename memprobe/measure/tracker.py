@@ -10,6 +10,7 @@ makes exact simulation at 20k × 131k possible on a laptop.
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -355,6 +356,36 @@ class AllocationTracker(TorchDispatchMode):
 
     def live_at_peak(self) -> list[Event]:
         return self.live_at(self.peak_index) if self.peak_index >= 0 else []
+
+
+@contextlib.contextmanager
+def cuda_autocast_off() -> Iterator[list[int]]:
+    """Count the ``torch.autocast("cuda")`` contexts made inside that torch turns off, as it
+    does where CUDA is not available (with a UserWarning of its own): the step then runs
+    in full precision, and its trace is not the autocast step a GPU runs. A user's step
+    under ``torch.autocast("cuda", dtype=torch.bfloat16)`` was profiled on meta as float32
+    and its peak shown as the step's, with only torch's warning on stderr.
+
+    autocast asks ``torch.cuda.amp.common.amp_definitely_not_available()`` only when it is
+    enabled for cuda: that question is counted, not autocast's ``__init__`` wrapped (its
+    warning names its caller's line, which a wrapper would take)."""
+    off = [0]
+    common = torch.cuda.amp.common
+    original = common.amp_definitely_not_available
+    asker = torch.amp.autocast_mode.autocast.__init__.__code__
+
+    @functools.wraps(original)
+    def not_available() -> bool:
+        answer = bool(original())
+        if answer and sys._getframe(1).f_code is asker:
+            off[0] += 1
+        return answer
+
+    common.amp_definitely_not_available = not_available
+    try:
+        yield off
+    finally:
+        common.amp_definitely_not_available = original
 
 
 @contextlib.contextmanager

@@ -43,6 +43,7 @@ from memprobe.profile.hf_config import (
     logit_transform,
     read_config_json,
 )
+from memprobe.profile.hf_files import no_config_json, no_model_type, padding_error
 from memprobe.profile.hf_quiet import hf_logging_off, quiet_transformers
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype, too_large
@@ -83,10 +84,7 @@ def load_config(path: str | os.PathLike[str]) -> Any:
     # A config.json that is a link leading nowhere is there (exists() follows it): read,
     # it is named for what it is, not "no config.json in DIR".
     if source.is_dir() and not file.exists() and not file.is_symlink():
-        raise UserError(
-            f"--config: no config.json in {source}",
-            "give a config.json or the directory holding it",
-        )
+        raise no_config_json(source)
     data = read_config_json(file)
     if not isinstance(data, dict):
         raise UserError(
@@ -94,14 +92,12 @@ def load_config(path: str | os.PathLike[str]) -> Any:
             "give a model's config.json",
         )
     model_type = data.get("model_type")
+    if model_type is None:
+        raise no_model_type(file, data)
     if not isinstance(model_type, str):
-        said = (
-            "has no model_type"
-            if model_type is None
-            else f"gives model_type {quoted(model_type)}, not a name"
-        )
         raise UserError(
-            f"--config {file} {said}", "a Hugging Face config.json names its model_type"
+            f"--config {file} gives model_type {quoted(model_type)}, not a name",
+            "a Hugging Face config.json names its model_type",
         )
     return config_from_dict(data, transformers)
 
@@ -375,6 +371,7 @@ class HFStep:
         # takes none, a multimodal config whose text sizes are nested) raises
         # AttributeError: said as the step failing "on meta", with a hint to try cpu.
         except (ValueError, TypeError, KeyError, AssertionError, AttributeError) as exc:
+            padding_error(self.config, exc)
             raise UserError(
                 f"transformers cannot build this model ({error_text(exc)})", "check the config"
             ) from None

@@ -209,6 +209,26 @@ def step_failed(
             "own: raise a recursion limit the step lowers (sys.setrecursionlimit), or end "
             "its recursion",
         )
+    if _asked_for_cuda(exc):
+        # `.cuda()`, `.to("cuda")` or `device="cuda"` in the step itself, on a machine
+        # without CUDA: "meta tensors hold no values ... try --device cpu" sent the user to
+        # a device where the same call fails the same way.
+        return UserError(
+            f"the step failed on {device} {where}: it asks for CUDA itself ({what}) and "
+            "this machine has none",
+            "build the model and inputs on the device memprobe gives the step "
+            "(model.to(device), torch.zeros(..., device=device)), not on 'cuda', and keep "
+            "torch.cuda's own calls (synchronize, memory statistics) out of it",
+        )
+    if not raised_by_op and isinstance(exc, _PYTHON_ERRORS):
+        # A bug of the step's own Python (a name, a key, sys.argv[1] read of a command
+        # line it does not get): no op raised it, and "meta tensors hold no values ...
+        # try --device cpu" sent the user to a device where it fails the same way.
+        return UserError(
+            f"the step failed on {device} {where} ({what}), in its own Python code, not in an op",
+            "fix the step and rerun; memprobe calls it with no command-line arguments, "
+            "sys.argv holding the program name alone",
+        )
     if device == "meta" and hint is not None and _reads_values(tracker, raised_by_op, what):
         # A config's step (hint given) that read a tensor's values: the config was whole
         # (BLT's entropy patching, JetMoE's expert sizes as a list), its sizes not to blame.
@@ -227,6 +247,31 @@ def step_failed(
     return UserError(
         f"the step failed on {device} {where} ({what})", hint or "fix the step and rerun"
     )
+
+
+# Errors of plain Python code that no tensor, meta or not, makes.
+_PYTHON_ERRORS = (NameError, KeyError, IndexError, ZeroDivisionError, ImportError, OSError)
+
+
+# What torch raises where CUDA is asked for and cannot start: a CPU-only build, a CUDA
+# build with no driver or no device (torch.cuda's functions, .cuda(), device="cuda").
+_NO_CUDA = (
+    "Torch not compiled with CUDA enabled",
+    "Found no NVIDIA driver",
+    "No CUDA GPUs are available",
+    "CUDA driver initialization failed",
+)
+
+
+def _asked_for_cuda(exc: BaseException) -> bool:
+    if torch.cuda.is_available():
+        return False
+    if isinstance(exc, AttributeError):
+        # torch.cuda's memory statistics on a CPU-only build reach for torch._C's CUDA
+        # functions, which that build lacks (torch.cuda.reset_peak_memory_stats()).
+        return "torch._C' has no attribute '_cuda" in str(exc)
+    text = str(exc) if isinstance(exc, (AssertionError, RuntimeError)) else ""
+    return any(words in text for words in _NO_CUDA)
 
 
 # The ops a value read reaches on meta: .item(), bool(), .tolist() (_local_scalar_dense);

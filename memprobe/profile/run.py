@@ -22,7 +22,7 @@ from memprobe.errors import UserError
 from memprobe.kernels.user import UserCodeExit, user_code
 from memprobe.measure.garbage import garbage_collected_after
 from memprobe.measure.memo import trace_memo
-from memprobe.measure.tracker import threads_started
+from memprobe.measure.tracker import cuda_autocast_off, threads_started
 from memprobe.profile.attention import sdpa_on_meta
 from memprobe.profile.load import Step, check_returned, step_exited
 from memprobe.profile.phases import StepTracker, step_failed
@@ -52,6 +52,8 @@ class TrackedStep:
     marks: tuple[tuple[str, int], ...] = ()
     # Threads the step started: what they allocated is not in ``events`` (see _threads).
     threads: int = 0
+    # torch.autocast("cuda") contexts the step made that torch turned off (no CUDA here).
+    autocast_off: int = 0
 
     def live_at_peak(self) -> list[Event]:
         """Allocations live just after the peak's event, largest first."""
@@ -129,7 +131,13 @@ def trace_step(
     routing = sdpa_on_meta(attention) if simulated else contextlib.nullcontext(None)
     quiet = _fake_tensor_logs_off() if faked else contextlib.nullcontext()
     try:
-        with tracker, routing as chosen, threads_started() as started, quiet:
+        with (
+            tracker,
+            routing as chosen,
+            threads_started() as started,
+            quiet,
+            cuda_autocast_off() as autocast_off,
+        ):
             with garbage_collected_after():
                 _call(step, torch.device(device), its_state)
     except Exception as exc:
@@ -147,6 +155,7 @@ def trace_step(
         attention=dict(chosen or {}),
         marks=tuple(tracker.marks),
         threads=started[0],
+        autocast_off=autocast_off[0],
     )
 
 
@@ -210,6 +219,8 @@ def profile_step(
         snapshot["memprobe"]["device"] = device
         if tracked.threads:
             snapshot["memprobe"]["threads_started"] = tracked.threads
+        if tracked.autocast_off:
+            snapshot["memprobe"]["cuda_autocast_off"] = tracked.autocast_off
     snapshot.setdefault("memprobe", {})["step"] = name
     return snapshot
 

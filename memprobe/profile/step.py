@@ -359,6 +359,20 @@ def categorize(tracked: TrackedStep, owners: _Owners, step: hf.HFStep) -> dict[s
     return {k: v for k, v in out.items() if v}
 
 
+def _scores_shaped(event: Event, seq: int, batch: int) -> bool:
+    """Attention scores or a mask: ``[B, h, S, S]`` (``[B, 1, S, S]``), or the ``[B·h, S, S]``
+    of a bmm, made in forward or backward. A trailing ``[S, S]`` alone is not enough: at
+    --tokens equal to the hidden size an ``[H, H]`` projection's optimizer temporaries and
+    the ``[1, S, H]`` or ``[S, H]`` activations end so too (2 GiB of AdamW's temporaries
+    were "attention" for an 8B model at 4,096 tokens)."""
+    shape = event.shape
+    if event.phase not in ("forward", "backward") or shape[-2:] != (seq, seq):
+        return False
+    if len(shape) == 4:
+        return True
+    return len(shape) == 3 and shape[0] != batch and shape[0] % batch == 0
+
+
 def _category(
     event: Event,
     owners: _Owners,
@@ -390,7 +404,7 @@ def _category(
         and event.shape[-2:-1] == (seq,)
     ):
         return LOGITS
-    if "attention" in event.op or event.shape[-2:] == (seq, seq):
+    if "attention" in event.op or _scores_shaped(event, seq, step.batch):
         return ATTENTION
     if event.phase == "forward":
         return CHECKPOINTED if step.checkpointing else ACTIVATIONS

@@ -124,9 +124,11 @@ def answer_lines(
     if frame.empty:
         return []
     headlines = make_headlines(frame, meta, budget_bytes=budget_bytes)
+    several_hidden = "hidden" in frame and frame["hidden"].dropna().nunique() > 1
     lines: list[str] = []
     for h in headlines:
         at = f"At {h.tokens:,} tokens x {h.vocab:,} vocabulary ({h.dtype}"
+        at += f", hidden {h.case.hidden:,}" if several_hidden and h.case.hidden else ""
         at += f", batch {h.batch}" if h.batch != 1 else ""
         at += f", tp {h.tp}" if h.tp != 1 else ""
         at += f", cp {h.cp}" if h.cp != 1 else ""

@@ -120,6 +120,11 @@ def layouts(table: pd.DataFrame) -> list[tuple[int, int]]:
 def _at_first_shape(table: pd.DataFrame) -> pd.DataFrame:
     """The largest B·S·V, at the tokens, vocab, batch and dtype of its first row."""
     largest = _largest(table)
+    if "hidden" in largest and largest["hidden"].notna().any():
+        # A hidden-family run over several H: its largest case is at the largest H (the
+        # answer quoted the lowest peak across H as one shape's).
+        hidden = pd.to_numeric(largest["hidden"], errors="coerce")
+        largest = largest[hidden == hidden.max()]
     first = largest.iloc[0]
     for key in ("tokens", "vocab", "batch", "dtype"):
         largest = largest[largest[key] == first[key]]

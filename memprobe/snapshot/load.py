@@ -26,7 +26,7 @@ from memprobe.allocator.snapshot_format import (
     STATE_ALIASES,
 )
 from memprobe.errors import UserError
-from memprobe.io.files import read_regular
+from memprobe.snapshot.mistaken import read_snapshot_file
 from memprobe.snapshot.nesting import check_tuple_nesting
 from memprobe.snapshot.segments import check_segment_kinds, reconcile_segment_allocs, segment_kind
 
@@ -75,7 +75,7 @@ def load_snapshot(path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_
 
 
 def _read_bytes(p: Path, max_bytes: int) -> bytes:
-    data = read_regular(
+    data = read_snapshot_file(
         p,
         what="snapshot",
         max_bytes=max_bytes,
