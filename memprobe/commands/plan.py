@@ -102,7 +102,7 @@ def command(
     ] = None,
     *,
     budget: Annotated[
-        str, typer.Option(help="Memory of one GPU, e.g. 80GiB (KiB/MiB/GiB or KB/MB/GB).")
+        str, typer.Option(help="Memory of one GPU, e.g. 80GiB (B, KB/MB/GB/TB, KiB/MiB/GiB/TiB).")
     ],
     other: Annotated[
         str,
