@@ -14,7 +14,12 @@ from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.plan.chunks import ChunkChoice, chunk_choices, step_seconds
 from memprobe.plan.driver import run_plans
-from memprobe.plan.message import lm_head_status, long_loop_status, reserved_status
+from memprobe.plan.message import (
+    kept_memory_status,
+    lm_head_status,
+    long_loop_status,
+    reserved_status,
+)
 from memprobe.plan.model import Budget, OnProbe, TokenPlan, make_budget, with_lm_head_in_other
 from memprobe.plan.other import other_from_snapshots
 from memprobe.plan.search import seed_tokens
@@ -212,4 +217,6 @@ def run_plan_job(
     notes += [long_loops] if long_loops else []
     lm_head = lm_head_status(targets, budget)
     notes += [lm_head] if lm_head else []
+    kept = kept_memory_status(targets)
+    notes += [kept] if kept else []
     return PlanOutcome(plans, budget, choices, skipped, notes)

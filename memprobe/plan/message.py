@@ -56,3 +56,17 @@ def long_loop_status(plans: Sequence[TokenPlan]) -> str | None:
         f"reserved: not planned for {names}: past {RESERVED_MAX_CHUNKS} chunks its simulation "
         "runs every chunk (the allocated answer is exact); a larger --chunk-size shortens it"
     )
+
+
+def kept_memory_status(targets: Sequence[PlanTarget]) -> str | None:
+    """Which kernels keep memory between calls, whose sizes were each simulated afresh."""
+    from memprobe.plan import fresh
+
+    names = list(dict.fromkeys(t.kernel for t in targets if fresh.keeps(t.kernel)))
+    if not names:
+        return None
+    return (
+        f"kept memory: {', '.join(names)} keep{'s' if len(names) == 1 else ''} memory between "
+        "calls (a cache, a global): each size is the second call of a loop at that size, "
+        "simulated in a process of its own, beside what the first call kept"
+    )

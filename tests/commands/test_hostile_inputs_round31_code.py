@@ -150,6 +150,7 @@ def test_plan_fits_a_kernel_as_a_training_loop_runs_it(run_cli: Any, here: Path,
     assert code == 0, err
     table = {line.split()[0]: line.split()[4] for line in out.splitlines()[2:4]}
     assert table == {f"{mod}:k": f"{fits:,}", "unchunked": "583"}
+    assert f"kept memory: {mod}:k keeps memory between calls" in out
 
 
 # ...and so in plan's forked workers, which leave each size of such a kernel to the
