@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 
 class _CallersFreeze:
@@ -38,28 +38,20 @@ _callers_freeze = _CallersFreeze()
 
 
 @contextlib.contextmanager
-def young_collection() -> Iterator[Callable[[], int]]:
-    """Within, a ``collect()`` that scans only the objects made since the block began:
-    what was alive before is frozen meanwhile (a full collection scans torch's, pandas'
-    and matplotlib's objects too: 0.16 s each time in a command's process, 0.26 s in a
-    fresh one). A caller's own freeze is kept: unfreezing would undo it (there is no
-    partial unfreeze), so then what was alive stays frozen too."""
+def garbage_collected_after() -> Iterator[None]:
+    """Reference cycles the body left (autograd graphs held by closures) die at its end,
+    as a training loop's next collection would free them. What was alive before is
+    frozen meanwhile, so that collection scans the body's objects only (a full one scans
+    torch's, pandas' and matplotlib's too: 0.16 s each time in a command's process). A
+    caller's own freeze is kept: unfreezing would undo it (there is no partial unfreeze),
+    so then what was alive stays frozen too."""
     caller_froze = _callers_freeze.seen()
     if caller_froze:
         _callers_freeze.mark()
     gc.freeze()
     try:
-        yield gc.collect
+        yield
+        gc.collect()
     finally:
         if not caller_froze:
             gc.unfreeze()
-
-
-@contextlib.contextmanager
-def garbage_collected_after() -> Iterator[None]:
-    """Reference cycles the body left (autograd graphs held by closures) die at its end,
-    as a training loop's next collection would free them; only the body's objects are
-    scanned (:func:`young_collection`)."""
-    with young_collection() as collect:
-        yield
-        collect()

@@ -7,7 +7,6 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from memprobe.measure.garbage import young_collection
 from memprobe.measure.memo import trace_memo
 from memprobe.measure.parallel import RankLayout
 from memprobe.measure.protocol import floor_bytes, protocol_for
@@ -124,17 +123,16 @@ def traced_step(
     # Each storage is adopted, so one the kernel frees as this case runs is freed here too.
     given = [(weakref.ref(storage), event) for storage, event in tracker.live_storages()]
     held = _adopt_kept(tracker, case.kernel)
-    with young_collection() as collect:
-        with tracker, threads_started() as started:
-            tracker.set_phase("forward")
-            logprobs = call(inputs)
-            tracker.set_phase("backward")
-            grads = backward(logprobs, inputs)
-            del logprobs, grads
+    with tracker, threads_started() as started:
+        tracker.set_phase("forward")
+        logprobs = call(inputs)
+        tracker.set_phase("backward")
+        grads = backward(logprobs, inputs)
+        del logprobs, grads
+    kept = _left(tracker)
+    if kept:  # a reference cycle of the step's own is garbage, not kept: collect it first
+        gc.collect()
         kept = _left(tracker)
-        if kept:  # a reference cycle of the step's own is garbage, not kept: collect it
-            collect()
-            kept = _left(tracker)
     if kept:
         _KEPT.setdefault(owner_of(case.kernel), []).append(tracker)
     _GIVEN.setdefault(owner_of(case.kernel), []).extend(given)

@@ -19,6 +19,7 @@ afresh.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -120,6 +121,10 @@ def _in_child(
     # a kernel imported from the folder plan ran in since then must import here too.
     sys.path[:] = path
     os.chdir(cwd)
+    # What the server imported lives for this process's short life: frozen, the garbage
+    # collections a kernel that keeps memory is read with (memprobe.measure.traced) scan
+    # the simulation's objects only (a full one: 0.26 s of a 0.45 s size).
+    gc.freeze()
     try:
         send.send((True, simulate(case, kind, alloc_conf)))
     except UserError as exc:
