@@ -41,6 +41,15 @@ _PRELOAD = [
     "memprobe.profile.step",
     "memprobe.plan.driver",  # and what plan's fresh processes import (memprobe.plan.fresh)
     "memprobe.measure.meta_backend",
+    # What a forked command imports as it runs: typer's parameter adapters (pydantic, at
+    # the first option it parses: a quarter of a forked command's CPU), and a forked
+    # pytest's plugins. Not matplotlib: the tests of MPLBACKEND need it read afresh.
+    "typer._adapters",
+    "_pytest.config",
+    "_pytest.assertion",
+    "_pytest.helpconfig",
+    "hypothesis",
+    "anyio.pytest_plugin",
 ]
 
 
