@@ -1,12 +1,15 @@
 """Hostile inputs, round 33 (files): files whose file system does not know their size
 before they are read (procfs, sysfs, some FUSE mounts say 0 bytes for every file), read
-to their end rather than called empty. Each table is a variant of a defect class the pass
-found."""
+to their end rather than called empty; a meta or cpu run whose case's snapshot is not the
+one memprobe synthesized for it (torch's own from another job), not drawn as the case's.
+Each table is a variant of a defect class the pass found."""
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +100,80 @@ def test_a_file_sized_zero_past_the_limit_is_refused(
     _sized_zero(monkeypatch)
     with pytest.raises(UserError, match="over the 10 B limit"):
         files.read_regular(path, what="file", max_bytes=10)
+
+
+# -- M1: a meta (or cpu) run whose case's snapshot is torch's own, from another job (copied
+# over the case's file, or the memprobe record taken out): memprobe synthesizes every meta
+# and cpu case's snapshot, and holds it to its row's peak; torch's were let through (a cuda
+# case's is the whole process). A 931 GiB GPU job's file was drawn as the case's: the
+# table said 112.25 KiB and the attribution "unchunked Peak allocated 931.32 GiB", and the
+# gate named its largest block as a failure's evidence. Now it is not used, and both say so.
+
+
+def _foreign(snapshot: bytes) -> dict[str, Any]:
+    """``snapshot`` (memprobe's, of the run) as another job's file would be."""
+    huge = 10**12
+    block = {"address": A, "size": huge, "requested_size": huge, "state": "active_allocated",
+             "frames": FRAMES}  # fmt: skip
+    segment = {"device": 0, "address": A, "total_size": huge, "stream": 0,
+               "segment_type": "large", "is_expandable": False, "blocks": [block]}  # fmt: skip
+    trace = [{"action": "alloc", "addr": A, "size": huge, "stream": 0, "frames": FRAMES}]
+    return {"segments": [segment], "device_traces": [trace]}
+
+
+def _own_unmarked(snapshot: bytes) -> dict[str, Any]:
+    loaded = pickle.loads(snapshot)
+    del loaded["memprobe"]
+    return loaded
+
+
+def _marked(value: Any) -> Any:
+    def edit(snapshot: bytes) -> dict[str, Any]:
+        loaded = pickle.loads(snapshot)
+        loaded["memprobe"]["synthesized"] = value
+        return loaded
+
+    return edit
+
+
+FOREIGN = {
+    "another job's torch snapshot": _foreign,
+    "the run's own, its record taken out": _own_unmarked,
+    "marked synthesized False": _marked(False),
+    "marked synthesized 'True' (a string)": _marked("True"),
+}
+
+
+def _with_snapshot(made_run: Path, to: Path, edit: Any) -> Path:
+    run = Path(shutil.copytree(made_run, to))
+    payload = json.loads((run / "results.json").read_text())
+    path = run / payload["rows"][0]["snapshot"]
+    path.write_bytes(pickle.dumps(edit(path.read_bytes())))
+    return run
+
+
+@pytest.mark.parametrize("what", sorted(FOREIGN))
+def test_a_meta_cases_snapshot_that_memprobe_did_not_write_is_not_drawn(
+    run_cli: Any, made_run: Path, here: Path, what: str
+) -> None:
+    run = _with_snapshot(made_run, here / "run", FOREIGN[what])
+    page = here / "page.html"
+    code, out, err = run_cli("report", str(run), "--out", str(page))
+    assert code == 0 and not err, (out, err)
+    text = page.read_text()
+    assert "is not one memprobe synthesized, and every meta case" in text
+    assert "931.32 GiB" not in text
+
+
+@pytest.mark.parametrize("what", sorted(FOREIGN))
+def test_the_gate_does_not_explain_a_failure_by_another_jobs_snapshot(
+    run_cli: Any, made_run: Path, here: Path, what: str
+) -> None:
+    run = _with_snapshot(made_run, here / "run", FOREIGN[what])
+    (here / "pyproject.toml").write_text(
+        '[tool.memprobe.gate]\nrules = [{kernel = "*", max_peak = "1KiB"}]\n'
+    )
+    code, out, err = run_cli("gate", str(run), "--config", str(here / "pyproject.toml"))
+    assert code == 1, (out, err)
+    assert "is not one memprobe synthesized" in out and "; not read" in out
+    assert "train.py:7" not in out  # the foreign file's largest block
