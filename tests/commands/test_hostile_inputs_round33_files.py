@@ -1,8 +1,8 @@
 """Hostile inputs, round 33 (files): files whose file system does not know their size
 before they are read (procfs, sysfs, some FUSE mounts say 0 bytes for every file), read
 to their end rather than called empty; a meta or cpu run whose case's snapshot is not the
-one memprobe synthesized for it (torch's own from another job), not drawn as the case's.
-Each table is a variant of a defect class the pass found."""
+one memprobe synthesized for it (torch's own from another job), not drawn as the case's;
+stack frames whose filename or name is no string (a huge int, a deep list). Each table is a variant of a defect class the pass found."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import os
 import pickle
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,50 @@ def test_the_gate_does_not_explain_a_failure_by_another_jobs_snapshot(
     assert code == 1, (out, err)
     assert "is not one memprobe synthesized" in out and "; not read" in out
     assert "train.py:7" not in out  # the foreign file's largest block
+
+
+# -- K1: a frame whose filename (or name) is not a string: an int past Python's 4,300
+# digits, a list nested deeper than its recursion limit. `attribute --what-if` looked for
+# memprobe's own kernel modules in every frame through str(filename) and ended in a
+# traceback (ValueError "Exceeds the limit (4300 digits)", RecursionError); the report's
+# timeline named a block by str(name) the same way. Only a string names a file or function.
+def _deep(levels: int) -> list[Any]:
+    nested: list[Any] = []
+    for _ in range(levels):
+        nested = [nested]
+    return nested
+
+
+NOT_A_NAME = {
+    "an int of 5,001 digits": lambda: 10**5000,
+    "a list 3,000 levels deep": lambda: _deep(3000),
+    "a dict": lambda: {"file": "local_chunked.py"},
+    "bytes": lambda: b"memprobe/kernels/local_chunked.py",
+}
+
+
+@pytest.mark.parametrize("what", sorted(NOT_A_NAME))
+def test_a_frame_filename_that_is_no_string_is_no_traceback_in_what_if(
+    run_cli: Any, tmp_path: Path, what: str
+) -> None:
+    # No loss step is found in this trace: --what-if looks for memprobe's kernels' frames.
+    snapshot = pickle.loads(_snapshot())
+    entry = snapshot["device_traces"][0][0]
+    entry["frames"] = [{"name": "step", "filename": NOT_A_NAME[what](), "line": 7}]
+    path = tmp_path / "s.pickle"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # the pickler itself walks the deep list
+    try:
+        path.write_bytes(pickle.dumps(snapshot))
+    finally:
+        sys.setrecursionlimit(limit)
+    line = one_line(*run_cli("attribute", str(path), "--what-if", "local_chunked"))
+    assert "no loss step can be found" in line, line
+
+
+@pytest.mark.parametrize("what", sorted(NOT_A_NAME))
+def test_a_frame_name_that_is_no_string_is_not_a_blocks_name(what: str) -> None:
+    from memprobe.report.trace import _first_frame_name
+
+    frames = [{"name": NOT_A_NAME[what](), "filename": "x.py"}, {"name": "step"}]
+    assert _first_frame_name(frames) == "step"
