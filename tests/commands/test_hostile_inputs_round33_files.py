@@ -2,7 +2,8 @@
 before they are read (procfs, sysfs, some FUSE mounts say 0 bytes for every file), read
 to their end rather than called empty; a meta or cpu run whose case's snapshot is not the
 one memprobe synthesized for it (torch's own from another job), not drawn as the case's;
-stack frames whose filename or name is no string (a huge int, a deep list). Each table is a variant of a defect class the pass found."""
+stack frames whose filename or name is no string (a huge int, a deep list). Each table is
+a variant of a defect class the pass found."""
 
 from __future__ import annotations
 
