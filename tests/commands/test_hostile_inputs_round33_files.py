@@ -2,8 +2,9 @@
 before they are read (procfs, sysfs, some FUSE mounts say 0 bytes for every file), read
 to their end rather than called empty; a meta or cpu run whose case's snapshot is not the
 one memprobe synthesized for it (torch's own from another job), not drawn as the case's;
-stack frames whose filename or name is no string (a huge int, a deep list). Each table is
-a variant of a defect class the pass found."""
+stack frames whose filename or name is no string (a huge int, a deep list); allocator
+settings holding an int past 4,300 digits. Each table is a variant of a defect class the
+pass found."""
 
 from __future__ import annotations
 
@@ -226,3 +227,35 @@ def test_a_frame_name_that_is_no_string_is_not_a_blocks_name(what: str) -> None:
 
     frames = [{"name": NOT_A_NAME[what](), "filename": "x.py"}, {"name": "step"}]
     assert _first_frame_name(frames) == "step"
+
+
+# -- S1: allocator_settings holding an int past Python's 4,300 digits (a value, a key, or
+# inside the roundup_power2_divisions table): the settings line took str() of each and
+# `attribute` (plain, --json, --html, --replay) ended in a ValueError traceback. Said by
+# its size now; the rest of the reading stands.
+BIG = 10**5000
+SETTINGS = {
+    "the settings text": {"PYTORCH_CUDA_ALLOC_CONF": BIG},
+    "max_split_size": {"max_split_size": BIG},
+    "garbage_collection_threshold": {"garbage_collection_threshold": BIG},
+    "a divisions count": {"roundup_power2_divisions": {"1": BIG}},
+    "a divisions key": {"roundup_power2_divisions": {BIG: 1}},
+    "a key of its own": {BIG: 1},
+}
+
+
+@pytest.mark.parametrize("flags", [[], ["--json"], ["--replay"]], ids=["text", "json", "replay"])
+@pytest.mark.parametrize("what", sorted(SETTINGS))
+def test_settings_holding_a_huge_integer_are_no_traceback(
+    run_cli: Any, tmp_path: Path, what: str, flags: list[str]
+) -> None:
+    snapshot = pickle.loads(_snapshot())
+    snapshot["allocator_settings"] = SETTINGS[what]
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    code, out, err = run_cli("attribute", str(path), *flags)
+    assert code == 0 and "Traceback" not in err, err
+    if flags == ["--json"]:
+        assert "20971520" in json.dumps(json.loads(out))
+    else:
+        assert "peak allocated: 20.00 MiB" in out
