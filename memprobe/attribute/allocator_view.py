@@ -84,8 +84,20 @@ def _settings(settings: dict[str, Any]) -> tuple[tuple[str, str], ...]:
         if key in _KEY_SETTINGS or value not in (None, "", 0, 0.0, False, -1, {}):
             # The file's own text (PYTORCH_ALLOC_CONF as recorded) reaches the terminal:
             # an escape sequence in it is shown, not run.
-            out.append((printable(str(key)), printable(str(value))))
+            out.append((_shown(key), _shown(value)))
     return tuple(out)
+
+
+def _shown(value: Any) -> str:
+    """A settings key or value as printed. str() of an int past Python's 4,300 digits
+    raises (alone or inside a divisions table): `attribute` ended in a ValueError
+    traceback for such a file; it is said by its size instead."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"(an integer of {value.bit_length():,} bits)"
+    try:
+        return printable(str(value))
+    except ValueError:
+        return f"(a {type(value).__name__} holding an integer of over 4,300 digits)"
 
 
 def segments_at(

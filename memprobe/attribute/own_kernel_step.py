@@ -40,7 +40,10 @@ def kernel_files(entry: dict[str, object]) -> list[str]:
         return []
     out: list[str] = []
     for frame in frames:
-        name = str(frame.get("filename", "")).replace("\\", "/") if isinstance(frame, dict) else ""
+        # Only a string names a file: str() of what a file holds instead raised past
+        # Python's 4,300 digits (an int) or its recursion limit (a deep list), a traceback.
+        filename = frame.get("filename") if isinstance(frame, dict) else None
+        name = filename.replace("\\", "/") if isinstance(filename, str) else ""
         at = name.rfind(_KERNELS_DIR)
         if at >= 0 and name.endswith(".py"):
             out.append(name[at + len(_KERNELS_DIR) : -3])

@@ -230,6 +230,15 @@ def read_regular(
         if info.st_size > max_bytes:
             size, cap = format_bytes(info.st_size), format_bytes(max_bytes)
             raise UserError(f"{label} is {size}, over the {cap} limit", too_big)
+        if info.st_size == 0:
+            # A file system may not know a file's size before it is read: procfs and sysfs
+            # say 0 for every file (/proc/self/cmdline holds bytes), as some FUSE mounts do.
+            # Taken at its word, such a file was "empty (0 bytes)". Read it to its end.
+            data = _read_to_end(fd, max_bytes + 1)
+            if len(data) > max_bytes:
+                cap = format_bytes(max_bytes)
+                raise UserError(f"{label} is over the {cap} limit", too_big)
+            return data
         return _read_all(fd, info.st_size)
     except OSError as exc:
         raise UserError(f"cannot read {label}: {exc.strerror or exc}", "check the file") from None
@@ -245,3 +254,16 @@ def _read_all(fd: int, size: int) -> bytes:
             break
         data += more
     return data
+
+
+def _read_to_end(fd: int, limit: int) -> bytes:
+    """What ``fd`` holds up to ``limit`` bytes, read until the file ends."""
+    parts: list[bytes] = []
+    got = 0
+    while got < limit:
+        more = os.read(fd, min(1 << 20, limit - got))
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)

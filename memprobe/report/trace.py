@@ -146,6 +146,7 @@ def _block(rb: ReplayBlock, start: int, end: int | None) -> Block:
 
 def _first_frame_name(frames: Iterable[Any]) -> str:
     for f in frames:
-        if isinstance(f, dict) and f.get("name"):
-            return str(f["name"])
+        name = f.get("name") if isinstance(f, dict) else None
+        if isinstance(name, str) and name:  # str() of an int past 4,300 digits raises
+            return name
     return "?"

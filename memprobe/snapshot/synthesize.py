@@ -136,17 +136,32 @@ def another_case(snapshot: dict[str, Any], case_id: str) -> str | None:
     return None if recorded is None or recorded == case_id else printable(recorded)
 
 
+# The devices whose cases' snapshots memprobe synthesizes (cuda's are torch's own).
+_SYNTHESIZED_ON = ("meta", "cpu")
+
+
 def contradicted_peak(snapshot: dict[str, Any], row: Mapping[str, Any]) -> str | None:
     """Why a snapshot memprobe synthesized for a row's case cannot stand beside it: its
     allocated bytes are the run's own, exactly, so its peak is the row's peak_bytes. A row
     edited to 1.10 MiB was drawn beside its snapshot's trace peaking at 112.25 KiB (and
     the gate named that trace's largest block as the failure's), without a word. A row of
     ranks (tp or cp above 1) holds the largest rank's peak and the snapshot rank 0's: it
-    may peak lower, never higher. None when they agree, or for torch's own snapshots (a
-    whole process: not the kernel's peak). Report and gate both ask this."""
+    may peak lower, never higher. None when they agree, or for torch's own snapshot of a
+    cuda case (a whole process: not the kernel's peak); a meta or cpu case's snapshot is
+    always memprobe's. Report and gate both ask this."""
     meta = snapshot.get("memprobe")
     peak = row.get("peak_bytes")
-    if not (isinstance(meta, dict) and meta.get("synthesized") is True and peak):
+    synthesized = isinstance(meta, dict) and meta.get("synthesized") is True
+    device = row.get("device")
+    if not synthesized and device in _SYNTHESIZED_ON:
+        # memprobe writes every meta and cpu case's snapshot itself (no CUDA allocator ran):
+        # one without its mark is another job's (torch's, copied over the case's file), and
+        # its "Peak allocated 931.32 GiB" was drawn as the case's beside a 112.25 KiB row.
+        return (
+            f"is not one memprobe synthesized, and every {device} case's snapshot is "
+            "(it is torch's own, from another job, or was edited)"
+        )
+    if not (synthesized and peak):
         return None
     from memprobe.snapshot.replay import replay
 

@@ -322,6 +322,19 @@ def test_a_name_too_long_for_the_file_system_is_one_line(
 # that case's trace and breakdown as this one's, and a failing gate named its largest block
 
 
+def _as_cuda(run: Path) -> None:
+    """``run``'s cases and rows said to have run on cuda, whose snapshots are torch's."""
+    meta = json.loads((run / "run.json").read_text())
+    meta["device"] = "cuda"
+    for case in meta["cases"]:
+        case["device"] = "cuda"
+    (run / "run.json").write_text(json.dumps(meta))
+    payload = json.loads((run / "results.json").read_text())
+    for row in payload["rows"]:
+        row["device"] = "cuda"
+    (run / "results.json").write_text(json.dumps(payload))
+
+
 def _relabelled(made_run: Path, tmp_path: Path, case: str | None) -> Path:
     run = tmp_path / "run"
     shutil.copytree(made_run, run)
@@ -329,6 +342,7 @@ def _relabelled(made_run: Path, tmp_path: Path, case: str | None) -> Path:
     data = pickle.loads(snap.read_bytes())
     if case is None:
         del data["memprobe"]  # as torch writes it (a cuda run's snapshot)
+        _as_cuda(run)  # a meta case's snapshot is always memprobe's (round 33, M1)
     else:
         data["memprobe"]["case"] = case
     snap.write_bytes(pickle.dumps(data, protocol=4))
