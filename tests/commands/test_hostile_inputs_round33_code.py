@@ -1,0 +1,69 @@
+"""Hostile inputs, round 33 (user code memprobe runs: kernels swept and planned, a kernel
+planned size by size in fresh processes since round 32): each row is a variant of a defect
+class the pass found. The classes, in order: Ctrl-C (or a kernel's KeyboardInterrupt)
+while plan simulates a size in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hostile import user_module
+
+# A kernel module keeping every call's logits (so plan simulates each size after its
+# first in a fresh process) that runs ``{body}`` in such a process only.
+KEEPING_FRESH = (
+    "import os, signal, multiprocessing\nfrom memprobe.kernels import get_kernel\n"
+    "_u = get_kernel('unchunked')\n_B = []\n"
+    "def k(logits, targets, *, chunk_size=None):\n    _B.append(logits)\n"
+    "    if multiprocessing.parent_process() is not None:\n        {body}\n"
+    "    return _u(logits, targets)\n"
+)
+PLAN = ["plan", "--vocab", "128", "--budget", "1MiB", "--no-reserved"]
+
+
+# -- Ctrl-C while plan simulated a size in a fresh process: multiprocessing printed the
+# process's own traceback ("Process ForkServerProcess-1:", 20 lines, KeyboardInterrupt)
+# under the plan's exit 130; a kernel raising KeyboardInterrupt there (treated as Ctrl-C
+# in the planning process) read "ended the process that simulated it", exit 2, beneath it.
+INTERRUPTS = {
+    "KeyboardInterrupt raised": "raise KeyboardInterrupt",
+    "a subclass raised": "raise type('Stop', (KeyboardInterrupt,), {})()",
+    "SIGINT to that process alone": "os.kill(os.getpid(), signal.SIGINT)",
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("what", INTERRUPTS)
+def test_ctrl_c_in_a_fresh_simulation_is_the_plans(run_cli: Any, here: Path, what: str) -> None:
+    mod = user_module(here, "r33_int", KEEPING_FRESH.format(body=INTERRUPTS[what]))
+    code, out, err = run_cli(*PLAN, "--kernel", f"{mod}:k")
+    assert code == 130 and not out, (code, out, err)
+    assert "Traceback" not in err and "Process" not in err, err
+
+
+# ...and the fork server itself, importing torch for seconds before it ignores SIGINT on
+# its own, printed a 40-line traceback of that import when Ctrl-C came meanwhile: it is
+# started deaf to it.
+@pytest.mark.multiprocess
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_the_fork_server_starts_deaf_to_ctrl_c() -> None:
+    probe = (
+        "import os, signal, multiprocessing.forkserver as f\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "from memprobe.plan import fresh\nfresh._context()\nf.ensure_running()\n"
+        "pid = f._forkserver._forkserver_pid\n"
+        "ignored = [l for l in open(f'/proc/{pid}/status') if l.startswith('SigIgn')][0]\n"
+        "os.kill(pid, signal.SIGKILL)\n"
+        "print(int(ignored.split()[1], 16) >> (signal.SIGINT - 1) & 1)\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=env, timeout=60)  # fmt: skip
+    # The server ignores it; the planning process hears Ctrl-C again.
+    assert done.stdout.split() == ["1", "True"], done.stderr
