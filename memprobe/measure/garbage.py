@@ -63,3 +63,20 @@ def garbage_collected_after() -> Iterator[None]:
     with young_collection() as collect:
         yield
         collect()
+
+
+def full_collection() -> None:
+    """Collect every object, the frozen ones too. Where a caller had frozen objects,
+    :func:`young_collection` leaves what was alive at each of its blocks frozen, so a
+    reference cycle an earlier case made and a later case let go of is never collected by
+    a plain ``gc.collect``: unfrozen for this collection, and everything alive frozen again
+    after it (as the next young collection would)."""
+    caller_froze = _callers_freeze.seen()
+    if caller_froze:
+        gc.unfreeze()
+    try:
+        gc.collect()
+    finally:
+        if caller_froze:
+            _callers_freeze.mark()
+            gc.freeze()

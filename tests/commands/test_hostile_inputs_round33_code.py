@@ -1,10 +1,12 @@
 """Hostile inputs, round 33 (user code memprobe runs: kernels swept and planned, a kernel
 planned size by size in fresh processes since round 32): each row is a variant of a defect
 class the pass found. The classes, in order: Ctrl-C (or a kernel's KeyboardInterrupt)
-while plan simulates a size in a fresh process."""
+while plan simulates a size in a fresh process; what an earlier case kept, let go of in a
+reference cycle."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -67,3 +69,37 @@ def test_the_fork_server_starts_deaf_to_ctrl_c() -> None:
                           env=env, timeout=60)  # fmt: skip
     # The server ignores it; the planning process hears Ctrl-C again.
     assert done.stdout.split() == ["1", "True"], done.stderr
+
+
+# -- what an earlier case kept that a later case let go of, in a reference cycle: the
+# collection at each case's end scans only what the case made (round 32's young
+# collection), so a cached state object replaced per call (``s.me = s; _S['s'] = s``) was
+# never collected and was held once more at every later case: "this peak holds
+# 3,145,728 B the kernel kept from earlier cases" at a sweep's fourth size, its peak
+# 5,113,856 B where 1 MiB is reachable (3,016,704 B, as before round 32).
+CYCLE = (
+    "import torch\nfrom memprobe.kernels import get_kernel\n_u = get_kernel('unchunked')\n"
+    "_S = {{}}\nclass State: pass\n"
+    "def k(logits, targets, *, chunk_size=None):\n"
+    "    buf = torch.empty(1 << 20, dtype=torch.uint8, device=logits.device)\n"
+    "    {body}\n    return _u(logits, targets)\n"
+)
+CYCLES = {
+    "an object referring to itself": "s = State(); s.me = s; s.buf = buf; _S['s'] = s",
+    "a list holding itself": "s = [buf]; s.append(s); _S['s'] = s",
+    "a closure calling itself": "def s(): return s, buf\n    _S['s'] = s",
+}
+
+
+def test_an_earlier_cases_garbage_cycle_is_not_held(run_cli: Any, here: Path) -> None:
+    mods = [user_module(here, "r33_cycle", CYCLE.format(body=body)) for body in CYCLES.values()]
+    code, out, err = run_cli("sweep", "--tokens", "64,128,256", "--vocab", "128", "--no-ladder",
+                             "--device", "meta", "--no-verify", "--no-report", "--json",
+                             "--kernel", ",".join(f"{m}:k" for m in mods))  # fmt: skip
+    assert code == 0, err
+    rows = {(r["kernel"], r["tokens"]): r for r in json.loads(out)["results"]}
+    for mod in mods:
+        for tokens in (128, 256):  # the one it holds, made by the case before
+            note = rows[f"{mod}:k", tokens]["note"]
+            assert "holds 1,048,576 B the kernel kept" in note, (mod, tokens, note)
+        assert rows[f"{mod}:k", 256]["peak_bytes"] == 2_556_928  # 2 MiB + unchunked's 459,776
