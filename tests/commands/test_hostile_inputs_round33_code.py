@@ -2,7 +2,7 @@
 planned size by size in fresh processes since round 32): each row is a variant of a defect
 class the pass found. The classes, in order: Ctrl-C (or a kernel's KeyboardInterrupt)
 while plan simulates a size in a fresh process; what an earlier case kept, let go of in a
-reference cycle."""
+reference cycle; what a kernel keeps, swept on the CPU."""
 
 from __future__ import annotations
 
@@ -103,3 +103,31 @@ def test_an_earlier_cases_garbage_cycle_is_not_held(run_cli: Any, here: Path) ->
             note = rows[f"{mod}:k", tokens]["note"]
             assert "holds 1,048,576 B the kernel kept" in note, (mod, tokens, note)
         assert rows[f"{mod}:k", 256]["peak_bytes"] == 2_556_928  # 2 MiB + unchunked's 459,776
+
+
+# -- a kernel that keeps memory, swept on the CPU: each case is first simulated on meta
+# (to size it against the RAM) and then timed, both in the same process and both calling
+# the kernel, untracked: what its last call kept (a tensor cached per call) was a meta
+# tensor or one no tracker saw, and a later case held none of it. The note said the 1 MiB
+# kept was "counted in this peak and in its later cases'"; the 128-token peak read
+# 1,278,464 B (unchunked's plus this case's 1 MiB) where meta reads 2,129,920 B.
+KEPT_ON_CPU = {
+    "a tensor replaced per call": ("_S['s'] = buf", 2_129_920),
+    "a state object referring to itself": (CYCLES["an object referring to itself"], 2_327_040),
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("what", KEPT_ON_CPU)
+def test_what_a_kernel_keeps_on_cpu_is_held_by_its_next_case(
+    run_cli: Any, here: Path, what: str
+) -> None:
+    body, peak = KEPT_ON_CPU[what]
+    mod = user_module(here, "r33_cpu_kept", CYCLE.format(body=body))
+    code, out, err = run_cli("sweep", "--tokens", "64,128", "--vocab", "128", "--no-ladder",
+                             "--device", "cpu", "--no-verify", "--no-report", "--json",
+                             "--kernel", f"{mod}:k")  # fmt: skip
+    assert code == 0, err
+    rows = {r["tokens"]: r for r in json.loads(out)["results"]}
+    assert "holds 1,048,576 B the kernel kept" in rows[128]["note"], rows[128]["note"]
+    assert rows[128]["peak_bytes"] == peak  # as on meta
