@@ -23,7 +23,19 @@ from memprobe.records import Case, Run
 
 
 def cpu_bytes_needed(case: Case) -> int:
-    """Simulated step peak (the inputs are drawn in their own dtype, with no staging copy)."""
+    """Simulated step peak (the inputs are drawn in their own dtype, with no staging copy).
+
+    A kernel seen keeping memory between calls is simulated in a fresh process: called
+    on meta here, it replaced what its last CPU call kept (a cache per call) with a meta
+    tensor, and the next case held nothing of it (see :func:`measure_cpu`)."""
+    from memprobe.plan import fresh
+
+    if fresh.keeps(case.kernel) and fresh.available():
+        return fresh.run(_needed, case, "allocated", None)
+    return _needed(case, "allocated", None)
+
+
+def _needed(case: Case, kind: str, alloc_conf: str | None) -> int:
     return simulate_tracker(case, capture_frames=False).peak_bytes
 
 
@@ -50,6 +62,15 @@ def measure_cpu(
         inputs = protocol_for(case.kernel).make_inputs(case, "cpu", layout=layout)
         trace = traced_step(case, inputs, layout=layout)
         fwd_times, bwd_times = timed_steps(case, inputs, repeats, layout)
+        if trace.kept or trace.held:
+            # A kernel that keeps memory (a cache replaced per call): the timed calls ran
+            # untracked, so what the last one kept the next case never adopted, and its
+            # peak left out what the note said it counted (1 MiB kept read as unchunked's
+            # peak plus this case's 1 MiB). One more tracked step is the last call.
+            from memprobe.plan import fresh
+
+            fresh.saw_keeping(case.kernel)
+            traced_step(case, inputs, layout=layout)
         del inputs
     return run_from_trace(
         case,

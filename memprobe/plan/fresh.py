@@ -23,7 +23,9 @@ import gc
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -88,9 +90,14 @@ def run(simulate: Callable[[Case, str, str | None], int], case: Case, kind: str,
             f"run `memprobe sweep --kernel {case.kernel} --device meta --tokens "
             f"{case.tokens} --vocab {case.vocab}` to see it",
         ) from None
+    except BaseException:  # Ctrl-C here: the simulation must not outlive the plan
+        process.kill()
+        raise
     finally:
         receive.close()
         process.join()
+    if done is None:  # Ctrl-C reached it first (or the kernel raised KeyboardInterrupt)
+        raise KeyboardInterrupt
     if not done:
         raise value
     return int(value)
@@ -105,7 +112,23 @@ def _context() -> ForkServerContext:
         asked = list(getattr(server, "_preload_modules", []))
         multiprocessing.set_forkserver_preload(asked + [m for m in _PRELOAD if m not in asked])
         _preloaded = True
+    _start_server()
     return multiprocessing.get_context("forkserver")
+
+
+def _start_server() -> None:
+    """Start the fork server deaf to Ctrl-C. It imports torch first (seconds), and only
+    then ignores SIGINT itself: a Ctrl-C meanwhile printed its 40-line import traceback
+    under the plan's own exit. An ignored signal stays ignored through its exec; each
+    process it forks hears Ctrl-C again (:func:`_in_child`)."""
+    if threading.current_thread() is not threading.main_thread():
+        multiprocessing.forkserver.ensure_running()  # signal.signal works in the main thread only
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _in_child(
@@ -125,7 +148,16 @@ def _in_child(
     # collections a kernel that keeps memory is read with (memprobe.measure.traced) scan
     # the simulation's objects only (a full one: 0.26 s of a 0.45 s size).
     gc.freeze()
+    # Ctrl-C (or a kernel's KeyboardInterrupt) is the planning process's to act on: said
+    # back, not left to multiprocessing, which prints "Process ForkServerProcess-1:" and
+    # a traceback. The server ignores SIGINT, and this process inherited that.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         send.send((True, simulate(case, kind, alloc_conf)))
     except UserError as exc:
         send.send((False, exc))
+    except KeyboardInterrupt:
+        try:
+            send.send((None, None))
+        except OSError:  # the planning process stopped listening: it was interrupted too
+            pass
