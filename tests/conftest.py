@@ -52,8 +52,8 @@ def _user_code_left_forgotten():
 
         traced._KEPT.clear()  # what one test's kernel kept is not another's
         traced._GIVEN.clear()
-    if "memprobe.plan.fresh" in sys.modules:
-        from memprobe.plan import fresh
+    if "memprobe.measure.fresh" in sys.modules:
+        from memprobe.measure import fresh
 
         fresh._KEEPING.clear()
 

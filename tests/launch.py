@@ -39,7 +39,7 @@ _PRELOAD = [
     "memprobe.cli",
     "memprobe.sharded_sweep",
     "memprobe.profile.step",
-    "memprobe.plan.driver",  # and what plan's fresh processes import (memprobe.plan.fresh)
+    "memprobe.plan.driver",  # and what plan's fresh processes import (memprobe.measure.fresh)
     "memprobe.measure.meta_backend",
     # What a forked command imports as it runs: typer's parameter adapters (pydantic, at
     # the first option it parses: a quarter of a forked command's CPU), and a forked

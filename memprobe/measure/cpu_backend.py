@@ -28,7 +28,7 @@ def cpu_bytes_needed(case: Case) -> int:
     A kernel seen keeping memory between calls is simulated in a fresh process: called
     on meta here, it replaced what its last CPU call kept (a cache per call) with a meta
     tensor, and the next case held nothing of it (see :func:`measure_cpu`)."""
-    from memprobe.plan import fresh
+    from memprobe.measure import fresh
 
     if fresh.keeps(case.kernel) and fresh.available():
         return fresh.run(_needed, case, "allocated", None)
@@ -67,7 +67,7 @@ def measure_cpu(
             # untracked, so what the last one kept the next case never adopted, and its
             # peak left out what the note said it counted (1 MiB kept read as unchunked's
             # peak plus this case's 1 MiB). One more tracked step is the last call.
-            from memprobe.plan import fresh
+            from memprobe.measure import fresh
 
             fresh.saw_keeping(case.kernel)
             traced_step(case, inputs, layout=layout)

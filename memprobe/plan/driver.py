@@ -17,8 +17,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from memprobe.errors import UserError
+from memprobe.measure import fresh
 from memprobe.measure.traced import keeps_inputs
-from memprobe.plan import fresh
 from memprobe.plan.long_loops import allocated_peak, reserved_plannable
 from memprobe.plan.model import (
     ALLOCATED,
@@ -110,7 +110,7 @@ def _steady_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
     size) holds, at its second call, what its first at this size kept (one keeping its
     logits read as unchunked's 583 tokens in 1 MiB, 146 KiB over at 584). What it kept at
     the other sizes plan tried, a loop at this one never made: once it is seen keeping
-    memory, each size runs in a process of its own (:mod:`memprobe.plan.fresh`)."""
+    memory, each size runs in a process of its own (:mod:`memprobe.measure.fresh`)."""
     from memprobe.measure.meta_backend import simulate_step
 
     if fresh.keeps(case.kernel) and fresh.available():

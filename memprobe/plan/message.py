@@ -60,7 +60,7 @@ def long_loop_status(plans: Sequence[TokenPlan]) -> str | None:
 
 def kept_memory_status(targets: Sequence[PlanTarget]) -> str | None:
     """Which kernels keep memory between calls, whose sizes were each simulated afresh."""
-    from memprobe.plan import fresh
+    from memprobe.measure import fresh
 
     names = list(dict.fromkeys(t.kernel for t in targets if fresh.keeps(t.kernel)))
     if not names:

@@ -57,7 +57,7 @@ def test_the_fork_server_starts_deaf_to_ctrl_c() -> None:
     probe = (
         "import os, signal, multiprocessing.forkserver as f\n"
         "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-        "from memprobe.plan import fresh\nfresh._context()\nf.ensure_running()\n"
+        "from memprobe.measure import fresh\nfresh._context()\nf.ensure_running()\n"
         "pid = f._forkserver._forkserver_pid\n"
         "ignored = [l for l in open(f'/proc/{pid}/status') if l.startswith('SigIgn')][0]\n"
         "os.kill(pid, signal.SIGKILL)\n"

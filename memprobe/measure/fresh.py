@@ -8,7 +8,8 @@ local_chunked, chunk 64, vocabulary 128) fitted 965 tokens in 8 MiB, a buffer of
 size the search had tried counted, where a loop at one size fits 14,051; one that sizes
 a buffer by its first call read every later size at the first's. Once a kernel is seen
 keeping memory, each later size of it is simulated in a new process, forked from a
-server that has imported torch and memprobe but never called it.
+server that has imported torch and memprobe but never called it. (A cpu sweep sizes such
+a kernel's cases against RAM so too: memprobe.measure.cpu_backend.)
 
 The fork server is the process's one (:mod:`multiprocessing.forkserver`): it starts once,
 in a second or two, and each size after that costs a fork and the simulation (0.1 s for
