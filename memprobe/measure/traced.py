@@ -54,10 +54,16 @@ def owner_of(kernel: str) -> str:
 def keeps_inputs(kernel: str) -> bool:
     """Whether an input memprobe gave ``kernel`` (or its module's other kernels) is still
     live, its case over: the kernel kept it (``_L.append(logits)``)."""
+    return bool(_live_given(kernel))
+
+
+def _live_given(kernel: str) -> list[tuple[weakref.ref[Any], Event]]:
+    """The inputs given to ``kernel``'s module still live (the dead ones dropped)."""
     given = _GIVEN.get(owner_of(kernel), [])
     if any(ref() is not None for ref, _ in given):
         gc.collect()  # an input in a reference cycle of its own step is garbage, not kept
-    return any(ref() is not None for ref, _ in given)
+    given[:] = [(ref, event) for ref, event in given if ref() is not None]
+    return given
 
 
 def _left(tracker: AllocationTracker) -> int:
@@ -78,11 +84,7 @@ def _adopt_kept(tracker: AllocationTracker, kernel: str) -> int:
     for _, left in lefts:
         for storage, event in left:
             tracker.adopt(storage, event, label)
-    given = _GIVEN.get(owner_of(kernel), [])
-    if any(ref() is not None for ref, _ in given):
-        gc.collect()  # an input in a reference cycle of its own step is garbage, not kept
-    given[:] = [(ref, event) for ref, event in given if ref() is not None]
-    for ref, event in given:
+    for ref, event in _live_given(kernel):
         storage = ref()
         if storage is not None:
             tracker.adopt(storage, event, label)

@@ -34,6 +34,7 @@ from memprobe.plan.search import SearchSteps, search_max_tokens, seed_tokens
 from memprobe.records import Case
 
 if TYPE_CHECKING:
+    from memprobe.measure.traced import StepTrace
     from memprobe.measure.tracker import AllocationTracker
 
 Simulate = Callable[[Case, str, "str | None"], int]
@@ -119,6 +120,13 @@ def _steady_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
     if trace.held and fresh.available():  # this process ran it before, and it kept memory
         fresh.saw_keeping(case.kernel)
         return fresh.run(_fresh_peak, case, kind, alloc_conf)
+    return _second_call_peak(case, trace, kind, alloc_conf)
+
+
+def _second_call_peak(case: Case, trace: StepTrace, kind: str, alloc_conf: str | None) -> int:
+    """The peak of a loop's second call where the first (``trace``) kept memory, else its own."""
+    from memprobe.measure.meta_backend import simulate_step
+
     if trace.kept or trace.held or keeps_inputs(case.kernel):
         fresh.saw_keeping(case.kernel)
         trace = simulate_step(case, capture_frames=False)
@@ -131,10 +139,7 @@ def _fresh_peak(case: Case, kind: str, alloc_conf: str | None) -> int:
     def here(case: Case, kind: str, alloc_conf: str | None) -> int:
         from memprobe.measure.meta_backend import simulate_step
 
-        trace = simulate_step(case, capture_frames=False)
-        if trace.kept or keeps_inputs(case.kernel):
-            trace = simulate_step(case, capture_frames=False)
-        return _peak_of(trace.tracker, kind, alloc_conf)
+        return _second_call_peak(case, simulate_step(case, capture_frames=False), kind, alloc_conf)
 
     return _one_line(here, case, kind, alloc_conf)
 
