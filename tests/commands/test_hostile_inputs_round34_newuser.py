@@ -4,11 +4,13 @@ one's own profiled, --what-if on it, a Hugging Face config stepped, a kernel gat
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hostile import one_line, user_module
 from torch import nn
 
 from memprobe.attribute import attribute
@@ -114,3 +116,36 @@ def test_the_flattened_shifted_loss_predicts_the_kernels_own_step() -> None:
     )
     targets_copy = batch * (seq - 1) * 8
     assert 0 <= w.predicted_peak_bytes - own.peak_allocated_bytes <= 2 * targets_copy
+
+
+# Class D: a step that raises its own ValueError / AssertionError / TypeError /
+# AttributeError (no op raised it) was told "meta tensors hold no values ... try --device
+# cpu", where it fails the same way; an op's error on meta keeps that hint.
+OWN_RAISES = {
+    "raise ValueError": "    raise ValueError('bad batch')\n",
+    "a failed assert": "    assert x.shape == (11,), 'wrong shape'\n",
+    "a TypeError": "    len(5)\n",
+    "an AttributeError": "    x.no_such_attribute\n",
+}
+
+
+@pytest.mark.parametrize("device", ["meta", "cpu"])
+@pytest.mark.parametrize("bug", list(OWN_RAISES.values()), ids=list(OWN_RAISES))
+def test_a_steps_own_raise_is_not_blamed_on_meta(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bug: str, device: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    body = "import torch\ndef step(device):\n    x = torch.zeros(10, device=device)\n" + bug
+    name = user_module(tmp_path, "r34_raise", body)
+    err = one_line(*run_cli("profile", f"{name}:step", "--device", device))
+    assert "in its own Python code" in err and "try --device cpu" not in err, err
+
+
+def test_an_ops_error_on_meta_keeps_the_meta_hint(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    body = "import torch\ndef step(device):\n    torch.zeros(10, device=device).sum().item()\n"
+    name = user_module(tmp_path, "r34_item", body)
+    err = one_line(*run_cli("profile", f"{name}:step"))
+    assert "try --device cpu" in err and "own Python code" not in err, err
