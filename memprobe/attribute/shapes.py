@@ -148,6 +148,19 @@ def _as_given(found: ShapeInference, hints: Hints) -> ShapeInference:
     )
 
 
+def _shift_of_flat(n: int, v: int, heads: dict[tuple[int, int], tuple[int, ...]]) -> int:
+    """B for a 2-D loss label ``[n, v]`` beside an lm_head labelled with B more rows:
+    ``F.cross_entropy(shift_logits.view(-1, V), ...)`` (Hugging Face's loss) labels only the
+    flattened ``[B·(S − 1), V]``, and read unshifted it called N = B·S one row short per
+    sequence and left the lm_head's logits and their gradient out of the logits family
+    (so ``--what-if`` found no logits for their gradient). 0 when no head says so."""
+    for (hn, hv), _ in heads.items():
+        b = hn - n
+        if hv == v and 0 < b <= MAX_SHIFT_BATCH and n % b == 0:
+            return b
+    return 0
+
+
 def _infer_from(
     sources: list[int],
     sizes: Counter[int],
@@ -174,7 +187,7 @@ def _infer_from(
     for (n, v), shape in list(recorded.items()):
         # Labels that record the lm_head's [B·S, V] beside the loss's [B, S − 1, V]: the
         # loss on logits[:, :-1] (Hugging Face's shift), read as such.
-        b = shape[0] if len(shape) == 3 else 0
+        b = shape[0] if len(shape) == 3 else _shift_of_flat(n, v, heads)
         head = heads.get((n + b, v)) if b and b <= MAX_SHIFT_BATCH else None
         if head is not None and not forward_only:
             reading = score_reading(n, v, sizes, sources, matmuls, shift=b, direct=direct)

@@ -113,8 +113,16 @@ def what_if(
         raise
     kt = simulate_kernel(kernel, step, chunk_size)
     spliced = splice(snap, found.device, step, kt)
+    # The spliced trace is read at the shape the loss step was found at: the swapped-in
+    # kernel leaves no softmax over [N, V] to infer it from, and re-inferring it there
+    # called the logits the step still holds "forward activations".
     predicted = attribute(
-        spliced, device=found.device, path=path, vocab=vocab, tokens=tokens, batch=batch
+        spliced,
+        device=found.device,
+        path=path,
+        vocab=step.vocab,
+        tokens=step.rows,
+        batch=step.batch,
     )
     unmet = _unmet_request(rep, replay(spliced, device=found.device), step)
     model = {r.device: r for r in replay_snapshot(snap)}[found.device]

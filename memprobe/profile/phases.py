@@ -220,7 +220,8 @@ def step_failed(
             "(model.to(device), torch.zeros(..., device=device)), not on 'cuda', and keep "
             "torch.cuda's own calls (synchronize, memory statistics) out of it",
         )
-    if not raised_by_op and isinstance(exc, _PYTHON_ERRORS):
+    own = _PYTHON_ERRORS + (_STEP_RAISES if hint is None else ())
+    if not raised_by_op and isinstance(exc, own):
         # A bug of the step's own Python (a name, a key, sys.argv[1] read of a command
         # line it does not get): no op raised it, and "meta tensors hold no values ...
         # try --device cpu" sent the user to a device where it fails the same way.
@@ -251,6 +252,11 @@ def step_failed(
 
 # Errors of plain Python code that no tensor, meta or not, makes.
 _PYTHON_ERRORS = (NameError, KeyError, IndexError, ZeroDivisionError, ImportError, OSError)
+# What a user's own step raises itself (`raise ValueError("bad batch")`, a failed `assert`,
+# a wrong call): raised by no op, it fails the same on any device, and "meta tensors hold
+# no values ... try --device cpu" sent the user there. Only for the user's step (no hint):
+# a config's step raises these from transformers' code, which is not the user's to fix.
+_STEP_RAISES = (ValueError, AssertionError, TypeError, AttributeError)
 
 
 # What torch raises where CUDA is asked for and cannot start: a CPU-only build, a CUDA
