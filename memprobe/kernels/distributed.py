@@ -31,6 +31,7 @@ memory on one machine.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -114,6 +115,29 @@ def _local_index(
     return index, owned
 
 
+def _all_reduce(buffer: torch.Tensor, op: Any, group: Any) -> None:
+    """``dist.all_reduce``, returning once the backend has let go of ``buffer`` too.
+
+    gloo's worker thread drops its reference to the buffer it reduced a moment after the
+    call returns: a buffer the kernel frees soon after was then freed by that thread, now
+    before and now after the kernel's next allocation, and a real CPU run's peak read one
+    ``[B, S]`` float32 block more in some runs than in others (the same case on the same
+    ranks, 1,024 B apart at 256 tokens). Waiting here makes every free the kernel's own.
+    """
+    held = _holders(buffer)
+    dist.all_reduce(buffer, op=op, group=group)
+    if not _communicates_values(group, buffer):
+        return
+    deadline = time.monotonic() + 5.0  # a backend that keeps it longer keeps it
+    while _holders(buffer) > held and time.monotonic() < deadline:
+        time.sleep(0)
+
+
+def _holders(tensor: torch.Tensor) -> int:
+    """How many references hold ``tensor``'s C++ object (this process's own and a backend's)."""
+    return int(tensor._use_count())  # type: ignore[attr-defined]  # not in torch's stubs
+
+
 def _communicates_values(group: Any, tensor: torch.Tensor) -> bool:
     """False when reduced values are meaningless: meta tensors or the fake backend."""
     if tensor.device.type == "meta":
@@ -182,7 +206,7 @@ class DistributedLogprob(torch.autograd.Function):
         # below writes into ``x``.
         x = logits.float()
         row_max = x.amax(dim=-1, keepdim=True)
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        _all_reduce(row_max, dist.ReduceOp.MAX, group)
         shifted = x - row_max
         del x
         # Target logit (shifted) and ownership, reduced together: one SUM.
@@ -194,8 +218,8 @@ class DistributedLogprob(torch.autograd.Function):
         )
         softmax = shifted.exp_()
         sum_exp = softmax.sum(dim=-1, keepdim=True)
-        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
-        dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
+        _all_reduce(sum_exp, dist.ReduceOp.SUM, group)
+        _all_reduce(picked, dist.ReduceOp.SUM, group)
         if _communicates_values(group, logits):
             _check_owned_once(picked[1])
         out = picked[0] - sum_exp.squeeze(-1).log()
@@ -281,7 +305,7 @@ def _chunked_distributed_forward(
         del work
 
     global_max = local_max.clone()
-    dist.all_reduce(global_max, op=dist.ReduceOp.MAX, group=group)
+    _all_reduce(global_max, dist.ReduceOp.MAX, group)
     # local shift - global shift (<= 0): moves this rank's sum of exps and
     # its shifted target logit onto the global shift before they are summed.
     # Written over the reduced buffer (the same floats as local_max - global_max):
@@ -292,7 +316,7 @@ def _chunked_distributed_forward(
     del local_max, global_max
     stats[0].mul_(to_global.exp())
     stats[1].addcmul_(to_global, stats[2])
-    dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+    _all_reduce(stats, dist.ReduceOp.SUM, group)
     if _communicates_values(group, logits):
         _check_owned_once(stats[2])
     global_logsum = stats[0].log_()
