@@ -45,6 +45,7 @@ from memprobe.profile.hf_config import (
 )
 from memprobe.profile.hf_files import no_config_json, no_model_type, padding_error
 from memprobe.profile.hf_quiet import hf_logging_off, quiet_transformers
+from memprobe.profile.optimizers import make_optimizer
 from memprobe.profile.phases import mark
 from memprobe.records import Event, normalize_dtype, too_large
 
@@ -411,7 +412,7 @@ class HFStep:
         # Mixed precision: the optimizer holds float32 master copies of the parameters.
         with torch.no_grad():
             master = [p.float() for p in params] if self.master_weights else params
-        optimizer = _optimizer(self.optimizer, master)
+        optimizer = make_optimizer(self.optimizer, master)
         ids = torch.randint(0, self.vocab, (self.batch, self.tokens), device=device)
         targets = torch.randint(0, self.vocab, (self.batch, self.tokens), device=device)
         fn: Any = own_failures(self.kernel, get_spec(self.kernel).fn, device)
@@ -469,29 +470,3 @@ class HFStep:
             with torch.no_grad():
                 for m, p in zip(master, params, strict=True):
                     p.copy_(m)
-
-
-def _optimizer(name: str, params: list[torch.Tensor]) -> torch.optim.Optimizer | None:
-    # foreach=True: torch's default for CUDA parameters (meta and cpu would default to the
-    # per-tensor loop, whose temporaries are one parameter's, not all of them at once).
-    if name == "none":
-        return None
-    groups = _param_groups(params)
-    if name == "sgd":
-        return torch.optim.SGD(groups, lr=1e-3, momentum=0.9, foreach=True)
-    return torch.optim.AdamW(groups, lr=1e-3, foreach=True)
-
-
-def _param_groups(params: list[torch.Tensor]) -> list[dict[str, Any]]:
-    """One parameter group, or two when DTensors and plain tensors mix (tensor parallel
-    without FSDP leaves the embedding and norms plain): a foreach kernel refuses a
-    list that mixes them, so a tensor-parallel training loop groups them apart."""
-    dtensor: Any = ()
-    if torch.distributed.is_available():
-        from torch.distributed.tensor import DTensor
-
-        dtensor = DTensor
-    groups: dict[bool, list[torch.Tensor]] = {}
-    for p in params:
-        groups.setdefault(isinstance(p, dtensor), []).append(p)
-    return [{"params": group} for group in groups.values()]

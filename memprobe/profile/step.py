@@ -387,7 +387,8 @@ def _category(
         return PARAMETERS
     if event.phase in ("backward", "optimizer") and _noted(event, owners.gradients, next_alloc):
         return GRADIENTS
-    if event.phase == "optimizer" and _noted(event, owners.optimizer_state, next_alloc):
+    # (Made before the step, in setup, as every step after the first holds it: hf._steady_state.)
+    if event.phase in ("setup", "optimizer") and _noted(event, owners.optimizer_state, next_alloc):
         return OPTIMIZER_STATE
     if key in owners.master and event.phase == "setup":
         return MASTER_WEIGHTS
