@@ -108,3 +108,74 @@ def test_unlabelled_square_logits_keep_their_n_and_v(vocab: int, batch: int, seq
     inf = attribute(_corpus_lm(vocab, batch, seq).snapshot(), top=5).inference
     assert inf.logits_path
     assert (inf.tokens, inf.vocab, inf.hidden) == (batch * seq, vocab, 256), inf.evidence
+
+
+# -- E: CPU autocast on meta ------------------------------------------------------------------
+# Meta tensors take no autocast: a step under torch.autocast("cpu", dtype=torch.bfloat16)
+# profiled on meta ran in float32 (1 MiB above cpu at 256 tokens x 2,048) with no word.
+# Now it gets a note, as CUDA autocast torch turns off does; the marker fails (round 32's
+# pytester test covers the marker).
+
+
+def _mm(device: torch.device) -> torch.Tensor:
+    x = torch.zeros(16, 16, device=device, requires_grad=True)
+    return x @ x
+
+
+def _one(device: torch.device) -> None:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = _mm(device)
+    y.float().sum().backward()
+
+
+def _amp(device: torch.device) -> None:
+    with torch.amp.autocast(device_type="cpu"):
+        y = _mm(device)
+    y.float().sum().backward()
+
+
+def _twice(device: torch.device) -> None:
+    for _ in range(2):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = _mm(device)
+        y.float().sum().backward()
+
+
+@torch.autocast("cpu", dtype=torch.bfloat16)
+def _decorated(device: torch.device) -> None:
+    _mm(device).float().sum().backward()
+
+
+def _off(device: torch.device) -> None:
+    with torch.autocast("cpu", enabled=False):
+        y = _mm(device)
+    y.sum().backward()
+
+
+def _none(device: torch.device) -> None:
+    _mm(device).sum().backward()
+
+
+@pytest.mark.parametrize(
+    ("step", "device", "count"),
+    [
+        (_one, "meta", 1),
+        (_amp, "meta", 1),
+        (_twice, "meta", 2),
+        (_decorated, "meta", 1),
+        (_off, "meta", 0),  # the user's own enabled=False: nothing to say
+        (_none, "meta", 0),
+        (_one, "cpu", 0),  # applied on cpu: the trace is the autocast step
+        (_decorated, "cpu", 0),
+    ],
+)
+def test_autocast_not_applied_on_meta_is_said(step: Any, device: str, count: int) -> None:
+    snap = profile_step(step, device)
+    assert snap["memprobe"].get("autocast_not_applied", 0) == count
+    notes = [n for n in attribute(snap, top=1).notes if "autocast" in n]
+    if count:
+        assert len(notes) == 1, notes
+        assert f"torch.autocast {count:,} time(s)" in notes[0]
+        assert "not applied on meta" in notes[0] and "--device cpu" in notes[0]
+    else:
+        assert not notes, notes
