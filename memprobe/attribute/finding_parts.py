@@ -147,6 +147,20 @@ def provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
             "GPU runs (memprobe cannot simulate CUDA autocast; profile it with --device cuda "
             "on a GPU)"
         )
+    ignored = meta.get("autocast_not_applied") if isinstance(meta, dict) else None
+    if isinstance(ignored, int) and not isinstance(ignored, bool) and ignored > 0:
+        on = meta.get("device") if isinstance(meta, dict) else None
+        where = on if isinstance(on, str) and on in ("meta", "cpu") else "this device"
+        hint = (
+            "meta tensors take no autocast; profile CPU autocast with --device cpu"
+            if where == "meta"
+            else "autocast casts only its own device type's tensors"
+        )
+        notes.append(
+            f"the step entered torch.autocast {ignored:,} time(s) for a device type its "
+            f"tensors are not on: its autocast was not applied on {where}, so this trace is "
+            f"the step in full precision ({hint})"
+        )
     others = [d for d, t in enumerate(snap["device_traces"]) if t and d != rep.device]
     if others:
         listed = ", ".join(f"{d} ({len(snap['device_traces'][d]):,} entries)" for d in others)

@@ -130,6 +130,10 @@ class Direct:
     # Iterations the trace holds (its backward passes; 1 without any): counts of what a
     # step makes (ids, activations) are weighed per step, so two steps read as one.
     steps: int = 1
+    # Blocks made before the forward (setup), alive before the trace or to its end, by
+    # bytes: where a [V, H] weight is told from [N, H] activations of the same bytes
+    # (N = V: a step with as many tokens as vocabulary entries).
+    params: tuple[tuple[int, int], ...] = ()
 
     def ids_ok(self, size: int) -> bool:
         return not self.stacks or (size in self.id_sizes and size not in self.casts)
@@ -163,6 +167,7 @@ class Reading:
     head_agrees: bool = False  # the lm_head's output has the activations' dtype
     weight_agrees: bool = False  # ... and the [V, H] weight's (or its autocast copy's)
     weight_blocks: int = 0  # [V, H]-sized blocks held
+    held_weight: bool = False  # a [V, H] block made before the forward (a parameter)
 
     @property
     def tokens(self) -> int:

@@ -180,6 +180,12 @@ def score_reading(
     )
     score += h.score
     reasons += h.reasons
+    held_weight = _held_weight(tokens, v, h.size, sizes, direct, made)
+    if held_weight and v in (n, tokens):
+        reasons.append(
+            "a [V, H] block made before the forward (a parameter: an lm_head's or embedding's "
+            "weight, where a similarity [N, N] has [N, H] activations)"
+        )
     # A matmul's output has its weight's dtype: the lm_head's [N, V] and the [V, H]
     # weight agree in a consistent reading (fp32 [N, V] from a bf16 weight does not).
     # Autocast keeps a bfloat16 copy of a float32 weight: either dtype agrees.
@@ -214,7 +220,33 @@ def score_reading(
         )
     return Reading(
         n, v, score, reasons, h.size, family, shift, h.weight_itemsizes, bool(ids), head_agrees,
-        weight_agrees, h.weight_blocks,
+        weight_agrees, h.weight_blocks, held_weight,
+    )  # fmt: skip
+
+
+def _held_weight(
+    n: int, v: int, hidden: int | None, sizes: Counter[int], direct: Direct, family: set[int]
+) -> bool:
+    """Whether a [V, H] block was made before the forward (or held across the trace): a
+    parameter, which [N, H] activations of the same bytes (N = V) are not. H is the
+    activations' hidden size, or (a step with one matmul per hidden size, too few to
+    read H by) any H a forward matmul's [N, H] output has."""
+    params = Counter(dict(direct.params))
+    if not params:
+        return False
+    made = direct.matmul_counts() or sizes
+    widths = (
+        {hidden}
+        if hidden is not None
+        else {
+            s // (n * k) for s in made if s not in family for k, _ in ITEMSIZES if s % (n * k) == 0
+        }
+    )
+    return any(
+        MIN_HIDDEN <= h <= MAX_HIDDEN and h % HIDDEN_STEP == 0 and h < v
+        and 0 < params[v * h * k] <= MAX_VOCAB_WEIGHTS
+        for h in widths
+        for k, _ in ITEMSIZES
     )  # fmt: skip
 
 
@@ -388,15 +420,20 @@ def split_batch(
 def vocab_argued(r: Reading) -> bool:
     """Whether the trace argues V itself: a [V, H] weight (in either dtype), or a loss
     over V whose rows the token ids [N] confirm. A square [N, N] is a similarity or an
-    attention matrix (retrieval's in-batch negatives), never a vocabulary; and a
+    attention matrix (retrieval's in-batch negatives) unless a [V, H] parameter (made
+    before the forward) and token ids [N] say it is a language model's logits with as
+    many tokens as vocabulary entries (Mistral's 32,768 at a 32k context): a similarity's
+    [N, H] operands are activations, and its targets an arange, not token ids. A
     language model's vocabulary is larger than its hidden size. One block of [V, H]'s
     bytes is a coincidence (a graph's node features [nodes, H] under a softmax over the
     nodes): a weight argues V when there are several (embedding, lm_head, gradients,
     optimizer state) or when a forward matmul made the [N, V] in its dtype (the lm_head).
     Fewer than MIN_LOSS_TOKENS rows (blocks of a few KiB: a softmax over a graph's
     scores, a classifier on a handful of items) argue nothing about a vocabulary."""
-    if r.v in (r.n, r.tokens) or (r.hidden is not None and r.v <= r.hidden):
+    if r.hidden is not None and r.v <= r.hidden:
         return False
+    if r.v in (r.n, r.tokens):
+        return r.held_weight and r.ids and r.tokens >= MIN_LOSS_TOKENS
     if r.tokens < MIN_LOSS_TOKENS:
         return False
     weight = bool(r.weight_itemsizes) and (r.weight_blocks >= 2 or r.weight_agrees)

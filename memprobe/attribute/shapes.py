@@ -81,6 +81,7 @@ def infer_shapes(
     collective: str | None = None,
     direct: Direct = Direct(),
     matmul_labelled: Iterable[tuple[int, ...]] = (),
+    label_sizes: Iterable[tuple[int, tuple[int, ...]]] = (),
 ) -> ShapeInference:
     """``sizes``: how many blocks of each byte count the trace holds; ``loss_sizes``:
     byte counts of blocks made by a softmax/loss over V (or their backward);
@@ -88,16 +89,30 @@ def infer_shapes(
     ``matmul_sizes``: byte counts of forward matmul outputs (the lm_head is one);
     ``collective``: what names a collective on the logits path (``all_reduce``);
     ``direct``: sizes made by ops that name a shape (positions, masks, attention);
-    ``matmul_labelled``: shapes memprobe's labels record for forward matmul outputs."""
+    ``matmul_labelled``: shapes memprobe's labels record for forward matmul outputs;
+    ``label_sizes``: (bytes, shape) of loss-made blocks and forward matmul outputs
+    memprobe labelled."""
     matmuls = frozenset(matmul_sizes)
     candidates = sorted({s for s in loss_sizes if s >= MIN_LOSS_BLOCK}, reverse=True)
     labelled = tuple(labelled)
+    label_splits: dict[int, set[tuple[int, int]]] = {}
+    for size, shape in label_sizes:
+        if len(shape) >= 2:
+            label_splits.setdefault(size, set()).add((math.prod(shape[:-1]), shape[-1]))
     for forward_only, sources in ((False, candidates), (True, sorted(matmuls, reverse=True))):
         sources = [s for s in sources if s >= MIN_LOSS_BLOCK]
         if not sources:
             continue
         found = _infer_from(
-            sources, sizes, hints, labelled, matmuls, forward_only, direct, matmul_labelled
+            sources,
+            sizes,
+            hints,
+            labelled,
+            matmuls,
+            forward_only,
+            direct,
+            matmul_labelled,
+            label_splits,
         )
         if hints.vocab is not None:
             found = _sharded(sources, sizes, hints, matmuls, forward_only, found, direct) or found
@@ -170,6 +185,7 @@ def _infer_from(
     forward_only: bool,
     direct: Direct = Direct(),
     matmul_labelled: Iterable[tuple[int, ...]] = (),
+    label_splits: dict[int, set[tuple[int, int]]] | None = None,
 ) -> tuple[ShapeInference, float] | None:
     """The best reading of ``sources`` (loss-made sizes, or forward matmul outputs when
     ``forward_only``) as ``[N, V]``, with its score; None when none is a reading at all."""
@@ -229,7 +245,16 @@ def _infer_from(
         all_given = None not in (hints.vocab, hints.tokens, hints.batch)
         readings = {k: r for k, r in readings.items() if all_given or _lm_head_ok(r)}
     if hints.vocab is None:
-        readings = {k: r for k, r in readings.items() if k in recorded or vocab_argued(r)}
+        # A label's reading is weighed like any other here: a retrieval loss's label
+        # records its [N, N] similarity too (vocab_argued keeps a square one only with a
+        # [V, H] parameter and token ids beside it).
+        readings = {k: r for k, r in readings.items() if vocab_argued(r)}
+    if hints == Hints(hidden=hints.hidden) and label_splits:
+        # memprobe's label records how a loss block's bytes split: another reading of
+        # the same bytes is wrong. Read at N = V = 32,768 (the label's [32768, 32768]
+        # rejected), "[N=1,024, V=1,048,576]" won and the logits went uncounted; a
+        # retrieval step's labelled [2048, 2048] similarity read as [N=128, V=65,536].
+        readings = {k: r for k, r in readings.items() if _label_agrees(r, label_splits)}
     if not readings:
         return None
     ranked = sorted(readings.values(), key=lambda r: (-r.score, -r.v, r.shift or 0))
@@ -289,6 +314,17 @@ def _infer_from(
         forward_only=forward_only,
     )
     return found, best.score
+
+
+def _label_agrees(r: Reading, label_splits: dict[int, set[tuple[int, int]]]) -> bool:
+    """Whether memprobe's labels leave the reading standing: none of its sizes is
+    labelled, or one labelled size splits as it says ([rows, V] for the loss's rows or
+    the activations': a shifted loss). One agreeing size is enough: an MLP's [N, 4H] may
+    have the bytes of the logits in the other dtype."""
+    labelled = [label_splits[size] for size, _ in r.family if size in label_splits]
+    return not labelled or any(
+        (rows, r.v) in splits for splits in labelled for rows in (r.n, r.tokens)
+    )
 
 
 def _lm_head_ok(r: Reading) -> bool:

@@ -77,11 +77,14 @@ class TraceContext:
         id_sizes: set[int] = set()
         copies: set[int] = set()
         persistent: Counter[int] = Counter()
+        params: Counter[int] = Counter()
         for b in self.rep.blocks:
             s = self.site(b)
             stacks = stacks or s.op is not None
             if b.alloc_pos == BEFORE_TRACE or b.free_pos is None:
                 persistent[b.size] += 1
+            if b.alloc_pos == BEFORE_TRACE or b.free_pos is None or s.phase == "setup":
+                params[b.size] += 1
             if b.size not in id_sizes and may_hold_ids(s.op) and shape_op(s.op) != "arange":
                 id_sizes.add(b.size)
             if s.phase != "forward":
@@ -110,6 +113,7 @@ class TraceContext:
             persistent=tuple(persistent.items()),
             casts=frozenset(c for c in copies if persistent[2 * c]),
             steps=max(1, len(set(self.phases.backward_end.values()))),
+            params=tuple(params.items()),
         )
         loss_sites = [(size, s) for size, s in samples if size >= MIN_LOSS_BLOCK]
         loss_sizes = {size for size, s in loss_sites if s.loss and size not in attention}
@@ -132,6 +136,13 @@ class TraceContext:
             and not s.attention
             and (is_matmul(s.op, s.node) or is_opaque_generated(s.op, s.via))
         }
+        # What memprobe's labels record of the blocks a reading splits into [N, V].
+        label_sizes = {
+            (size, s.label_shape)
+            for size, s in loss_sites
+            if s.label_shape
+            and ((s.loss and size in loss_sizes) or s.label_shape in matmul_labelled)
+        }
         collective = next(
             (s.collective for _, s in loss_sites if s.collective and (s.loss or s.node)), None
         )
@@ -145,6 +156,7 @@ class TraceContext:
             collective=collective,
             direct=direct,
             matmul_labelled=matmul_labelled,
+            label_sizes=label_sizes,
         )
 
     def verdict(self, b: ReplayBlock) -> Classification:

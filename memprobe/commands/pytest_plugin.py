@@ -192,7 +192,12 @@ def _measure_tracked(
 
     from memprobe.kernels.user_memprobe import MemprobeChanged, memprobe_kept
     from memprobe.kernels.user_torch import ModesRemoved, torch_state_kept
-    from memprobe.measure.tracker import AllocationTracker, cuda_autocast_off, threads_started
+    from memprobe.measure.tracker import (
+        AllocationTracker,
+        autocast_not_applied,
+        cuda_autocast_off,
+        threads_started,
+    )
 
     # On meta only meta storages are counted: one made elsewhere (the body popped the meta
     # default device, or named a device) is real memory this tracker would have read as
@@ -203,7 +208,13 @@ def _measure_tracked(
     # On meta the body's own tensors must be meta too, or a full-scale example
     # allocates for real (tens of GiB) instead of simulating.
     default_device = torch.device("meta") if simulate else contextlib.nullcontext()
-    with default_device, tracker, threads_started() as started, cuda_autocast_off() as off:
+    with (
+        default_device,
+        tracker,
+        threads_started() as started,
+        cuda_autocast_off() as off,
+        autocast_not_applied("meta" if simulate else "cpu") as ignored,
+    ):
         # Inside memprobe's own modes: leaving the device and the tracker pops the top of
         # torch's stacks, so a mode the body entered and left on was popped in their place
         # (a dispatch mode: the tracker stayed on, recording every later test; a function
@@ -237,6 +248,17 @@ def _measure_tracked(
             "which torch turns off without CUDA: the peak would be the full-precision "
             "body's, not the autocast one a GPU runs (use device='cuda' on a GPU, or leave "
             "CUDA autocast out of a meta or cpu test)",
+            pytrace=False,
+        )
+    if ignored[0]:
+        # Autocast casts only its own device type's tensors (meta tensors take none): the
+        # body ran in full precision, and its limit was judged on a peak autocast has not.
+        on = "meta" if simulate else "cpu"
+        hint = "use device='cpu' for CPU autocast" if simulate else "leave it out of a cpu test"
+        _fail(
+            f"{MARKER}: the test body entered torch.autocast {ignored[0]:,} time(s) for a "
+            f"device type its tensors are not on, and it was not applied on {on}: the peak "
+            f"would be the full-precision body's ({hint})",
             pytrace=False,
         )
     if tracker.elsewhere and simulate:

@@ -389,6 +389,34 @@ def cuda_autocast_off() -> Iterator[list[int]]:
 
 
 @contextlib.contextmanager
+def autocast_not_applied(device: str) -> Iterator[list[int]]:
+    """Count the autocast contexts made inside, enabled, for another device type than
+    ``device``'s, the one the step's tensors are on: autocast casts only that type's
+    tensors, so the step runs in full precision. Meta tensors take no autocast at all: a
+    step under ``torch.autocast("cpu", dtype=torch.bfloat16)`` profiled on meta read
+    1 MiB above the same step on cpu at 256 tokens x 2,048 (its logits float32, not
+    bfloat16), with no word. (CUDA's is turned off before this sees it enabled:
+    :func:`cuda_autocast_off` counts that one.)
+
+    autocast's ``__enter__`` turns a device type on through ``torch.set_autocast_enabled``
+    (looked up on ``torch`` each time): that call is counted, nothing else changed."""
+    count = [0]
+    original = torch.set_autocast_enabled
+
+    @functools.wraps(original)
+    def set_enabled(*args: Any, **kwargs: Any) -> Any:
+        if len(args) == 2 and isinstance(args[0], str) and args[0] != device and args[1]:
+            count[0] += 1
+        return original(*args, **kwargs)
+
+    torch.set_autocast_enabled = set_enabled
+    try:
+        yield count
+    finally:
+        torch.set_autocast_enabled = original
+
+
+@contextlib.contextmanager
 def threads_started() -> Iterator[list[int]]:
     """Count the threads started inside (``started[0]``). A tracker sees the ops of the
     thread it was entered on only (torch's dispatch modes are per thread): what other

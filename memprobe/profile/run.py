@@ -22,7 +22,7 @@ from memprobe.errors import UserError
 from memprobe.kernels.user import UserCodeExit, user_code
 from memprobe.measure.garbage import garbage_collected_after
 from memprobe.measure.memo import trace_memo
-from memprobe.measure.tracker import cuda_autocast_off, threads_started
+from memprobe.measure.tracker import autocast_not_applied, cuda_autocast_off, threads_started
 from memprobe.profile.attention import sdpa_on_meta
 from memprobe.profile.load import Step, check_returned, step_exited
 from memprobe.profile.phases import StepTracker, step_failed
@@ -54,6 +54,8 @@ class TrackedStep:
     threads: int = 0
     # torch.autocast("cuda") contexts the step made that torch turned off (no CUDA here).
     autocast_off: int = 0
+    # Autocast contexts for another device type (torch.autocast("cpu") on meta): no cast ran.
+    autocast_ignored: int = 0
 
     def live_at_peak(self) -> list[Event]:
         """Allocations live just after the peak's event, largest first."""
@@ -137,6 +139,7 @@ def trace_step(
             threads_started() as started,
             quiet,
             cuda_autocast_off() as autocast_off,
+            autocast_not_applied(device) as autocast_ignored,
         ):
             with garbage_collected_after():
                 _call(step, torch.device(device), its_state)
@@ -156,6 +159,7 @@ def trace_step(
         marks=tuple(tracker.marks),
         threads=started[0],
         autocast_off=autocast_off[0],
+        autocast_ignored=autocast_ignored[0],
     )
 
 
@@ -221,6 +225,8 @@ def profile_step(
             snapshot["memprobe"]["threads_started"] = tracked.threads
         if tracked.autocast_off:
             snapshot["memprobe"]["cuda_autocast_off"] = tracked.autocast_off
+        if tracked.autocast_ignored:
+            snapshot["memprobe"]["autocast_not_applied"] = tracked.autocast_ignored
     snapshot.setdefault("memprobe", {})["step"] = name
     return snapshot
 
