@@ -10,7 +10,6 @@ torchrun ranks, resume), and the one ``memprobe gate`` runs for its configured s
 from __future__ import annotations
 
 import itertools
-import os
 import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -21,7 +20,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
-from memprobe.allocator import AllocConf, alloc_conf_to_model
+from memprobe.allocator import AllocConf, alloc_conf_to_model, set_process_alloc_conf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.kernels.peers import PEERS
@@ -242,7 +241,7 @@ def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> Swee
         conf = results.recorded_alloc_conf(request.resume)
     if conf is not None and request.resume is None:
         # The real allocator reads it at its first allocation: set before any CUDA call.
-        os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
+        set_process_alloc_conf(conf.to_string())
     # This process's rank in a torchrun job, handed down explicitly (None: one process).
     layout = (
         start_ranks(

@@ -141,8 +141,8 @@ def command(
         typer.Option(
             help="Caching-allocator settings in PYTORCH_ALLOC_CONF syntax, e.g. "
             "expandable_segments:True: the allocator model's on meta/cpu (reserved_peak_bytes), "
-            "the real allocator's on cuda. Default: PYTORCH_ALLOC_CONF (or "
-            "PYTORCH_CUDA_ALLOC_CONF) from the environment, as torch reads it; else torch's "
+            "the real allocator's on cuda. Default: PYTORCH_CUDA_ALLOC_CONF (else "
+            "PYTORCH_ALLOC_CONF) from the environment, as torch reads it; else torch's "
             "defaults. run.json records the settings used."
         ),
     ] = None,

@@ -1,0 +1,114 @@
+"""Hostile inputs, round 34 (fixes B, C, D of the round's reports): each row is a variant
+of a defect class. The classes, in order: both allocator variables set (memprobe read
+PYTORCH_ALLOC_CONF first where torch 2.13 reads PYTORCH_CUDA_ALLOC_CONF first, for every
+setting, even when it is set to nothing); sweep progress lines that did not name the
+layout; a re-rendered report that lost the sweep's --budget/--other."""
+
+from __future__ import annotations
+
+import pytest
+
+from memprobe.allocator import AllocConf, alloc_conf_from_env, settings_words
+from memprobe.allocator.config import ENV_VARS
+
+SMALL = ["--tokens", "64", "--vocab", "128", "--device", "meta", "--no-verify"]
+
+# -- D: torch 2.13 (c10 AcceleratorAllocatorConfig::instance and
+# CUDAAllocatorConfig::instance) takes the first of PYTORCH_CUDA_ALLOC_CONF,
+# PYTORCH_ALLOC_CONF that is set, even to "", for all its settings; memprobe took
+# PYTORCH_ALLOC_CONF first, so it modelled settings the job's allocator never had.
+BOTH_SET = {
+    "both set: the CUDA name wins": (
+        {
+            "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+            "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
+        },
+        AllocConf(max_split_size_mb=128),
+    ),
+    "CUDA name empty: defaults, the other unread": (
+        {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF": ""},
+        AllocConf(),
+    ),
+    "new name empty, CUDA name set": (
+        {"PYTORCH_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        AllocConf(expandable_segments=True),
+    ),
+    "new name alone": (
+        {"PYTORCH_ALLOC_CONF": "expandable_segments:True"},
+        AllocConf(expandable_segments=True),
+    ),
+    "CUDA-specific setting in the CUDA name": (
+        {
+            "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+            "PYTORCH_CUDA_ALLOC_CONF": "per_process_memory_fraction:0.5",
+        },
+        AllocConf(per_process_memory_fraction=0.5),
+    ),
+}
+
+
+@pytest.mark.parametrize("env, conf", BOTH_SET.values(), ids=BOTH_SET.keys())
+def test_env_settings_are_read_as_torch_reads_them(env, conf):
+    assert alloc_conf_from_env(env) == conf
+
+
+def test_the_installed_torch_reads_the_cuda_name_first(monkeypatch):
+    """What torch itself read, in a fresh process (it reads once, at startup)."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "max_split_size_mb:64"
+    code = "import torch; print(torch._C._accelerator_getAllocatorSettings())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "max_split_size_mb:64" == env[ENV_VARS[0]]
+
+
+SHADOWED = {
+    "different texts: the note names the unread one": (
+        {
+            "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+            "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
+        },
+        "max_split_size_mb:128, from PYTORCH_CUDA_ALLOC_CONF (torch reads it before "
+        "PYTORCH_ALLOC_CONF, also set, and ignores PYTORCH_ALLOC_CONF)",
+    ),
+    "the same text: no note": (
+        {
+            "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        },
+        "expandable_segments:True, from PYTORCH_CUDA_ALLOC_CONF",
+    ),
+    "empty CUDA name shadows the other": (
+        {"PYTORCH_ALLOC_CONF": "expandable_segments:True", "PYTORCH_CUDA_ALLOC_CONF": ""},
+        "default settings, from PYTORCH_CUDA_ALLOC_CONF (torch reads it before "
+        "PYTORCH_ALLOC_CONF, also set, and ignores PYTORCH_ALLOC_CONF)",
+    ),
+}
+
+
+@pytest.mark.parametrize("env, words", SHADOWED.values(), ids=SHADOWED.keys())
+def test_settings_words_say_which_variable_torch_ignores(monkeypatch, env, words):
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    from memprobe.allocator import alloc_conf_setting
+
+    assert settings_words(alloc_conf_setting(None)) == words
+
+
+@pytest.mark.parametrize("user_env", [{}, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}])
+def test_a_sweeps_alloc_conf_reaches_the_variable_torch_reads(monkeypatch, user_env):
+    """sweep --alloc-conf on cuda set PYTORCH_ALLOC_CONF only: a user's
+    PYTORCH_CUDA_ALLOC_CONF stayed what the real allocator read."""
+    from memprobe.allocator import alloc_conf_to_model, set_process_alloc_conf
+
+    for name in ENV_VARS:  # set first, so that monkeypatch restores what the call sets
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    for name, value in user_env.items():
+        monkeypatch.setenv(name, value)
+    set_process_alloc_conf("expandable_segments:True")
+    assert alloc_conf_to_model(None) == AllocConf(expandable_segments=True)
