@@ -112,3 +112,48 @@ def test_a_sweeps_alloc_conf_reaches_the_variable_torch_reads(monkeypatch, user_
         monkeypatch.setenv(name, value)
     set_process_alloc_conf("expandable_segments:True")
     assert alloc_conf_to_model(None) == AllocConf(expandable_segments=True)
+
+
+# -- C: a sweep's progress lines named kernel, tokens, vocab and dtype only, so the cases
+# of --tp 1,2 --cp 1,2 (or --batch, --chunk-size, --hidden lists) read as the same case
+# with different peaks. Each names the fields off their defaults.
+PROGRESS = {
+    "tp and cp": (
+        ["--kernel", "distributed", "--tp", "1,2", "--cp", "1,2"],
+        [
+            "[1/4] distributed tokens=64 vocab=128 bf16: 96.81 KiB",
+            "[2/4] distributed tokens=64 vocab=128 bf16 cp=2: 48.41 KiB",
+            "[3/4] distributed tokens=64 vocab=128 bf16 tp=2: 48.81 KiB",
+            "[4/4] distributed tokens=64 vocab=128 bf16 tp=2 cp=2: 24.41 KiB",
+        ],
+    ),
+    "tp alone": (
+        ["--kernel", "distributed", "--tp", "2"],
+        ["[1/1] distributed tokens=64 vocab=128 bf16 tp=2: 48.81 KiB"],
+    ),
+    "batch and chunk size": (
+        ["--kernel", "local_chunked", "--batch", "1,2", "--chunk-size", "32,1024"],
+        [
+            "[1/4] local_chunked tokens=64 vocab=128 bf16 chunk=32: 48.62 KiB",
+            "[2/4] local_chunked tokens=64 vocab=128 bf16: 64.75 KiB",
+            "[3/4] local_chunked tokens=64 vocab=128 bf16 batch=2 chunk=32: 97.25 KiB",
+            "[4/4] local_chunked tokens=64 vocab=128 bf16 batch=2: 129.50 KiB",
+        ],
+    ),
+    "hidden": (
+        ["--kernel", "linear_unchunked", "--hidden", "64,128"],
+        [
+            "[1/2] linear_unchunked tokens=64 vocab=128 bf16 hidden=64: 120.25 KiB",
+            "[2/2] linear_unchunked tokens=64 vocab=128 bf16 hidden=128: 144.25 KiB",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("flags, lines", PROGRESS.values(), ids=PROGRESS.keys())
+def test_progress_lines_name_the_layout(run_cli, tmp_path, flags, lines):
+    code, _, err = run_cli(
+        "sweep", *SMALL, "--no-ladder", "--no-report", "--out", str(tmp_path / "r"), *flags
+    )
+    assert code == 0, err
+    assert [line for line in err.splitlines() if line.startswith("[")] == lines
