@@ -118,11 +118,10 @@ def _local_index(
 def _all_reduce(buffer: torch.Tensor, op: Any, group: Any) -> None:
     """``dist.all_reduce``, returning once the backend has let go of ``buffer`` too.
 
-    gloo's worker thread drops its reference to the buffer it reduced a moment after the
-    call returns: a buffer the kernel frees soon after was then freed by that thread, now
-    before and now after the kernel's next allocation, and a real CPU run's peak read one
-    ``[B, S]`` float32 block more in some runs than in others (the same case on the same
-    ranks, 1,024 B apart at 256 tokens). Waiting here makes every free the kernel's own.
+    gloo's worker thread drops its reference to the buffer it reduced just after the call
+    returns: a buffer the kernel frees soon after was then freed by that thread, before or
+    after the kernel's next allocation, so a real CPU run's peak read one ``[B, S]`` float32
+    block more in some runs (1,024 B apart at 256 tokens). Waiting makes each free its own.
     """
     held = _holders(buffer)
     dist.all_reduce(buffer, op=op, group=group)
