@@ -214,7 +214,9 @@ def _lead(
     try:
         conf = _requested_conf(request)
         cases = [] if resume else plan_cases(request.grid)
-        planned, rows, todo = open_run(cases, run_dir, request.command, resume, conf)
+        planned, rows, todo = open_run(
+            cases, run_dir, request.command, resume, conf, request.budget
+        )
     except UserError as exc:
         job.publish_error(exc)
         _wait_for_others(job, grace_s=_LEAVE_GRACE_S)

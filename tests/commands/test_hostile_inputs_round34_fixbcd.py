@@ -6,6 +6,10 @@ layout; a re-rendered report that lost the sweep's --budget/--other."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 
 from memprobe.allocator import AllocConf, alloc_conf_from_env, settings_words
@@ -157,3 +161,108 @@ def test_progress_lines_name_the_layout(run_cli, tmp_path, flags, lines):
     )
     assert code == 0, err
     assert [line for line in err.splitlines() if line.startswith("[")] == lines
+
+
+# -- B: run.json did not keep a sweep's --budget/--other: `memprobe report DIR` (the
+# README's --no-report then report) and a resume's page said "No memory budget given",
+# and the sweep's own page labelled budget - other "(--budget)".
+BUDGETED = ["sweep", *SMALL, "--no-ladder", "--kernel", "unchunked,local_chunked"]
+FIT_60 = "Fit the 60.00 KiB budget (budget 100.00 KiB - other 40.00 KiB): none."
+BUDGET_FLAGS = ["--budget", "100KiB", "--other", "40KiB"]
+PAGES = {
+    "budget and other": (["--budget", "100KiB", "--other", "40KiB"], [FIT_60]),
+    "budget alone": (["--budget", "100KiB"], ["Fit the 100.00 KiB budget: local_chunked."]),
+    "no budget": ([], ["No memory budget given"]),
+}
+
+
+def _page(run: Path) -> str:
+    import html
+    import re
+
+    return html.unescape(
+        re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", (run / "report.html").read_text()))
+    )
+
+
+_RUNS: dict[str, Path] = {}
+
+
+def _budgeted_run(run_cli, tmp_path: Path) -> Path:
+    """A --no-report run swept with --budget 100KiB --other 40KiB: swept once per worker,
+    copied for each test (each edits its copy)."""
+    import shutil
+
+    if "base" not in _RUNS or not _RUNS["base"].exists():
+        base = tmp_path / "base"
+        code, _, err = run_cli(*BUDGETED, *BUDGET_FLAGS, "--no-report", "-q", "--out", str(base))
+        assert code == 0, err
+        _RUNS["base"] = base
+    return Path(shutil.copytree(_RUNS["base"], tmp_path / "r"))
+
+
+@pytest.mark.parametrize("flags, says", PAGES.values(), ids=PAGES.keys())
+def test_a_re_rendered_page_marks_the_sweeps_budget(run_cli, tmp_path, flags, says):
+    run = tmp_path / "r"
+    code, _, err = run_cli(*BUDGETED, "--no-report", "-q", "--out", str(run), *flags)
+    assert code == 0, err
+    assert run_cli("report", str(run))[0] == 0
+    re_rendered = _page(run)
+    assert all(s in re_rendered for s in says)
+    if flags == BUDGET_FLAGS:  # the sweep's own page says the same
+        code, _, err = run_cli(*BUDGETED, "-q", "--out", str(tmp_path / "own"), *flags)
+        assert code == 0, err
+        assert all(s in _page(tmp_path / "own") for s in says)
+
+
+def test_a_resume_keeps_the_recorded_budget(run_cli, tmp_path):
+    run = _budgeted_run(run_cli, tmp_path)
+    file = run / "results.json"
+    data = json.loads(file.read_text())
+    data["rows"] = data["rows"][:1]
+    file.write_text(json.dumps(data))
+    code, out, err = run_cli("sweep", "--resume", str(run), "--no-verify")
+    assert code == 0, err
+    assert FIT_60 in out and FIT_60 in _page(run)
+    assert "memory budget 60.00 KiB (budget 100.00 KiB - other 40.00 KiB)" in _page(run)
+    # A different budget on resume is still refused (the run keeps what it started with).
+    assert run_cli("sweep", "--resume", str(run), "--budget", "1GiB")[0] == 2
+
+
+def test_report_takes_other_and_an_older_run_json_has_no_budget(run_cli, tmp_path):
+    run = _budgeted_run(run_cli, tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    meta["budget_bytes"] = "tampered"  # a budget given again: run.json's is not read
+    (run / "run.json").write_text(json.dumps(meta))
+    assert run_cli("report", str(run), "--budget", "100KiB", "--other", "40KiB")[0] == 0
+    assert FIT_60 in _page(run)
+    code, out, err = run_cli("report", str(run), "--other", "40KiB")
+    assert (code, out, err.count("\n")) == (2, "", 1) and "--other needs --budget" in err
+    meta = json.loads((run / "run.json").read_text())
+    for key in ("budget_bytes", "other_bytes"):
+        del meta[key]  # an older run.json
+    (run / "run.json").write_text(json.dumps(meta))
+    assert run_cli("report", str(run))[0] == 0
+    assert "No memory budget given" in _page(run)
+
+
+TAMPERED = {
+    "negative": -5,
+    "huge": 10**30,
+    "a string": "100KiB",
+    "NaN": math.nan,
+    "infinity": math.inf,
+    "a bool": True,
+    "other above budget": 1,
+}
+
+
+@pytest.mark.parametrize("value", TAMPERED.values(), ids=TAMPERED.keys())
+def test_a_tampered_recorded_budget_is_one_line(run_cli, tmp_path, value):
+    run = _budgeted_run(run_cli, tmp_path)
+    meta = json.loads((run / "run.json").read_text())
+    meta["budget_bytes"] = value
+    (run / "run.json").write_text(json.dumps(meta))
+    code, out, err = run_cli("report", str(run))
+    assert (code, out, err.count("\n")) == (2, "", 1), err
+    assert "run.json records a budget no sweep writes" in err and "Traceback" not in err
