@@ -8,10 +8,11 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, TypeGuard
 
 from memprobe import __version__
 from memprobe.errors import UserError
+from memprobe.io.sizes import MAX_SIZE
 from memprobe.io.text import DuplicateKey, binary_kind, json_error, quoted
 
 Row = Mapping[str, Any]
@@ -176,3 +177,36 @@ def _names(keys: set[str]) -> str:
     shown = sorted(keys)[:MAX_NAMED]
     more = f" and {len(keys) - len(shown):,} more" if len(keys) > len(shown) else ""
     return ", ".join(quoted(k) for k in shown) + more
+
+
+# A sweep's --budget and --other, in bytes (other 0 when not given), as run.json records
+# them (null without --budget): `memprobe report` and a --resume's page mark the budget the
+# sweep's own page did ("No memory budget given" was what a re-render said).
+BUDGET_KEYS = ("budget_bytes", "other_bytes")
+RunBudget: TypeAlias = "tuple[int, int] | None"
+
+
+def budget_record(budget: RunBudget) -> dict[str, int | None]:
+    return dict(zip(BUDGET_KEYS, budget or (None, None), strict=True))
+
+
+def recorded_budget(meta: Row) -> RunBudget:
+    """(budget, other) bytes as run.json records them; None for a run without a budget
+    (and for run.json files older than the keys). A value no sweep writes is refused in
+    one line, as the other run.json fields are, never read as no budget."""
+    budget, other = (meta.get(key) for key in BUDGET_KEYS)
+    if budget is None and other is None:
+        return None
+    if _size(budget) and _size(other) and other < budget:
+        return budget, other
+    shown = ", ".join(
+        f"{k} {str(v)[:40]!r}" for k, v in zip(BUDGET_KEYS, (budget, other), strict=True)
+    )
+    raise UserError(
+        f"run.json records a budget no sweep writes ({shown})",
+        "give the budget again (--budget, --other), or re-run the sweep",
+    )
+
+
+def _size(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SIZE

@@ -23,7 +23,6 @@ then stops the job and exits non-zero, and ``--resume`` runs that case again.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +32,12 @@ import torch
 import torch.distributed as dist
 
 from memprobe import results
-from memprobe.allocator import AllocConf, alloc_conf_to_model, parse_alloc_conf
+from memprobe.allocator import (
+    AllocConf,
+    alloc_conf_to_model,
+    parse_alloc_conf,
+    set_process_alloc_conf,
+)
 from memprobe.errors import UserError
 from memprobe.io.text import exception_text, shell_word
 from memprobe.measure.parallel import (
@@ -210,7 +214,9 @@ def _lead(
     try:
         conf = _requested_conf(request)
         cases = [] if resume else plan_cases(request.grid)
-        planned, rows, todo = open_run(cases, run_dir, request.command, resume, conf)
+        planned, rows, todo = open_run(
+            cases, run_dir, request.command, resume, conf, request.budget
+        )
     except UserError as exc:
         job.publish_error(exc)
         _wait_for_others(job, grace_s=_LEAVE_GRACE_S)
@@ -406,7 +412,7 @@ def _requested_conf(request: SweepRequest) -> AllocConf | None:
 def _apply_conf(conf_text: str | None, cases: list[Case]) -> AllocConf | None:
     """This rank's allocator settings and device, set before its first CUDA allocation."""
     if conf_text is not None:
-        os.environ["PYTORCH_ALLOC_CONF"] = conf_text
+        set_process_alloc_conf(conf_text)
     if any(c.device == "cuda" for c in cases):
         torch.cuda.set_device(local_device_index())  # one device per rank
     return parse_alloc_conf(conf_text) if conf_text is not None else None

@@ -10,7 +10,6 @@ torchrun ranks, resume), and the one ``memprobe gate`` runs for its configured s
 from __future__ import annotations
 
 import itertools
-import os
 import platform
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -21,7 +20,7 @@ import pandas as pd
 import torch
 
 from memprobe import results
-from memprobe.allocator import AllocConf, alloc_conf_to_model
+from memprobe.allocator import AllocConf, alloc_conf_to_model, set_process_alloc_conf
 from memprobe.errors import UserError
 from memprobe.kernels import get_spec, kernel_names
 from memprobe.kernels.peers import PEERS
@@ -40,7 +39,7 @@ from memprobe.measure.rank_agreement import run_agreed
 from memprobe.measure.step import failure_text
 from memprobe.measure.torchrun_env import under_torchrun
 from memprobe.records import DTYPES, MAX_COUNT, Case, Grid, Run, normalize_dtype, too_large
-from memprobe.results_errors import changed_kernel, mixed_versions
+from memprobe.results_errors import RunBudget, budget_record, changed_kernel, mixed_versions
 
 LADDER_START = {"tokens": 1024, "vocab": 16384}
 
@@ -222,6 +221,7 @@ class SweepRequest:
     # --shard: how long rank 0 waits for a case another rank took before it calls the
     # rank silent, records the case as unfinished and stops the job.
     case_timeout_s: float = 600.0
+    budget: RunBudget = None  # for run.json: `memprobe report` and --resume mark it again
 
 
 @dataclass(frozen=True)
@@ -242,7 +242,7 @@ def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> Swee
         conf = results.recorded_alloc_conf(request.resume)
     if conf is not None and request.resume is None:
         # The real allocator reads it at its first allocation: set before any CUDA call.
-        os.environ["PYTORCH_ALLOC_CONF"] = conf.to_string()
+        set_process_alloc_conf(conf.to_string())
     # This process's rank in a torchrun job, handed down explicitly (None: one process).
     layout = (
         start_ranks(
@@ -265,6 +265,7 @@ def run_sweep_job(request: SweepRequest, progress: OnCase | None = None) -> Swee
             verify=request.verify,
             progress=progress if lead else None,
             command=request.command,
+            budget=request.budget,
             resume=request.resume is not None,
             snapshots=request.snapshots,
             layout=layout,
@@ -286,6 +287,7 @@ def run_sweep(
     snapshots: bool = True,
     alloc_conf: AllocConf | None = None,
     layout: RankLayout | None = None,
+    budget: RunBudget = None,
 ) -> pd.DataFrame:
     """Measure every case not already in ``out_dir`` and return all rows.
 
@@ -300,7 +302,7 @@ def run_sweep(
     error: UserError | None = None
     if lead:
         try:
-            planned, rows, todo = open_run(cases, out_dir, command, resume, alloc_conf)
+            planned, rows, todo = open_run(cases, out_dir, command, resume, alloc_conf, budget)
         except UserError as exc:
             error = exc
     if layout is not None:
@@ -329,8 +331,9 @@ def run_sweep(
 
 
 def open_run(
-    cases: list[Case], out_dir: Path, command: str, resume: bool, conf: AllocConf | None
-) -> tuple[list[Case], list[dict[str, Any]], list[Case]]:
+    cases: list[Case], out_dir: Path, command: str, resume: bool, conf: AllocConf | None,
+    budget: RunBudget = None,
+) -> tuple[list[Case], list[dict[str, Any]], list[Case]]:  # fmt: skip
     """(every planned case, rows already finished, cases still to run) for a new or
     resumed run."""
     if resume:
@@ -363,6 +366,7 @@ def open_run(
             "kernel_sources": kernel_source_digests(summaries),  # a resume runs the same code
             # The allocator settings: the model's on meta/cpu, the real allocator's on cuda.
             "alloc_conf": (conf or AllocConf()).to_string(),
+            **budget_record(budget),
         }
         results.create_run_dir(out_dir, cases, info)
         done = []

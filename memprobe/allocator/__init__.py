@@ -17,6 +17,7 @@ from memprobe.allocator.config import (
     alloc_conf_to_model,
     modelled_alloc_conf,
     parse_alloc_conf,
+    set_process_alloc_conf,
     settings_words,
 )
 from memprobe.allocator.model import (
@@ -47,6 +48,7 @@ __all__ = [
     "allocation_size",
     "conf_from_snapshot",
     "parse_alloc_conf",
+    "set_process_alloc_conf",
     "settings_words",
     "replay_snapshot",
     "round_size",

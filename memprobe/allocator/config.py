@@ -31,7 +31,10 @@ MIN_SPLIT_MB = 20
 DEFAULT_NON_SPLIT_ROUNDING_MB = 20
 DEFAULT_LARGE_SEGMENT_MB = 20
 
-ENV_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # the first one set wins
+# torch (c10 AcceleratorAllocatorConfig::instance and CUDAAllocatorConfig::instance, 2.13)
+# reads the first of these that is set, even to "" (then its defaults), for the shared
+# settings and the CUDA-specific ones alike: the older name first, the other never merged.
+ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 NATIVE = "native"
 MALLOC_ASYNC = "cudaMallocAsync"
 _BOOL_OPTIONS = (
@@ -357,7 +360,7 @@ def alloc_conf_setting(
 ) -> tuple[str, str | None] | None:
     """The allocator settings memprobe models, as text, and the environment variable they
     came from: ``--alloc-conf`` (from no variable), else those torch reads at startup
-    (``PYTORCH_ALLOC_CONF``, else ``PYTORCH_CUDA_ALLOC_CONF``), as the job's own allocator
+    (``PYTORCH_CUDA_ALLOC_CONF``, else ``PYTORCH_ALLOC_CONF``), as the job's own allocator
     would. None when neither is set (torch's defaults). Every command that models reserved
     memory reads them so: sweep did, while plan, step and profile on meta modelled the
     defaults and said "with default settings" under a variable that set others."""
@@ -401,15 +404,35 @@ def alloc_conf_to_model(
 def settings_words(setting: tuple[str, str | None] | None) -> str:
     """How output names the settings modelled: "default settings", the text, and where it
     came from when that is the environment."""
-    if setting is None or not setting[0].strip():
-        return "default settings"
-    text, source = setting
-    return text if source is None else f"{text}, from {source}"
+    text, source = ("", None) if setting is None else setting
+    words = "default settings" if not text.strip() else text
+    if source is None:
+        return words
+    return f"{words}, from {source}{_unread_note(source)}"
+
+
+def set_process_alloc_conf(text: str) -> None:
+    """Give this process's allocator ``text`` (read at its first CUDA allocation): under
+    every name of :data:`ENV_VARS`, since torch reads only the first one set (2.13:
+    ``PYTORCH_CUDA_ALLOC_CONF``), and setting ``PYTORCH_ALLOC_CONF`` alone left a user's
+    ``PYTORCH_CUDA_ALLOC_CONF`` the one the real allocator ran under."""
+    for name in ENV_VARS:
+        os.environ[name] = text
+
+
+def _unread_note(source: str, environ: Mapping[str, str] | None = None) -> str:
+    """Both variables set to different text: torch reads only ``source`` (no merge), which
+    a user who set the other one last would not expect, so the words say so."""
+    env = os.environ if environ is None else environ
+    other = next((n for n in ENV_VARS if n != source and n in env), None)
+    if other is None or env[other] == env.get(source):
+        return ""
+    return f" (torch reads it before {other}, also set, and ignores {other})"
 
 
 def alloc_conf_from_env(environ: Mapping[str, str] | None = None) -> AllocConf:
-    """The settings torch would read at startup: ``PYTORCH_ALLOC_CONF``, else its older
-    alias ``PYTORCH_CUDA_ALLOC_CONF``."""
+    """The settings torch would read at startup: ``PYTORCH_CUDA_ALLOC_CONF``, else
+    ``PYTORCH_ALLOC_CONF`` (:data:`ENV_VARS`)."""
     found = _env_setting(environ)
     return AllocConf() if found is None else parse_alloc_conf(found[1])
 

@@ -8,8 +8,6 @@ records what it does in these words; :mod:`memprobe.allocator.snapshot_replay` r
 
 from __future__ import annotations
 
-from memprobe.allocator.config import ENV_VARS
-
 # Trace actions (torch 2.x). ``oom`` has ``device_free`` instead of ``addr``;
 # ``snapshot`` marks the moment a snapshot was taken.
 ALLOC = "alloc"
@@ -57,4 +55,4 @@ LIVE_STATES = (ACTIVE_ALLOCATED, ACTIVE_PENDING_FREE)
 
 # ``allocator_settings`` keeps the configuration text under the name of the
 # environment variable it came from (newest first), beside the parsed options.
-SETTINGS_CONF_KEYS = ENV_VARS
+SETTINGS_CONF_KEYS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")

@@ -28,7 +28,15 @@ def command(
     budget: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
-            help="Memory budget to mark, e.g. 80GiB (default: a cuda run's GPU capacity)."
+            help="Memory budget to mark, e.g. 80GiB (default: the sweep's --budget less its "
+            "--other, as run.json records them; else a cuda run's GPU capacity)."
+        ),
+    ] = None,
+    other: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="With --budget: what the rest of the job holds on that GPU, e.g. 54GiB; "
+            "cases must fit BUDGET - OTHER, as in `memprobe sweep`."
         ),
     ] = None,
 ) -> None:
@@ -38,7 +46,11 @@ def command(
     from memprobe.results import run_inputs
 
     warn_on_size(budget, "--budget")  # `--budget 80` (bytes) or 80GB, as sweep and plan warn
+    warn_on_size(other, "--other")
     budget_bytes = parse_budget(budget) if budget is not None else None
+    source = None
+    if other is not None:
+        budget_bytes, source = _less_other(budget, budget_bytes, other)
     page_path = Path(out) if out is not None else None
     if out is not None and out.endswith(("/", os.sep)) and not Path(out).is_dir():
         # Path() drops the trailing slash: "DIR/" would otherwise become a file named DIR.
@@ -51,5 +63,22 @@ def command(
         raise UserError(f"--out {out}: no such folder", "create it first, or name a page file")
     if page_path is not None:
         guard_outputs({"--out": page_path}, run_inputs(run_dir))
-    page = write_report(run_dir, page_path, budget_bytes=budget_bytes)
+    page = write_report(run_dir, page_path, budget_bytes=budget_bytes, budget_source=source)
     typer.echo(f"report: {printable(str(page))}")
+
+
+def _less_other(budget: str | None, budget_bytes: int | None, other: str) -> tuple[int, str]:
+    """--budget less --other, checked as sweep checks them, and the words the page names
+    the figure with (the sweep's own page says the same)."""
+    if budget is None or budget_bytes is None:
+        raise UserError("--other needs --budget", "e.g. --budget 80GiB --other 54GiB")
+    from memprobe.plan import make_budget
+    from memprobe.report.headline import budget_words
+
+    with_other = make_budget(budget_bytes, other)
+    if with_other.limit_bytes <= 0:
+        raise UserError(
+            f"--other {other!r} leaves nothing of --budget {budget!r}",
+            "--other is the part of the GPU the rest of the job holds",
+        )
+    return with_other.limit_bytes, budget_words(budget_bytes, with_other.other_bytes)

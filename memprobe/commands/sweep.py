@@ -141,8 +141,8 @@ def command(
         typer.Option(
             help="Caching-allocator settings in PYTORCH_ALLOC_CONF syntax, e.g. "
             "expandable_segments:True: the allocator model's on meta/cpu (reserved_peak_bytes), "
-            "the real allocator's on cuda. Default: PYTORCH_ALLOC_CONF (or "
-            "PYTORCH_CUDA_ALLOC_CONF) from the environment, as torch reads it; else torch's "
+            "the real allocator's on cuda. Default: PYTORCH_CUDA_ALLOC_CONF (else "
+            "PYTORCH_ALLOC_CONF) from the environment, as torch reads it; else torch's "
             "defaults. run.json records the settings used."
         ),
     ] = None,
@@ -202,12 +202,11 @@ def command(
         from memprobe.allocator.config import refuse_fraction_under_budget
 
         refuse_fraction_under_budget(alloc_conf_setting(alloc_conf), budget_bytes)
-    budget_text = None
+    recorded = None if budget_bytes is None else (budget_bytes, 0)
     if other is not None:
         if budget_bytes is None:
             raise UserError("--other needs --budget", "e.g. --budget 80GiB --other 54GiB")
         from memprobe.plan import make_budget
-        from memprobe.render.plan_text import budget_line
 
         with_other = make_budget(budget_bytes, other)  # the plan's checks and wording
         if with_other.limit_bytes <= 0:
@@ -215,7 +214,7 @@ def command(
                 f"--other {other!r} leaves nothing of --budget {budget!r}",
                 "--other is the part of the GPU the rest of the job holds",
             )
-        budget_bytes, budget_text = with_other.limit_bytes, budget_line(with_other)
+        recorded = (budget_bytes, with_other.other_bytes)
     if resume is not None:
         check_resume_flags(
             given_flags(
@@ -264,6 +263,7 @@ def command(
         alloc_conf=alloc_conf,
         command="memprobe " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         case_timeout_s=timeout_s,
+        budget=recorded,
     )
     try:
         outcome = run_job(request, Progress(enabled=not quiet and not as_json).case)
@@ -277,11 +277,18 @@ def command(
         raise typer.Exit(130) from None
     if not outcome.lead:
         return
+    # The budget run.json records (a resume's too, which takes no --budget): the page,
+    # the table and a later `memprobe report` all mark the same one.
+    from memprobe.report.headline import given_budget
+    from memprobe.results_errors import recorded_budget
+
+    meta = read_run_meta(outcome.run_dir)
+    budget_bytes, _ = given_budget(meta, None)
     page = None
     if report:
         from memprobe.render import write_report  # matplotlib: only for the page
 
-        page = write_report(outcome.run_dir, budget_bytes=budget_bytes)
+        page = write_report(outcome.run_dir)
     if not report and (outcome.run_dir / REPORT_NAME).exists():
         # A resumed run's old page would show fewer rows than the run now holds.
         typer.echo(
@@ -295,10 +302,13 @@ def command(
     if not quiet:
         show(sweep_table(outcome.frame, budget_bytes=budget_bytes))
         typer.echo("")
-        if budget_text is not None:
-            typer.echo(budget_text)
-        meta = read_run_meta(outcome.run_dir)
-        for line in answer_lines(outcome.frame, meta, budget_bytes=budget_bytes):
+        kept = recorded_budget(meta)
+        if kept is not None and kept[1]:
+            from memprobe.plan import make_budget
+            from memprobe.render.plan_text import budget_line
+
+            typer.echo(budget_line(make_budget(*kept)))
+        for line in answer_lines(outcome.frame, meta, budget_bytes=None):
             typer.echo(line)
         if page is not None:
             typer.echo(f"report: {printable(str(page))}")

@@ -172,5 +172,26 @@ class Progress:
     def case(self, i: int, n: int, case: Case, run: Run) -> None:
         """After each finished sweep case: its peak, or why it has none."""
         result = format_bytes(run.peak_bytes) if run.status == "ok" else run.status
-        what = f"{case.kernel} tokens={case.tokens:,} vocab={case.vocab:,} {case.dtype}: {result}"
-        self.step(i, n, what)
+        what = f"{case.kernel} tokens={case.tokens:,} vocab={case.vocab:,} {case.dtype}"
+        self.step(i, n, f"{what}{_layout_words(case)}: {result}")
+
+
+# A Case's defaults (batch 1, chunk 1024, tp 1, cp 1, no hidden): a progress line names
+# each field off its default, so that cases swept over --batch/--chunk-size/--hidden/--tp/
+# --cp read apart ("[1/8] distributed tokens=64 ..." and "[3/8] ..." at tp 2 looked alike).
+_CASE_DEFAULTS = Case("", 1, 1, 1)
+
+
+def _layout_words(case: Case) -> str:
+    words = [
+        f" {name}={value:,}"
+        for name, value, default in (
+            ("batch", case.batch, _CASE_DEFAULTS.batch),
+            ("hidden", case.hidden, _CASE_DEFAULTS.hidden),
+            ("chunk", case.chunk_size, _CASE_DEFAULTS.chunk_size),
+            ("tp", case.tp, _CASE_DEFAULTS.tp),
+            ("cp", case.cp, _CASE_DEFAULTS.cp),
+        )
+        if value is not None and value != default
+    ]
+    return "".join(words)

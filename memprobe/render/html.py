@@ -305,20 +305,25 @@ def _plot_paths(out: Path) -> dict[str, Path]:
 
 
 def write_report(
-    run_dir: str | Path, out: str | Path | None = None, *, budget_bytes: int | None = None
+    run_dir: str | Path,
+    out: str | Path | None = None,
+    *,
+    budget_bytes: int | None = None,
+    budget_source: str | None = None,
 ) -> Path:
     """Render ``report.html`` and the PNG plots for a run; return the page's path.
 
     ``out`` defaults to ``RUN_DIR/report.html``; the PNGs go beside the page.
-    ``budget_bytes`` draws a memory budget; without it a cuda run's recorded GPU
-    capacity is used. Raises :class:`UserError` for a folder that is not a run.
+    ``budget_bytes`` draws a memory budget (named ``budget_source``, default "--budget");
+    without it the budget run.json records, else a cuda run's recorded GPU capacity.
+    Raises :class:`UserError` for a folder that is not a run.
     """
     run_dir = Path(run_dir)
     if budget_bytes is not None and budget_bytes <= 0:
         raise UserError(
             f"a memory budget must be more than 0 bytes, got {budget_bytes}", "e.g. --budget 80GiB"
         )
-    model = build_page(run_dir, budget_bytes=budget_bytes)
+    model = build_page(run_dir, budget_bytes=budget_bytes, budget_source=budget_source)
     target = Path(out) if out is not None else run_dir / REPORT_NAME
     # --out may name a folder for the page; the run's own report.html being a folder is
     # no such choice (it was written into as run/report.html/report.html): refused below.

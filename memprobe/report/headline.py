@@ -22,6 +22,7 @@ from memprobe.io.sizes import MAX_SIZE, format_bytes
 from memprobe.records import Case
 from memprobe.report.ratios import HIDDEN_REFERENCE, REFERENCE, has_ratios, with_ratios
 from memprobe.results import case_of, missing, rows_of
+from memprobe.results_errors import recorded_budget
 
 # Columns that define one "configuration" besides tokens and vocab.
 SLICE_KEYS = ("batch", "dtype", "tp", "cp")
@@ -69,7 +70,7 @@ class Headline:
     cp: int
     device: str
     budget_bytes: int | None
-    budget_source: str  # "--budget", "GPU capacity" or ""
+    budget_source: str  # "--budget", budget_words(...) with --other, "GPU capacity" or ""
     kernels: tuple[KernelResult, ...]
     case: Case  # the largest case (its first kernel): the one place its shapes are computed
     # Kernels run.json planned at this shape that have no row yet (an interrupted run).
@@ -187,14 +188,39 @@ def consumes_logits(row: dict[str, Any]) -> bool:
     return floor is not None and floor == case_of(row).logits_bytes
 
 
+def budget_words(budget: int, other: int) -> str:
+    """Where a budget came from, as the page names it: the --budget, or, with --other, the
+    subtraction (a 60 KiB figure labelled "--budget" was the 100 KiB budget less 40 KiB)."""
+    if not other:
+        return "--budget"
+    return f"budget {format_bytes(budget)} - other {format_bytes(other)}"
+
+
+def given_budget(meta: dict[str, Any], budget_bytes: int | None) -> tuple[int | None, str]:
+    """The budget to mark and its words: ``budget_bytes`` (from --budget), else the one
+    run.json records (the sweep's --budget less its --other), else none."""
+    if budget_bytes is not None:
+        return budget_bytes, "--budget"
+    recorded = recorded_budget(meta)
+    if recorded is None:
+        return None, ""
+    return recorded[0] - recorded[1], budget_words(*recorded)
+
+
 def make_headlines(
-    frame: pd.DataFrame, meta: dict[str, Any], *, budget_bytes: int | None = None
+    frame: pd.DataFrame,
+    meta: dict[str, Any],
+    *,
+    budget_bytes: int | None = None,
+    budget_source: str | None = None,
 ) -> list[Headline]:
     """One headline per parallel layout (tp, cp) at the largest case: a run over
     ``--tp 1,2,8`` asks three questions. The first is :func:`make_headline`'s."""
     table = frame if has_ratios(frame) else with_ratios(frame)
     return [
-        make_headline(table, meta, budget_bytes=budget_bytes, layout=layout)
+        make_headline(
+            table, meta, budget_bytes=budget_bytes, budget_source=budget_source, layout=layout
+        )
         for layout in layouts(table)
     ]
 
@@ -204,16 +230,19 @@ def make_headline(
     meta: dict[str, Any],
     *,
     budget_bytes: int | None = None,
+    budget_source: str | None = None,
     layout: tuple[int, int] | None = None,
 ) -> Headline:
-    """The largest case's facts; the budget is ``budget_bytes`` or the GPU's recorded capacity.
+    """The largest case's facts; the budget is ``budget_bytes`` (named ``budget_source``,
+    "--budget" when None), else the one run.json records, else the GPU's recorded capacity.
 
     ``frame`` is the results table, with the ratios added (added here when absent);
     ``layout`` (tp, cp) picks one parallel layout (default: the first planned).
     """
     table = frame if has_ratios(frame) else with_ratios(frame)
     rows = rows_of(headline_slice(table, layout))
-    source = "--budget" if budget_bytes is not None else ""
+    budget_bytes, source = given_budget(meta, budget_bytes)
+    source = budget_source or source
     if budget_bytes is None and all(str(r["device"]) == "cuda" for r in rows):
         # Only rows measured on the GPU meet its capacity: a run.json that says cuda over
         # meta rows (edited, or two runs' files mixed) drew "the GPU's capacity" over a
@@ -420,9 +449,10 @@ def budget_sentence(h: Headline) -> str:
         for k in h.kernels
         if k.fits is False
     ]
-    what = f"the {format_bytes(h.budget_bytes)} budget" + (
-        " (the GPU's capacity)" if h.budget_source == "GPU capacity" else ""
+    source = {"GPU capacity": "the GPU's capacity", "--budget": ""}.get(
+        h.budget_source, h.budget_source
     )
+    what = f"the {format_bytes(h.budget_bytes)} budget" + (f" ({source})" if source else "")
     parts = [f"Fit {what}: {', '.join(fit) if fit else 'none'}."]
     if over:
         parts.append(f"Over it: {', '.join(over)}.")

@@ -98,11 +98,15 @@ def _inert(value: Any) -> Any:
     return value
 
 
-def build_page(run_dir: Path, *, budget_bytes: int | None = None) -> Page:
+def build_page(
+    run_dir: Path, *, budget_bytes: int | None = None, budget_source: str | None = None
+) -> Page:
     """Read a run and compute the page: ratios, the headline, each headline kernel's evidence."""
     frame, meta = read_run(run_dir)
     table = with_ratios(frame)
-    headline, *others = make_headlines(table, meta, budget_bytes=budget_bytes)
+    headline, *others = make_headlines(
+        table, meta, budget_bytes=budget_bytes, budget_source=budget_source
+    )
     evidence = tuple(gather(k.row, run_dir) for k in headline.kernels if k.ok and k.row)
     return Page(
         run_dir=run_dir,

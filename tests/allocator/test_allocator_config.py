@@ -92,12 +92,13 @@ def test_bad_settings_raise_user_error_with_hint(text, words):
     assert info.value.hint
 
 
-def test_env_prefers_the_new_name_over_the_alias():
+def test_env_prefers_the_cuda_name_as_torch_does():
+    # torch 2.13 reads PYTORCH_CUDA_ALLOC_CONF first (c10 AllocatorConfig.cpp, round 34).
     env = {
         "PYTORCH_ALLOC_CONF": "expandable_segments:True",
         "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128",
     }
-    assert alloc_conf_from_env(env) == AllocConf(expandable_segments=True)
+    assert alloc_conf_from_env(env) == AllocConf(max_split_size_mb=128)
     assert alloc_conf_from_env({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:128"}) == AllocConf(
         max_split_size_mb=128
     )
