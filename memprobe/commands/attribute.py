@@ -72,6 +72,9 @@ def attribute_command(
 
         sources = [Path(snapshot), *kernel_source_files(what_if)]
         guard_outputs({"--html": html_path}, [*sources, *loaded_code_files([html_path])])
+        from memprobe.render.html import refuse_foreign_html
+
+        refuse_foreign_html(html_path)
     loaded = load_snapshot(snapshot)
     predicted = None
     if what_if is not None:

@@ -49,6 +49,10 @@ def profile_command(
     for path, what in ((out, "snapshot"), (html_path, "HTML page")):
         if path is not None:
             check_output_file(path, what=what)
+    if html_path is not None:
+        from memprobe.render.html import refuse_foreign_html
+
+        refuse_foreign_html(html_path)
     # torch only now: the CLI starts without it.
     from memprobe.kernels.user_sources import loaded_code_files, source_files
     from memprobe.profile import load_step, profile_step
