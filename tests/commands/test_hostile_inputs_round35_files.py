@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile import one_line
+from hostile import TINY_STEP, one_line, user_module
 
 # -- B: `attribute SNAPSHOT --html PAGE` (and `profile --html`) replaced a file of the
 # user's own at PAGE without a word, where `report --out` and `plan --out` leave a file
@@ -63,9 +63,13 @@ def test_attribute_html_replaces_its_own_page(run_cli: Any, tmp_path: Path) -> N
     assert b"memprobe" in page.read_bytes()[:4096]
 
 
-def test_profile_html_leaves_a_users_file_alone(run_cli: Any, tmp_path: Path) -> None:
+def test_profile_html_leaves_a_users_file_alone(
+    run_cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # the step's module is imported from the working directory
     mine = tmp_path / "mine.html"
     mine.write_bytes(b"keep")
-    err = one_line(*run_cli("profile", "nowhere_mod:step", "--html", str(mine)))
+    step = user_module(tmp_path, "r35_html_step", TINY_STEP) + ":step"
+    err = one_line(*run_cli("profile", step, "--html", str(mine)))
     assert "exists and was not written by memprobe" in err, err
     assert mine.read_bytes() == b"keep"
