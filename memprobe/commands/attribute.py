@@ -91,6 +91,11 @@ def attribute_command(
 
         # A module the kernel imported as it ran is code too: never replaced.
         guard_outputs({"--html": html_path}, loaded_code_files([html_path]))
+    if html_path is not None:
+        # After the code guards: a module the kernel imported is refused as code, by name.
+        from memprobe.render.html import refuse_foreign_html
+
+        refuse_foreign_html(html_path)
     return attribution_output(
         loaded,
         normalized=True,

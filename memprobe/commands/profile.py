@@ -60,6 +60,11 @@ def profile_command(
     guard_outputs(outputs, [*source_files(fn), *loaded_code_files(outputs.values())])
     snapshot = profile_step(fn, device, alloc_conf=conf, name=step)
     guard_outputs(outputs, loaded_code_files(outputs.values()))
+    if html_path is not None:
+        # After the code guards: a module of the step's is refused as code, by name.
+        from memprobe.render.html import refuse_foreign_html
+
+        refuse_foreign_html(html_path)
     if out is not None:
         write_snapshot(snapshot, out)
     text = attribution_output(

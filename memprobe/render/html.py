@@ -408,6 +408,19 @@ def refuse_foreign(
             )
 
 
+def refuse_foreign_html(path: str | os.PathLike[str], flag: str = "--html") -> None:
+    """A page given by ``--html PAGE`` replaces only a page memprobe wrote, as ``report
+    --out`` and ``plan --out`` do: ``attribute s.pickle --html notes.html`` replaced the
+    user's own notes without a word. Only a regular file (or a link to one) is judged: a
+    device such as /dev/stdout is not a file anyone keeps."""
+    target = Path(path)
+    if target.is_file() and not _made_by_memprobe(target):
+        raise UserError(
+            f"{flag} {path} exists and was not written by memprobe; the page would replace it",
+            f"choose another {flag}, or move that file",
+        )
+
+
 def refuse_foreign_page(run_dir: Path) -> None:
     """Before a resume runs its cases: the page it writes at the end replaces only
     memprobe's files. Checked only as the page was written, a user's report.html (or a
