@@ -29,6 +29,8 @@ def _peak_set(made_run: Path, to: Path, peak: int) -> Path:
         row["peak_bytes"] = peak
         for part in ("forward_peak_bytes", "backward_peak_bytes", "floor_bytes"):
             row[part] = None
+        if row["reserved_peak_bytes"] is not None:  # modelled reserved holds the peak
+            row["reserved_peak_bytes"] = max(row["reserved_peak_bytes"], peak)
     (run / "results.json").write_text(json.dumps(payload))
     return run
 
