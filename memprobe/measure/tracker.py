@@ -39,6 +39,36 @@ _COLLECTIVE_NAMESPACES = frozenset({"c10d", "_c10d_functional", "c10d_functional
 _NOT_COLLECTIVES = frozenset({"wait_tensor", "wait", "barrier", "monitored_barrier"})
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _THIS_FILE = __file__
+# The trackers entered, innermost last, and ``UntypedStorage.resize_`` as torch defines it.
+_ENTERED: list[AllocationTracker] = []
+_STORAGE_RESIZE = torch.UntypedStorage.resize_
+
+
+_CALLER_RECORDS: list[bool] = []
+
+
+@contextlib.contextmanager
+def resizes_recorded_by_caller() -> Iterator[None]:
+    """Storage resizes inside are left to the caller, which records them with their tensor
+    (FSDP's profile: :meth:`AllocationTracker.resized`)."""
+    _CALLER_RECORDS.append(True)
+    try:
+        yield
+    finally:
+        _CALLER_RECORDS.pop()
+
+
+def _resize_seen(storage: Any, size: int) -> Any:
+    """``UntypedStorage.resize_`` while a tracker is entered: it runs below torch's
+    dispatch (no mode sees it), so a storage freed by ``resize_(0)`` (FSDP's way, and any
+    step's that copies it) read as still held, and one grown in place as its old size: a
+    step freeing 4 KiB that way and then making 3 KiB peaked at 7 KiB, not 4."""
+    before = storage.nbytes()
+    out = _STORAGE_RESIZE(storage, size)
+    if storage.nbytes() != before and not _CALLER_RECORDS:
+        for tracker in list(_ENTERED):  # each one entered saw the ops, so each sees this
+            tracker.storage_resized(storage, sys._getframe(1))
+    return out
 
 
 def physical(tensor: torch.Tensor) -> torch.Tensor:
@@ -259,6 +289,31 @@ class AllocationTracker(TorchDispatchMode):
         if storage.nbytes():
             shape = tuple(int(d) for d in tensor.shape)
             self._alloc(key, storage, shape, str(tensor.dtype), op, self._frames(sys._getframe(1)))
+
+    def storage_resized(self, storage: Any, caller: FrameType) -> None:
+        """``storage`` (no tensor at hand) was resized in place under :func:`_resize_seen`:
+        freed, and re-allocated at its new size if it has one, as a byte block."""
+        if self.device is not None and storage.device.type != self.device:
+            return
+        key = storage._cdata
+        self._on_free(key)
+        if storage.nbytes():
+            frames = self._frames(caller)
+            shape = (int(storage.nbytes()),)
+            self._alloc(key, storage, shape, "torch.uint8", "UntypedStorage.resize_", frames)
+
+    def __enter__(self) -> Any:
+        if not _ENTERED:
+            torch.UntypedStorage.resize_ = _resize_seen  # type: ignore[method-assign,assignment]
+        _ENTERED.append(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self in _ENTERED:
+            _ENTERED.remove(self)
+        if not _ENTERED:
+            torch.UntypedStorage.resize_ = _STORAGE_RESIZE  # type: ignore[method-assign]
+        super().__exit__(*exc)
 
     def left(self) -> list[tuple[Any, Event]]:
         """The storages allocated under it (not given to :meth:`track`) still live, with

@@ -46,7 +46,7 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from memprobe.errors import UserError
-from memprobe.measure.tracker import physical
+from memprobe.measure.tracker import physical, resizes_recorded_by_caller
 from memprobe.profile.context_parallel import cp_attention
 from memprobe.profile.hf import HFStep, _torch_dtype
 from memprobe.profile.phases import events_so_far
@@ -465,7 +465,8 @@ def _fsdp_noted(notes: _Notes) -> Iterator[None]:
     def resizing(fn: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
         def wrapper(tensor: torch.Tensor) -> None:
             before = tensor.untyped_storage().nbytes()
-            fn(tensor)
+            with resizes_recorded_by_caller():  # below, with its tensor, as FSDP's
+                fn(tensor)
             if _ACTIVE and tensor.untyped_storage().nbytes() != before:
                 _ACTIVE[-1].resized(tensor, RESIZE_OP)
 
