@@ -10,7 +10,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from typing import Annotated, ParamSpec, TextIO
+from typing import TYPE_CHECKING, Annotated, ParamSpec, TextIO
 
 import typer
 
@@ -18,6 +18,9 @@ from memprobe.errors import UserError
 from memprobe.io.sizes import format_bytes, parse_size
 from memprobe.io.text import foreign_digit, long_words_clipped, lookalikes_shown, printable
 from memprobe.records import MAX_COUNT
+
+if TYPE_CHECKING:
+    from memprobe.plan import Budget
 
 P = ParamSpec("P")
 
@@ -289,3 +292,19 @@ def warn_on_size(text: str | None, flag: str) -> None:
             f"{format_bytes(value)}; for gibibytes write {text.strip()}GiB",
             err=True,
         )
+
+
+def budget_less_other(budget: str | None, budget_bytes: int | None, other: str) -> Budget:
+    """``--budget`` less ``--other``, checked alike by every command that takes both
+    (sweep, report; plan through its own :func:`memprobe.plan.make_budget` call)."""
+    if budget is None or budget_bytes is None:
+        raise UserError("--other needs --budget", "e.g. --budget 80GiB --other 54GiB")
+    from memprobe.plan import make_budget
+
+    with_other = make_budget(budget_bytes, other)  # the plan's checks and wording
+    if with_other.limit_bytes <= 0:
+        raise UserError(
+            f"--other {other!r} leaves nothing of --budget {budget!r}",
+            "--other is the part of the GPU the rest of the job holds",
+        )
+    return with_other

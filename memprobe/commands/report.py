@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from memprobe.commands.flags import user_errors, warn_on_size
+from memprobe.commands.flags import budget_less_other, user_errors, warn_on_size
 from memprobe.errors import UserError
 from memprobe.io.text import printable
 
@@ -70,15 +70,7 @@ def command(
 def _less_other(budget: str | None, budget_bytes: int | None, other: str) -> tuple[int, str]:
     """--budget less --other, checked as sweep checks them, and the words the page names
     the figure with (the sweep's own page says the same)."""
-    if budget is None or budget_bytes is None:
-        raise UserError("--other needs --budget", "e.g. --budget 80GiB --other 54GiB")
-    from memprobe.plan import make_budget
     from memprobe.report.headline import budget_words
 
-    with_other = make_budget(budget_bytes, other)
-    if with_other.limit_bytes <= 0:
-        raise UserError(
-            f"--other {other!r} leaves nothing of --budget {budget!r}",
-            "--other is the part of the GPU the rest of the job holds",
-        )
-    return with_other.limit_bytes, budget_words(budget_bytes, with_other.other_bytes)
+    with_other = budget_less_other(budget, budget_bytes, other)
+    return with_other.limit_bytes, budget_words(with_other.budget_bytes, with_other.other_bytes)

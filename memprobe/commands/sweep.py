@@ -16,6 +16,7 @@ from memprobe.commands.flags import (
     CpOption,
     TpOption,
     answer,
+    budget_less_other,
     check_temp_dir,
     given_flags,
     int_list,
@@ -204,17 +205,8 @@ def command(
         refuse_fraction_under_budget(alloc_conf_setting(alloc_conf), budget_bytes)
     recorded = None if budget_bytes is None else (budget_bytes, 0)
     if other is not None:
-        if budget_bytes is None:
-            raise UserError("--other needs --budget", "e.g. --budget 80GiB --other 54GiB")
-        from memprobe.plan import make_budget
-
-        with_other = make_budget(budget_bytes, other)  # the plan's checks and wording
-        if with_other.limit_bytes <= 0:
-            raise UserError(
-                f"--other {other!r} leaves nothing of --budget {budget!r}",
-                "--other is the part of the GPU the rest of the job holds",
-            )
-        recorded = (budget_bytes, with_other.other_bytes)
+        with_other = budget_less_other(budget, budget_bytes, other)
+        recorded = (with_other.budget_bytes, with_other.other_bytes)
     if resume is not None:
         check_resume_flags(
             given_flags(
