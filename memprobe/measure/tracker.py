@@ -42,8 +42,7 @@ _THIS_FILE = __file__
 # The trackers entered, innermost last, and ``UntypedStorage.resize_`` as torch defines it.
 _ENTERED: list[AllocationTracker] = []
 _STORAGE_RESIZE = torch.UntypedStorage.resize_
-
-
+# Entered while a caller records storage resizes itself (resizes_recorded_by_caller).
 _CALLER_RECORDS: list[bool] = []
 
 
@@ -284,23 +283,26 @@ class AllocationTracker(TorchDispatchMode):
         which FSDP2 uses to free and re-allocate an unsharded parameter without a new
         tensor): what it held is freed, and what it holds now, if anything, is a new
         allocation."""
-        key, storage = _storage_key(tensor)
-        self._on_free(key)
-        if storage.nbytes():
-            shape = tuple(int(d) for d in tensor.shape)
-            self._alloc(key, storage, shape, str(tensor.dtype), op, self._frames(sys._getframe(1)))
+        storage = _storage_key(tensor)[1]
+        shape = tuple(int(d) for d in tensor.shape)
+        self._reallocated(storage, shape, str(tensor.dtype), op, sys._getframe(1))
 
     def storage_resized(self, storage: Any, caller: FrameType) -> None:
         """``storage`` (no tensor at hand) was resized in place under :func:`_resize_seen`:
         freed, and re-allocated at its new size if it has one, as a byte block."""
         if self.device is not None and storage.device.type != self.device:
             return
+        shape = (int(storage.nbytes()),)
+        self._reallocated(storage, shape, "torch.uint8", "UntypedStorage.resize_", caller)
+
+    def _reallocated(
+        self, storage: Any, shape: tuple[int, ...], dtype: str, op: str, caller: FrameType
+    ) -> None:
+        """What ``storage`` held is freed; what it holds now, if anything, is allocated."""
         key = storage._cdata
         self._on_free(key)
         if storage.nbytes():
-            frames = self._frames(caller)
-            shape = (int(storage.nbytes()),)
-            self._alloc(key, storage, shape, "torch.uint8", "UntypedStorage.resize_", frames)
+            self._alloc(key, storage, shape, dtype, op, self._frames(caller))
 
     def __enter__(self) -> Any:
         if not _ENTERED:
