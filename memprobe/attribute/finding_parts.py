@@ -123,6 +123,13 @@ def timeline_of(rep: Replay, ctx: TraceContext) -> Timeline:
     return Timeline(tuple(positions), tuple(series))
 
 
+def _count(meta: Any, key: str) -> int:
+    """A count memprobe's own record in a snapshot holds: an int above 0, else 0 (a bool,
+    a string or a negative number is no count memprobe wrote)."""
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
     notes = []
     meta = snap.get("memprobe")
@@ -133,22 +140,22 @@ def provenance_notes(snap: dict[str, Any], rep: Replay) -> tuple[str, ...]:
             "synthesized by memprobe from a tracked run: allocated bytes are exact; "
             "segments and reserved bytes are memprobe's model of the CUDA caching allocator"
         )
-    threads = meta.get("threads_started") if isinstance(meta, dict) else None
-    if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0:
+    threads = _count(meta, "threads_started")
+    if threads:
         notes.append(
             f"the step started {threads:,} thread(s): memory allocated on them is not in this "
             "trace (memprobe tracks the thread that runs the step)"
         )
-    off = meta.get("cuda_autocast_off") if isinstance(meta, dict) else None
-    if isinstance(off, int) and not isinstance(off, bool) and off > 0:
+    off = _count(meta, "cuda_autocast_off")
+    if off:
         notes.append(
             f"the step entered torch.autocast('cuda') {off:,} time(s), and torch turns it off "
             "without CUDA: this trace is the step in full precision, not the autocast step a "
             "GPU runs (memprobe cannot simulate CUDA autocast; profile it with --device cuda "
             "on a GPU)"
         )
-    ignored = meta.get("autocast_not_applied") if isinstance(meta, dict) else None
-    if isinstance(ignored, int) and not isinstance(ignored, bool) and ignored > 0:
+    ignored = _count(meta, "autocast_not_applied")
+    if ignored:
         on = meta.get("device") if isinstance(meta, dict) else None
         where = on if isinstance(on, str) and on in ("meta", "cpu") else "this device"
         hint = (
